@@ -1,0 +1,175 @@
+//! The command-line frame shared by every subcommand: the `Failure` value that `main` turns into one
+//! stderr line and an exit code (CORE 0.2, 0.3, A3), lexopt glue, and the one-line display and POSIX
+//! quoting helpers.
+//!
+//! Library modules never print; subcommands return `Result<i32, Failure>` and `main` owns the policy.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::Path;
+
+use crate::ctx::Ctx;
+use crate::envfile;
+
+/// Exit codes (CORE 0.2).
+pub mod rc {
+    pub const OK: i32 = 0;
+    pub const RUNTIME: i32 = 1;
+    pub const USAGE: i32 = 2;
+    pub const WIRE: i32 = 3;
+    pub const REFUSED: i32 = 4;
+    pub const LOCKED: i32 = 5;
+}
+
+/// A fatal outcome: the exact stderr line and the exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub rc: i32,
+    pub line: String,
+}
+
+impl Failure {
+    pub fn new(rc: i32, line: impl Into<String>) -> Failure {
+        Failure { rc, line: line.into() }
+    }
+    /// rc 2 `ERROR: <msg>`.
+    pub fn usage(msg: impl fmt::Display) -> Failure {
+        Failure::new(rc::USAGE, format!("ERROR: {msg}"))
+    }
+    /// rc 1 `ERROR: <msg>`.
+    pub fn runtime(msg: impl fmt::Display) -> Failure {
+        Failure::new(rc::RUNTIME, format!("ERROR: {msg}"))
+    }
+    /// rc 3 `ERROR: <msg>`.
+    pub fn wire(msg: impl fmt::Display) -> Failure {
+        Failure::new(rc::WIRE, format!("ERROR: {msg}"))
+    }
+    /// rc 4 `REFUSED: <msg>`.
+    pub fn refused(msg: impl fmt::Display) -> Failure {
+        Failure::new(rc::REFUSED, format!("REFUSED: {msg}"))
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.line)
+    }
+}
+
+impl From<lexopt::Error> for Failure {
+    fn from(e: lexopt::Error) -> Failure {
+        Failure::usage(one_line(&e.to_string()))
+    }
+}
+
+/// The result of parsing: run with these arguments, or print the usage text.
+#[derive(Debug)]
+pub enum Parsed<A> {
+    Run(A),
+    Help,
+}
+
+/// A subcommand entry point: arguments after the subcommand name.
+pub type Entry = fn(&mut Ctx, Vec<OsString>) -> Result<i32, Failure>;
+
+/// Runs a parse function and prints `usage` on `--help`.
+pub fn parse_or_help<A>(
+    ctx: &Ctx,
+    usage: &str,
+    args: Vec<OsString>,
+    parse: fn(Vec<OsString>) -> Result<Parsed<A>, Failure>,
+) -> Result<Option<A>, Failure> {
+    match parse(args)? {
+        Parsed::Run(a) => Ok(Some(a)),
+        Parsed::Help => {
+            ctx.say_raw(usage.trim_start_matches('\n').as_bytes());
+            Ok(None)
+        }
+    }
+}
+
+/// Loads the env file once (CORE 1.4), printing its warnings; an unreadable file is rc 1 with
+/// exactly `ERROR: <path>: cannot read (<kind>)` (CORE 1.3).
+pub fn load_env(ctx: &mut Ctx) -> Result<(), Failure> {
+    match envfile::ensure_env_loaded(ctx) {
+        Ok(warnings) => {
+            for w in warnings {
+                ctx.diag(&w);
+            }
+            Ok(())
+        }
+        Err(e) => Err(Failure::runtime(e)),
+    }
+}
+
+/// A value as a `String`, or a usage error naming the flag.
+pub fn utf8(flag: &str, v: OsString) -> Result<String, Failure> {
+    v.into_string()
+        .map_err(|v| Failure::usage(format!("{flag}: value is not UTF-8: {}", one_line(&v.to_string_lossy()))))
+}
+
+/// Text made safe for a one-line diagnostic: control characters become escapes.
+pub fn one_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A path for a one-line diagnostic.
+pub fn show_path(p: &Path) -> String {
+    one_line(&p.to_string_lossy())
+}
+
+/// POSIX single quoting: `'` becomes `'\''`. The result is one shell word under bash or sh.
+pub fn shell_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        if c == '\'' {
+            out.push_str("'\\''");
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// Bytes-exact POSIX single quoting for paths that may not be UTF-8.
+pub fn shell_quote_bytes(b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(b.len() + 2);
+    out.push(b'\'');
+    for &c in b {
+        if c == b'\'' {
+            out.extend_from_slice(b"'\\''");
+        } else {
+            out.push(c);
+        }
+    }
+    out.push(b'\'');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_single_quotes() {
+        assert_eq!(shell_quote("a'b"), "'a'\\''b'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn one_line_escapes_newlines() {
+        assert_eq!(one_line("a\nb\0"), "a\\nb\\u{0}");
+    }
+}

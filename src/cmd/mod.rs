@@ -1,0 +1,8 @@
+//! One module per subcommand: `USAGE`, `parse_args` (validation only, no I/O) and `run`.
+
+pub mod broker;
+pub mod env;
+pub mod paths;
+pub mod pub_;
+pub mod registry;
+pub mod sub;

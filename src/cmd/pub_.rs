@@ -1,0 +1,10 @@
+//! `mam pub`: filled in by the MQTT transport work (issue 3).
+
+use std::ffi::OsString;
+
+use crate::cli::Failure;
+use crate::ctx::Ctx;
+
+pub fn run(_ctx: &mut Ctx, _args: Vec<OsString>) -> Result<i32, Failure> {
+    Err(Failure::usage("mam pub: not yet available in this build"))
+}

@@ -1,0 +1,179 @@
+//! The configuration overlay and call context (CORE 0.7, ORCH 0.6).
+//!
+//! `Ctx` is built once by `main` from the real process (environment snapshot, cwd, stdout and
+//! stderr) or by a test from explicit values. Nothing below `main` reads the process environment:
+//! lookups go through `Ctx::var`, which checks the real environment first and the env-file overlay
+//! second. Values from the env file are never written into the process environment; children get
+//! them through `Ctx::child_env`.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Where a command's stdout or stderr lines go.
+#[derive(Clone, Debug)]
+pub enum Sink {
+    /// The process's own stream.
+    Std,
+    /// A buffer, for in-process tests.
+    Buffer(Arc<Mutex<Vec<u8>>>),
+}
+
+impl Sink {
+    fn write(&self, bytes: &[u8], stdout: bool) -> io::Result<()> {
+        match self {
+            Sink::Std if stdout => {
+                let mut out = io::stdout().lock();
+                out.write_all(bytes)?;
+                out.flush()
+            }
+            Sink::Std => io::stderr().lock().write_all(bytes),
+            Sink::Buffer(buf) => {
+                buf.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+
+    /// The buffered text (empty for `Std`).
+    pub fn text(&self) -> String {
+        match self {
+            Sink::Std => String::new(),
+            Sink::Buffer(buf) => String::from_utf8_lossy(&buf.lock().unwrap_or_else(|e| e.into_inner())).into_owned(),
+        }
+    }
+}
+
+/// Per-invocation context: environment, env-file overlay, cwd and output sinks.
+#[derive(Clone, Debug)]
+pub struct Ctx {
+    env: BTreeMap<OsString, OsString>,
+    overlay: BTreeMap<String, String>,
+    loaded: bool,
+    cwd: PathBuf,
+    pub out: Sink,
+    pub err: Sink,
+}
+
+impl Ctx {
+    /// The real process: a snapshot of its environment and cwd, writing to stdout/stderr.
+    pub fn from_process() -> Ctx {
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        Ctx {
+            env: std::env::vars_os().collect(),
+            overlay: BTreeMap::new(),
+            loaded: false,
+            cwd,
+            out: Sink::Std,
+            err: Sink::Std,
+        }
+    }
+
+    /// An explicit environment and cwd with buffered output, for in-process tests.
+    pub fn with_env<I, K, V>(vars: I, cwd: &Path) -> Ctx
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<OsString>,
+        V: Into<OsString>,
+    {
+        Ctx {
+            env: vars.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            overlay: BTreeMap::new(),
+            loaded: false,
+            cwd: cwd.to_path_buf(),
+            out: Sink::Buffer(Arc::default()),
+            err: Sink::Buffer(Arc::default()),
+        }
+    }
+
+    /// A lookup: the real environment first, then the overlay. Non-UTF-8 values are returned lossily.
+    pub fn var(&self, key: &str) -> Option<String> {
+        match self.env.get(OsStr::new(key)) {
+            Some(v) => Some(v.to_string_lossy().into_owned()),
+            None => self.overlay.get(key).cloned(),
+        }
+    }
+
+    /// Like `var`, but an empty value counts as unset.
+    pub fn var_nonempty(&self, key: &str) -> Option<String> {
+        self.var(key).filter(|v| !v.is_empty())
+    }
+
+    /// Like `var_nonempty`, as a path (kept byte-exact for non-UTF-8 environment values).
+    pub fn path_var(&self, key: &str) -> Option<PathBuf> {
+        match self.env.get(OsStr::new(key)) {
+            Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+            Some(_) => None,
+            None => self.overlay.get(key).filter(|v| !v.is_empty()).map(PathBuf::from),
+        }
+    }
+
+    /// True when `key` exists in the real environment, even with an empty value (CORE 1.2 rule 11).
+    pub fn in_real_env(&self, key: &str) -> bool {
+        self.env.contains_key(OsStr::new(key))
+    }
+
+    /// The cwd this invocation resolves relative paths against.
+    pub fn cwd(&self) -> &Path {
+        &self.cwd
+    }
+
+    pub fn env_loaded(&self) -> bool {
+        self.loaded
+    }
+
+    /// Applies env-file values (callers have already filtered keys present in the real environment)
+    /// and marks the file as loaded. Called only by `envfile::ensure_env_loaded` after success.
+    pub(crate) fn apply_overlay(&mut self, values: Vec<(String, String)>) {
+        for (k, v) in values {
+            self.overlay.entry(k).or_insert(v);
+        }
+        self.loaded = true;
+    }
+
+    /// The environment a child should receive: the real environment plus the overlay.
+    pub fn child_env(&self) -> Vec<(OsString, OsString)> {
+        let mut all: Vec<(OsString, OsString)> = self.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (k, v) in &self.overlay {
+            if !self.env.contains_key(OsStr::new(k)) {
+                all.push((k.into(), v.into()));
+            }
+        }
+        all
+    }
+
+    /// Sets or removes a variable in this context's environment (for children and later lookups).
+    pub fn set_var(&mut self, key: &str, value: Option<&OsStr>) {
+        match value {
+            Some(v) => self.env.insert(key.into(), v.to_os_string()),
+            None => self.env.remove(OsStr::new(key)),
+        };
+    }
+
+    /// Prints one line on stdout. A closed pipe ends the process with rc 0 (the reader is gone).
+    pub fn say(&self, line: &str) {
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        self.say_raw(&bytes);
+    }
+
+    /// Writes bytes on stdout as they are.
+    pub fn say_raw(&self, bytes: &[u8]) {
+        if let Err(e) = self.out.write(bytes, true) {
+            if e.kind() == io::ErrorKind::BrokenPipe && matches!(self.out, Sink::Std) {
+                std::process::exit(0);
+            }
+        }
+    }
+
+    /// Prints one diagnostic line on stderr (the caller includes the `ERROR: `-style prefix).
+    pub fn diag(&self, line: &str) {
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        let _ = self.err.write(&bytes, false);
+    }
+}

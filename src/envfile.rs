@@ -1,0 +1,291 @@
+//! The `.mam.env` parser and loader (CORE 1): which file is read, the line format, the
+//! unreadable-file error, and load-once-after-success into the `Ctx` overlay.
+//!
+//! It never prints and never exits: warnings come back as lines for the entry point to print, and
+//! a file that cannot be read or decoded is an `EnvFileError`. Values never appear in a warning or
+//! an error (A2).
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::PathBuf;
+
+use crate::cli::show_path;
+use crate::ctx::Ctx;
+
+/// Why a present file could not be loaded; the legacy names are part of the output (CORE 1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Permission,
+    IsADirectory,
+    UnicodeDecode,
+    Os,
+}
+
+impl ErrorKind {
+    pub fn legacy_name(self) -> &'static str {
+        match self {
+            ErrorKind::Permission => "PermissionError",
+            ErrorKind::IsADirectory => "IsADirectoryError",
+            ErrorKind::UnicodeDecode => "UnicodeDecodeError",
+            ErrorKind::Os => "OSError",
+        }
+    }
+
+    fn from_io(e: &io::Error) -> ErrorKind {
+        match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => ErrorKind::Permission,
+            Some(libc::EISDIR) => ErrorKind::IsADirectory,
+            _ => ErrorKind::Os,
+        }
+    }
+}
+
+/// A present env file that cannot be opened, read or decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvFileError {
+    pub path: PathBuf,
+    pub kind: ErrorKind,
+}
+
+impl fmt::Display for EnvFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: cannot read ({})", show_path(&self.path), self.kind.legacy_name())
+    }
+}
+
+/// A parsed file: the entries to consider in file order (first occurrence only), and warnings.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Parsed {
+    pub entries: Vec<(String, String)>,
+    pub warnings: Vec<String>,
+}
+
+const BASH_OWNED: &[&str] = &[
+    "BASH",
+    "BASHOPTS",
+    "BASHPID",
+    "EUID",
+    "UID",
+    "PPID",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "SHELLOPTS",
+    "GROUPS",
+    "FUNCNAME",
+    "LINENO",
+    "RANDOM",
+    "SRANDOM",
+    "SECONDS",
+    "EPOCHSECONDS",
+    "EPOCHREALTIME",
+    "HISTCMD",
+    "PIPESTATUS",
+    "DIRSTACK",
+    "OPTIND",
+    "OPTARG",
+    "IFS",
+    "PS1",
+    "PS2",
+    "PS3",
+    "PS4",
+    "HOSTTYPE",
+    "MACHTYPE",
+    "OSTYPE",
+    "ENV",
+];
+
+fn is_bash_owned(key: &str) -> bool {
+    key.starts_with("BASH_") || BASH_OWNED.contains(&key)
+}
+
+fn valid_key(key: &str) -> bool {
+    let b = key.as_bytes();
+    !b.is_empty()
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+}
+
+fn trim_ascii_ws(s: &str) -> &str {
+    // ASCII whitespace of CORE 1.2 rule 4: space, \t, \v, \f, \r (and \n, which cannot occur here).
+    s.trim_matches(|c| matches!(c, ' ' | '\t' | '\x0b' | '\x0c' | '\r' | '\n'))
+}
+
+/// Parses the whole file (CORE 1.2). `shown` is the path used in warnings.
+pub fn parse(shown: &str, bytes: &[u8]) -> Result<Parsed, ErrorKind> {
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    let text = std::str::from_utf8(bytes).map_err(|_| ErrorKind::UnicodeDecode)?;
+    let mut parsed = Parsed::default();
+    let mut seen = std::collections::HashSet::new();
+    let warn = |n: usize, reason: &str| parsed_warn(shown, n, reason);
+    let mut warnings = Vec::new();
+    for (i, raw) in text.split('\n').enumerate() {
+        let n = i + 1;
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        if line.contains('\0') {
+            warnings.push(warn(n, "contains NUL"));
+            continue;
+        }
+        let line = trim_ascii_ws(line);
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            warnings.push(warn(n, "no '=' found"));
+            continue;
+        };
+        let key = trim_ascii_ws(key);
+        let value = trim_ascii_ws(value);
+        if !valid_key(key) {
+            let reason = if key.starts_with("export ") || key.starts_with("export\t") {
+                "export prefix is not supported"
+            } else {
+                "invalid key"
+            };
+            warnings.push(warn(n, reason));
+            continue;
+        }
+        if is_bash_owned(key) {
+            warnings.push(warn(n, "key is owned by bash"));
+            continue;
+        }
+        let value = unquote(value);
+        if !seen.insert(key.to_string()) {
+            warnings.push(warn(n, "duplicate key; first value kept"));
+            continue;
+        }
+        parsed.entries.push((key.to_string(), value.to_string()));
+    }
+    parsed.warnings = warnings;
+    Ok(parsed)
+}
+
+fn parsed_warn(shown: &str, n: usize, reason: &str) -> String {
+    format!("WARNING: {shown}:{n}: {reason}; line skipped")
+}
+
+/// Removes exactly one pair of matching outer `'` or `"` from a value of 2+ characters.
+fn unquote(v: &str) -> &str {
+    let b = v.as_bytes();
+    if b.len() >= 2 && (b[0] == b'\'' || b[0] == b'"') && b[b.len() - 1] == b[0] {
+        &v[1..v.len() - 1]
+    } else {
+        v
+    }
+}
+
+/// The file to read (CORE 1.1): `Some(path)` to load, `None` for nothing.
+pub fn resolve(ctx: &Ctx) -> Option<PathBuf> {
+    if let Some(explicit) = ctx.path_var("MAM_ENV_FILE") {
+        let p = crate::sys::absolutize(ctx.cwd(), &explicit);
+        // symlink_metadata: a dangling symlink counts as "nothing exists" only if its target is
+        // missing, which `metadata` reports as NotFound.
+        return match fs::metadata(&p) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            _ => Some(p),
+        };
+    }
+    let mut candidates = Vec::new();
+    if let Some(ws) = ctx.path_var("WORKSPACE_ROOT") {
+        candidates.push(crate::sys::absolutize(ctx.cwd(), &ws).join(".mam.env"));
+    }
+    candidates.push(ctx.cwd().join(".mam.env"));
+    candidates.into_iter().find(|p| !matches!(fs::metadata(p), Err(ref e) if e.kind() == io::ErrorKind::NotFound))
+}
+
+/// Reads and parses `path`, mapping failures to the legacy kinds.
+pub fn read(path: &std::path::Path) -> Result<Parsed, EnvFileError> {
+    let err = |kind| EnvFileError { path: path.to_path_buf(), kind };
+    let bytes = fs::read(path).map_err(|e| err(ErrorKind::from_io(&e)))?;
+    parse(&show_path(path), &bytes).map_err(err)
+}
+
+/// The values that would be applied: absent from the real environment, first occurrence, file order.
+pub fn applicable(ctx: &Ctx, parsed: &Parsed) -> Vec<(String, String)> {
+    parsed.entries.iter().filter(|(k, _)| !ctx.in_real_env(k)).cloned().collect()
+}
+
+/// Loads the env file into the overlay once (CORE 1.4). Returns the warnings to print. On failure
+/// nothing is applied and the next call tries again.
+pub fn ensure_env_loaded(ctx: &mut Ctx) -> Result<Vec<String>, EnvFileError> {
+    if ctx.env_loaded() {
+        return Ok(Vec::new());
+    }
+    let Some(path) = resolve(ctx) else {
+        ctx.apply_overlay(Vec::new());
+        return Ok(Vec::new());
+    };
+    let parsed = read(&path)?;
+    let values = applicable(ctx, &parsed);
+    ctx.apply_overlay(values);
+    Ok(parsed.warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(text: &str) -> Parsed {
+        parse("f", text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn e1_basic_format() {
+        let got = p("# c\n\n  A = 1 \r\nB='q'\nC=\"q\"\n\tD\t=\tx y\t\r\n");
+        let want: Vec<(String, String)> = [("A", "1"), ("B", "q"), ("C", "q"), ("D", "x y")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(got.entries, want);
+        assert!(got.warnings.is_empty(), "{:?}", got.warnings);
+    }
+
+    #[test]
+    fn e2_literal_values() {
+        let got = p("A=$HOME/x\nB=`id`\nC=\"a'b\"\nD='\nE=''\n");
+        assert_eq!(got.entries[0].1, "$HOME/x");
+        assert_eq!(got.entries[1].1, "`id`");
+        assert_eq!(got.entries[2].1, "a'b");
+        assert_eq!(got.entries[3].1, "'");
+        assert_eq!(got.entries[4].1, "");
+    }
+
+    #[test]
+    fn e3_export_prefix_warns_without_value() {
+        let got = p("X=0\nexport FOO=1\n");
+        assert_eq!(got.entries.len(), 1);
+        assert_eq!(got.warnings, vec!["WARNING: f:2: export prefix is not supported; line skipped"]);
+    }
+
+    #[test]
+    fn e5_hash_is_part_of_value() {
+        assert_eq!(p("A=b # c").entries[0].1, "b # c");
+    }
+
+    #[test]
+    fn e7_first_value_wins() {
+        let got = p("A=1\nA=2\n");
+        assert_eq!(got.entries, vec![("A".into(), "1".into())]);
+        assert_eq!(got.warnings, vec!["WARNING: f:2: duplicate key; first value kept; line skipped"]);
+    }
+
+    #[test]
+    fn e8_bom_stripped_and_lines_not_shifted() {
+        let got = parse("f", b"\xEF\xBB\xBFA=1\nnoeq\n").unwrap();
+        assert_eq!(got.entries, vec![("A".into(), "1".into())]);
+        assert_eq!(got.warnings, vec!["WARNING: f:2: no '=' found; line skipped"]);
+    }
+
+    #[test]
+    fn e9_nul_line_is_skipped() {
+        let got = parse("f", b"A=1\nB=le\0ft\nC=3\n").unwrap();
+        assert_eq!(got.entries.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["A", "C"]);
+        assert_eq!(got.warnings, vec!["WARNING: f:2: contains NUL; line skipped"]);
+    }
+
+    #[test]
+    fn invalid_utf8_is_undecodable() {
+        assert_eq!(parse("f", b"A=\xff\n"), Err(ErrorKind::UnicodeDecode));
+    }
+}

@@ -1,0 +1,18 @@
+//! mam: a toolset for running several coding agents in terminal panes and knowing, from evidence on
+//! disk and on an MQTT bus, whether each job started, is alive, finished or died.
+//!
+//! The binary (`src/main.rs`) is a thin dispatcher; every subcommand is a library function in `cmd`
+//! taking an explicit `Ctx`, so tests can call entry points in-process.
+
+pub mod broker;
+pub mod cli;
+pub mod clock;
+pub mod cmd;
+pub mod ctx;
+pub mod envfile;
+pub mod knob;
+pub mod mqtt;
+pub mod paths;
+pub mod registry;
+pub mod sign;
+pub mod sys;

@@ -1,0 +1,114 @@
+//! The `mam` multi-call binary: picks the subcommand, dispatches through one `match`, and owns the
+//! error policy (one stderr line, the documented exit code). All logic lives in the library.
+
+use std::ffi::OsString;
+
+use mam::cli::{rc, Failure};
+use mam::cmd;
+use mam::ctx::Ctx;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Every subcommand with its one-line summary; `ready: false` entries belong to later work and say so.
+const COMMANDS: &[(&str, &str, bool)] = &[
+    ("env", "print the env file as shell exports, its path, or check an integer knob", true),
+    ("paths", "print the control root, registry, audit-log root and sessions file", true),
+    ("registry", "job records: register, show, list, status, submit, finalize, paths", true),
+    ("publish", "report a signed job event (started, progress, completed, failed, error)", false),
+    ("heartbeat", "the per-job heartbeat timer: start, stop, status, run", false),
+    ("watch", "follow one job on the wire and on disk until it ends or goes silent", false),
+    ("remote", "dispatch a job to a remote runner, or run one", false),
+    ("daemon", "the workspace subscriber daemon: run, ensure, status, stop", false),
+    ("reconcile", "reconcile job records once, or run the daemon with --subscribe", false),
+    ("jobs", "one table of the jobs in a registry", false),
+    ("broker", "the embedded MQTT 3.1.1 broker for one machine", true),
+    ("pub", "publish one MQTT message (like mosquitto_pub)", true),
+    ("sub", "print MQTT messages arriving on a filter (like mosquitto_sub)", true),
+    ("pane", "pane backends (herdr, tmux, fake): ls, new-session, send-keys-safe, status, close", false),
+    ("create", "start a named agent session in a pane", false),
+    ("resume", "resume a stopped agent session", false),
+    ("stop", "stop agent sessions and cancel their open jobs", false),
+    ("status", "show agent sessions and their jobs", false),
+    ("monitor", "start, stop or show the control root's subscriber daemon", false),
+    ("delegate-job", "hand a job to an agent and wait for its verdict and report", false),
+    ("bench", "benchmarks against the anchors of docs/PERFORMANCE.md", false),
+];
+
+/// The entry points that load the env file before refusing as not yet available (CORE 1.3), so an
+/// unreadable env file is reported the same way by every one of them.
+const LOADS_ENV: &[&str] = &["publish", "heartbeat", "watch", "remote", "daemon", "bench"];
+
+fn help() -> String {
+    let mut s = format!(
+        "mam {VERSION}: run coding agents in panes and know from evidence whether their jobs started,\n\
+         are alive, finished or died.\n\nUsage: mam <command> [args...]\n       mam <command> --help\n\nCommands:\n"
+    );
+    for (name, summary, ready) in COMMANDS {
+        let tag = if *ready { "" } else { " (not yet available)" };
+        s.push_str(&format!("  {name:<13} {summary}{tag}\n"));
+    }
+    s.push_str(
+        "\nExit codes: 0 ok, 1 runtime error, 2 usage, 3 broker failure after retries, 4 refused,\n\
+         5 lock held; `mam watch` adds 10-13. See `mam <command> --help`.\n",
+    );
+    s
+}
+
+fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failure> {
+    match name {
+        "env" => cmd::env::run(ctx, args),
+        "paths" => cmd::paths::run(ctx, args),
+        "registry" => cmd::registry::run(ctx, args),
+        "broker" => cmd::broker::run(ctx, args),
+        "pub" => cmd::pub_::run(ctx, args),
+        "sub" => cmd::sub::run(ctx, args),
+        _ => not_yet(ctx, name, args),
+    }
+}
+
+fn not_yet(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failure> {
+    let Some((_, summary, _)) = COMMANDS.iter().find(|(n, _, _)| *n == name) else {
+        return Err(Failure::usage(format!("unknown command '{}' (see mam --help)", mam::cli::one_line(name))));
+    };
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        ctx.say(&format!("Usage: mam {name} ...\n\n{summary}.\n\nNot yet available in this build: exits 2."));
+        return Ok(0);
+    }
+    if LOADS_ENV.contains(&name) {
+        mam::cli::load_env(ctx)?;
+    }
+    Err(Failure::usage(format!("mam {name}: not yet available in this build")))
+}
+
+fn main() {
+    let mut argv = std::env::args_os().skip(1);
+    let mut ctx = Ctx::from_process();
+    let code = match argv.next() {
+        None => {
+            eprint!("{}", help());
+            rc::USAGE
+        }
+        Some(first) => match first.to_str() {
+            Some("-h" | "--help" | "help") => {
+                ctx.say_raw(help().as_bytes());
+                rc::OK
+            }
+            Some("-V" | "--version") => {
+                ctx.say(&format!("mam {VERSION}"));
+                rc::OK
+            }
+            Some(name) => match dispatch(&mut ctx, name, argv.collect()) {
+                Ok(code) => code,
+                Err(f) => {
+                    ctx.diag(&f.line);
+                    f.rc
+                }
+            },
+            None => {
+                ctx.diag("ERROR: command name is not UTF-8 (see mam --help)");
+                rc::USAGE
+            }
+        },
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,393 @@
+//! The one home of `unsafe` and raw libc calls: random bytes, flock, signals, process probes, and the
+//! file primitives every writer in mam uses (atomic write, locked append, lazy directory creation).
+//!
+//! Everything here returns `io::Result` and prints nothing. No other module may use `unsafe`
+//! (the tidy test enforces it). With the `lockcheck` feature, `spawn`, `connect` and `sleep` panic
+//! when the calling thread holds the registry lock L1 (CORE 0.6, X8).
+
+use std::cell::Cell;
+use std::ffi::OsStr;
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+// ---------------------------------------------------------------------------------------------
+// Random bytes (CORE 0.4)
+
+/// Fills `buf` from getrandom(2), falling back to /dev/urandom.
+pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: `rest` is a valid, writable slice of `rest.len()` bytes for the whole call.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return File::open("/dev/urandom")?.read_exact(&mut buf[filled..]);
+        }
+        filled += n as usize;
+    }
+    Ok(())
+}
+
+/// `n` random bytes as lowercase hex (2n characters).
+pub fn random_hex(n: usize) -> io::Result<String> {
+    let mut buf = vec![0u8; n];
+    random_bytes(&mut buf)?;
+    Ok(hex(&buf))
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------------
+// Directories and files (CORE 0.5)
+
+/// Creates `dir` and its missing parents with mode 0700. Existing directories keep their mode.
+pub fn create_dir_all(dir: &Path) -> io::Result<()> {
+    DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Writes `bytes` to `path` atomically: a temp file of its own in the same directory, fsync, rename
+/// over the target, fsync the directory. A reader sees the old file or the new one, never a mix.
+/// The parent directory must exist (creation is the caller's decision, CORE 2.1 "lazy").
+pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let mut tmp_name = Vec::from(&b"."[..]);
+    tmp_name.extend_from_slice(name.as_bytes());
+    tmp_name.extend_from_slice(format!(".{}.{}.tmp", std::process::id(), random_hex(8)?).as_bytes());
+    let tmp = dir.join(OsStr::from_bytes(&tmp_name));
+    let result = (|| {
+        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        if let Ok(meta) = fs::metadata(path) {
+            // Existing modes are left alone (CORE 0.5): carry the target's mode over.
+            use std::os::unix::fs::PermissionsExt;
+            let mode = meta.permissions().mode() & 0o7777;
+            f.set_permissions(fs::Permissions::from_mode(mode))?;
+        }
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    fsync_dir(dir)
+}
+
+/// True when `name` is one of mam's temp names (`.<name>.<pid>.<16hex>.tmp`).
+pub fn is_temp_name(name: &OsStr) -> bool {
+    let b = name.as_bytes();
+    b.starts_with(b".") && b.ends_with(b".tmp")
+}
+
+/// Appends `line` (which must end in `\n`) to `path` in one write(2) on an O_APPEND descriptor
+/// while holding flock on that descriptor (CORE 0.5, A20). Creates the file with mode 0600.
+pub fn append_locked(path: &Path, line: &[u8]) -> io::Result<()> {
+    let f = OpenOptions::new().append(true).create(true).mode(0o600).open(path)?;
+    let lock = Flock::acquire(f, LockMode::Exclusive)?;
+    let mut written = 0;
+    // One write(2) for the whole line; a short write (disk nearly full) continues rather than tears.
+    while written < line.len() {
+        match (&lock.file).write(&line[written..]) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "short append")),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// flock (CORE 0.6)
+
+/// Shared or exclusive flock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    Shared,
+    Exclusive,
+}
+
+/// A held flock; released when dropped (closing the descriptor releases it too).
+#[derive(Debug)]
+pub struct Flock {
+    pub file: File,
+    registry: bool,
+}
+
+fn flock_raw(file: &File, op: libc::c_int) -> io::Result<()> {
+    loop {
+        // SAFETY: the descriptor is owned by `file` and stays open for the duration of the call.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+impl Flock {
+    /// Blocks until the lock is held.
+    pub fn acquire(file: File, mode: LockMode) -> io::Result<Flock> {
+        let op = match mode {
+            LockMode::Shared => libc::LOCK_SH,
+            LockMode::Exclusive => libc::LOCK_EX,
+        };
+        flock_raw(&file, op)?;
+        Ok(Flock { file, registry: false })
+    }
+
+    /// Returns `Ok(None)` when another descriptor holds a conflicting lock.
+    pub fn try_acquire(file: File, mode: LockMode) -> io::Result<Option<Flock>> {
+        let op = match mode {
+            LockMode::Shared => libc::LOCK_SH,
+            LockMode::Exclusive => libc::LOCK_EX,
+        } | libc::LOCK_NB;
+        match flock_raw(&file, op) {
+            Ok(()) => Ok(Some(Flock { file, registry: false })),
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Opens (creating with mode 0600, never deleting) the lock file at `path` and locks it.
+    pub fn lock_path(path: &Path, mode: LockMode) -> io::Result<Flock> {
+        Flock::acquire(open_lock_file(path)?, mode)
+    }
+
+    /// Marks this lock as the registry lock L1 for the `lockcheck` feature.
+    pub fn mark_registry(mut self) -> Flock {
+        self.registry = true;
+        L1_DEPTH.with(|d| d.set(d.get() + 1));
+        self
+    }
+}
+
+impl Drop for Flock {
+    fn drop(&mut self) {
+        if self.registry {
+            L1_DEPTH.with(|d| d.set(d.get() - 1));
+        }
+        let _ = flock_raw(&self.file, libc::LOCK_UN);
+    }
+}
+
+/// Opens a lock file for flock, creating it (0600) when missing. Lock files are never deleted.
+pub fn open_lock_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)
+}
+
+thread_local! {
+    static L1_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// True when the current thread holds the registry lock L1.
+pub fn holds_registry_lock() -> bool {
+    L1_DEPTH.with(|d| d.get() > 0)
+}
+
+fn lockcheck(what: &str) {
+    if cfg!(feature = "lockcheck") && holds_registry_lock() {
+        panic!("lockcheck: {what} while holding the registry lock L1 (CORE 0.6)");
+    }
+}
+
+/// `Command::spawn`, checked against L1.
+pub fn spawn(cmd: &mut Command) -> io::Result<Child> {
+    lockcheck("spawn");
+    cmd.spawn()
+}
+
+/// `TcpStream::connect_timeout`, checked against L1.
+pub fn connect(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    lockcheck("connect");
+    TcpStream::connect_timeout(addr, timeout)
+}
+
+/// `thread::sleep`, checked against L1.
+pub fn sleep(d: Duration) {
+    lockcheck("sleep");
+    std::thread::sleep(d)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals
+
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn record_signal(sig: libc::c_int) {
+    SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+/// Installs handlers for SIGTERM and SIGINT that only record the signal number; long-running
+/// commands poll `pending_signal()` between blocking slices of at most 200 ms.
+pub fn install_stop_handlers() -> io::Result<()> {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction is a valid starting point; the handler only stores to an
+        // atomic, which is async-signal-safe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = record_signal as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut sa.sa_mask);
+            sa.sa_flags = 0;
+            if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The last SIGTERM/SIGINT received since `install_stop_handlers`, or None.
+pub fn pending_signal() -> Option<i32> {
+    match SIGNAL.load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// `SIGTERM` -> "SIGTERM" and so on, for the signal lines of watch and the daemon.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGHUP => "SIGHUP",
+        _ => "SIGNAL",
+    }
+}
+
+/// Sends `sig` to `pid` (or to a process group when `pid` is negative).
+pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    if unsafe { libc::kill(pid, sig) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// True when a process with this pid exists (zombies included) and may be signalled by us.
+pub fn process_exists(pid: i32) -> bool {
+    pid > 0 && (kill(pid, 0).is_ok() || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+}
+
+/// Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), and whether it
+/// is a zombie.
+pub fn proc_start_ticks(pid: i32) -> io::Result<(u64, bool)> {
+    let stat = fs::read(format!("/proc/{pid}/stat"))?;
+    // The comm field may contain spaces and parentheses: parse after the last ')'.
+    let close = stat
+        .iter()
+        .rposition(|&b| b == b')')
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc stat"))?;
+    let rest = String::from_utf8_lossy(&stat[close + 1..]);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // fields[0] is field 3 (state); field 22 is fields[19].
+    let state = fields.first().copied().unwrap_or("");
+    let ticks = fields
+        .get(19)
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc stat"))?;
+    Ok((ticks, state == "Z"))
+}
+
+/// argv of `pid` from /proc/<pid>/cmdline.
+pub fn proc_cmdline(pid: i32) -> io::Result<Vec<Vec<u8>>> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline"))?;
+    let mut args: Vec<Vec<u8>> = raw.split(|&b| b == 0).map(|s| s.to_vec()).collect();
+    if args.last().is_some_and(|a| a.is_empty()) {
+        args.pop();
+    }
+    Ok(args)
+}
+
+/// Parent pid of `pid` (field 4 of /proc/<pid>/stat).
+pub fn proc_ppid(pid: i32) -> io::Result<i32> {
+    let stat = fs::read(format!("/proc/{pid}/stat"))?;
+    let close = stat
+        .iter()
+        .rposition(|&b| b == b')')
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc stat"))?;
+    let rest = String::from_utf8_lossy(&stat[close + 1..]);
+    rest.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc stat"))
+}
+
+/// Makes the child start in a new session (setsid), for detached timers, daemons and job groups.
+pub fn set_new_session(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The current process's real user id.
+pub fn getuid() -> u32 {
+    // SAFETY: getuid cannot fail and has no preconditions.
+    unsafe { libc::getuid() }
+}
+
+/// Absolute form of `p` against `base`, normalised lexically (no symlink resolution, CORE 2.1).
+pub fn absolutize(base: &Path, p: &Path) -> PathBuf {
+    let joined = if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+    normalize(&joined)
+}
+
+/// Lexical normalisation: drops `.` components and folds `..` into its parent.
+pub fn normalize(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
+}

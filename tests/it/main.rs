@@ -1,0 +1,13 @@
+//! The single integration-test binary: behaviour at stable boundaries (the CLI, the wire, files on
+//! disk), named after the spec's acceptance ids.
+
+mod support;
+
+mod broker;
+mod cli;
+mod envfile;
+mod mqtt;
+mod paths;
+mod registry;
+mod sign;
+mod tidy;

@@ -1,0 +1,268 @@
+//! Test support: a private directory per test, a `mam` command wrapper with a clean environment
+//! (A29), waits with deadlines, tool requirements (A30), and an `eqnice!` diff.
+//!
+//! No test reads or writes the real checkout's `.mam`; every test gets its own control root.
+
+#![allow(dead_code)] // shared by test modules that each use a part of it
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Path of the `mam` binary under test.
+pub fn mam_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_mam"))
+}
+
+/// The root under which every test directory lives (one per test-binary run).
+pub fn base_dir() -> PathBuf {
+    static BASE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BASE.get_or_init(|| {
+        let root = std::env::var_os("MAM_TEST_TMP").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        let dir = root.join(format!("mam-it-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    })
+    .clone()
+}
+
+/// Random lowercase hex, for ids, sessions and secrets that no other process shares.
+pub fn rand_hex(n: usize) -> String {
+    mam::sys::random_hex(n).unwrap()
+}
+
+/// A private per-test directory with its own control root (`ws/.mam`), HOME and absent env file.
+#[derive(Debug)]
+pub struct TestDir {
+    pub root: PathBuf,
+}
+
+impl TestDir {
+    pub fn new(name: &str) -> TestDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let root = base_dir().join(format!("{name}-{n}"));
+        fs::create_dir_all(root.join("ws/.mam")).unwrap();
+        fs::create_dir_all(root.join("home")).unwrap();
+        TestDir { root }
+    }
+
+    /// The control root (holds `.mam/`).
+    pub fn ws(&self) -> PathBuf {
+        self.root.join("ws")
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// Writes `bytes` at `rel`, creating parents.
+    pub fn write(&self, rel: &str, bytes: impl AsRef<[u8]>) -> PathBuf {
+        let p = self.root.join(rel);
+        if let Some(d) = p.parent() {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    /// A `mam` command run in the control root with the harness environment of A29.
+    pub fn mam(&self) -> Cmd {
+        let mut c = Command::new(mam_bin());
+        c.env_clear();
+        for keep in ["PATH", "LANG", "TZ", "TMPDIR", "RUST_BACKTRACE"] {
+            if let Some(v) = std::env::var_os(keep) {
+                c.env(keep, v);
+            }
+        }
+        c.env("HOME", self.root.join("home"));
+        c.env("MAM_ENV_FILE", self.root.join("absent.env"));
+        c.env("MAM_NO_SUBSCRIBER_DAEMON", "1");
+        c.current_dir(self.ws());
+        c.stdin(Stdio::null());
+        Cmd { cmd: c }
+    }
+}
+
+/// A `Command` with a few conveniences; every run has a deadline.
+#[derive(Debug)]
+pub struct Cmd {
+    pub cmd: Command,
+}
+
+impl Cmd {
+    pub fn args<I, S>(mut self, args: I) -> Cmd
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.cmd.args(args);
+        self
+    }
+
+    pub fn env(mut self, k: impl AsRef<OsStr>, v: impl AsRef<OsStr>) -> Cmd {
+        self.cmd.env(k, v);
+        self
+    }
+
+    pub fn env_remove(mut self, k: impl AsRef<OsStr>) -> Cmd {
+        self.cmd.env_remove(k);
+        self
+    }
+
+    pub fn cwd(mut self, d: impl AsRef<Path>) -> Cmd {
+        self.cmd.current_dir(d);
+        self
+    }
+
+    /// Runs to completion within 60 s (killed and failed otherwise).
+    pub fn run(self) -> Run {
+        self.run_within(Duration::from_secs(60))
+    }
+
+    pub fn run_within(mut self, limit: Duration) -> Run {
+        self.cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let started = Instant::now();
+        let child = self.cmd.spawn().expect("spawn mam");
+        let out = wait_output(child, limit);
+        Run { out, elapsed: started.elapsed() }
+    }
+
+    /// Runs with `input` on stdin.
+    pub fn run_stdin(mut self, input: &[u8]) -> Run {
+        self.cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let started = Instant::now();
+        let mut child = self.cmd.spawn().expect("spawn mam");
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        let out = wait_output(child, Duration::from_secs(60));
+        Run { out, elapsed: started.elapsed() }
+    }
+}
+
+fn wait_output(mut child: std::process::Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    // Drain pipes on threads so a chatty child cannot block on a full pipe.
+    let mut so = child.stdout.take();
+    let mut se = child.stderr.take();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(s) = so.as_mut() {
+            let _ = std::io::Read::read_to_end(s, &mut v);
+        }
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(s) = se.as_mut() {
+            let _ = std::io::Read::read_to_end(s, &mut v);
+        }
+        v
+    });
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("command did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Output { status, stdout: t_out.join().unwrap(), stderr: t_err.join().unwrap() }
+}
+
+/// A finished run.
+#[derive(Debug)]
+pub struct Run {
+    pub out: Output,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn rc(&self) -> i32 {
+        self.out.status.code().unwrap_or(-1)
+    }
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr).into_owned()
+    }
+    /// Asserts the exit code, showing both streams on mismatch.
+    pub fn expect_rc(&self, rc: i32) -> &Run {
+        assert_eq!(self.rc(), rc, "unexpected exit code\n--- stdout\n{}--- stderr\n{}", self.stdout(), self.stderr());
+        self
+    }
+}
+
+/// Waits until `cond` holds, polling every 10 ms, failing after `limit`.
+pub fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// True when `tool` is on PATH. When `MAM_REQUIRE_<VAR>=1` (A30) a missing tool fails the test;
+/// otherwise the caller prints `skipped: <why>` and returns.
+pub fn have_tool(tool: &str, require_var: &str) -> bool {
+    let found =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file())).unwrap_or(false);
+    if !found {
+        if std::env::var(require_var).as_deref() == Ok("1") {
+            panic!("{tool} is required ({require_var}=1) but not on PATH");
+        }
+        eprintln!("skipped: {tool} not on PATH (set {require_var}=1 to require it)");
+    }
+    found
+}
+
+/// Lists every file under `dir` (relative paths), sorted.
+pub fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    fn walk(base: &Path, d: &Path, out: &mut Vec<String>) {
+        let Ok(rd) = fs::read_dir(d) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            out.push(p.strip_prefix(base).unwrap().to_string_lossy().into_owned());
+            if p.is_dir() && !p.is_symlink() {
+                walk(base, &p, out);
+            }
+        }
+    }
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Lossy `OsString` helper.
+pub fn os(s: &str) -> OsString {
+    OsString::from(s)
+}
+
+/// Compares two strings and prints a line diff on mismatch.
+#[macro_export]
+macro_rules! eqnice {
+    ($want:expr, $got:expr) => {{
+        let want: String = $want.to_string();
+        let got: String = $got.to_string();
+        if want != got {
+            let mut diff = String::new();
+            let (w, g): (Vec<&str>, Vec<&str>) = (want.lines().collect(), got.lines().collect());
+            for i in 0..w.len().max(g.len()) {
+                let (a, b) = (w.get(i).copied(), g.get(i).copied());
+                if a != b {
+                    diff.push_str(&format!("line {}:\n  want: {:?}\n  got:  {:?}\n", i + 1, a, b));
+                }
+            }
+            panic!("strings differ\n{diff}--- want\n{want}\n--- got\n{got}");
+        }
+    }};
+}
