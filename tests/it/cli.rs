@@ -1,1 +1,123 @@
-//! Integration tests: cli.
+//! The command-line frame: help, version, unknown commands and flags, shims.
+
+use crate::support::*;
+
+const READY: &[&str] = &["env", "paths", "registry"];
+
+#[test]
+fn help_lists_every_subcommand_with_one_line() {
+    let td = TestDir::new("help");
+    let r = td.mam().args(["--help"]).run();
+    r.expect_rc(0);
+    let out = r.stdout();
+    for name in
+        ["env", "paths", "registry", "publish", "heartbeat", "watch", "remote", "daemon", "broker", "delegate-job"]
+    {
+        assert!(out.lines().any(|l| l.trim_start().starts_with(&format!("{name} "))), "{name} missing:\n{out}");
+    }
+    // No arguments: help on stderr, usage exit code.
+    let r = td.mam().run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("Usage: mam <command>"));
+}
+
+#[test]
+fn version_prints_the_crate_version() {
+    let td = TestDir::new("version");
+    let r = td.mam().args(["--version"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), format!("mam {}\n", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    let td = TestDir::new("subhelp");
+    let listing = td.mam().args(["--help"]).run().stdout();
+    let names: Vec<String> = listing
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect();
+    assert!(names.len() >= 10, "{names:?}");
+    for name in &names {
+        let r = td.mam().args([name.as_str(), "--help"]).run();
+        r.expect_rc(0);
+        assert!(r.stdout().contains("Usage: mam"), "{name}: {}", r.stdout());
+        assert!(r.stderr().is_empty(), "{name}: {}", r.stderr());
+    }
+}
+
+#[test]
+fn unknown_flag_is_one_line_and_rc_2() {
+    let td = TestDir::new("badflag");
+    for cmd in READY {
+        let r = td.mam().args([*cmd, "--no-such-flag"]).run();
+        r.expect_rc(2);
+        let err = r.stderr();
+        assert_eq!(err.lines().count(), 1, "{cmd}: {err}");
+        assert!(err.starts_with("ERROR: ") && err.contains("--no-such-flag"), "{cmd}: {err}");
+    }
+}
+
+#[test]
+fn unknown_command_is_rc_2() {
+    let td = TestDir::new("badcmd");
+    let r = td.mam().args(["frobnicate"]).run();
+    r.expect_rc(2);
+    assert_eq!(r.stderr(), "ERROR: unknown command 'frobnicate' (see mam --help)\n");
+}
+
+#[test]
+fn unfinished_commands_say_so_and_exit_2() {
+    let td = TestDir::new("notyet");
+    let listing = td.mam().args(["--help"]).run().stdout();
+    let pending: Vec<&str> = listing
+        .lines()
+        .filter(|l| l.ends_with("(not yet available)"))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    for name in pending {
+        let r = td.mam().args([name]).run();
+        r.expect_rc(2);
+        assert!(r.stderr().contains("not yet available"), "{name}: {}", r.stderr());
+        assert!(r.stdout().is_empty());
+    }
+}
+
+/// The shim is found from another directory and passes its arguments through untouched.
+#[test]
+fn shim_execs_binary_with_arguments_untouched() {
+    let td = TestDir::new("shim");
+    let shim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shims/envfile");
+    // A stand-in binary that prints its argv one per line, found through MAM_BIN.
+    let fake = td.write("bin/fake-mam", "#!/bin/sh\nfor a in \"$@\"; do printf '<%s>\\n' \"$a\"; done\n");
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let weird = ["--shell", "a b", "it's", "\"q\"", "", "$HOME", "*", "x\ny"];
+    let r = td.command(&shim).env("MAM_BIN", &fake).cwd("/").args(weird).run();
+    r.expect_rc(0);
+    let want: String = std::iter::once("env").chain(weird).map(|a| format!("<{a}>\n")).collect();
+    eqnice!(want, r.stdout());
+
+    // Without MAM_BIN: <shim dir>/../bin/mam is used.
+    let shims = td.path("inst/shims");
+    std::fs::create_dir_all(&shims).unwrap();
+    std::fs::create_dir_all(td.path("inst/bin")).unwrap();
+    std::fs::copy(&shim, shims.join("envfile")).unwrap();
+    std::fs::copy(&fake, td.path("inst/bin/mam")).unwrap();
+    let r = td.command(shims.join("envfile")).cwd("/").args(["--path", "two words"]).run();
+    r.expect_rc(0);
+    eqnice!("<env>\n<--path>\n<two words>\n", r.stdout());
+}
+
+/// The real binary behind the shim: `envfile --shell` prints the same exports as `mam env --shell`.
+#[test]
+fn shim_envfile_runs_mam_env() {
+    let td = TestDir::new("shimreal");
+    let f = td.write("x.env", "A=1\n");
+    let shim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shims/envfile");
+    let r = td.command(&shim).env("MAM_BIN", mam_bin()).env("MAM_ENV_FILE", &f).cwd("/").args(["--shell"]).run();
+    r.expect_rc(0);
+    eqnice!("export A='1'\n", r.stdout());
+}

@@ -1,6 +1,7 @@
 //! The single integration-test binary: behaviour at stable boundaries (the CLI, the wire, files on
 //! disk), named after the spec's acceptance ids.
 
+#[macro_use]
 mod support;
 
 mod broker;

@@ -73,7 +73,12 @@ impl TestDir {
 
     /// A `mam` command run in the control root with the harness environment of A29.
     pub fn mam(&self) -> Cmd {
-        let mut c = Command::new(mam_bin());
+        self.command(mam_bin())
+    }
+
+    /// Any program run like `mam()`: clean environment, control root as cwd, no stdin.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Cmd {
+        let mut c = Command::new(program);
         c.env_clear();
         for keep in ["PATH", "LANG", "TZ", "TMPDIR", "RUST_BACKTRACE"] {
             if let Some(v) = std::env::var_os(keep) {
@@ -248,7 +253,6 @@ pub fn os(s: &str) -> OsString {
 }
 
 /// Compares two strings and prints a line diff on mismatch.
-#[macro_export]
 macro_rules! eqnice {
     ($want:expr, $got:expr) => {{
         let want: String = $want.to_string();
