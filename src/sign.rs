@@ -342,7 +342,7 @@ mod tests {
         m.insert("v".into(), json!(1));
         m.insert("kind".into(), json!("event"));
         let v = signed(b"key", m).unwrap();
-        assert_eq!(v.as_object().unwrap().keys().last().map(String::as_str), Some("sig"));
+        assert_eq!(v.as_object().unwrap().keys().next_back().map(String::as_str), Some("sig"));
         assert_eq!(verify_detail(b"key", &v), Ok(()));
         assert_eq!(verify_detail(b"other", &v), Err(VerifyError::Mismatch));
         let mut t = v.clone();
