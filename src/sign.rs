@@ -27,6 +27,11 @@ pub const SIG_FIELD: &str = "sig";
 pub enum CanonError {
     /// A number that is not an integer (serde_json `Number` that is neither i64 nor u64). `path` is a
     /// `$`-rooted location such as `$.data.ratio` or `$.items[2]`.
+    ///
+    /// Two integer spellings Python would accept land here too, deliberately: serde_json parses `-0` as
+    /// the float -0.0, and integers outside `[i64::MIN, u64::MAX]` as floats. mam never writes either (its
+    /// integers are seqs, attempts and timings), so a payload holding one did not come from mam and is
+    /// refused rather than re-spelled.
     Float { path: String },
 }
 
@@ -323,8 +328,10 @@ mod tests {
     fn floats_are_rejected_with_their_path() {
         let v: Value = serde_json::from_str(r#"{"a":{"b":[1,2.5]}}"#).unwrap();
         assert_eq!(canonical(&v), Err(CanonError::Float { path: "$.a.b[1]".to_string() }));
-        let top: Value = serde_json::from_str("1.0").unwrap();
-        assert_eq!(canonical(&top), Err(CanonError::Float { path: "$".to_string() }));
+        for text in ["1.0", "-0", "18446744073709551616", "-9223372036854775809"] {
+            let top: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(canonical(&top), Err(CanonError::Float { path: "$".to_string() }), "{text}");
+        }
     }
 
     #[test]
