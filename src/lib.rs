@@ -16,3 +16,4 @@ pub mod paths;
 pub mod registry;
 pub mod sign;
 pub mod sys;
+pub mod watch;
