@@ -10,6 +10,7 @@ pub mod clock;
 pub mod cmd;
 pub mod ctx;
 pub mod envfile;
+pub mod heartbeat;
 pub mod knob;
 pub mod mqtt;
 pub mod paths;
