@@ -123,12 +123,26 @@ impl Client {
     /// Incoming publishes are acknowledged and queued, PINGRESPs absorbed, keepalive served when
     /// `session` (after CONNACK).
     fn pump(&mut self, deadline: Instant, during: &'static str, session: bool) -> Result<Option<Frame>, MqttError> {
+        self.pump_until(deadline, during, session, false)
+    }
+
+    /// `pump`, also returning `None` as soon as a publish is queued when `for_publish`.
+    fn pump_until(
+        &mut self,
+        deadline: Instant,
+        during: &'static str,
+        session: bool,
+        for_publish: bool,
+    ) -> Result<Option<Frame>, MqttError> {
         let mut buf = [0u8; 16 * 1024];
         loop {
             while let Some(f) = self.dec.next_frame().map_err(|e| self.protocol(e.to_string()))? {
                 if let Some(f) = self.absorb(f, session)? {
                     return Ok(Some(f));
                 }
+            }
+            if for_publish && !self.inbox.is_empty() {
+                return Ok(None);
             }
             if self.stop.is_set() {
                 return Err(MqttError::Stopped);
@@ -243,8 +257,8 @@ impl Client {
     /// granted QoS per filter. A 0x80 result is a non-retryable error naming the filter.
     pub fn subscribe(&mut self, filters: &[String], qos: u8) -> Result<Vec<u8>, MqttError> {
         let pid = self.pids.next_pid();
-        let bytes = codec::subscribe(pid, filters, qos)
-            .map_err(|err| MqttError::Encode { topic: filters.join(" "), err })?;
+        let bytes =
+            codec::subscribe(pid, filters, qos).map_err(|err| MqttError::Encode { topic: filters.join(" "), err })?;
         self.send(&bytes, "subscribe")?;
         let deadline = Instant::now() + self.budget;
         loop {
@@ -281,9 +295,9 @@ impl Client {
             if let Some(m) = self.inbox.pop_front() {
                 return Ok(Some(m));
             }
-            match self.pump(deadline, "receive", true)? {
-                None => return Ok(self.inbox.pop_front()),
-                Some(_) => {} // stray acknowledgements
+            // Frames returned here are stray acknowledgements; publishes land in the inbox.
+            if self.pump_until(deadline, "receive", true, true)?.is_none() {
+                return Ok(self.inbox.pop_front());
             }
         }
     }

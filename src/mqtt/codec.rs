@@ -50,13 +50,18 @@ pub struct Incoming {
 /// A decoded frame from the broker, reduced to what the client acts on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
-    Connack { code: u8 },
+    Connack {
+        code: u8,
+    },
     Publish(Incoming),
     Puback(u16),
     Pubrec(u16),
     Pubrel(u16),
     Pubcomp(u16),
-    Suback { pid: u16, codes: Vec<u8> },
+    Suback {
+        pid: u16,
+        codes: Vec<u8>,
+    },
     Unsuback(u16),
     Pingresp,
     /// A packet a broker never sends to a client (CONNECT, SUBSCRIBE, PINGREQ, ...).
@@ -284,7 +289,10 @@ fn decode_frame(frame: &[u8], remaining: usize) -> Result<Frame, DecodeError> {
         13 => need(remaining == 0, "PINGRESP")?,
         3 => {
             let qos = (first >> 1) & 3;
-            let tlen = body.get(..2).map(|b| (b[0] as usize) << 8 | b[1] as usize).ok_or_else(|| malformed("short PUBLISH"))?;
+            let tlen = body
+                .get(..2)
+                .map(|b| (b[0] as usize) << 8 | b[1] as usize)
+                .ok_or_else(|| malformed("short PUBLISH"))?;
             let min = 2 + tlen + if qos > 0 { 2 } else { 0 };
             need(remaining >= min, "PUBLISH")?;
         }

@@ -74,9 +74,8 @@ impl MqttConfig {
     pub fn from_ctx(ctx: &Ctx) -> Result<MqttConfig, Failure> {
         let tls = match ctx.var("MQTT_TLS") {
             None => false,
-            Some(v) => parse_bool(&v).ok_or_else(|| {
-                Failure::usage("MQTT_TLS: invalid value (expected 1/true/yes/on or 0/false/no/off)")
-            })?,
+            Some(v) => parse_bool(&v)
+                .ok_or_else(|| Failure::usage("MQTT_TLS: invalid value (expected 1/true/yes/on or 0/false/no/off)"))?,
         };
         let port = match knob::env(ctx, "MQTT_PORT", 1)? {
             None => default_port(tls),

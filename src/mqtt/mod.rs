@@ -61,27 +61,68 @@ impl fmt::Debug for Stop {
 #[derive(Debug)]
 pub enum MqttError {
     /// TCP connect failed (refused, reset, unreachable, ...).
-    Tcp { addr: String, source: io::Error },
+    Tcp {
+        addr: String,
+        source: io::Error,
+    },
     /// Name resolution failed; `temporary` for EAI_AGAIN.
-    Resolve { addr: String, detail: String, temporary: bool },
+    Resolve {
+        addr: String,
+        detail: String,
+        temporary: bool,
+    },
     /// The connect deadline expired; `phase` is where (connect or connack).
-    NoConnack { addr: String, phase: &'static str },
-    ClosedBeforeConnack { addr: String },
-    ConnackRefused { addr: String, code: u8 },
+    NoConnack {
+        addr: String,
+        phase: &'static str,
+    },
+    ClosedBeforeConnack {
+        addr: String,
+    },
+    ConnackRefused {
+        addr: String,
+        code: u8,
+    },
     /// A PUBACK, SUBACK or PINGRESP did not arrive in time.
-    Timeout { addr: String, phase: &'static str, what: String },
+    Timeout {
+        addr: String,
+        phase: &'static str,
+        what: String,
+    },
     /// The connection broke after CONNACK.
-    Lost { addr: String, during: &'static str, detail: String },
+    Lost {
+        addr: String,
+        during: &'static str,
+        detail: String,
+    },
     /// A persistent connection found dropped; it is re-established by the next operation.
-    NotConnected { addr: String },
-    TlsVerify { addr: String, line: String },
+    NotConnected {
+        addr: String,
+    },
+    TlsVerify {
+        addr: String,
+        line: String,
+    },
     /// The TLS shim ended before the handshake completed, without a verification error.
-    TlsExited { addr: String, detail: String },
-    OpensslNotFound { program: String },
-    Encode { topic: String, err: codec::EncodeError },
-    SubackRefused { filter: String },
+    TlsExited {
+        addr: String,
+        detail: String,
+    },
+    OpensslNotFound {
+        program: String,
+    },
+    Encode {
+        topic: String,
+        err: codec::EncodeError,
+    },
+    SubackRefused {
+        filter: String,
+    },
     /// The broker sent something that is not valid MQTT for a client.
-    Protocol { addr: String, detail: String },
+    Protocol {
+        addr: String,
+        detail: String,
+    },
     /// The caller's stop condition fired.
     Stopped,
     Internal(String),
@@ -96,7 +137,9 @@ impl MqttError {
             MqttError::NoConnack { .. } | MqttError::ClosedBeforeConnack { .. } => true,
             MqttError::ConnackRefused { code, .. } => *code == 3,
             MqttError::Timeout { .. }
-            | MqttError::Lost { .. } | MqttError::NotConnected { .. } | MqttError::TlsExited { .. } => true,
+            | MqttError::Lost { .. }
+            | MqttError::NotConnected { .. }
+            | MqttError::TlsExited { .. } => true,
             MqttError::TlsVerify { .. }
             | MqttError::OpensslNotFound { .. }
             | MqttError::Encode { .. }
@@ -136,7 +179,9 @@ impl fmt::Display for MqttError {
                 write!(f, "not connected to broker {addr} (connection dropped; reconnecting)")
             }
             MqttError::TlsVerify { addr, line } => write!(f, "TLS verification failed for {addr}: {line}"),
-            MqttError::TlsExited { addr, detail } => write!(f, "TLS shim for {addr} ended before the handshake ({detail})"),
+            MqttError::TlsExited { addr, detail } => {
+                write!(f, "TLS shim for {addr} ended before the handshake ({detail})")
+            }
             MqttError::OpensslNotFound { program } => {
                 write!(f, "TLS needs openssl but '{}' was not found (set MAM_OPENSSL)", crate::cli::one_line(program))
             }

@@ -149,10 +149,15 @@ mod tests {
         ] {
             let mut n = 0;
             let mut e = Some(e);
-            let r: Result<(), _> = with_retry(&fast("publish"), &Stop::never(), |_| panic!("no warning"), |_| {
-                n += 1;
-                Err(e.take().unwrap())
-            });
+            let r: Result<(), _> = with_retry(
+                &fast("publish"),
+                &Stop::never(),
+                |_| panic!("no warning"),
+                |_| {
+                    n += 1;
+                    Err(e.take().unwrap())
+                },
+            );
             assert!(r.is_err());
             assert_eq!(n, 1);
         }
@@ -165,19 +170,29 @@ mod tests {
     #[test]
     fn gives_up_after_three_and_within_budget() {
         let mut n = 0;
-        let r: Result<(), _> = with_retry(&fast("publish"), &Stop::never(), |_| {}, |_| {
-            n += 1;
-            Err(lost())
-        });
+        let r: Result<(), _> = with_retry(
+            &fast("publish"),
+            &Stop::never(),
+            |_| {},
+            |_| {
+                n += 1;
+                Err(lost())
+            },
+        );
         assert!(r.is_err());
         assert_eq!(n, 3);
         let policy = RetryPolicy::standard("publish").with_budget(Duration::from_millis(500));
         let mut n = 0;
         let t = Instant::now();
-        let r: Result<(), _> = with_retry(&policy, &Stop::never(), |_| {}, |_| {
-            n += 1;
-            Err(lost())
-        });
+        let r: Result<(), _> = with_retry(
+            &policy,
+            &Stop::never(),
+            |_| {},
+            |_| {
+                n += 1;
+                Err(lost())
+            },
+        );
         assert!(r.is_err());
         assert_eq!(n, 1, "a 1 s wait does not fit a 0.5 s budget");
         assert!(t.elapsed() < Duration::from_millis(400));

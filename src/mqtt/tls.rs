@@ -289,14 +289,17 @@ mod tests {
 
     #[test]
     fn args_for_names_and_ips() {
-        let a: Vec<String> =
-            shim_args(&cfg("broker.example", Some("/ca.pem")), true).iter().map(|s| s.to_string_lossy().into()).collect();
+        let a: Vec<String> = shim_args(&cfg("broker.example", Some("/ca.pem")), true)
+            .iter()
+            .map(|s| s.to_string_lossy().into())
+            .collect();
         assert_eq!(
             a.join(" "),
             "s_client -connect broker.example:8883 -servername broker.example -verify_hostname broker.example \
              -verify_return_error -quiet -nocommands -CAfile /ca.pem"
         );
-        let a: Vec<String> = shim_args(&cfg("127.0.0.1", None), false).iter().map(|s| s.to_string_lossy().into()).collect();
+        let a: Vec<String> =
+            shim_args(&cfg("127.0.0.1", None), false).iter().map(|s| s.to_string_lossy().into()).collect();
         assert_eq!(a.join(" "), "s_client -connect 127.0.0.1:8883 -verify_ip 127.0.0.1 -verify_return_error -quiet");
     }
 
