@@ -359,13 +359,15 @@ pub struct Persistent {
     stop: Stop,
     client: Option<Client>,
     connects: u32,
+    /// Filters re-subscribed after every (re)connect, with their QoS.
+    subscriptions: Vec<(Vec<String>, u8)>,
 }
 
 impl Persistent {
     /// Freezes `cfg`'s identity; no connection is made yet.
     pub fn new(cfg: MqttConfig, role: Role, stop: Stop) -> Persistent {
         let identity = cfg.identity();
-        Persistent { cfg, identity, role, stop, client: None, connects: 0 }
+        Persistent { cfg, identity, role, stop, client: None, connects: 0, subscriptions: Vec::new() }
     }
 
     pub fn identity(&self) -> &Identity {
@@ -399,7 +401,10 @@ impl Persistent {
             }
         }
         if self.client.is_none() {
-            let c = Client::connect(&self.cfg, self.role, &self.stop)?;
+            let mut c = Client::connect(&self.cfg, self.role, &self.stop)?;
+            for (filters, qos) in &self.subscriptions {
+                c.subscribe(filters, *qos)?;
+            }
             self.connects += 1;
             self.client = Some(c);
         }
@@ -429,6 +434,20 @@ impl Persistent {
             return Ok(());
         }
         self.with_client(|c| c.publish_raw(msgs))
+    }
+
+    /// Subscribes on the kept connection (connecting if needed) and remembers the filters, so every
+    /// later reconnect subscribes again before it is used.
+    pub fn subscribe(&mut self, filters: &[String], qos: u8) -> Result<Vec<u8>, MqttError> {
+        let granted = self.with_client(|c| c.subscribe(filters, qos))?;
+        self.subscriptions.push((filters.to_vec(), qos));
+        Ok(granted)
+    }
+
+    /// The next message on the kept connection before `deadline` (reconnecting and re-subscribing
+    /// first when the connection was dropped).
+    pub fn recv(&mut self, deadline: Instant) -> Result<Option<Incoming>, MqttError> {
+        self.with_client(|c| c.recv(deadline))
     }
 
     /// Serves keepalive on the kept connection until `deadline` (no-op when not connected).

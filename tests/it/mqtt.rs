@@ -625,8 +625,11 @@ fn b7_tls_through_the_openssl_shim() {
         sub.disconnect();
     }
 
-    // Wrong CA, and an IP the certificate does not name: one attempt, a verification error.
-    for (host, port, ca) in [("localhost", m.port, &wrong_s), ("127.0.0.1", m.port, &ca_s)] {
+    // Wrong CA, an IP the certificate does not name, a host name the certificate does not name:
+    // one attempt each, a verification error.
+    for (host, port, ca) in
+        [("localhost", m.port, &wrong_s), ("127.0.0.1", m.port, &ca_s), ("localhost", ip_port, &ca_s)]
+    {
         let (r, warnings, attempts) = publish_counting(&tls(host, port, ca), &Message::new("b7/t", "x", 1, false));
         let e = r.unwrap_err();
         assert!(matches!(e, MqttError::TlsVerify { .. }), "{host}: {e}");
@@ -790,4 +793,47 @@ fn k10_pub_and_sub_usage_errors() {
         r.expect_rc(0);
         assert!(r.stdout().starts_with(&format!("Usage: mam {cmd} ")), "{}", r.stdout());
     }
+}
+
+#[test]
+fn b4_persistent_subscriber_resubscribes_after_a_drop() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    let td = TestDir::new("b4s");
+    let mut m = Mosquitto::start(&td, anonymous);
+    let c = cfg(&td, m.port, &[]);
+    let mut p = Persistent::new(c.clone(), Role::Dmn, Stop::never());
+    p.subscribe(&["b4s/#".to_string()], 1).unwrap();
+    m.restart();
+    let e = p.recv(Instant::now() + Duration::from_secs(2)).unwrap_err();
+    assert!(e.retryable(), "{e}");
+    // The next operation reconnects and subscribes again before waiting.
+    let mut got = None;
+    let mut publ = connect(&c, Role::Pub);
+    wait_until("the resubscribed connection to deliver", Duration::from_secs(10), || {
+        publ.publish(&Message::new("b4s/x", "again", 1, false)).unwrap();
+        got = p.recv(Instant::now() + Duration::from_millis(300)).unwrap();
+        got.is_some()
+    });
+    assert_eq!(got.unwrap().payload, b"again");
+    assert_eq!(p.connects(), 2);
+}
+
+#[test]
+fn stop_flag_is_seen_within_a_read_slice() {
+    let fake = FakeBroker::start(Fake::Silent);
+    let td = TestDir::new("stop");
+    let c = cfg(&td, fake.port, &[("MAM_MQTT_CONNECT_TIMEOUT_S", "10")]);
+    let flag = Arc::new(AtomicBool::new(false));
+    let f2 = Arc::clone(&flag);
+    let setter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        f2.store(true, Ordering::SeqCst);
+    });
+    let t0 = Instant::now();
+    let r = Client::connect(&c, Role::Sub, &Stop::flag(flag));
+    setter.join().unwrap();
+    assert!(matches!(r, Err(MqttError::Stopped)));
+    assert!(t0.elapsed() < Duration::from_millis(700), "{:?}", t0.elapsed());
 }
