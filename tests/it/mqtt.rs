@@ -1,1 +1,839 @@
-//! Integration tests: mqtt.
+//! CORE 3 acceptance tests (B1-B9) and the K10 runs against a real mosquitto: the client library
+//! in-process, and `mam pub` / `mam sub` as processes next to mosquitto_pub / mosquitto_sub.
+//!
+//! Scenarios that any conforming broker must pass loop over `TARGETS`; scenarios that need broker
+//! misbehaviour use a tiny in-test fake listener (CONNACK 4, silence, no PINGRESP) or kill and
+//! restart mosquitto.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mam::ctx::Ctx;
+use mam::mqtt::{
+    self, BrokerBlock, Client, Incoming, Message, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop,
+};
+
+use crate::support::{have_tool, rand_hex, wait_until, TestDir};
+
+// ---------------------------------------------------------------------------------------------
+// Brokers
+
+/// The brokers every conforming scenario runs against.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    Mosquitto,
+    Embedded,
+}
+
+const TARGETS: &[Target] = &[Target::Mosquitto, Target::Embedded];
+
+/// A running broker of some target.
+enum Broker {
+    Mosquitto(Mosquitto),
+}
+
+impl Broker {
+    fn port(&self) -> u16 {
+        match self {
+            Broker::Mosquitto(m) => m.port,
+        }
+    }
+}
+
+fn start_target(t: Target, td: &TestDir) -> Option<Broker> {
+    match t {
+        Target::Mosquitto => {
+            if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+                return None;
+            }
+            Some(Broker::Mosquitto(Mosquitto::start(td, anonymous)))
+        }
+        // embedded broker: added when the broker branch merges
+        Target::Embedded => None,
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn anonymous(port: u16) -> String {
+    format!("listener {port} 127.0.0.1\nallow_anonymous true\n")
+}
+
+/// A mosquitto started by the test with a generated config (all logging on, to a file), killed and
+/// reaped on drop.
+struct Mosquitto {
+    child: Option<Child>,
+    port: u16,
+    conf: PathBuf,
+    log: PathBuf,
+}
+
+impl Mosquitto {
+    /// `listeners(port)` gives the listener and auth lines; the primary port is waited on.
+    fn start(td: &TestDir, listeners: impl Fn(u16) -> String) -> Mosquitto {
+        let port = free_port();
+        let n = rand_hex(3);
+        let log = td.path(&format!("mosquitto-{n}.log"));
+        let mut conf = format!("persistence false\nlog_dest file {}\nlog_type all\n", log.display());
+        if mam::sys::getuid() == 0 {
+            // As root mosquitto would drop to the `mosquitto` user and lose access to test files (CORE 3.4).
+            conf.push_str("user root\n");
+        }
+        conf.push_str(&listeners(port));
+        let conf_path = td.write(&format!("mosquitto-{n}.conf"), conf);
+        let mut m = Mosquitto { child: None, port, conf: conf_path, log };
+        m.launch();
+        m
+    }
+
+    fn launch(&mut self) {
+        let child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&self.conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn mosquitto");
+        self.child = Some(child);
+        let port = self.port;
+        wait_until("mosquitto to accept connections", Duration::from_secs(10), || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn log_count(&self, needle: &str) -> usize {
+        self.log_text().matches(needle).count()
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What the fake listener does after accepting.
+#[derive(Clone, Copy, PartialEq)]
+enum Fake {
+    /// Reads CONNECT and answers with this CONNACK return code, then ignores everything.
+    Connack(u8),
+    /// Accepts and never answers.
+    Silent,
+}
+
+/// A loopback listener that misbehaves on purpose; counts connections; joined on drop.
+struct FakeBroker {
+    port: u16,
+    accepts: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeBroker {
+    fn start(mode: Fake) -> FakeBroker {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepts = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a2, s2) = (Arc::clone(&accepts), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            let mut open = Vec::new();
+            while !s2.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut s, _)) => {
+                        a2.fetch_add(1, Ordering::SeqCst);
+                        s.set_nonblocking(false).unwrap();
+                        if let Fake::Connack(code) = mode {
+                            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                            let mut buf = [0u8; 256];
+                            let _ = s.read(&mut buf);
+                            let _ = s.write_all(&[0x20, 2, 0, code]);
+                        }
+                        open.push(s);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        FakeBroker { port, accepts, stop, thread: Some(thread) }
+    }
+
+    fn accepts(&self) -> usize {
+        self.accepts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FakeBroker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A child process killed and reaped on drop.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl ChildGuard {
+    /// Waits for exit within `limit`; returns rc and stdout.
+    fn finish(mut self, limit: Duration) -> (i32, String) {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(st) = self.0.try_wait().unwrap() {
+                break st;
+            }
+            assert!(Instant::now() < deadline, "child did not exit within {limit:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut out = String::new();
+        self.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        (status.code().unwrap_or(-1), out)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn ctx(td: &TestDir, vars: &[(&str, &str)]) -> Ctx {
+    let mut all: Vec<(String, String)> = vec![
+        ("MAM_ENV_FILE".into(), td.path("absent.env").display().to_string()),
+        ("HOME".into(), td.path("home").display().to_string()),
+        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+        ("MAM_MQTT_CONNECT_TIMEOUT_S".into(), "3".into()),
+    ];
+    for (k, v) in vars {
+        all.retain(|(k2, _)| k2 != k);
+        all.push((k.to_string(), v.to_string()));
+    }
+    Ctx::with_env(all, &td.ws())
+}
+
+fn cfg(td: &TestDir, port: u16, vars: &[(&str, &str)]) -> MqttConfig {
+    let port = port.to_string();
+    let mut v = vec![("MQTT_PORT", port.as_str())];
+    v.extend_from_slice(vars);
+    MqttConfig::from_ctx(&ctx(td, &v)).unwrap()
+}
+
+fn fast(what: &'static str) -> RetryPolicy {
+    RetryPolicy { delays: vec![Duration::from_millis(100), Duration::from_millis(200)], budget: None, what }
+}
+
+fn recv_n(c: &mut Client, n: usize) -> Vec<Incoming> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    while got.len() < n {
+        match c.recv(deadline).unwrap() {
+            Some(m) => got.push(m),
+            None => panic!("only {} of {n} messages arrived: {got:?}", got.len()),
+        }
+    }
+    got
+}
+
+fn connect(cfg: &MqttConfig, role: Role) -> Client {
+    Client::connect(cfg, role, &Stop::never()).unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+/// Publishes through `with_retry` with fast waits, collecting warnings and attempt count.
+fn publish_counting(cfg: &MqttConfig, msg: &Message) -> (Result<(), MqttError>, Vec<String>, u32) {
+    let mut warnings = Vec::new();
+    let mut attempts = 0;
+    let r = mqtt::with_retry(
+        &fast("publish"),
+        &Stop::never(),
+        |w| warnings.push(w),
+        |a| {
+            attempts = a;
+            let mut c = Client::connect(cfg, Role::Pub, &Stop::never())?;
+            c.publish(msg)?;
+            c.disconnect();
+            Ok(())
+        },
+    );
+    (r, warnings, attempts)
+}
+
+// ---------------------------------------------------------------------------------------------
+// B1-B9
+
+#[test]
+fn b1_qos0_qos1_delivery_and_retained_to_late_subscriber() {
+    for &t in TARGETS {
+        let td = TestDir::new("b1");
+        let Some(b) = start_target(t, &td) else { continue };
+        let cfg = cfg(&td, b.port(), &[]);
+        let root = format!("b1-{}", rand_hex(4));
+        let mut sub = connect(&cfg, Role::Sub);
+        assert_eq!(sub.subscribe(&[format!("{root}/live/#")], 1).unwrap(), vec![1], "{t:?}");
+        let mut publ = connect(&cfg, Role::Pub);
+        publ.publish(&Message::new(format!("{root}/live/q0"), "zero", 0, false)).unwrap();
+        publ.publish(&Message::new(format!("{root}/live/q1"), b"one\0\nQ\r\n".to_vec(), 1, false)).unwrap();
+        let mut got = recv_n(&mut sub, 2);
+        got.sort_by(|a, b| a.topic.cmp(&b.topic));
+        assert_eq!(got[0].topic, format!("{root}/live/q0"), "{t:?}");
+        assert_eq!(got[0].payload, b"zero");
+        assert_eq!(got[1].payload, b"one\0\nQ\r\n");
+        assert!(got.iter().all(|m| !m.retain), "{t:?}: live messages are not retained: {got:?}");
+
+        publ.publish(&Message::new(format!("{root}/state"), "kept", 1, true)).unwrap();
+        publ.disconnect();
+        let mut late = connect(&cfg, Role::Sub);
+        late.subscribe(&[format!("{root}/state")], 1).unwrap();
+        let got = recv_n(&mut late, 1);
+        assert_eq!((got[0].payload.as_slice(), got[0].retain), (&b"kept"[..], true), "{t:?}");
+        late.disconnect();
+        sub.disconnect();
+    }
+}
+
+#[test]
+fn b2_password_auth_and_the_record_never_holds_it() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") || !have_tool("mosquitto_passwd", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    let td = TestDir::new("b2");
+    let pw_file = td.path("passwd");
+    let st = Command::new("mosquitto_passwd").arg("-b").arg("-c").arg(&pw_file).args(["alice", "s3cret"]).status();
+    assert!(st.unwrap().success());
+    let pw = pw_file.display().to_string();
+    let m = Mosquitto::start(&td, |p| format!("listener {p} 127.0.0.1\nallow_anonymous false\npassword_file {pw}\n"));
+    let env = cfg(&td, m.port, &[("MQTT_USERNAME", "alice"), ("MQTT_PASSWORD", "s3cret")]);
+
+    // The record's broker block: no password value, no password key; it round-trips through a file.
+    let record = serde_json::json!({ "job_id": "b2job", "broker": env.broker_block() });
+    let text = serde_json::to_string_pretty(&record).unwrap();
+    assert!(!text.contains("s3cret") && !text.contains("password"), "{text}");
+    let path = td.write("b2job.json", &text);
+    let back: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let block: BrokerBlock = serde_json::from_value(back["broker"].clone()).unwrap();
+
+    // Publishing from the record layers the password back (same host and port) and authenticates.
+    let (rcfg, warning) = env.for_block(&block);
+    assert_eq!(warning, None);
+    let (r, warnings, _) = publish_counting(&rcfg, &Message::new("b2/ok", "x", 1, false));
+    r.unwrap_or_else(|e| panic!("authenticated publish failed: {e}"));
+    assert!(warnings.is_empty());
+
+    // A record naming another port gets no password: refused, not retried, and the warning names the field.
+    let other = BrokerBlock { port: free_port(), ..block.clone() };
+    let (_, warning) = env.for_block(&other);
+    assert_eq!(
+        warning.as_deref(),
+        Some("WARNING: broker in record differs from environment (port); connecting without password")
+    );
+    let wrong = cfg(&td, m.port, &[("MQTT_USERNAME", "alice"), ("MQTT_PASSWORD", "nope")]);
+    let (r, warnings, attempts) = publish_counting(&wrong, &Message::new("b2/no", "x", 1, false));
+    let e = r.unwrap_err();
+    assert!(matches!(e, MqttError::ConnackRefused { code: 4 | 5, .. }), "{e}");
+    assert_eq!((attempts, warnings.len()), (1, 0));
+    assert!(!e.to_string().contains("nope"));
+
+    // The CLI authenticates with the env password and never shows it.
+    let port = m.port.to_string();
+    let run = td
+        .mam()
+        .args(["pub", "-t", "b2/cli", "-m", "hello", "-q", "1"])
+        .env("MQTT_PORT", &port)
+        .env("MQTT_USERNAME", "alice")
+        .env("MQTT_PASSWORD", "s3cret")
+        .run();
+    run.expect_rc(0);
+    let run = td
+        .mam()
+        .args(["pub", "-t", "b2/cli", "-m", "hello", "-q", "1"])
+        .env("MQTT_PORT", &port)
+        .env("MQTT_USERNAME", "alice")
+        .env("MQTT_PASSWORD", "wr0ng-pw")
+        .run();
+    run.expect_rc(3);
+    assert!(!run.stderr().contains("wr0ng-pw") && !run.stderr().contains("WARNING"), "{}", run.stderr());
+    // Four CONNECTs in all (one attempt per refused connect), two of them refused with 5.
+    assert_eq!(m.log_count("Sending CONNACK to"), 4, "{}", m.log_text());
+    assert_eq!(m.log_count(" (0, 5)"), 2, "{}", m.log_text());
+}
+
+#[test]
+fn b3_identity_differs_uses_a_separate_connection() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    let td = TestDir::new("b3");
+    let m = Mosquitto::start(&td, anonymous);
+    let a = cfg(&td, m.port, &[("MQTT_USERNAME", "alice-user")]);
+    let b = cfg(&td, m.port, &[("MQTT_USERNAME", "bob-user")]);
+    let mut sub = connect(&a, Role::Sub);
+    sub.subscribe(&["b3/#".to_string()], 1).unwrap();
+
+    let mut p = Persistent::new(a.clone(), Role::Hb, Stop::never());
+    p.publish(&a, &[Message::new("b3/a", "1", 1, false)]).unwrap();
+    assert_eq!(p.identity_note(&a), None);
+    let note = p.identity_note(&b).unwrap();
+    assert_eq!(note, "NOTE: connection identity differs (username); using a separate connection");
+    p.publish(&b, &[Message::new("b3/b", "2", 1, false)]).unwrap();
+    p.publish(&a, &[Message::new("b3/c", "3", 1, false)]).unwrap();
+    assert_eq!(p.connects(), 1, "the kept connection is reused for the matching identity");
+    let got: Vec<String> = recv_n(&mut sub, 3).into_iter().map(|m| m.topic).collect();
+    assert_eq!(got, ["b3/a", "b3/b", "b3/c"]);
+    // Three connections reached the broker: the subscriber, the kept one and the one-shot.
+    assert_eq!(m.log_count("New client connected"), 3, "{}", m.log_text());
+
+    let tls = cfg(&td, m.port, &[("MQTT_USERNAME", "alice-user"), ("MQTT_TLS", "on")]);
+    let note = p.identity_note(&tls).unwrap();
+    assert_eq!(note, "NOTE: connection identity differs (tls); using a separate connection");
+    assert!(!note.contains("alice") && !note.contains("true"));
+    p.drop_connection();
+}
+
+#[test]
+fn b4_dropped_persistent_connection_fails_once_then_reconnects() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    let td = TestDir::new("b4");
+    let mut m = Mosquitto::start(&td, anonymous);
+    let c = cfg(&td, m.port, &[]);
+    let mut p = Persistent::new(c.clone(), Role::Hb, Stop::never());
+    p.publish(&c, &[Message::new("b4/x", "before", 1, false)]).unwrap();
+    assert!(p.is_connected());
+
+    m.restart();
+    let mut sub = connect(&c, Role::Sub);
+    sub.subscribe(&["b4/#".to_string()], 1).unwrap();
+    let mut warnings = Vec::new();
+    let r = mqtt::with_retry(
+        &fast("publish"),
+        &Stop::never(),
+        |w| warnings.push(w),
+        |_| p.publish(&c, &[Message::new("b4/x", "after", 1, false)]),
+    );
+    r.unwrap_or_else(|e| panic!("publish after the drop: {e}"));
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("WARNING: publish attempt 1/3 failed (not connected to broker 127.0.0.1:"),
+        "{warnings:?}"
+    );
+    assert!(warnings[0].ends_with("; retrying in 100ms"), "{warnings:?}");
+    assert_eq!(p.connects(), 2);
+    assert_eq!(recv_n(&mut sub, 1)[0].payload, b"after");
+}
+
+#[test]
+fn b5_connack_4_is_a_single_attempt_and_rc_3() {
+    let fake = FakeBroker::start(Fake::Connack(4));
+    let td = TestDir::new("b5");
+    let c = cfg(&td, fake.port, &[]);
+    let (r, warnings, attempts) = publish_counting(&c, &Message::new("b5", "x", 1, false));
+    let e = r.unwrap_err();
+    assert!(matches!(e, MqttError::ConnackRefused { code: 4, .. }), "{e}");
+    assert!(e.to_string().contains("CONNACK 4 (bad user name or password)"), "{e}");
+    assert_eq!((attempts, warnings.len(), fake.accepts()), (1, 0, 1));
+
+    let run = td.mam().args(["pub", "-t", "b5", "-m", "x", "-q", "1", "-p", &fake.port.to_string()]).run();
+    run.expect_rc(3);
+    assert_eq!(run.stderr().lines().count(), 1, "{}", run.stderr());
+    assert!(run.stderr().starts_with("ERROR: broker 127.0.0.1:"), "{}", run.stderr());
+    assert_eq!(fake.accepts(), 2);
+}
+
+#[test]
+fn b6_silent_listener_gives_no_connack_per_attempt() {
+    let fake = FakeBroker::start(Fake::Silent);
+    let td = TestDir::new("b6");
+    let c = cfg(&td, fake.port, &[("MAM_MQTT_CONNECT_TIMEOUT_S", "1")]);
+    let mut starts = Vec::new();
+    let mut warnings = Vec::new();
+    let t0 = Instant::now();
+    let r: Result<(), MqttError> = mqtt::with_retry(
+        &fast("publish"),
+        &Stop::never(),
+        |w| warnings.push(w),
+        |_| {
+            starts.push(t0.elapsed());
+            Client::connect(&c, Role::Pub, &Stop::never()).map(|_| ())
+        },
+    );
+    let total = t0.elapsed();
+    let e = r.unwrap_err();
+    assert!(e.to_string().starts_with("no CONNACK from broker 127.0.0.1:"), "{e}");
+    assert_eq!(starts.len(), 3);
+    assert_eq!(warnings.len(), 2);
+    assert!(warnings.iter().all(|w| w.contains("(no CONNACK from broker")), "{warnings:?}");
+    // Each attempt lasts about one connect timeout (1 s); the waits are 0.1 s and 0.2 s.
+    let gaps = [starts[1] - starts[0], starts[2] - starts[1], total - starts[2]];
+    for g in gaps {
+        assert!(g >= Duration::from_millis(950) && g < Duration::from_millis(1800), "{gaps:?}");
+    }
+    assert_eq!(fake.accepts(), 3);
+}
+
+/// A throwaway CA and server certificates made with openssl in `dir`.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new(dir: &Path) -> Pki {
+        std::fs::create_dir_all(dir).unwrap();
+        Pki { dir: dir.to_path_buf() }
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let out = Command::new("openssl").args(args).current_dir(&self.dir).output().unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn ca(&self, name: &str) -> PathBuf {
+        let (key, crt) = (format!("{name}.key"), format!("{name}.crt"));
+        self.openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        self.dir.join(crt)
+    }
+
+    /// A server certificate signed by `ca` with the given subjectAltName; returns (cert, key).
+    fn server(&self, name: &str, ca: &str, san: &str) -> (PathBuf, PathBuf) {
+        let (key, csr, crt, ext) =
+            (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"), format!("{name}.ext"));
+        std::fs::write(self.dir.join(&ext), format!("subjectAltName={san}\n")).unwrap();
+        self.openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        self.openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &format!("{ca}.crt"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ]);
+        (self.dir.join(crt), self.dir.join(key))
+    }
+}
+
+#[test]
+fn b7_tls_through_the_openssl_shim() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") || !have_tool("openssl", "MAM_REQUIRE_OPENSSL") {
+        return;
+    }
+    let td = TestDir::new("b7");
+    let pki = Pki::new(&td.path("pki"));
+    let ca = pki.ca("ca");
+    let wrong_ca = pki.ca("wrongca");
+    let (name_crt, name_key) = pki.server("byname", "ca", "DNS:localhost");
+    let (ip_crt, ip_key) = pki.server("byip", "ca", "IP:127.0.0.1");
+    let ip_port = free_port();
+    let m = Mosquitto::start(&td, |p| {
+        format!(
+            "allow_anonymous true\n\
+             listener {p} 127.0.0.1\ncafile {ca}\ncertfile {name_crt}\nkeyfile {name_key}\n\
+             listener {ip_port} 127.0.0.1\ncafile {ca}\ncertfile {ip_crt}\nkeyfile {ip_key}\n",
+            ca = ca.display(),
+            name_crt = name_crt.display(),
+            name_key = name_key.display(),
+            ip_crt = ip_crt.display(),
+            ip_key = ip_key.display(),
+        )
+    });
+    wait_until("the second TLS listener", Duration::from_secs(5), || {
+        TcpStream::connect(("127.0.0.1", ip_port)).is_ok()
+    });
+    let ca_s = ca.display().to_string();
+    let wrong_s = wrong_ca.display().to_string();
+    let tls = |host: &str, port: u16, ca: &str| {
+        cfg(&td, port, &[("MQTT_TLS", "1"), ("MQTT_BROKER", host), ("MQTT_CA_FILE", ca)])
+    };
+
+    // Good CA, by host name and by IP (A22), including bytes that s_client would treat as commands.
+    for (host, port) in [("localhost", m.port), ("127.0.0.1", ip_port)] {
+        let c = tls(host, port, &ca_s);
+        let mut sub = connect(&c, Role::Sub);
+        sub.subscribe(&["b7/#".to_string()], 1).unwrap();
+        let payload = b"Q\nR\n\0binary\nQ".to_vec();
+        let (r, warnings, attempts) = publish_counting(&c, &Message::new("b7/t", payload.clone(), 1, false));
+        r.unwrap_or_else(|e| panic!("TLS publish to {host}: {e}"));
+        assert_eq!((attempts, warnings.len()), (1, 0));
+        assert_eq!(recv_n(&mut sub, 1)[0].payload, payload);
+        sub.disconnect();
+    }
+
+    // Wrong CA, an IP the certificate does not name, a host name the certificate does not name:
+    // one attempt each, a verification error.
+    for (host, port, ca) in
+        [("localhost", m.port, &wrong_s), ("127.0.0.1", m.port, &ca_s), ("localhost", ip_port, &ca_s)]
+    {
+        let (r, warnings, attempts) = publish_counting(&tls(host, port, ca), &Message::new("b7/t", "x", 1, false));
+        let e = r.unwrap_err();
+        assert!(matches!(e, MqttError::TlsVerify { .. }), "{host}: {e}");
+        assert!(e.to_string().starts_with(&format!("TLS verification failed for {host}:{port}: ")), "{e}");
+        assert!(e.to_string().contains("verify error") || e.to_string().contains("Verify return code"), "{e}");
+        assert_eq!((attempts, warnings.len()), (1, 0));
+    }
+
+    // No openssl: a clear error, no retry.
+    let mut c = tls("localhost", m.port, &ca_s);
+    c.openssl = "/nonexistent/openssl".into();
+    let (r, warnings, attempts) = publish_counting(&c, &Message::new("b7/t", "x", 1, false));
+    let e = r.unwrap_err();
+    assert!(matches!(e, MqttError::OpensslNotFound { .. }), "{e}");
+    assert!(e.to_string().contains("'/nonexistent/openssl' was not found"), "{e}");
+    assert_eq!((attempts, warnings.len()), (1, 0));
+
+    // The CLI over TLS: a retained publish read back by `mam sub`; MAM_OPENSSL=/nonexistent is rc 3 at once.
+    let port = m.port.to_string();
+    let env = [("MQTT_TLS", "yes"), ("MQTT_BROKER", "localhost"), ("MQTT_PORT", &port), ("MQTT_CA_FILE", &ca_s)];
+    let mut run = td.mam().args(["pub", "-t", "b7/cli", "-m", "over tls", "-r", "-q", "1"]);
+    for (k, v) in env {
+        run = run.env(k, v);
+    }
+    run.run().expect_rc(0);
+    let mut run = td.mam().args(["sub", "-t", "b7/cli", "-C", "1", "-W", "10"]);
+    for (k, v) in env {
+        run = run.env(k, v);
+    }
+    let r = run.run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), "over tls\n");
+    let mut run = td.mam().args(["pub", "-t", "b7/cli", "-m", "x"]).env("MAM_OPENSSL", "/nonexistent");
+    for (k, v) in env {
+        run = run.env(k, v);
+    }
+    let r = run.run();
+    r.expect_rc(3);
+    assert!(!r.stderr().contains("WARNING") && r.stderr().contains("/nonexistent"), "{}", r.stderr());
+}
+
+#[test]
+fn b8_keepalive_keeps_an_idle_connection_alive() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    let td = TestDir::new("b8");
+    let m = Mosquitto::start(&td, anonymous);
+    let c = cfg(&td, m.port, &[("MAM_MQTT_KEEPALIVE_S", "2")]);
+    let mut idle = connect(&c, Role::Sub);
+    idle.subscribe(&["b8/#".to_string()], 1).unwrap();
+    // mosquitto drops a client silent for 1.5 x keepalive (3 s); 5 s idle needs PINGREQs.
+    idle.service(Instant::now() + Duration::from_secs(5)).unwrap();
+    let pings = m.log_count(&format!("Received PINGREQ from {}", idle.client_id()));
+    assert!(pings >= 3, "expected a PINGREQ about every second, saw {pings}\n{}", m.log_text());
+    let mut publ = connect(&c, Role::Pub);
+    publ.publish(&Message::new("b8/x", "still here", 1, false)).unwrap();
+    assert_eq!(recv_n(&mut idle, 1)[0].payload, b"still here");
+}
+
+#[test]
+fn b8_missing_pingresp_means_connection_lost() {
+    let fake = FakeBroker::start(Fake::Connack(0));
+    let td = TestDir::new("b8b");
+    let c = cfg(&td, fake.port, &[("MAM_MQTT_KEEPALIVE_S", "1")]);
+    let mut client = connect(&c, Role::Sub);
+    let t0 = Instant::now();
+    let e = client.service(Instant::now() + Duration::from_secs(5)).unwrap_err();
+    assert!(matches!(e, MqttError::Timeout { phase: "pingresp", .. }), "{e}");
+    assert!(e.to_string().starts_with("pingresp timeout"), "{e}");
+    assert!(e.retryable());
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn b9_hundred_connections_have_unique_short_ids() {
+    let Some(b) = TARGETS.iter().find_map(|&t| start_target(t, &TestDir::new("b9"))) else {
+        return;
+    };
+    let td = TestDir::new("b9c");
+    let c = cfg(&td, b.port(), &[]);
+    let mut ids = std::collections::HashSet::new();
+    for i in 0..100 {
+        let role = [Role::Pub, Role::Hb, Role::Sub, Role::Dmn, Role::Rmt, Role::Dsp][i % 6];
+        let client = connect(&c, role);
+        let id = client.client_id().to_string();
+        assert!(id.len() <= 23 && id.starts_with(&format!("mam-{}-", role.as_str())), "{id}");
+        assert!(ids.insert(id.clone()), "duplicate {id}");
+        client.disconnect();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// K10: the CLI tools next to mosquitto's
+
+fn spawn_mam(td: &TestDir, port: u16, args: &[&str]) -> ChildGuard {
+    let mut cmd = td.mam().args(args).env("MQTT_PORT", port.to_string()).cmd;
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    ChildGuard(cmd.spawn().unwrap())
+}
+
+#[test]
+fn k10_mam_pub_and_sub_interoperate_with_mosquitto_clients() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") || !have_tool("mosquitto_sub", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    let td = TestDir::new("k10");
+    let m = Mosquitto::start(&td, anonymous);
+    let port = m.port.to_string();
+    let wait_subscribes = |n: usize| {
+        wait_until("a SUBSCRIBE at the broker", Duration::from_secs(10), || m.log_count("Received SUBSCRIBE") >= n);
+    };
+
+    // mam pub -> mosquitto_sub
+    let mut ms = Command::new("mosquitto_sub");
+    ms.args(["-p", &port, "-t", "k10/a", "-C", "1", "-v"]).stdout(Stdio::piped()).stderr(Stdio::null());
+    let ms = ChildGuard(ms.spawn().unwrap());
+    wait_subscribes(1);
+    td.mam().args(["pub", "-t", "k10/a", "-m", "from mam", "-q", "1"]).env("MQTT_PORT", &port).run().expect_rc(0);
+    assert_eq!(ms.finish(Duration::from_secs(10)), (0, "k10/a from mam\n".to_string()));
+
+    // mosquitto_pub -> mam sub (two filters, -v, -C 2)
+    let ours = spawn_mam(&td, m.port, &["sub", "-t", "k10/b", "-t", "k10/c/+", "-v", "-C", "2", "-W", "20"]);
+    wait_subscribes(2);
+    for (t, msg) in [("k10/b", "one"), ("k10/c/d", "two words")] {
+        let st = Command::new("mosquitto_pub").args(["-p", &port, "-t", t, "-m", msg, "-q", "1"]).status().unwrap();
+        assert!(st.success());
+    }
+    assert_eq!(ours.finish(Duration::from_secs(10)), (0, "k10/b one\nk10/c/d two words\n".to_string()));
+
+    // mam pub -> mam sub, retained, payload only; then -W expiry is rc 27.
+    td.mam().args(["pub", "-t", "k10/r", "-m", "kept", "-r"]).env("MQTT_PORT", &port).run().expect_rc(0);
+    let r = td.mam().args(["sub", "-t", "k10/r", "-C", "1"]).env("MQTT_PORT", &port).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), "kept\n");
+    let r = td.mam().args(["sub", "-t", "k10/none", "-W", "1"]).env("MQTT_PORT", &port).run();
+    r.expect_rc(27);
+    assert!(r.elapsed < Duration::from_secs(3), "{:?}", r.elapsed);
+}
+
+#[test]
+fn k10_pub_and_sub_usage_errors() {
+    let td = TestDir::new("k10u");
+    for args in [
+        &["pub", "-m", "x"][..],
+        &["pub", "-t", "a/#", "-m", "x"],
+        &["pub", "-t", "a", "-m", "x", "-q", "2"],
+        &["sub"],
+        &["sub", "-t", "a/#/b"],
+        &["sub", "-t", "a", "-C", "0"],
+    ] {
+        let r = td.mam().args(args).run();
+        r.expect_rc(2);
+        assert!(r.stderr().starts_with("ERROR: "), "{args:?}: {}", r.stderr());
+    }
+    let r = td.mam().args(["pub", "-t", "a", "-m", "x"]).env("MQTT_TLS", "maybe").run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("MQTT_TLS"));
+    for cmd in ["pub", "sub"] {
+        let r = td.mam().args([cmd, "--help"]).run();
+        r.expect_rc(0);
+        assert!(r.stdout().starts_with(&format!("Usage: mam {cmd} ")), "{}", r.stdout());
+    }
+}
+
+#[test]
+fn b4_persistent_subscriber_resubscribes_after_a_drop() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    let td = TestDir::new("b4s");
+    let mut m = Mosquitto::start(&td, anonymous);
+    let c = cfg(&td, m.port, &[]);
+    let mut p = Persistent::new(c.clone(), Role::Dmn, Stop::never());
+    p.subscribe(&["b4s/#".to_string()], 1).unwrap();
+    m.restart();
+    let e = p.recv(Instant::now() + Duration::from_secs(2)).unwrap_err();
+    assert!(e.retryable(), "{e}");
+    // The next operation reconnects and subscribes again before waiting.
+    let mut got = None;
+    let mut publ = connect(&c, Role::Pub);
+    wait_until("the resubscribed connection to deliver", Duration::from_secs(10), || {
+        publ.publish(&Message::new("b4s/x", "again", 1, false)).unwrap();
+        got = p.recv(Instant::now() + Duration::from_millis(300)).unwrap();
+        got.is_some()
+    });
+    assert_eq!(got.unwrap().payload, b"again");
+    assert_eq!(p.connects(), 2);
+}
+
+#[test]
+fn stop_flag_is_seen_within_a_read_slice() {
+    let fake = FakeBroker::start(Fake::Silent);
+    let td = TestDir::new("stop");
+    let c = cfg(&td, fake.port, &[("MAM_MQTT_CONNECT_TIMEOUT_S", "10")]);
+    let flag = Arc::new(AtomicBool::new(false));
+    let f2 = Arc::clone(&flag);
+    let setter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        f2.store(true, Ordering::SeqCst);
+    });
+    let t0 = Instant::now();
+    let r = Client::connect(&c, Role::Sub, &Stop::flag(flag));
+    setter.join().unwrap();
+    assert!(matches!(r, Err(MqttError::Stopped)));
+    assert!(t0.elapsed() < Duration::from_millis(700), "{:?}", t0.elapsed());
+}

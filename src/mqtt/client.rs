@@ -1,0 +1,467 @@
+//! One MQTT connection (CORE 3.2) and the persistent connection of CORE 3.5.
+//!
+//! Every wait has a deadline and reads in slices of at most 200 ms so the caller's `Stop` is seen.
+//! Timeouts name their phase (connect, connack, puback, suback, pingresp). Incoming QoS 1 messages
+//! are acknowledged as they are read, also while waiting for an acknowledgement of our own. The
+//! client never prints; the password leaves this process only inside CONNECT.
+
+use std::time::{Duration, Instant};
+
+use super::codec::{self, Decoder, Frame, Inbox, Keepalive, KeepaliveAction, Message, PidGen};
+use super::config::{self, Identity, MqttConfig, Role};
+use super::transport::Transport;
+use super::{Incoming, MqttError, Stop};
+
+/// Longest single blocking read, so stop flags are honoured (CORE 3.2).
+pub const READ_SLICE: Duration = Duration::from_millis(200);
+
+/// A connected MQTT session.
+pub struct Client {
+    t: Transport,
+    addr: String,
+    dec: Decoder,
+    ka: Keepalive,
+    pids: PidGen,
+    inbox: Inbox,
+    budget: Duration,
+    stop: Stop,
+    client_id: String,
+    closed: bool,
+}
+
+impl Client {
+    /// Connects with a fresh client id for `role`.
+    pub fn connect(cfg: &MqttConfig, role: Role, stop: &Stop) -> Result<Client, MqttError> {
+        let id = config::client_id(role).map_err(|e| MqttError::Internal(format!("random client id: {e}")))?;
+        Client::connect_with_id(cfg, &id, stop)
+    }
+
+    /// TCP (or the TLS shim), CONNECT and CONNACK under one deadline of `cfg.connect_timeout`.
+    pub fn connect_with_id(cfg: &MqttConfig, client_id: &str, stop: &Stop) -> Result<Client, MqttError> {
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let addr = cfg.addr();
+        let t = Transport::open(cfg, deadline)?;
+        let mut c = Client {
+            t,
+            addr: addr.clone(),
+            dec: Decoder::new(),
+            ka: Keepalive::new(cfg.keepalive_s, Instant::now()),
+            pids: PidGen::default(),
+            inbox: Inbox::new(),
+            budget: cfg.connect_timeout,
+            stop: stop.clone(),
+            client_id: client_id.to_string(),
+            closed: false,
+        };
+        let pkt = codec::connect(
+            client_id,
+            cfg.keepalive_s,
+            cfg.username.as_deref(),
+            cfg.password.as_ref().map(config::Secret::expose),
+        );
+        let result = c.send(&pkt, "connect").and_then(|_| c.wait_connack(deadline));
+        match result {
+            Ok(()) => Ok(c),
+            Err(e) => {
+                let e = c.before_connack(e);
+                c.closed = true;
+                c.t.close();
+                Err(e)
+            }
+        }
+    }
+
+    fn wait_connack(&mut self, deadline: Instant) -> Result<(), MqttError> {
+        match self.pump(deadline, "connect", false)? {
+            None => Err(MqttError::NoConnack { addr: self.addr.clone(), phase: "connack" }),
+            Some(Frame::Connack { code: 0 }) => Ok(()),
+            Some(Frame::Connack { code }) => Err(MqttError::ConnackRefused { addr: self.addr.clone(), code }),
+            Some(other) => Err(MqttError::Protocol {
+                addr: self.addr.clone(),
+                detail: format!("expected CONNACK, got {}", frame_name(&other)),
+            }),
+        }
+    }
+
+    /// Turns "connection lost" before CONNACK into the specific error: a TLS verification failure or
+    /// early shim exit when the shim is in use, else "closed before CONNACK".
+    fn before_connack(&mut self, e: MqttError) -> MqttError {
+        if !matches!(e, MqttError::Lost { .. }) {
+            return e;
+        }
+        let addr = self.addr.clone();
+        match self.t.shim() {
+            Some(shim) => match shim.failure_detail(Duration::from_secs(1)) {
+                (Some(line), _) => MqttError::TlsVerify { addr, line },
+                (None, last) => MqttError::TlsExited { addr, detail: last.unwrap_or_else(|| "no diagnostics".into()) },
+            },
+            None => MqttError::ClosedBeforeConnack { addr },
+        }
+    }
+
+    /// The client id sent in CONNECT.
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// `host:port` of the broker.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn send(&mut self, bytes: &[u8], during: &'static str) -> Result<(), MqttError> {
+        match self.t.write_all(bytes, self.budget) {
+            Ok(()) => {
+                self.ka.on_sent(Instant::now());
+                Ok(())
+            }
+            Err(e) => Err(MqttError::Lost { addr: self.addr.clone(), during, detail: e.to_string() }),
+        }
+    }
+
+    /// Reads until a frame the caller must see arrives (`Some`) or `deadline` passes (`None`).
+    /// Incoming publishes are acknowledged and queued, PINGRESPs absorbed, keepalive served when
+    /// `session` (after CONNACK).
+    fn pump(&mut self, deadline: Instant, during: &'static str, session: bool) -> Result<Option<Frame>, MqttError> {
+        self.pump_until(deadline, during, session, false)
+    }
+
+    /// `pump`, also returning `None` as soon as a publish is queued when `for_publish`.
+    fn pump_until(
+        &mut self,
+        deadline: Instant,
+        during: &'static str,
+        session: bool,
+        for_publish: bool,
+    ) -> Result<Option<Frame>, MqttError> {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            while let Some(f) = self.dec.next_frame().map_err(|e| self.protocol(e.to_string()))? {
+                if let Some(f) = self.absorb(f, session)? {
+                    return Ok(Some(f));
+                }
+            }
+            if for_publish && !self.inbox.is_empty() {
+                return Ok(None);
+            }
+            if self.stop.is_set() {
+                return Err(MqttError::Stopped);
+            }
+            let now = Instant::now();
+            if session {
+                match self.ka.poll(now) {
+                    KeepaliveAction::Nothing => {}
+                    KeepaliveAction::SendPing => self.send(&codec::pingreq(), "keepalive")?,
+                    KeepaliveAction::Lost => {
+                        return Err(MqttError::Timeout {
+                            addr: self.addr.clone(),
+                            phase: "pingresp",
+                            what: format!("sent no PINGRESP within {:?}; connection lost", self.ka.half()),
+                        })
+                    }
+                }
+            }
+            if now >= deadline {
+                return Ok(None);
+            }
+            let mut slice = READ_SLICE.min(deadline - now);
+            if session {
+                slice = slice.min(self.ka.next_due().saturating_duration_since(now));
+            }
+            match self.t.read_timeout(&mut buf, slice) {
+                Ok(None) => {}
+                Ok(Some(0)) => {
+                    return Err(MqttError::Lost {
+                        addr: self.addr.clone(),
+                        during,
+                        detail: "closed by the broker".into(),
+                    })
+                }
+                Ok(Some(n)) => self.dec.push(&buf[..n]),
+                Err(e) => return Err(MqttError::Lost { addr: self.addr.clone(), during, detail: e.to_string() }),
+            }
+        }
+    }
+
+    /// Handles frames nobody waits for; returns the others.
+    fn absorb(&mut self, f: Frame, session: bool) -> Result<Option<Frame>, MqttError> {
+        if !session {
+            return Ok(Some(f));
+        }
+        match f {
+            Frame::Publish(m) => {
+                match (m.qos, m.pid) {
+                    (1, Some(pid)) => self.send(&codec::puback(pid), "acknowledge")?,
+                    // QoS 2 is never requested; if a broker sends it anyway, complete the handshake.
+                    (2, Some(pid)) => self.send(&codec::pubrec(pid), "acknowledge")?,
+                    _ => {}
+                }
+                self.inbox.push_back(m);
+                Ok(None)
+            }
+            Frame::Pubrel(pid) => {
+                self.send(&codec::pubcomp(pid), "acknowledge")?;
+                Ok(None)
+            }
+            Frame::Pingresp => {
+                self.ka.on_pingresp();
+                Ok(None)
+            }
+            Frame::Unexpected(what) => Err(self.protocol(format!("unexpected {what} from broker"))),
+            Frame::Connack { .. } => Err(self.protocol("second CONNACK".into())),
+            other => Ok(Some(other)),
+        }
+    }
+
+    fn protocol(&self, detail: String) -> MqttError {
+        MqttError::Protocol { addr: self.addr.clone(), detail }
+    }
+
+    /// Publishes one message; QoS 1 waits for the matching PUBACK within the budget.
+    pub fn publish(&mut self, msg: &Message) -> Result<(), MqttError> {
+        let pid = if msg.qos == 1 { self.pids.next_pid() } else { 0 };
+        let bytes = codec::publish(msg, pid).map_err(|err| MqttError::Encode { topic: msg.topic.clone(), err })?;
+        self.send(&bytes, "publish")?;
+        if msg.qos == 0 {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.budget;
+        loop {
+            match self.pump(deadline, "publish", true)? {
+                None => {
+                    return Err(MqttError::Timeout {
+                        addr: self.addr.clone(),
+                        phase: "puback",
+                        what: format!(
+                            "sent no PUBACK for '{}' within {}s",
+                            crate::cli::one_line(&msg.topic),
+                            self.budget.as_secs()
+                        ),
+                    })
+                }
+                Some(Frame::Puback(p)) if p == pid => return Ok(()),
+                Some(_) => {} // a late ack of an earlier attempt, or an unsolicited ack
+            }
+        }
+    }
+
+    /// Publishes `msgs` in order over this connection, each after the previous was acknowledged.
+    pub fn publish_raw(&mut self, msgs: &[Message]) -> Result<(), MqttError> {
+        for m in msgs {
+            self.publish(m)?;
+        }
+        Ok(())
+    }
+
+    /// Subscribes to `filters` at `qos` (CORE 3.2: QoS 1) and checks the SUBACK; returns the
+    /// granted QoS per filter. A 0x80 result is a non-retryable error naming the filter.
+    pub fn subscribe(&mut self, filters: &[String], qos: u8) -> Result<Vec<u8>, MqttError> {
+        let pid = self.pids.next_pid();
+        let bytes =
+            codec::subscribe(pid, filters, qos).map_err(|err| MqttError::Encode { topic: filters.join(" "), err })?;
+        self.send(&bytes, "subscribe")?;
+        let deadline = Instant::now() + self.budget;
+        loop {
+            match self.pump(deadline, "subscribe", true)? {
+                None => {
+                    return Err(MqttError::Timeout {
+                        addr: self.addr.clone(),
+                        phase: "suback",
+                        what: format!(
+                            "sent no SUBACK for '{}' within {}s",
+                            crate::cli::one_line(&filters.join(" ")),
+                            self.budget.as_secs()
+                        ),
+                    })
+                }
+                Some(Frame::Suback { pid: p, codes }) if p == pid => {
+                    if let Some(i) = codes.iter().position(|&c| c == 0x80) {
+                        let filter = filters.get(i).cloned().unwrap_or_default();
+                        return Err(MqttError::SubackRefused { filter });
+                    }
+                    if codes.len() != filters.len() {
+                        return Err(self.protocol(format!("SUBACK has {} codes for {}", codes.len(), filters.len())));
+                    }
+                    return Ok(codes);
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// The next incoming publish before `deadline` (`None` when it passes); serves keepalive.
+    pub fn recv(&mut self, deadline: Instant) -> Result<Option<Incoming>, MqttError> {
+        loop {
+            if let Some(m) = self.inbox.pop_front() {
+                return Ok(Some(m));
+            }
+            // Frames returned here are stray acknowledgements; publishes land in the inbox.
+            if self.pump_until(deadline, "receive", true, true)?.is_none() {
+                return Ok(self.inbox.pop_front());
+            }
+        }
+    }
+
+    /// Serves the connection (keepalive, acknowledgements) until `deadline`, queueing publishes.
+    pub fn service(&mut self, deadline: Instant) -> Result<(), MqttError> {
+        while self.pump(deadline, "idle", true)?.is_some() {}
+        Ok(())
+    }
+
+    /// True when the broker has closed the connection (non-blocking).
+    pub fn peer_closed(&mut self) -> bool {
+        self.t.peer_closed()
+    }
+
+    /// DISCONNECT, then shut the socket down or end the shim.
+    pub fn disconnect(mut self) {
+        self.close();
+    }
+
+    fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let _ = self.t.write_all(&codec::disconnect(), Duration::from_millis(500));
+        self.t.close();
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn frame_name(f: &Frame) -> &'static str {
+    match f {
+        Frame::Connack { .. } => "CONNACK",
+        Frame::Publish(_) => "PUBLISH",
+        Frame::Puback(_) => "PUBACK",
+        Frame::Pubrec(_) => "PUBREC",
+        Frame::Pubrel(_) => "PUBREL",
+        Frame::Pubcomp(_) => "PUBCOMP",
+        Frame::Suback { .. } => "SUBACK",
+        Frame::Unsuback(_) => "UNSUBACK",
+        Frame::Pingresp => "PINGRESP",
+        Frame::Unexpected(w) => w,
+    }
+}
+
+/// The one connection a long-running role keeps (CORE 3.5). It connects lazily, is reused only for
+/// publishes whose identity equals its frozen identity, and after a drop the next operation fails
+/// with `not connected` (retryable) and the one after reconnects.
+pub struct Persistent {
+    cfg: MqttConfig,
+    identity: Identity,
+    role: Role,
+    stop: Stop,
+    client: Option<Client>,
+    connects: u32,
+    /// Filters re-subscribed after every (re)connect, with their QoS.
+    subscriptions: Vec<(Vec<String>, u8)>,
+}
+
+impl Persistent {
+    /// Freezes `cfg`'s identity; no connection is made yet.
+    pub fn new(cfg: MqttConfig, role: Role, stop: Stop) -> Persistent {
+        let identity = cfg.identity();
+        Persistent { cfg, identity, role, stop, client: None, connects: 0, subscriptions: Vec::new() }
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// How many connections this object has opened (for tests and diagnostics).
+    pub fn connects(&self) -> u32 {
+        self.connects
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.client.is_some()
+    }
+
+    /// `NOTE: connection identity differs (<field>); using a separate connection` when `cfg` may not
+    /// reuse this connection, naming the field only.
+    pub fn identity_note(&self, cfg: &MqttConfig) -> Option<String> {
+        self.identity
+            .differs(&cfg.identity())
+            .map(|field| format!("NOTE: connection identity differs ({field}); using a separate connection"))
+    }
+
+    /// The live client, connecting when there is none. A connection found closed by the broker is
+    /// discarded and reported as `not connected`; the next call reconnects.
+    pub fn client(&mut self) -> Result<&mut Client, MqttError> {
+        if let Some(c) = self.client.as_mut() {
+            if c.peer_closed() {
+                self.client = None;
+                return Err(MqttError::NotConnected { addr: self.cfg.addr() });
+            }
+        }
+        if self.client.is_none() {
+            let mut c = Client::connect(&self.cfg, self.role, &self.stop)?;
+            for (filters, qos) in &self.subscriptions {
+                c.subscribe(filters, *qos)?;
+            }
+            self.connects += 1;
+            self.client = Some(c);
+        }
+        self.client.as_mut().ok_or_else(|| MqttError::Internal("no client".into()))
+    }
+
+    /// Runs `op` on the kept connection; a wire failure discards the connection so the next
+    /// operation reconnects.
+    pub fn with_client<T>(&mut self, op: impl FnOnce(&mut Client) -> Result<T, MqttError>) -> Result<T, MqttError> {
+        let c = self.client()?;
+        let r = op(c);
+        if let Err(e) = &r {
+            if !matches!(e, MqttError::Encode { .. } | MqttError::SubackRefused { .. } | MqttError::Stopped) {
+                self.drop_connection();
+            }
+        }
+        r
+    }
+
+    /// Publishes `msgs` for `cfg`: over the kept connection when the identities match, else over a
+    /// one-shot connection (the caller prints `identity_note`).
+    pub fn publish(&mut self, cfg: &MqttConfig, msgs: &[Message]) -> Result<(), MqttError> {
+        if self.identity.differs(&cfg.identity()).is_some() {
+            let mut c = Client::connect(cfg, self.role, &self.stop)?;
+            c.publish_raw(msgs)?;
+            c.disconnect();
+            return Ok(());
+        }
+        self.with_client(|c| c.publish_raw(msgs))
+    }
+
+    /// Subscribes on the kept connection (connecting if needed) and remembers the filters, so every
+    /// later reconnect subscribes again before it is used.
+    pub fn subscribe(&mut self, filters: &[String], qos: u8) -> Result<Vec<u8>, MqttError> {
+        let granted = self.with_client(|c| c.subscribe(filters, qos))?;
+        self.subscriptions.push((filters.to_vec(), qos));
+        Ok(granted)
+    }
+
+    /// The next message on the kept connection before `deadline` (reconnecting and re-subscribing
+    /// first when the connection was dropped).
+    pub fn recv(&mut self, deadline: Instant) -> Result<Option<Incoming>, MqttError> {
+        self.with_client(|c| c.recv(deadline))
+    }
+
+    /// Serves keepalive on the kept connection until `deadline` (no-op when not connected).
+    pub fn service(&mut self, deadline: Instant) -> Result<(), MqttError> {
+        if self.client.is_none() {
+            return Ok(());
+        }
+        self.with_client(|c| c.service(deadline))
+    }
+
+    /// Closes the kept connection with DISCONNECT.
+    pub fn drop_connection(&mut self) {
+        if let Some(c) = self.client.take() {
+            c.disconnect();
+        }
+    }
+}

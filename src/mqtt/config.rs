@@ -1,0 +1,380 @@
+//! Broker configuration (CORE 3.1): the effective settings read from a `Ctx` after the env file is
+//! loaded, the persisted broker block of a record, the password rule for layering it back, the
+//! connection identity of CORE 3.5, and client ids (CORE 3.2).
+//!
+//! The password lives only in a `Secret` (no Display, a redacting Debug) and is never part of the
+//! broker block or of any message. Nothing here prints; warnings are returned as values.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cli::Failure;
+use crate::ctx::Ctx;
+use crate::knob;
+
+/// Variables that must not reach the TLS shim's environment (A2: secrets stay in this process).
+const SECRET_VARS: &[&str] = &["MQTT_PASSWORD", "MAM_DISPATCH_SECRET"];
+
+/// A secret value: compared and sent inside CONNECT, never displayed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+    /// The raw value, for the CONNECT packet only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The effective broker settings of one invocation (CORE 3.1).
+#[derive(Clone, Debug)]
+pub struct MqttConfig {
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    pub ca_file: Option<String>,
+    pub topic_root: String,
+    /// One budget for TCP + TLS + CONNACK, and for each PUBACK/SUBACK wait.
+    pub connect_timeout: Duration,
+    /// Seconds, as sent in CONNECT.
+    pub keepalive_s: u16,
+    /// The TLS shim executable (`MAM_OPENSSL`).
+    pub openssl: OsString,
+    /// The environment the TLS shim runs with: the context's child environment minus secrets.
+    pub child_env: Vec<(OsString, OsString)>,
+}
+
+/// `1/true/yes/on` or `0/false/no/off/""`, case-insensitive (CORE 3.1).
+pub fn parse_bool(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" | "" => Some(false),
+        _ => None,
+    }
+}
+
+impl MqttConfig {
+    /// Reads CORE 3.1's variables from `ctx` (call after `cli::load_env`). Invalid values are rc 2
+    /// naming the variable, never its value (it may come from the env file).
+    pub fn from_ctx(ctx: &Ctx) -> Result<MqttConfig, Failure> {
+        let tls = match ctx.var("MQTT_TLS") {
+            None => false,
+            Some(v) => parse_bool(&v)
+                .ok_or_else(|| Failure::usage("MQTT_TLS: invalid value (expected 1/true/yes/on or 0/false/no/off)"))?,
+        };
+        let port = match knob::env(ctx, "MQTT_PORT", 1)? {
+            None => default_port(tls),
+            Some(p) => u16::try_from(p)
+                .map_err(|_| Failure::usage("MQTT_PORT: invalid value (expected a decimal integer 1-65535)"))?,
+        };
+        let connect_s = knob::env_or(ctx, "MAM_MQTT_CONNECT_TIMEOUT_S", 1, 10)?;
+        let keepalive = knob::env_or(ctx, "MAM_MQTT_KEEPALIVE_S", 1, 60)?;
+        let keepalive_s = u16::try_from(keepalive)
+            .map_err(|_| Failure::usage("MAM_MQTT_KEEPALIVE_S: invalid value (expected a decimal integer 1-65535)"))?;
+        let child_env = ctx.child_env().into_iter().filter(|(k, _)| !SECRET_VARS.iter().any(|s| k == *s)).collect();
+        Ok(MqttConfig {
+            host: ctx.var_nonempty("MQTT_BROKER").unwrap_or_else(|| "127.0.0.1".into()),
+            port,
+            tls,
+            username: ctx.var_nonempty("MQTT_USERNAME"),
+            password: ctx.var_nonempty("MQTT_PASSWORD").map(Secret),
+            ca_file: ctx.var_nonempty("MQTT_CA_FILE"),
+            topic_root: ctx.var_nonempty("MQTT_TOPIC_ROOT").unwrap_or_else(|| "mam".into()),
+            connect_timeout: Duration::from_secs(connect_s.into()),
+            keepalive_s,
+            openssl: ctx.var_nonempty("MAM_OPENSSL").unwrap_or_else(|| "openssl".into()).into(),
+            child_env,
+        })
+    }
+
+    /// `host:port`, with IPv6 literals bracketed: the broker address used in every message.
+    pub fn addr(&self) -> String {
+        host_port(&self.host, self.port)
+    }
+
+    /// The broker block to persist in a record (never a password).
+    pub fn broker_block(&self) -> BrokerBlock {
+        BrokerBlock {
+            host: self.host.clone(),
+            port: self.port,
+            tls: self.tls,
+            username: self.username.clone(),
+            ca_file: self.ca_file.clone(),
+            topic_root: self.topic_root.clone(),
+        }
+    }
+
+    /// The configuration for connecting to a record's broker block (CORE 3.1): the block's fields,
+    /// this configuration's timeouts and shim, and the password only when the block's host and port
+    /// equal this (effective environment) configuration's. Otherwise a warning naming the differing
+    /// field(s) is returned; it is only produced when there is a password to withhold.
+    pub fn for_block(&self, block: &BrokerBlock) -> (MqttConfig, Option<String>) {
+        let mut differs = Vec::new();
+        if block.host != self.host {
+            differs.push("host");
+        }
+        if block.port != self.port {
+            differs.push("port");
+        }
+        let mut warning = None;
+        let password = if differs.is_empty() {
+            self.password.clone()
+        } else {
+            if self.password.is_some() {
+                warning = Some(format!(
+                    "WARNING: broker in record differs from environment ({}); connecting without password",
+                    differs.join(", ")
+                ));
+            }
+            None
+        };
+        let cfg = MqttConfig {
+            host: block.host.clone(),
+            port: block.port,
+            tls: block.tls,
+            username: block.username.clone(),
+            password,
+            ca_file: block.ca_file.clone(),
+            topic_root: block.topic_root.clone(),
+            ..self.clone()
+        };
+        (cfg, warning)
+    }
+
+    /// The frozen identity a persistent connection is reused under (CORE 3.5).
+    pub fn identity(&self) -> Identity {
+        Identity {
+            host: self.host.clone(),
+            port: self.port,
+            tls: self.tls,
+            ca_file: self.ca_file.clone(),
+            username: self.username.clone(),
+            password: self.password.clone(),
+            keepalive_s: self.keepalive_s,
+            topic_root: self.topic_root.clone(),
+        }
+    }
+
+    /// True when the host is an IP literal (A22: `-verify_ip` instead of `-servername`).
+    pub fn host_is_ip(&self) -> bool {
+        self.host.parse::<IpAddr>().is_ok()
+    }
+}
+
+/// 1883, or 8883 with TLS.
+pub fn default_port(tls: bool) -> u16 {
+    if tls {
+        8883
+    } else {
+        1883
+    }
+}
+
+/// `host:port`, bracketing IPv6 literals.
+pub fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The broker block of a record (CORE 3.1). Deliberately has no password field.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerBlock {
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+    pub username: Option<String>,
+    pub ca_file: Option<String>,
+    pub topic_root: String,
+}
+
+/// Every field a persistent connection must share with a publish to be reused (CORE 3.5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+    pub ca_file: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    pub keepalive_s: u16,
+    pub topic_root: String,
+}
+
+impl Identity {
+    /// The first field that differs, by name only (never a value).
+    pub fn differs(&self, other: &Identity) -> Option<&'static str> {
+        if self.host != other.host {
+            Some("host")
+        } else if self.port != other.port {
+            Some("port")
+        } else if self.tls != other.tls {
+            Some("tls")
+        } else if self.ca_file != other.ca_file {
+            Some("ca_file")
+        } else if self.username != other.username {
+            Some("username")
+        } else if self.password != other.password {
+            Some("password")
+        } else if self.keepalive_s != other.keepalive_s {
+            Some("keepalive")
+        } else if self.topic_root != other.topic_root {
+            Some("topic_root")
+        } else {
+            None
+        }
+    }
+}
+
+/// Who is connecting; the role is part of the client id (CORE 3.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Pub,
+    Hb,
+    Sub,
+    Dmn,
+    Rmt,
+    Dsp,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Pub => "pub",
+            Role::Hb => "hb",
+            Role::Sub => "sub",
+            Role::Dmn => "dmn",
+            Role::Rmt => "rmt",
+            Role::Dsp => "dsp",
+        }
+    }
+}
+
+/// Longest client id a 3.1.1 broker must accept.
+pub const MAX_CLIENT_ID: usize = 23;
+
+/// `mam-<role>-<pid>-<6hex>` with fresh random hex, at most 23 bytes (CORE 3.2).
+pub fn client_id(role: Role) -> std::io::Result<String> {
+    Ok(client_id_from(role, std::process::id(), &crate::sys::random_hex(3)?))
+}
+
+/// The client id from explicit parts: the pid keeps its last digits when the id would be too long.
+pub fn client_id_from(role: Role, pid: u32, hex6: &str) -> String {
+    let fixed = "mam-".len() + role.as_str().len() + 2 + hex6.len();
+    let pid = pid.to_string();
+    let room = MAX_CLIENT_ID.saturating_sub(fixed);
+    let pid = &pid[pid.len().saturating_sub(room)..];
+    format!("mam-{}-{pid}-{hex6}", role.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn ctx(vars: &[(&str, &str)]) -> Ctx {
+        Ctx::with_env(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())), Path::new("/"))
+    }
+
+    #[test]
+    fn defaults() {
+        let c = MqttConfig::from_ctx(&ctx(&[])).unwrap();
+        assert_eq!((c.host.as_str(), c.port, c.tls, c.topic_root.as_str()), ("127.0.0.1", 1883, false, "mam"));
+        assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        assert_eq!(c.keepalive_s, 60);
+        assert_eq!(c.openssl, "openssl");
+        let c = MqttConfig::from_ctx(&ctx(&[("MQTT_TLS", "YES")])).unwrap();
+        assert_eq!((c.tls, c.port), (true, 8883));
+        let c = MqttConfig::from_ctx(&ctx(&[("MQTT_TLS", ""), ("MQTT_PORT", " 1999 ")])).unwrap();
+        assert_eq!((c.tls, c.port), (false, 1999));
+    }
+
+    #[test]
+    fn invalid_values_are_usage_errors_without_the_value() {
+        for (k, v) in [
+            ("MQTT_TLS", "maybe"),
+            ("MQTT_PORT", "0"),
+            ("MQTT_PORT", "65536"),
+            ("MQTT_PORT", "x1"),
+            ("MAM_MQTT_KEEPALIVE_S", "70000"),
+            ("MAM_MQTT_CONNECT_TIMEOUT_S", "0"),
+        ] {
+            let e = MqttConfig::from_ctx(&ctx(&[(k, v)])).unwrap_err();
+            assert_eq!(e.rc, 2, "{k}={v}");
+            assert!(e.line.contains(k), "{}", e.line);
+            assert!(!e.line.contains(&format!("'{v}'")), "{}", e.line);
+        }
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_block_and_shim_env() {
+        let c = MqttConfig::from_ctx(&ctx(&[("MQTT_PASSWORD", "s3cret"), ("MAM_DISPATCH_SECRET", "d1")])).unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"));
+        assert!(c.child_env.iter().all(|(k, _)| k != "MQTT_PASSWORD" && k != "MAM_DISPATCH_SECRET"));
+        let json = serde_json::to_string(&c.broker_block()).unwrap();
+        assert!(!json.contains("s3cret") && !json.contains("password"), "{json}");
+    }
+
+    #[test]
+    fn block_password_rule() {
+        let env = MqttConfig::from_ctx(&ctx(&[("MQTT_PASSWORD", "s3cret"), ("MQTT_USERNAME", "u")])).unwrap();
+        let block = env.broker_block();
+        let (c, w) = env.for_block(&block);
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("s3cret"));
+        assert!(w.is_none());
+        let other = BrokerBlock { host: "10.0.0.9".into(), ..block.clone() };
+        let (c, w) = env.for_block(&other);
+        assert!(c.password.is_none());
+        assert_eq!(
+            w.as_deref(),
+            Some("WARNING: broker in record differs from environment (host); connecting without password")
+        );
+        let other = BrokerBlock { port: 1999, ..block };
+        let (_, w) = env.for_block(&other);
+        assert!(w.unwrap().contains("(port)"));
+    }
+
+    #[test]
+    fn identity_names_the_field_only() {
+        let a = MqttConfig::from_ctx(&ctx(&[("MQTT_USERNAME", "alice")])).unwrap();
+        let b = MqttConfig::from_ctx(&ctx(&[("MQTT_USERNAME", "bob")])).unwrap();
+        assert_eq!(a.identity().differs(&b.identity()), Some("username"));
+        let t = MqttConfig::from_ctx(&ctx(&[("MQTT_USERNAME", "alice"), ("MQTT_TLS", "1"), ("MQTT_PORT", "1883")]))
+            .unwrap();
+        assert_eq!(a.identity().differs(&t.identity()), Some("tls"));
+        assert_eq!(a.identity().differs(&a.identity()), None);
+    }
+
+    #[test]
+    fn b9_client_ids_unique_and_short() {
+        let mut seen = std::collections::HashSet::new();
+        for role in [Role::Pub, Role::Hb, Role::Sub, Role::Dmn, Role::Rmt, Role::Dsp] {
+            for _ in 0..100 {
+                let id = client_id(role).unwrap();
+                assert!(id.len() <= MAX_CLIENT_ID, "{id}");
+                assert!(id.starts_with(&format!("mam-{}-{}-", role.as_str(), std::process::id() % 100_000_000)));
+                assert!(seen.insert(id.clone()), "duplicate {id}");
+            }
+        }
+        let long = client_id_from(Role::Dmn, u32::MAX, "abcdef");
+        assert_eq!(long, "mam-dmn-94967295-abcdef");
+        assert_eq!(long.len(), 23);
+    }
+}

@@ -1,0 +1,132 @@
+//! The byte pipe under the client: a TCP socket or the TLS shim, behind one interface whose reads
+//! take a timeout (at most one slice of 200 ms at a time is the client's rule, CORE 3.2).
+//!
+//! Opening happens under the caller's deadline; TCP connects go through `sys::connect`. Nothing here
+//! knows MQTT.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use super::config::MqttConfig;
+use super::tls::TlsShim;
+use super::MqttError;
+use crate::sys;
+
+/// An open connection to the broker.
+pub enum Transport {
+    Tcp(TcpStream),
+    Tls(Box<TlsShim>),
+}
+
+impl Transport {
+    /// Opens TCP (or starts the TLS shim) before `deadline`.
+    pub fn open(cfg: &MqttConfig, deadline: Instant) -> Result<Transport, MqttError> {
+        if cfg.tls {
+            return match TlsShim::spawn(cfg) {
+                Ok(s) => Ok(Transport::Tls(Box::new(s))),
+                Err(super::tls::SpawnError::NotFound(program)) => Err(MqttError::OpensslNotFound { program }),
+                Err(super::tls::SpawnError::Other(program, e)) => {
+                    Err(MqttError::Internal(format!("cannot start TLS shim {program}: {e}")))
+                }
+            };
+        }
+        let addr = cfg.addr();
+        let addrs: Vec<SocketAddr> = match (cfg.host.as_str(), cfg.port).to_socket_addrs() {
+            Ok(a) => a.collect(),
+            Err(e) => return Err(MqttError::Resolve { addr, detail: e.to_string(), temporary: is_temporary_dns(&e) }),
+        };
+        let mut last = None;
+        for a in &addrs {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(MqttError::NoConnack { addr, phase: "connect" });
+            }
+            match sys::connect(a, deadline - now) {
+                Ok(s) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok(Transport::Tcp(s));
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut || e.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(MqttError::NoConnack { addr, phase: "connect" });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        match last {
+            Some(e) => Err(MqttError::Tcp { addr, source: e }),
+            None => Err(MqttError::Resolve { addr, detail: "no addresses".into(), temporary: false }),
+        }
+    }
+
+    /// Reads within `timeout`: `Ok(None)` on timeout, `Ok(Some(0))` when the peer closed.
+    pub fn read_timeout(&mut self, buf: &mut [u8], timeout: Duration) -> io::Result<Option<usize>> {
+        let timeout = timeout.max(Duration::from_millis(1));
+        match self {
+            Transport::Tcp(s) => {
+                s.set_read_timeout(Some(timeout))?;
+                match s.read(buf) {
+                    Ok(n) => Ok(Some(n)),
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Ok(None),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+            Transport::Tls(t) => t.read_timeout(buf, timeout),
+        }
+    }
+
+    pub fn write_all(&mut self, bytes: &[u8], timeout: Duration) -> io::Result<()> {
+        match self {
+            Transport::Tcp(s) => {
+                s.set_write_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+                s.write_all(bytes)
+            }
+            Transport::Tls(t) => t.write_all(bytes),
+        }
+    }
+
+    /// A non-blocking check that the peer has closed (EOF or a reset pending).
+    pub fn peer_closed(&mut self) -> bool {
+        match self {
+            Transport::Tcp(s) => {
+                let mut b = [0u8; 1];
+                if s.set_nonblocking(true).is_err() {
+                    return true;
+                }
+                let r = s.peek(&mut b);
+                let _ = s.set_nonblocking(false);
+                match r {
+                    Ok(0) => true,
+                    Ok(_) => false,
+                    Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+                }
+            }
+            Transport::Tls(t) => t.at_eof(),
+        }
+    }
+
+    /// The TLS shim, for failure details.
+    pub fn shim(&mut self) -> Option<&mut TlsShim> {
+        match self {
+            Transport::Tls(t) => Some(t),
+            Transport::Tcp(_) => None,
+        }
+    }
+
+    /// Shuts down the socket or ends the shim.
+    pub fn close(&mut self) {
+        match self {
+            Transport::Tcp(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            Transport::Tls(t) => t.close(),
+        }
+    }
+}
+
+/// `EAI_AGAIN` (temporary failure in name resolution) is the retryable DNS case (CORE 3.3).
+fn is_temporary_dns(e: &io::Error) -> bool {
+    let s = e.to_string();
+    s.contains("Temporary failure") || s.contains("try again")
+}
