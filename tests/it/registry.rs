@@ -1010,3 +1010,37 @@ fn kill9_during_writes_leaves_whole_records() {
     assert_eq!(left, [sibling_tmp.file_name().unwrap().to_string_lossy().into_owned()]);
     assert_eq!(record(&td, "kj")["final"], "1");
 }
+
+#[test]
+fn m4_mirror_admission_through_the_store() {
+    let td = TestDir::new("mirror");
+    let s = store(&td);
+    let dispatched = |attempt: u64, token: &str, last_seq: u64| {
+        let mut r = agent(Kind::Mirror, "mj");
+        let v = serde_json::json!({"schema": 1, "attempt": attempt, "dispatch_token": token,
+            "agent_session": "remote:box", "transport": "remote", "last_seq": last_seq, "transition_seq": 0});
+        r.record = Some(v.as_object().unwrap().clone());
+        r
+    };
+    assert_eq!(show(&s.apply(&dispatched(2, "t2", 0), now()).unwrap().decision), "applied none->pending");
+    let mut claim = agent(Kind::Claim, "mj");
+    claim.alloc_seq = true;
+    s.apply(&claim, now()).unwrap();
+    let mut done = agent(Kind::Terminal, "mj").with_status("completed");
+    done.alloc_seq = true;
+    s.apply(&done, now()).unwrap();
+    let before = record_bytes(&td, "mj");
+    // Same token after completion: idempotent, nothing written.
+    assert_eq!(show(&s.apply(&dispatched(2, "t2", 0), now()).unwrap().decision), "idempotent completed");
+    // Older attempt, or same attempt with another token: refused, nothing written.
+    assert_eq!(show(&s.apply(&dispatched(1, "t1", 0), now()).unwrap().decision), "refused mirror_refused");
+    assert_eq!(show(&s.apply(&dispatched(2, "tX", 0), now()).unwrap().decision), "refused mirror_refused");
+    assert_eq!(record_bytes(&td, "mj"), before);
+    // A newer attempt replaces the record; seqs continue above the old last_seq.
+    assert_eq!(show(&s.apply(&dispatched(3, "t3", 0), now()).unwrap().decision), "applied completed->pending");
+    let rec = record(&td, "mj");
+    assert_eq!((rec["attempt"].as_u64(), rec["last_seq"].as_u64()), (Some(3), Some(2)));
+    let kinds = audit_kinds(&td, "mj");
+    assert_eq!(kinds.iter().filter(|k| *k == "mirror_refused").count(), 2);
+    assert_eq!(kinds.iter().filter(|k| *k == "mirror_admitted").count(), 2);
+}
