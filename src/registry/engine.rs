@@ -261,12 +261,6 @@ pub fn decide(record: Option<&Record>, req: &Request, now_ms: u64) -> Decision {
     if req.kind == Kind::Mirror {
         return mirror(rec, req, now_ms);
     }
-    if req.kind == Kind::Register {
-        // Identity is never overwritten, not even in permissive mode (decided).
-        if !req.cas {
-            return refused("exists");
-        }
-    }
     if !req.cas {
         return permissive(rec, req, target.as_deref(), now_ms);
     }
@@ -375,6 +369,8 @@ fn beat(rec: &Record, req: &Request, now: u64) -> Decision {
 /// `MAM_ENGINE_CAS=0`: no table and no pre-checks 5-7; status and fields merge unconditionally.
 fn permissive(rec: &Record, req: &Request, target: Option<&str>, now: u64) -> Decision {
     match req.kind {
+        // Identity is never overwritten, not even in permissive mode (decided).
+        Kind::Register => refused("exists"),
         Kind::Beat => beat(rec, req, now),
         Kind::Set | Kind::Finalize | Kind::Terminal if target == Some(rec.status()) && req.fields.is_empty() => {
             idempotent(rec)
