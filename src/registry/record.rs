@@ -1,0 +1,147 @@
+//! The job record `<registry>/<job_id>.json` (CORE 4.1) as an ordered JSON object, so fields this
+//! version does not know are kept verbatim when a record is rewritten (CORE 0.5).
+//!
+//! This module parses, serialises (2-space indent, trailing newline, `broker.password` removed on
+//! every serialisation) and redacts for display. It does no I/O and never decides a transition.
+
+use serde_json::{Map, Value};
+
+/// One job record. `fields` keeps the on-disk key order; new keys are appended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub fields: Map<String, Value>,
+}
+
+/// Why bytes are not a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParseError {
+    NotJson(String),
+    NotObject,
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParseError::NotJson(e) => write!(f, "not JSON: {e}"),
+            ParseError::NotObject => f.write_str("not a JSON object"),
+        }
+    }
+}
+
+impl Record {
+    pub fn new(fields: Map<String, Value>) -> Record {
+        Record { fields }
+    }
+
+    pub fn parse(bytes: &[u8]) -> Result<Record, ParseError> {
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(Value::Object(fields)) => Ok(Record { fields }),
+            Ok(_) => Err(ParseError::NotObject),
+            Err(e) => Err(ParseError::NotJson(crate::cli::one_line(&e.to_string()))),
+        }
+    }
+
+    /// The bytes written to disk: `broker.password` is removed whatever its value (CORE 4.1),
+    /// 2-space indentation, trailing newline.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut fields = self.fields.clone();
+        scrub(&mut fields);
+        let mut out = serde_json::to_vec_pretty(&Value::Object(fields)).expect("a JSON map always serialises");
+        out.push(b'\n');
+        out
+    }
+
+    /// The record for display (`show`, `list --json`, `register --json`): `auth_token` is
+    /// `"<redacted>"` (A2) and no password key is shown.
+    pub fn redacted(&self) -> Value {
+        let mut fields = self.fields.clone();
+        scrub(&mut fields);
+        if fields.contains_key("auth_token") {
+            fields.insert("auth_token".into(), Value::String("<redacted>".into()));
+        }
+        Value::Object(fields)
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.fields.get(key)
+    }
+
+    pub fn str(&self, key: &str) -> Option<&str> {
+        self.fields.get(key).and_then(Value::as_str)
+    }
+
+    pub fn u64(&self, key: &str) -> Option<u64> {
+        self.fields.get(key).and_then(Value::as_u64)
+    }
+
+    pub fn set(&mut self, key: &str, v: impl Into<Value>) {
+        self.fields.insert(key.to_string(), v.into());
+    }
+
+    pub fn status(&self) -> &str {
+        self.str("status").unwrap_or("")
+    }
+
+    pub fn attempt(&self) -> Option<u64> {
+        self.u64("attempt")
+    }
+
+    pub fn transition_seq(&self) -> u64 {
+        self.u64("transition_seq").unwrap_or(0)
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        self.u64("last_seq").unwrap_or(0)
+    }
+
+    /// The stored `broker.password` when it is a non-empty string: the scrub-secrets selection
+    /// (CORE 4.2; `null` and `""` are not secrets).
+    pub fn has_stored_password(&self) -> bool {
+        self.fields.get("broker").and_then(|b| b.get("password")).and_then(Value::as_str).is_some_and(|p| !p.is_empty())
+    }
+}
+
+fn scrub(fields: &mut Map<String, Value>) {
+    if let Some(Value::Object(b)) = fields.get_mut("broker") {
+        b.shift_remove("password");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_and_order_survive_a_rewrite() {
+        let src = b"{\n  \"zeta\": 1,\n  \"job_id\": \"a\",\n  \"x_custom\": {\"k\": [1, 2]}\n}\n";
+        let r = Record::parse(src).unwrap();
+        let out = String::from_utf8(r.to_bytes()).unwrap();
+        assert_eq!(out, "{\n  \"zeta\": 1,\n  \"job_id\": \"a\",\n  \"x_custom\": {\n    \"k\": [\n      1,\n      2\n    ]\n  }\n}\n");
+    }
+
+    #[test]
+    fn r4_password_removed_whatever_its_value() {
+        for pw in ["null", "\"\"", "\"x\""] {
+            let src = format!("{{\"broker\": {{\"host\": \"h\", \"password\": {pw}}}}}");
+            let r = Record::parse(src.as_bytes()).unwrap();
+            assert_eq!(r.has_stored_password(), pw == "\"x\"");
+            let out = String::from_utf8(r.to_bytes()).unwrap();
+            assert!(!out.contains("password"), "{out}");
+            assert!(out.contains("\"host\": \"h\""));
+            assert!(!r.redacted().to_string().contains("password"));
+        }
+    }
+
+    #[test]
+    fn redaction_hides_auth_token() {
+        let r = Record::parse(br#"{"auth_token": "abcd"}"#).unwrap();
+        assert_eq!(r.redacted()["auth_token"], "<redacted>");
+        assert_eq!(r.str("auth_token"), Some("abcd"));
+    }
+
+    #[test]
+    fn parse_errors_are_named() {
+        assert_eq!(Record::parse(b"[1]"), Err(ParseError::NotObject));
+        assert!(matches!(Record::parse(b"{\"a\": "), Err(ParseError::NotJson(_))));
+    }
+}
