@@ -2,7 +2,7 @@
 
 use crate::support::*;
 
-const READY: &[&str] = &["env", "paths", "registry"];
+const READY: &[&str] = &["env", "paths", "registry", "pub", "sub"];
 
 #[test]
 fn help_lists_every_subcommand_with_one_line() {
