@@ -160,7 +160,7 @@ pub fn decode(frame: &[u8]) -> Result<Packet<'_>, DecodeError> {
             let payload = c.rest();
             Ok(Packet::Publish(Publish { topic, qos, pid, retain: flags & 1 == 1, payload }))
         }
-        4 | 5 | 6 | 7 => {
+        4..=7 => {
             let (name, want) = match kind {
                 4 => ("PUBACK", 0),
                 5 => ("PUBREC", 0),

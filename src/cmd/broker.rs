@@ -62,9 +62,10 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         match arg {
             Long("bind") => {
                 let v = cli::utf8("--bind", p.value()?)?;
-                a.bind = v.trim().parse().map_err(|_| {
-                    Failure::usage(format!("--bind: invalid IP address '{}'", cli::one_line(&v)))
-                })?;
+                a.bind = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| Failure::usage(format!("--bind: invalid IP address '{}'", cli::one_line(&v))))?;
             }
             Long("port") => {
                 let raw = p.value()?;
@@ -92,8 +93,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
 }
 
 fn read_password(path: &std::path::Path) -> Result<String, Failure> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Failure::runtime(format!("{}: cannot read password file ({:?})", cli::show_path(path), e.kind())))?;
+    let bytes = std::fs::read(path).map_err(|e| {
+        Failure::runtime(format!("{}: cannot read password file ({:?})", cli::show_path(path), e.kind()))
+    })?;
     let mut s = String::from_utf8(bytes)
         .map_err(|_| Failure::runtime(format!("{}: password file is not UTF-8", cli::show_path(path))))?;
     if s.ends_with('\n') {

@@ -391,12 +391,7 @@ fn retained_scenario(addr: SocketAddr) -> Vec<String> {
 same_on_both!(
     k1_retained_delivery_same_as_mosquitto,
     retained_scenario,
-    [
-        "suback [1]",
-        "publish P/a/b \"two\" q1 r1",
-        "publish P/a/c \"three\" q0 r1",
-        "publish P/a/b \"live\" q1 r0",
-    ]
+    ["suback [1]", "publish P/a/b \"two\" q1 r1", "publish P/a/c \"three\" q0 r1", "publish P/a/b \"live\" q1 r0",]
 );
 
 /// K8's table (filter, topic); the expected match results are in the macro call.
@@ -612,13 +607,10 @@ fn k5_pings_keep_a_keepalive_1_client_alive() {
 
 #[test]
 fn k6_auth_codes() {
-    let b = broker::start(BrokerConfig {
-        username: Some("mam".into()),
-        password: Some("s3cret".into()),
-        ..cfg()
-    })
-    .unwrap();
-    let cases: &[(Option<&str>, Option<&[u8]>, u8)] = &[
+    let b =
+        broker::start(BrokerConfig { username: Some("mam".into()), password: Some("s3cret".into()), ..cfg() }).unwrap();
+    type Case<'a> = (Option<&'a str>, Option<&'a [u8]>, u8);
+    let cases: &[Case] = &[
         (Some("mam"), Some(b"wrong"), 4),
         (Some("mam"), None, 4),
         (Some("other"), Some(b"s3cret"), 4),
@@ -1046,11 +1038,12 @@ fn mam_broker_auth_with_password_file_and_sigterm() {
     let pwfile = td.write("pw", format!("{secret}\n"));
     let mut b = BrokerProc::start(&td, &["--username", "mam", "--password-file", pwfile.to_str().unwrap()]);
     let port = b.port();
-    let ok = run_tool(Command::new("mosquitto_pub").args([
-        "-p", &port, "-u", "mam", "-P", &secret, "-q", "1", "-t", "a", "-m", "x",
-    ]));
+    let ok = run_tool(
+        Command::new("mosquitto_pub").args(["-p", &port, "-u", "mam", "-P", &secret, "-q", "1", "-t", "a", "-m", "x"]),
+    );
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    let bad = run_tool(Command::new("mosquitto_pub").args(["-p", &port, "-u", "mam", "-P", "nope", "-t", "a", "-m", "x"]));
+    let bad =
+        run_tool(Command::new("mosquitto_pub").args(["-p", &port, "-u", "mam", "-P", "nope", "-t", "a", "-m", "x"]));
     assert!(!bad.status.success());
     mam::sys::kill(b.child.id() as i32, 15).unwrap();
     let deadline = Instant::now() + WAIT;
