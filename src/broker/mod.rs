@@ -1,1 +1,812 @@
-//! The embedded MQTT 3.1.1 broker (CORE 11). Filled in by issue 3.
+//! The embedded MQTT 3.1.1 broker (CORE 11): `start(cfg)` binds, spawns one acceptor thread and,
+//! per connection, a reader thread (decode, route, reply) and a writer thread fed by a bounded
+//! channel, so a slow or dead subscriber never stalls a publisher. Shared state (sessions,
+//! subscriptions, retained messages) lives under one Mutex; routing is done under it.
+//!
+//! It never prints: log lines go to an in-memory ring (`BrokerHandle::log_lines`) and to the
+//! caller's `BrokerConfig::log` sink (`mam broker` sends them to stderr). It never panics on network
+//! input: `codec` checks every length, and a packet's declared size is checked against
+//! `max_packet` before a byte of it is buffered.
+//!
+//! Test hooks (`stall_connack`, `drop_connections`, `retained`, `received`, `connect_count`, ...)
+//! are always compiled: they cost a few counters and one bounded record of received messages that
+//! `mam broker` turns off (`record: false`). The `test-hooks` feature is accepted but not needed.
+
+pub mod codec;
+pub mod topic;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use crate::cli::one_line;
+use codec::Packet;
+
+/// Where broker log lines go besides the in-memory ring: called once per line, from any thread.
+pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Broker settings. `Default` is the CLI's default: `127.0.0.1:1883`, no auth, 1 MiB packets.
+#[derive(Clone)]
+pub struct BrokerConfig {
+    pub bind: SocketAddr,
+    /// Required for a non-loopback `bind` (CORE 11.1).
+    pub allow_remote: bool,
+    /// With a username, every CONNECT must carry it and `password` (CORE 11.2 Auth).
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Largest accepted packet, fixed header included.
+    pub max_packet: usize,
+    pub log: Option<LogSink>,
+    /// How long a new connection may take to send CONNECT (10 s; tests shorten it).
+    pub connect_timeout: Duration,
+    /// Per-client outbound queue bound in packets (1000; tests shorten it).
+    pub queue_limit: usize,
+    /// Keep a bounded record of received PUBLISHes for `BrokerHandle::received` (off in `mam broker`).
+    pub record: bool,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 1883),
+            allow_remote: false,
+            username: None,
+            password: None,
+            max_packet: 1024 * 1024,
+            log: None,
+            connect_timeout: Duration::from_secs(10),
+            queue_limit: 1000,
+            record: true,
+        }
+    }
+}
+
+impl fmt::Debug for BrokerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BrokerConfig")
+            .field("bind", &self.bind)
+            .field("allow_remote", &self.allow_remote)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("max_packet", &self.max_packet)
+            .field("log", &self.log.is_some())
+            .field("connect_timeout", &self.connect_timeout)
+            .field("queue_limit", &self.queue_limit)
+            .field("record", &self.record)
+            .finish()
+    }
+}
+
+/// Records kept for `received()`: at most this many messages and this many payload bytes.
+const RECORD_MAX_MESSAGES: usize = 100_000;
+const RECORD_MAX_BYTES: usize = 64 * 1024 * 1024;
+/// Log lines kept in memory for `log_lines()`.
+const LOG_RING: usize = 2000;
+const READER_STACK: usize = 128 * 1024;
+const WRITER_STACK: usize = 64 * 1024;
+const READ_CHUNK: usize = 8 * 1024;
+/// Bytes the writer gathers from its queue before one write call.
+const WRITE_BATCH: usize = 64 * 1024;
+/// A writer blocked this long on one write gives up on the client.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+enum Out {
+    Owned(Vec<u8>),
+    Shared(Arc<[u8]>),
+    Close,
+}
+
+struct Client {
+    conn: u64,
+    tx: SyncSender<Out>,
+    stream: TcpStream,
+    subs: Vec<(String, u8)>,
+    next_pid: u16,
+}
+
+struct Retained {
+    payload: Vec<u8>,
+    qos: u8,
+}
+
+#[derive(Default)]
+struct State {
+    clients: HashMap<String, Client>,
+    retained: BTreeMap<String, Retained>,
+    received: VecDeque<(String, Vec<u8>, bool)>,
+    received_bytes: usize,
+    connects: Vec<String>,
+}
+
+struct ConnSlot {
+    stream: Option<TcpStream>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    cfg: BrokerConfig,
+    state: Mutex<State>,
+    conns: Mutex<HashMap<u64, ConnSlot>>,
+    next_conn: AtomicU64,
+    stop: AtomicBool,
+    stalled: Mutex<Vec<String>>,
+    stall_cv: Condvar,
+    log_ring: Mutex<VecDeque<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn log(&self, line: String) {
+        if let Some(sink) = &self.cfg.log {
+            sink(&line);
+        }
+        let mut ring = lock(&self.log_ring);
+        if ring.len() == LOG_RING {
+            ring.pop_front();
+        }
+        ring.push_back(line);
+    }
+
+    fn stall_active(&self, client_id: &str) -> bool {
+        lock(&self.stalled).iter().any(|p| client_id.starts_with(p.as_str()))
+    }
+
+    /// Blocks while a `stall_connack` prefix matches `client_id` (or until shutdown).
+    fn wait_stall(&self, client_id: &str) {
+        let mut st = lock(&self.stalled);
+        while !self.stop.load(Ordering::SeqCst) && st.iter().any(|p| client_id.starts_with(p.as_str())) {
+            st = self.stall_cv.wait_timeout(st, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+/// A running broker. Dropping it (or `shutdown`) closes the listener and every connection and
+/// joins every thread.
+pub struct BrokerHandle {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+/// Binds `cfg.bind` and starts serving; the socket is listening when this returns.
+pub fn start(cfg: BrokerConfig) -> io::Result<BrokerHandle> {
+    if !cfg.bind.ip().is_loopback() && !cfg.allow_remote {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "refusing to bind non-loopback address without --allow-remote",
+        ));
+    }
+    let listener = TcpListener::bind(cfg.bind)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot bind broker to {}: {e}", cfg.bind)))?;
+    let addr = listener.local_addr()?;
+    let shared = Arc::new(Shared {
+        cfg,
+        state: Mutex::new(State::default()),
+        conns: Mutex::new(HashMap::new()),
+        next_conn: AtomicU64::new(1),
+        stop: AtomicBool::new(false),
+        stalled: Mutex::new(Vec::new()),
+        stall_cv: Condvar::new(),
+        log_ring: Mutex::new(VecDeque::new()),
+    });
+    let sh = shared.clone();
+    let acceptor = thread::Builder::new()
+        .name("broker-accept".into())
+        .stack_size(READER_STACK)
+        .spawn(move || accept_loop(sh, listener))?;
+    Ok(BrokerHandle { shared, addr, acceptor: Some(acceptor) })
+}
+
+impl BrokerHandle {
+    /// The bound address (the real port when the config asked for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Closes the listener and every connection and joins every thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let Some(acceptor) = self.acceptor.take() else {
+            return;
+        };
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.stall_cv.notify_all();
+        // Wake the blocking accept with a connection of our own.
+        let wake = match self.addr.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), self.addr.port()),
+            IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), self.addr.port()),
+            _ => self.addr,
+        };
+        let woke = crate::sys::connect(&wake, Duration::from_secs(2)).is_ok();
+        if woke {
+            let _ = acceptor.join();
+        }
+        let slots: Vec<ConnSlot> = lock(&self.shared.conns).drain().map(|(_, s)| s).collect();
+        for s in &slots {
+            if let Some(st) = &s.stream {
+                let _ = st.shutdown(Shutdown::Both);
+            }
+        }
+        for mut s in slots {
+            if let Some(t) = s.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    // ---- test hooks (CORE 11.1), always compiled; see the module comment ----
+
+    /// Holds the CONNACK of every client whose id starts with `prefix` until `release_connack`.
+    pub fn stall_connack(&self, prefix: &str) {
+        lock(&self.shared.stalled).push(prefix.to_string());
+    }
+
+    /// Ends a `stall_connack(prefix)`; stalled clients get their CONNACK.
+    pub fn release_connack(&self, prefix: &str) {
+        lock(&self.shared.stalled).retain(|p| p != prefix);
+        self.shared.stall_cv.notify_all();
+    }
+
+    /// Closes every client connection (the listener stays up).
+    pub fn drop_connections(&self) {
+        for s in lock(&self.shared.conns).values() {
+            if let Some(st) = &s.stream {
+                let _ = st.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    /// The retained payload of `topic`, if any.
+    pub fn retained(&self, topic: &str) -> Option<Vec<u8>> {
+        lock(&self.shared.state).retained.get(topic).map(|r| r.payload.clone())
+    }
+
+    /// Every accepted PUBLISH in arrival order as `(topic, payload, retain)` (bounded record).
+    pub fn received(&self) -> Vec<(String, Vec<u8>, bool)> {
+        lock(&self.shared.state).received.iter().cloned().collect()
+    }
+
+    /// How many CONNECT packets arrived (refused ones included).
+    pub fn connect_count(&self) -> usize {
+        lock(&self.shared.state).connects.len()
+    }
+
+    /// The client id of every CONNECT, in arrival order (before `auto-` assignment: empty stays empty).
+    pub fn connects(&self) -> Vec<String> {
+        lock(&self.shared.state).connects.clone()
+    }
+
+    /// Ids of the currently connected clients, sorted.
+    pub fn clients(&self) -> Vec<String> {
+        let mut v: Vec<String> = lock(&self.shared.state).clients.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// The most recent log lines (up to 2000), oldest first.
+    pub fn log_lines(&self) -> Vec<String> {
+        lock(&self.shared.log_ring).iter().cloned().collect()
+    }
+}
+
+impl Drop for BrokerHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    let mut last_error: Option<io::ErrorKind> = None;
+    loop {
+        let accepted = listener.accept();
+        if shared.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                if last_error != Some(e.kind()) {
+                    shared.log(format!("WARNING: broker: accept failed: {e}"));
+                    last_error = Some(e.kind());
+                }
+                // Out of descriptors or a similar transient: back off instead of spinning.
+                crate::sys::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        last_error = None;
+        let _ = stream.set_nodelay(true);
+        let id = shared.next_conn.fetch_add(1, Ordering::SeqCst);
+        let Ok(registry_copy) = stream.try_clone() else {
+            continue;
+        };
+        let sh = shared.clone();
+        let spawned = thread::Builder::new()
+            .name("broker-conn".into())
+            .stack_size(READER_STACK)
+            .spawn(move || serve(sh, id, stream, peer));
+        let mut conns = lock(&shared.conns);
+        conns.retain(|_, s| !s.thread.as_ref().is_some_and(|t| t.is_finished()) || take_join(s));
+        match spawned {
+            Ok(t) => {
+                conns.insert(id, ConnSlot { stream: Some(registry_copy), thread: Some(t) });
+            }
+            Err(e) => {
+                drop(conns);
+                shared.log(format!("WARNING: broker: connection from {peer}: cannot start a thread: {e}"));
+            }
+        }
+    }
+}
+
+/// Joins a finished connection thread; returns false so `retain` drops its slot.
+fn take_join(s: &mut ConnSlot) -> bool {
+    if let Some(t) = s.thread.take() {
+        let _ = t.join();
+    }
+    false
+}
+
+fn writer_loop(mut stream: TcpStream, rx: Receiver<Out>) {
+    let mut batch: Vec<u8> = Vec::new();
+    'outer: while let Ok(first) = rx.recv() {
+        let mut closing = false;
+        let mut push = |m: Out, batch: &mut Vec<u8>| match m {
+            Out::Owned(v) => batch.extend_from_slice(&v),
+            Out::Shared(v) => batch.extend_from_slice(&v),
+            Out::Close => closing = true,
+        };
+        push(first, &mut batch);
+        while batch.len() < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(m) => push(m, &mut batch),
+                Err(_) => break,
+            }
+        }
+        if !batch.is_empty() && stream.write_all(&batch).is_err() {
+            let _ = stream.shutdown(Shutdown::Both);
+            break 'outer;
+        }
+        batch.clear();
+        if batch.capacity() > 4 * WRITE_BATCH {
+            batch.shrink_to(WRITE_BATCH);
+        }
+        if closing {
+            break;
+        }
+    }
+    let _ = stream.shutdown(Shutdown::Write);
+}
+
+/// Why a connection ended, as the log line's tail (None: a normal end, not logged).
+type End = Option<String>;
+
+struct Conn {
+    shared: Arc<Shared>,
+    conn: u64,
+    peer: SocketAddr,
+    stream: TcpStream,
+    tx: SyncSender<Out>,
+    buf: Vec<u8>,
+    pos: usize,
+    client_id: Option<String>,
+}
+
+fn serve(shared: Arc<Shared>, conn: u64, stream: TcpStream, peer: SocketAddr) {
+    let (tx, rx) = mpsc::sync_channel::<Out>(shared.cfg.queue_limit.max(1));
+    let writer = match stream.try_clone().and_then(|ws| {
+        ws.set_write_timeout(Some(WRITE_TIMEOUT))?;
+        thread::Builder::new().name("broker-write".into()).stack_size(WRITER_STACK).spawn(move || writer_loop(ws, rx))
+    }) {
+        Ok(w) => w,
+        Err(e) => {
+            shared.log(format!("WARNING: broker: connection from {peer}: cannot start a writer: {e}"));
+            let _ = stream.shutdown(Shutdown::Both);
+            forget_conn(&shared, conn);
+            return;
+        }
+    };
+    let mut c = Conn { shared, conn, peer, stream, tx, buf: Vec::new(), pos: 0, client_id: None };
+    let end = c.run();
+    if let Some(why) = end {
+        let line = c.who(&why);
+        c.shared.log(line);
+    }
+    if let Some(id) = &c.client_id {
+        let mut st = lock(&c.shared.state);
+        if st.clients.get(id).is_some_and(|cl| cl.conn == conn) {
+            st.clients.remove(id);
+        }
+    }
+    let _ = c.tx.try_send(Out::Close);
+    let Conn { shared, stream, tx, .. } = c;
+    drop(tx);
+    let _ = writer.join();
+    let _ = stream.shutdown(Shutdown::Both);
+    forget_conn(&shared, conn);
+}
+
+fn forget_conn(shared: &Shared, conn: u64) {
+    if let Some(slot) = lock(&shared.conns).get_mut(&conn) {
+        slot.stream = None;
+    }
+}
+
+enum ReadEnd {
+    Eof,
+    Timeout,
+    Io(io::Error),
+    TooLarge(usize),
+    Malformed(codec::DecodeError),
+}
+
+fn short_id(id: &str) -> String {
+    let s = one_line(id);
+    if s.chars().count() > 64 {
+        format!("{}...", s.chars().take(64).collect::<String>())
+    } else {
+        s
+    }
+}
+
+impl Conn {
+    fn who(&self, msg: &str) -> String {
+        let (prefix, msg) = match msg.strip_prefix("WARNING: ") {
+            Some(m) => ("WARNING: ", m),
+            None => ("NOTE: ", msg),
+        };
+        match &self.client_id {
+            Some(id) => format!("{prefix}broker: client {} ({}): {msg}", short_id(id), self.peer),
+            None => format!("{prefix}broker: connection from {}: {msg}", self.peer),
+        }
+    }
+
+    /// Reads one complete packet; returns its byte range in `self.buf`. The declared size is
+    /// checked against `max_packet` before the body is buffered.
+    fn next_frame(&mut self) -> Result<std::ops::Range<usize>, ReadEnd> {
+        loop {
+            let avail = &self.buf[self.pos..];
+            let need = match codec::fixed_header(avail) {
+                Err(e) => return Err(ReadEnd::Malformed(e)),
+                Ok(Some((remaining, hlen))) => {
+                    let total = hlen + remaining;
+                    if total > self.shared.cfg.max_packet {
+                        return Err(ReadEnd::TooLarge(total));
+                    }
+                    if avail.len() >= total {
+                        let r = self.pos..self.pos + total;
+                        self.pos += total;
+                        return Ok(r);
+                    }
+                    total - avail.len()
+                }
+                Ok(None) => 1,
+            };
+            if self.pos > 0 {
+                self.buf.drain(..self.pos);
+                self.pos = 0;
+            }
+            if self.buf.is_empty() && self.buf.capacity() > 8 * READ_CHUNK {
+                self.buf = Vec::new();
+            }
+            let old = self.buf.len();
+            self.buf.resize(old + need.max(READ_CHUNK), 0);
+            let n = loop {
+                match self.stream.read(&mut self.buf[old..]) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        self.buf.truncate(old);
+                        return Err(match e.kind() {
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ReadEnd::Timeout,
+                            _ => ReadEnd::Io(e),
+                        });
+                    }
+                }
+            };
+            self.buf.truncate(old + n);
+            if n == 0 {
+                return Err(ReadEnd::Eof);
+            }
+        }
+    }
+
+    fn send(&self, bytes: Vec<u8>) -> Result<(), String> {
+        match self.tx.try_send(Out::Owned(bytes)) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(overflow_msg(self.shared.cfg.queue_limit)),
+        }
+    }
+
+    fn read_end(&self, e: ReadEnd, phase_timeout: &str) -> End {
+        match e {
+            ReadEnd::Eof => self.client_id.is_none().then(|| "closed before CONNECT".to_string()),
+            ReadEnd::Timeout => Some(phase_timeout.to_string()),
+            ReadEnd::Io(e) if self.shared.stop.load(Ordering::SeqCst) => {
+                let _ = e;
+                None
+            }
+            ReadEnd::Io(e) => match e.kind() {
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => None,
+                _ => Some(format!("read failed: {e}")),
+            },
+            ReadEnd::TooLarge(n) => {
+                Some(format!("packet of {n} bytes exceeds max-packet {}; closing", self.shared.cfg.max_packet))
+            }
+            ReadEnd::Malformed(e) => Some(format!("protocol error: {e}; closing")),
+        }
+    }
+
+    fn run(&mut self) -> End {
+        let timeout = self.shared.cfg.connect_timeout;
+        if self.stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1)))).is_err() {
+            return Some("cannot set a read timeout".into());
+        }
+        let first = match self.next_frame() {
+            Ok(r) => r,
+            Err(e) => {
+                return self.read_end(e, &format!("no CONNECT within {} ms; closing", timeout.as_millis()));
+            }
+        };
+        let buf = std::mem::take(&mut self.buf);
+        let r = self.connect(&buf[first]);
+        self.buf = buf;
+        let keep_alive = match r {
+            Ok(k) => k,
+            Err(end) => return end,
+        };
+        let limit = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
+        if self.stream.set_read_timeout(limit).is_err() {
+            return Some("cannot set a read timeout".into());
+        }
+        let ka_msg = format!("keepalive timeout (nothing for 1.5 x {keep_alive} s); closing");
+        loop {
+            let range = match self.next_frame() {
+                Ok(r) => r,
+                Err(e) => return self.read_end(e, &ka_msg),
+            };
+            let buf = std::mem::take(&mut self.buf);
+            let r = self.packet(&buf[range]);
+            self.buf = buf;
+            if let Err(end) = r {
+                return end;
+            }
+        }
+    }
+
+    /// Handles the first packet; `Ok(keep_alive)` when the client is connected.
+    fn connect(&mut self, frame: &[u8]) -> Result<u16, End> {
+        let pkt = codec::decode(frame).map_err(|e| Some(format!("protocol error: {e}; closing")))?;
+        let c = match pkt {
+            Packet::Connect(c) => c,
+            Packet::UnsupportedLevel(n) => {
+                lock(&self.shared.state).connects.push(String::new());
+                let _ = self.send(codec::connack(0x01));
+                return Err(Some(format!("unsupported protocol level {n}; only 4 (3.1.1)")));
+            }
+            _ => return Err(Some("protocol error: first packet is not CONNECT; closing".into())),
+        };
+        lock(&self.shared.state).connects.push(c.client_id.to_string());
+        let id = if c.client_id.is_empty() {
+            format!("auto-{}", crate::sys::random_hex(8).unwrap_or_else(|_| format!("{:016x}", self.conn)))
+        } else {
+            c.client_id.to_string()
+        };
+        self.client_id = Some(id.clone());
+        if self.shared.stall_active(&id) {
+            self.shared.wait_stall(&id);
+            if self.shared.stop.load(Ordering::SeqCst) {
+                return Err(None);
+            }
+        }
+        if c.will {
+            let _ = self.send(codec::connack(0x03));
+            return Err(Some("will messages are not supported".into()));
+        }
+        if let Some(want_user) = &self.shared.cfg.username {
+            let Some(user) = c.username else {
+                let _ = self.send(codec::connack(0x05));
+                return Err(Some("no username; not authorized (0x05)".into()));
+            };
+            let want_pass = self.shared.cfg.password.as_deref().unwrap_or("").as_bytes();
+            if user != want_user || c.password != Some(want_pass) {
+                let _ = self.send(codec::connack(0x04));
+                return Err(Some("bad username or password (0x04)".into()));
+            }
+        }
+        if !c.clean_session {
+            let line = self.who("WARNING: CleanSession=0 requested; treating the session as clean");
+            self.shared.log(line);
+        }
+        let clone = self.stream.try_clone().map_err(|e| Some(format!("cannot register: {e}")))?;
+        let old = {
+            let mut st = lock(&self.shared.state);
+            let old = st.clients.insert(
+                id.clone(),
+                Client { conn: self.conn, tx: self.tx.clone(), stream: clone, subs: Vec::new(), next_pid: 1 },
+            );
+            self.send(codec::connack(0x00)).map_err(Some)?;
+            old
+        };
+        if let Some(old) = old {
+            let _ = old.stream.shutdown(Shutdown::Both);
+            let line = self.who("client id connected again; closed the older connection");
+            self.shared.log(line);
+        }
+        Ok(c.keep_alive)
+    }
+
+    fn packet(&mut self, frame: &[u8]) -> Result<(), End> {
+        let pkt = codec::decode(frame).map_err(|e| Some(format!("protocol error: {e}; closing")))?;
+        match pkt {
+            Packet::Publish(p) => {
+                if p.qos == 2 {
+                    return Err(Some("QoS 2 is not supported; closing".into()));
+                }
+                if !topic::valid_topic_name(p.topic) {
+                    return Err(Some(format!(
+                        "protocol error: invalid publish topic '{}' (empty or wildcard); closing",
+                        short_id(p.topic)
+                    )));
+                }
+                let overflowed = self.route(p.topic, p.payload, p.qos, p.retain);
+                if let Some(line) = overflowed {
+                    return Err(Some(line));
+                }
+                if p.qos == 1 {
+                    self.send(codec::puback(p.pid)).map_err(Some)?;
+                }
+                Ok(())
+            }
+            Packet::Puback(_) => Ok(()),
+            Packet::Subscribe { pid, filters } => self.subscribe(pid, &filters),
+            Packet::Unsubscribe { pid, filters } => {
+                let mut st = lock(&self.shared.state);
+                let id = self.client_id.as_deref().unwrap_or("");
+                match st.clients.get_mut(id) {
+                    Some(cl) if cl.conn == self.conn => cl.subs.retain(|(f, _)| !filters.contains(&f.as_str())),
+                    _ => return Err(None),
+                }
+                drop(st);
+                self.send(codec::unsuback(pid)).map_err(Some)
+            }
+            Packet::Pingreq => self.send(codec::pingresp()).map_err(Some),
+            Packet::Disconnect => Err(None),
+            Packet::Qos2Flow(name) => Err(Some(format!("protocol error: {name} (QoS 2 is not supported); closing"))),
+            Packet::Connect(_) | Packet::UnsupportedLevel(_) => {
+                Err(Some("protocol error: second CONNECT; closing".into()))
+            }
+            Packet::ServerOnly(name) => Err(Some(format!("protocol error: client sent {name}; closing"))),
+        }
+    }
+
+    fn subscribe(&mut self, pid: u16, filters: &[(&str, u8)]) -> Result<(), End> {
+        let mut st = lock(&self.shared.state);
+        let State { clients, retained, .. } = &mut *st;
+        let id = self.client_id.as_deref().unwrap_or("");
+        let Some(cl) = clients.get_mut(id).filter(|cl| cl.conn == self.conn) else {
+            return Err(None);
+        };
+        let mut codes = Vec::with_capacity(filters.len());
+        // Retained messages to deliver: topic -> granted QoS (one copy per topic, highest QoS).
+        let mut deliver: BTreeMap<&str, u8> = BTreeMap::new();
+        for &(f, q) in filters {
+            if !topic::valid_filter(f) {
+                codes.push(0x80);
+                continue;
+            }
+            let g = q.min(1);
+            codes.push(g);
+            match cl.subs.iter_mut().find(|(sf, _)| sf == f) {
+                Some(s) => s.1 = g,
+                None => cl.subs.push((f.to_string(), g)),
+            }
+            for (t, _) in retained.iter().filter(|(t, _)| topic::matches(f, t)) {
+                let e = deliver.entry(t.as_str()).or_insert(g);
+                *e = (*e).max(g);
+            }
+        }
+        let mut out = vec![codec::suback(pid, &codes)];
+        for (t, g) in deliver {
+            let r = &retained[t];
+            let qos = r.qos.min(g);
+            let pid = if qos > 0 { next_pid(cl) } else { 0 };
+            out.push(codec::publish(t, &r.payload, qos, pid, true));
+        }
+        for p in out {
+            match cl.tx.try_send(Out::Owned(p)) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+                Err(TrySendError::Full(_)) => {
+                    let _ = cl.stream.shutdown(Shutdown::Both);
+                    clients.remove(id);
+                    return Err(Some(overflow_msg(self.shared.cfg.queue_limit)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores and forwards one PUBLISH. Returns the log line if this very client overflowed.
+    fn route(&self, t: &str, payload: &[u8], qos: u8, retain: bool) -> Option<String> {
+        let shared = &self.shared;
+        let mut st = lock(&shared.state);
+        let State { clients, retained, received, received_bytes, .. } = &mut *st;
+        if shared.cfg.record {
+            received.push_back((t.to_string(), payload.to_vec(), retain));
+            *received_bytes += payload.len();
+            while received.len() > RECORD_MAX_MESSAGES || *received_bytes > RECORD_MAX_BYTES {
+                match received.pop_front() {
+                    Some((_, p, _)) => *received_bytes -= p.len(),
+                    None => break,
+                }
+            }
+        }
+        if retain {
+            if payload.is_empty() {
+                retained.remove(t);
+            } else {
+                retained.insert(t.to_string(), Retained { payload: payload.to_vec(), qos });
+            }
+        }
+        let mut qos0: Option<Arc<[u8]>> = None;
+        let mut overflow: Vec<String> = Vec::new();
+        for (id, cl) in clients.iter_mut() {
+            let Some(g) = cl.subs.iter().filter(|(f, _)| topic::matches(f, t)).map(|(_, g)| *g).max() else {
+                continue;
+            };
+            let q = qos.min(g);
+            let out = if q == 0 {
+                Out::Shared(qos0.get_or_insert_with(|| codec::publish(t, payload, 0, 0, false).into()).clone())
+            } else {
+                let pid = next_pid(cl);
+                Out::Owned(codec::publish(t, payload, q, pid, false))
+            };
+            if let Err(TrySendError::Full(_)) = cl.tx.try_send(out) {
+                overflow.push(id.clone());
+            }
+        }
+        let mut mine = None;
+        let mut lines = Vec::new();
+        for id in overflow {
+            if let Some(cl) = clients.remove(&id) {
+                let _ = cl.stream.shutdown(Shutdown::Both);
+                if cl.conn == self.conn {
+                    mine = Some(overflow_msg(shared.cfg.queue_limit));
+                } else {
+                    lines.push(format!(
+                        "WARNING: broker: client {}: {}",
+                        short_id(&id),
+                        overflow_msg(shared.cfg.queue_limit)
+                    ));
+                }
+            }
+        }
+        drop(st);
+        for l in lines {
+            shared.log(l);
+        }
+        mine
+    }
+}
+
+fn next_pid(cl: &mut Client) -> u16 {
+    let p = cl.next_pid;
+    cl.next_pid = if p == u16::MAX { 1 } else { p + 1 };
+    p
+}
+
+fn overflow_msg(limit: usize) -> String {
+    format!("WARNING: outbound queue full ({limit} messages); disconnecting")
+}
