@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use mam::broker::{self, BrokerConfig, BrokerHandle};
 use mqttrs::{QoS, SubscribeReturnCodes};
 
-use crate::eqnice;
 use crate::support::{have_tool, rand_hex, wait_until, TestDir};
 
 const WAIT: Duration = Duration::from_secs(5);

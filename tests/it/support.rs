@@ -270,3 +270,126 @@ macro_rules! eqnice {
         }
     }};
 }
+
+// ---------------------------------------------------------------------------------------------
+// Brokers: the embedded one and a real mosquitto, for scenarios that run against both (K10).
+
+use std::net::{TcpListener, TcpStream};
+use std::process::Child;
+
+/// The brokers every conforming scenario runs against.
+#[derive(Clone, Copy, Debug)]
+pub enum Target {
+    Mosquitto,
+    Embedded,
+}
+
+pub const TARGETS: &[Target] = &[Target::Mosquitto, Target::Embedded];
+
+/// A running broker of some target.
+pub enum Broker {
+    Mosquitto(Mosquitto),
+    Embedded(mam::broker::BrokerHandle),
+}
+
+impl Broker {
+    pub fn port(&self) -> u16 {
+        match self {
+            Broker::Mosquitto(m) => m.port,
+            Broker::Embedded(b) => b.addr().port(),
+        }
+    }
+}
+
+pub fn start_target(t: Target, td: &TestDir) -> Option<Broker> {
+    match t {
+        Target::Mosquitto => {
+            if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+                return None;
+            }
+            Some(Broker::Mosquitto(Mosquitto::start(td, anonymous)))
+        }
+        Target::Embedded => {
+            let cfg = mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() };
+            Some(Broker::Embedded(mam::broker::start(cfg).expect("start the embedded broker")))
+        }
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn anonymous(port: u16) -> String {
+    format!("listener {port} 127.0.0.1\nallow_anonymous true\n")
+}
+
+/// A mosquitto started by the test with a generated config (all logging on, to a file), killed and
+/// reaped on drop.
+pub struct Mosquitto {
+    child: Option<Child>,
+    pub port: u16,
+    conf: PathBuf,
+    log: PathBuf,
+}
+
+impl Mosquitto {
+    /// `listeners(port)` gives the listener and auth lines; the primary port is waited on.
+    pub fn start(td: &TestDir, listeners: impl Fn(u16) -> String) -> Mosquitto {
+        let port = free_port();
+        let n = rand_hex(3);
+        let log = td.path(&format!("mosquitto-{n}.log"));
+        let mut conf = format!("persistence false\nlog_dest file {}\nlog_type all\n", log.display());
+        if mam::sys::getuid() == 0 {
+            // As root mosquitto would drop to the `mosquitto` user and lose access to test files (CORE 3.4).
+            conf.push_str("user root\n");
+        }
+        conf.push_str(&listeners(port));
+        let conf_path = td.write(&format!("mosquitto-{n}.conf"), conf);
+        let mut m = Mosquitto { child: None, port, conf: conf_path, log };
+        m.launch();
+        m
+    }
+
+    pub fn launch(&mut self) {
+        let child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&self.conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn mosquitto");
+        self.child = Some(child);
+        let port = self.port;
+        wait_until("mosquitto to accept connections", Duration::from_secs(10), || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.log_text().matches(needle).count()
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
