@@ -122,6 +122,16 @@ struct State {
     received: VecDeque<(String, Vec<u8>, bool)>,
     received_bytes: usize,
     connects: Vec<String>,
+    connect_total: usize,
+}
+
+impl State {
+    fn note_connect(&mut self, id: &str, record: bool) {
+        self.connect_total += 1;
+        if record && self.connects.len() < RECORD_MAX_MESSAGES {
+            self.connects.push(id.to_string());
+        }
+    }
 }
 
 struct ConnSlot {
@@ -280,10 +290,11 @@ impl BrokerHandle {
 
     /// How many CONNECT packets arrived (refused ones included).
     pub fn connect_count(&self) -> usize {
-        lock(&self.shared.state).connects.len()
+        lock(&self.shared.state).connect_total
     }
 
-    /// The client id of every CONNECT, in arrival order (before `auto-` assignment: empty stays empty).
+    /// The client id of every CONNECT, in arrival order (before `auto-` assignment: empty stays
+    /// empty); kept only with `record`, bounded like `received`.
     pub fn connects(&self) -> Vec<String> {
         lock(&self.shared.state).connects.clone()
     }
@@ -535,10 +546,7 @@ impl Conn {
         match e {
             ReadEnd::Eof => self.client_id.is_none().then(|| "closed before CONNECT".to_string()),
             ReadEnd::Timeout => Some(phase_timeout.to_string()),
-            ReadEnd::Io(e) if self.shared.stop.load(Ordering::SeqCst) => {
-                let _ = e;
-                None
-            }
+            ReadEnd::Io(_) if self.shared.stop.load(Ordering::SeqCst) => None,
             ReadEnd::Io(e) => match e.kind() {
                 io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => None,
                 _ => Some(format!("read failed: {e}")),
@@ -593,13 +601,13 @@ impl Conn {
         let c = match pkt {
             Packet::Connect(c) => c,
             Packet::UnsupportedLevel(n) => {
-                lock(&self.shared.state).connects.push(String::new());
+                lock(&self.shared.state).note_connect("", self.shared.cfg.record);
                 let _ = self.send(codec::connack(0x01));
                 return Err(Some(format!("unsupported protocol level {n}; only 4 (3.1.1)")));
             }
             _ => return Err(Some("protocol error: first packet is not CONNECT; closing".into())),
         };
-        lock(&self.shared.state).connects.push(c.client_id.to_string());
+        lock(&self.shared.state).note_connect(c.client_id, self.shared.cfg.record);
         let id = if c.client_id.is_empty() {
             format!("auto-{}", crate::sys::random_hex(8).unwrap_or_else(|_| format!("{:016x}", self.conn)))
         } else {
@@ -784,10 +792,9 @@ impl Conn {
         let mut qos0: Option<Arc<[u8]>> = None;
         let mut blocked: Vec<(String, u64, SyncSender<Out>, Out)> = Vec::new();
         for (id, cl) in clients.iter_mut() {
-            let Some(g) = cl.subs.iter().filter(|(f, _)| topic::matches(f, t)).map(|(_, g)| *g).max() else {
+            let Some(q) = topic::delivery_qos(&cl.subs, t, qos) else {
                 continue;
             };
-            let q = qos.min(g);
             let out = if q == 0 {
                 Out::Shared(qos0.get_or_insert_with(|| codec::publish(t, payload, 0, 0, false).into()).clone())
             } else {
