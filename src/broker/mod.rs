@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cli::one_line;
 use codec::Packet;
@@ -122,6 +122,16 @@ struct State {
     received: VecDeque<(String, Vec<u8>, bool)>,
     received_bytes: usize,
     connects: Vec<String>,
+    connect_total: usize,
+}
+
+impl State {
+    fn note_connect(&mut self, id: &str, record: bool) {
+        self.connect_total += 1;
+        if record && self.connects.len() < RECORD_MAX_MESSAGES {
+            self.connects.push(id.to_string());
+        }
+    }
 }
 
 struct ConnSlot {
@@ -280,10 +290,11 @@ impl BrokerHandle {
 
     /// How many CONNECT packets arrived (refused ones included).
     pub fn connect_count(&self) -> usize {
-        lock(&self.shared.state).connects.len()
+        lock(&self.shared.state).connect_total
     }
 
-    /// The client id of every CONNECT, in arrival order (before `auto-` assignment: empty stays empty).
+    /// The client id of every CONNECT, in arrival order (before `auto-` assignment: empty stays
+    /// empty); kept only with `record`, bounded like `received`.
     pub fn connects(&self) -> Vec<String> {
         lock(&self.shared.state).connects.clone()
     }
@@ -524,9 +535,10 @@ impl Conn {
     }
 
     fn send(&self, bytes: Vec<u8>) -> Result<(), String> {
-        match self.tx.try_send(Out::Owned(bytes)) {
-            Ok(()) | Err(TrySendError::Disconnected(_)) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(overflow_msg(self.shared.cfg.queue_limit)),
+        if send_with_grace(&self.tx, Out::Owned(bytes), &self.shared.stop) {
+            Ok(())
+        } else {
+            Err(overflow_msg(self.shared.cfg.queue_limit))
         }
     }
 
@@ -534,10 +546,7 @@ impl Conn {
         match e {
             ReadEnd::Eof => self.client_id.is_none().then(|| "closed before CONNECT".to_string()),
             ReadEnd::Timeout => Some(phase_timeout.to_string()),
-            ReadEnd::Io(e) if self.shared.stop.load(Ordering::SeqCst) => {
-                let _ = e;
-                None
-            }
+            ReadEnd::Io(_) if self.shared.stop.load(Ordering::SeqCst) => None,
             ReadEnd::Io(e) => match e.kind() {
                 io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => None,
                 _ => Some(format!("read failed: {e}")),
@@ -592,13 +601,13 @@ impl Conn {
         let c = match pkt {
             Packet::Connect(c) => c,
             Packet::UnsupportedLevel(n) => {
-                lock(&self.shared.state).connects.push(String::new());
+                lock(&self.shared.state).note_connect("", self.shared.cfg.record);
                 let _ = self.send(codec::connack(0x01));
                 return Err(Some(format!("unsupported protocol level {n}; only 4 (3.1.1)")));
             }
             _ => return Err(Some("protocol error: first packet is not CONNECT; closing".into())),
         };
-        lock(&self.shared.state).connects.push(c.client_id.to_string());
+        lock(&self.shared.state).note_connect(c.client_id, self.shared.cfg.record);
         let id = if c.client_id.is_empty() {
             format!("auto-{}", crate::sys::random_hex(8).unwrap_or_else(|_| format!("{:016x}", self.conn)))
         } else {
@@ -725,17 +734,37 @@ impl Conn {
             let pid = if qos > 0 { next_pid(cl) } else { 0 };
             out.push(codec::publish(t, &r.payload, qos, pid, true));
         }
-        for p in out {
-            match cl.tx.try_send(Out::Owned(p)) {
-                Ok(()) | Err(TrySendError::Disconnected(_)) => {}
-                Err(TrySendError::Full(_)) => {
-                    let _ = cl.stream.shutdown(Shutdown::Both);
-                    clients.remove(id);
-                    return Err(Some(overflow_msg(self.shared.cfg.queue_limit)));
-                }
+        // Queue under the lock while there is room, so no live message overtakes a retained one;
+        // a burst larger than the queue waits for room after the lock is released.
+        let mut rest = out.into_iter().map(Out::Owned);
+        let mut pending = Vec::new();
+        for p in rest.by_ref() {
+            if let Err(TrySendError::Full(p)) = cl.tx.try_send(p) {
+                pending.push(p);
+                break;
+            }
+        }
+        pending.extend(rest);
+        drop(st);
+        for p in pending {
+            if !send_with_grace(&self.tx, p, &self.shared.stop) {
+                self.evict(id, self.conn);
+                return Err(Some(overflow_msg(self.shared.cfg.queue_limit)));
             }
         }
         Ok(())
+    }
+
+    /// Removes client `id` (if it is still connection `conn`) and closes its socket.
+    fn evict(&self, id: &str, conn: u64) -> bool {
+        let mut st = lock(&self.shared.state);
+        if st.clients.get(id).is_some_and(|cl| cl.conn == conn) {
+            if let Some(cl) = st.clients.remove(id) {
+                let _ = cl.stream.shutdown(Shutdown::Both);
+            }
+            return true;
+        }
+        false
     }
 
     /// Stores and forwards one PUBLISH. Returns the log line if this very client overflowed.
@@ -761,43 +790,63 @@ impl Conn {
             }
         }
         let mut qos0: Option<Arc<[u8]>> = None;
-        let mut overflow: Vec<String> = Vec::new();
+        let mut blocked: Vec<(String, u64, SyncSender<Out>, Out)> = Vec::new();
         for (id, cl) in clients.iter_mut() {
-            let Some(g) = cl.subs.iter().filter(|(f, _)| topic::matches(f, t)).map(|(_, g)| *g).max() else {
+            let Some(q) = topic::delivery_qos(&cl.subs, t, qos) else {
                 continue;
             };
-            let q = qos.min(g);
             let out = if q == 0 {
                 Out::Shared(qos0.get_or_insert_with(|| codec::publish(t, payload, 0, 0, false).into()).clone())
             } else {
                 let pid = next_pid(cl);
                 Out::Owned(codec::publish(t, payload, q, pid, false))
             };
-            if let Err(TrySendError::Full(_)) = cl.tx.try_send(out) {
-                overflow.push(id.clone());
-            }
-        }
-        let mut mine = None;
-        let mut lines = Vec::new();
-        for id in overflow {
-            if let Some(cl) = clients.remove(&id) {
-                let _ = cl.stream.shutdown(Shutdown::Both);
-                if cl.conn == self.conn {
-                    mine = Some(overflow_msg(shared.cfg.queue_limit));
-                } else {
-                    lines.push(format!(
-                        "WARNING: broker: client {}: {}",
-                        short_id(&id),
-                        overflow_msg(shared.cfg.queue_limit)
-                    ));
-                }
+            if let Err(TrySendError::Full(out)) = cl.tx.try_send(out) {
+                blocked.push((id.clone(), cl.conn, cl.tx.clone(), out));
             }
         }
         drop(st);
-        for l in lines {
-            shared.log(l);
+        // Backpressure: a full queue makes this publisher wait (outside the lock) for room; a
+        // queue that stays full for OVERFLOW_GRACE is an overflow and the client is dropped.
+        let mut mine = None;
+        for (id, conn, tx, out) in blocked {
+            if send_with_grace(&tx, out, &shared.stop) || !self.evict(&id, conn) {
+                continue;
+            }
+            if conn == self.conn {
+                mine = Some(overflow_msg(shared.cfg.queue_limit));
+            } else {
+                shared.log(format!(
+                    "WARNING: broker: client {}: {}",
+                    short_id(&id),
+                    overflow_text(shared.cfg.queue_limit)
+                ));
+            }
         }
         mine
+    }
+}
+
+/// How long a full outbound queue may stay full (no packet leaves it) before its client is
+/// disconnected as overflowed.
+const OVERFLOW_GRACE: Duration = Duration::from_secs(1);
+
+/// Queues `out`, waiting up to `OVERFLOW_GRACE` for room; false when the queue stayed full.
+fn send_with_grace(tx: &SyncSender<Out>, mut out: Out, stop: &AtomicBool) -> bool {
+    let deadline = Instant::now() + OVERFLOW_GRACE;
+    let mut pause = Duration::from_micros(50);
+    loop {
+        match tx.try_send(out) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => return true,
+            Err(TrySendError::Full(o)) => {
+                if Instant::now() >= deadline || stop.load(Ordering::SeqCst) {
+                    return false;
+                }
+                out = o;
+                crate::sys::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+        }
     }
 }
 
@@ -808,5 +857,9 @@ fn next_pid(cl: &mut Client) -> u16 {
 }
 
 fn overflow_msg(limit: usize) -> String {
-    format!("WARNING: outbound queue full ({limit} messages); disconnecting")
+    format!("WARNING: {}", overflow_text(limit))
+}
+
+fn overflow_text(limit: usize) -> String {
+    format!("outbound queue full ({limit} messages) for {} s; disconnecting", OVERFLOW_GRACE.as_secs())
 }

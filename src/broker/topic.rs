@@ -47,6 +47,13 @@ pub fn matches(filter: &str, topic: &str) -> bool {
     }
 }
 
+/// The QoS a client with subscriptions `subs` (filter, granted QoS) gets for a publish on `topic`
+/// at `qos`: min(published, granted), taking the highest grant among overlapping filters (one copy,
+/// CORE 11.2 Delivery); None when no filter matches.
+pub fn delivery_qos(subs: &[(String, u8)], topic: &str, qos: u8) -> Option<u8> {
+    subs.iter().filter(|(f, _)| matches(f, topic)).map(|(_, g)| *g).max().map(|g| g.min(qos))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,6 +100,17 @@ mod tests {
             assert!(valid_topic_name(t), "{t} should be a valid topic");
             assert_eq!(matches(f, t), *want, "filter {f:?} topic {t:?}");
         }
+    }
+
+    #[test]
+    fn delivery_qos_is_min_of_published_and_highest_grant() {
+        let subs = vec![("a/#".to_string(), 0), ("a/+".to_string(), 1), ("b".to_string(), 1)];
+        assert_eq!(delivery_qos(&subs, "a/x", 1), Some(1));
+        assert_eq!(delivery_qos(&subs, "a/x", 0), Some(0));
+        assert_eq!(delivery_qos(&subs, "a/x/y", 1), Some(0));
+        assert_eq!(delivery_qos(&subs, "b", 1), Some(1));
+        assert_eq!(delivery_qos(&subs, "c", 1), None);
+        assert_eq!(delivery_qos(&[], "a", 1), None);
     }
 
     #[test]

@@ -784,7 +784,7 @@ fn slow_subscriber_overflows_and_does_not_stall_others() {
     }
     assert!(t0.elapsed() < Duration::from_secs(20), "publisher stalled: {:?}", t0.elapsed());
     assert_eq!(reader.join().unwrap(), 400);
-    wait_log(&b, "outbound queue full (20 messages); disconnecting");
+    wait_log(&b, "outbound queue full (20 messages) for 1 s; disconnecting");
     assert!(has_log(&b, "client dead"));
     wait_until("the dead subscriber to be gone", WAIT, || !b.clients().contains(&"dead".to_string()));
     drop(dead);
