@@ -724,3 +724,53 @@ fn stop_flag_is_seen_within_a_read_slice() {
     assert!(matches!(r, Err(MqttError::Stopped)));
     assert!(t0.elapsed() < Duration::from_millis(700), "{:?}", t0.elapsed());
 }
+
+/// B4 on the embedded broker with its drop hook (A30: tests needing broker hooks use it).
+#[test]
+fn b4_embedded_drop_connections_fails_once_then_reconnects() {
+    let td = TestDir::new("b4e");
+    let b =
+        mam::broker::start(mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() })
+            .unwrap();
+    let c = cfg(&td, b.addr().port(), &[]);
+    let mut p = Persistent::new(c.clone(), Role::Hb, Stop::never());
+    p.publish(&c, &[Message::new("b4/x", "before", 1, false)]).unwrap();
+    b.drop_connections();
+    // The drop is seen by the persistent client's next operation, not before.
+    wait_until("the broker to forget the client", Duration::from_secs(5), || b.clients().is_empty());
+    let mut warnings = Vec::new();
+    mqtt::with_retry(
+        &fast("publish"),
+        &Stop::never(),
+        |w| warnings.push(w),
+        |_| p.publish(&c, &[Message::new("b4/x", "after", 1, false)]),
+    )
+    .unwrap_or_else(|e| panic!("publish after the drop: {e}"));
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("not connected to broker"), "{warnings:?}");
+    assert_eq!(p.connects(), 2);
+    let got: Vec<Vec<u8>> = b.received().into_iter().filter(|(t, _, _)| t == "b4/x").map(|(_, p, _)| p).collect();
+    assert_eq!(got, vec![b"before".to_vec(), b"after".to_vec()]);
+}
+
+/// K1: `mam pub` and `mam sub` against `mam broker` run as a process, both started by the test.
+#[test]
+fn k1_mam_pub_and_sub_against_mam_broker_process() {
+    let td = TestDir::new("k1p");
+    let mut broker = Command::new(mam_bin())
+        .args(["broker", "--port", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(broker.stdout.take().unwrap()), &mut line).unwrap();
+    let port: u16 = line.trim().rsplit(':').next().unwrap().parse().unwrap_or_else(|_| panic!("{line}"));
+    let broker = ChildGuard(broker);
+    let ps = port.to_string();
+    td.mam().args(["pub", "-t", "k1/r", "-m", "kept", "-r", "-q", "1"]).env("MQTT_PORT", &ps).run().expect_rc(0);
+    let r = td.mam().args(["sub", "-t", "k1/#", "-v", "-C", "1", "-W", "10"]).env("MQTT_PORT", &ps).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), "k1/r kept\n");
+    drop(broker);
+}
