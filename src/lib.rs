@@ -12,6 +12,7 @@ pub mod ctx;
 pub mod envfile;
 pub mod knob;
 pub mod mqtt;
+pub mod pane;
 pub mod paths;
 pub mod registry;
 pub mod sign;
