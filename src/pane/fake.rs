@@ -108,7 +108,9 @@ impl Fake {
 
     /// Agent name -> pane id.
     fn pane_of_agent(&self, name: &str) -> Option<String> {
-        read_trim(&self.dir.join("agents").join(name)).filter(|p| self.pane_dir(p).is_dir())
+        // The pane must still host this agent (a reused pane hosts a newer one).
+        read_trim(&self.dir.join("agents").join(name))
+            .filter(|p| read_trim(&self.pane_dir(p).join("agent")).as_deref() == Some(name))
     }
 
     fn kill_pane_agent(&self, pane: &str) {

@@ -185,7 +185,7 @@ impl Backend for Tmux {
             if wcwd != want {
                 continue;
             }
-            let target = format!("={name}");
+            let target = name.clone();
             let text = self.ok(&[
                 "list-panes",
                 "-t",
@@ -231,7 +231,7 @@ impl Backend for Tmux {
         args.extend(["-P".into(), "-F".into(), "#{pane_id}".into()]);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let pane = self.ok(&refs)?.trim().to_string();
-        let target = format!("={name}");
+        let target = name.clone();
         self.ok(&["set-option", "-t", &target, "@mam_cwd", &canon(cwd).to_string_lossy()])?;
         self.ok(&["set-option", "-t", &target, "@mam_label", label.unwrap_or("")])?;
         Ok(Created { workspace: name, pane })
@@ -249,7 +249,7 @@ impl Backend for Tmux {
     }
 
     fn rename_workspace(&self, id: &str, label: &str) -> PaneResult<()> {
-        self.ok(&["set-option", "-t", &format!("={id}"), "@mam_label", label]).map(|_| ())
+        self.ok(&["set-option", "-t", id, "@mam_label", label]).map(|_| ())
     }
 
     fn start_agent(&self, name: &str, kind: &str, pane: &str, args: &[String]) -> PaneResult<()> {
@@ -266,7 +266,9 @@ impl Backend for Tmux {
         let exe_base = base(kind).to_string();
         self.ok(&["set-option", "-p", "-t", pane, "@mam_agent", name])?;
         self.ok(&["set-option", "-p", "-t", pane, "@mam_kind", &exe_base])?;
-        let mut line = shell_quote(kind);
+        // Resolved on the caller's PATH: tmux panes run login shells, whose profile may reset PATH.
+        let exe = super::on_path(&self.ctx, kind).map(|p| p.to_string_lossy().into_owned()).unwrap_or(kind.to_string());
+        let mut line = shell_quote(&exe);
         for a in args {
             line.push(' ');
             line.push_str(&shell_quote(a));
@@ -346,6 +348,6 @@ impl Backend for Tmux {
     }
 
     fn close_workspace(&self, id: &str) -> PaneResult<()> {
-        self.ok(&["kill-session", "-t", &format!("={id}")]).map(|_| ())
+        self.ok(&["kill-session", "-t", id]).map(|_| ())
     }
 }
