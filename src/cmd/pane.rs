@@ -238,14 +238,7 @@ fn new_session(ctx: &mut Ctx, a: &Args) -> Result<i32, Failure> {
         Err(f) => {
             // Roll back what this attempt created; a reused pane stays as it was found.
             if let Some(p) = &f.partial {
-                let undo = if p.created_workspace {
-                    b.close_workspace(&p.workspace)
-                } else if !p.reused {
-                    b.close_pane(&p.pane)
-                } else {
-                    Ok(())
-                };
-                if let Err(e) = undo {
+                if let Err(e) = pane::rollback(b.as_ref(), p) {
                     ctx.diag(&format!("WARNING: rollback left pane {} of workspace {}: {e}", p.pane, p.workspace));
                 }
             }

@@ -318,14 +318,21 @@ impl Backend for Herdr {
         let mut out = Vec::new();
         for w in list {
             let Some(id) = field(w, &["workspace_id", "id"]) else { continue };
-            let Some(wcwd) = field(w, &["cwd", "path", "dir", "directory"]) else { continue };
-            if canon(Path::new(&wcwd)) != want {
+            let ws_cwd = field(w, &["cwd", "path", "dir", "directory"]);
+            if ws_cwd.as_ref().is_some_and(|c| canon(Path::new(c)) != want) {
                 continue;
             }
             let args = ["pane", "list", "--workspace", id.as_str()];
             let pv = self.expect_ok(&args, self.query(&args))?;
             let panes = array(&pv, &["panes", "items"])
                 .ok_or_else(|| PaneError::Failed(format!("herdr pane list --workspace {id}: no panes array")))?;
+            // A workspace listed without its cwd is judged by its root pane's cwd.
+            if ws_cwd.is_none() {
+                let root = panes.first().and_then(|p| field(p, &["cwd", "path"]));
+                if root.is_none_or(|c| canon(Path::new(&c)) != want) {
+                    continue;
+                }
+            }
             let mut infos = Vec::new();
             for p in panes {
                 let Some(pid) = field(p, &["pane_id", "id"]) else { continue };

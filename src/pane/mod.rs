@@ -533,6 +533,18 @@ pub fn place_and_start(b: &dyn Backend, req: &PlaceRequest, knobs: &Knobs) -> Re
     Ok(placed)
 }
 
+/// Undoes what a placement created: the workspace when this attempt created it, else the split pane;
+/// a reused pane is left as it was found. Sessions' verified rollback (ORCH 2.3) starts here.
+pub fn rollback(b: &dyn Backend, p: &Placed) -> PaneResult<()> {
+    if p.created_workspace {
+        b.close_workspace(&p.workspace)
+    } else if !p.reused {
+        b.close_pane(&p.pane)
+    } else {
+        Ok(())
+    }
+}
+
 /// 1.5 step 7: a `blocked` agent after start gets `enter`, at most `dialog_max` times; still blocked
 /// is a start failure. Agent-agnostic: no screen matching.
 pub fn clear_startup_dialogs(b: &dyn Backend, name: &str, knobs: &Knobs) -> PaneResult<()> {

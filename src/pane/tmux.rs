@@ -306,7 +306,8 @@ impl Backend for Tmux {
         let Some(p) = self.find(target).filter(|p| base(&p.command) == p.kind) else {
             return PromptOutcome::TransportError(format!("agent {target} is not running on socket {}", self.socket));
         };
-        let tmp = std::env::temp_dir().join(format!("mam-prompt-{}", sys::random_hex(8).unwrap_or_default()));
+        let tmpdir = self.ctx.path_var("TMPDIR").unwrap_or_else(|| std::path::PathBuf::from("/tmp"));
+        let tmp = tmpdir.join(format!("mam-prompt-{}", sys::random_hex(8).unwrap_or_default()));
         let buffer = format!("mam-{}", sys::random_hex(6).unwrap_or_default());
         if let Err(e) = sys::atomic_write(&tmp, text.as_bytes()) {
             return PromptOutcome::TransportError(format!("cannot write {}: {e}", show_path(&tmp)));

@@ -481,7 +481,16 @@ struct Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         if let Some(sock) = &self.tmux_socket {
+            let socket_path =
+                Command::new("tmux").args(["-L", sock, "display-message", "-p", "#{socket_path}"]).output();
             let _ = Command::new("tmux").args(["-L", sock, "kill-server"]).output();
+            // tmux leaves its socket file behind.
+            if let Ok(out) = socket_path {
+                let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                if p.ends_with(sock.as_str()) {
+                    let _ = fs::remove_file(p);
+                }
+            }
         }
         // Fake agents lead their own process group.
         for e in fs::read_dir(self.td.path("panes/panes")).into_iter().flatten().flatten() {
@@ -596,6 +605,12 @@ fn contract_suite(h: &Harness) {
     let ls = h.pane(&["ls"]).run();
     ls.expect_rc(0);
     assert_eq!(ls.stdout().lines().count(), 6, "{}", ls.stdout());
+    if h.tmux_socket.is_none() {
+        // A18: the fake agent runs with argv[0] set to its kind, so the ancestor rule finds it.
+        let pane_dir = h.td.path("panes/panes").join(&placed[0].0);
+        let pid: i32 = fs::read_to_string(pane_dir.join("pid")).unwrap().trim().parse().unwrap();
+        assert_eq!(mam::sys::proc_cmdline(pid).unwrap()[0], b"claude");
+    }
     let st = h.status("a0");
     assert!(["idle", "unknown"].contains(&st.as_str()), "{st}");
     // Test 8: delivery confirmed by the job's own started with the current token (and the lines run
