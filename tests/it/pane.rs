@@ -711,3 +711,79 @@ fn tmux_start_refuses_a_pane_that_is_not_at_a_shell() {
     let out = Command::new("tmux").args(["-L", &sock, "list-panes", "-a"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
 }
+
+#[test]
+fn fake_agent_runs_brief_lines_as_written_without_workspace_variables() {
+    let h = Harness::new("fake", "fake_agent_brief");
+    let out = h.td.path("out dir");
+    fs::create_dir_all(&out).unwrap();
+    let q = |name: &str| format!("'{}'", out.join(name).display());
+    h.td.write(
+        "agent.script",
+        format!(
+            "verdict=PASS\nreport_text=all good\nspawn_subjob=printf %s \"$MAM_PARENT_JOB_ID\" > {}\ntouch_during_review={}\n",
+            q("parent.txt"),
+            out.join("touched.txt").display()
+        ),
+    );
+    let proj = h.td.path("proj");
+    fs::create_dir_all(&proj).unwrap();
+    let mut extra = vec![];
+    for kv in [
+        "WORKSPACE_ROOT=/bogus",
+        "MAM_JOBS_DIR=/bogus/jobs",
+        "DELEGATE_JOB_LOGS_DIR=/b",
+        "AGENT_SESSIONS_YAML=/b/s.json",
+    ] {
+        extra.extend(["--env", kv]);
+    }
+    extra.extend(["--env", "KEEP_ME=1"]);
+    h.start("a0", proj.to_str().unwrap(), &extra);
+    let reg = registry(&h.td);
+    let brief = format!(
+        "# Job j1\n\n## Commands\n- start: env > {}\n- success: echo ok > {}\n- error: echo err > {}\n\n## Output Report Path\n{}\n",
+        q("env.txt"),
+        q("success.txt"),
+        q("error.txt"),
+        reg.join("j1/report.md").display()
+    );
+    h.td.write("reg/j1/brief.md", &brief);
+    h.sks("a0", &reg, &[]).expect_rc(0);
+    wait_until("success line", Duration::from_secs(10), || out.join("success.txt").exists());
+    let env = fs::read_to_string(out.join("env.txt")).unwrap();
+    assert!(env.lines().any(|l| l == "KEEP_ME=1"), "the pane's env reaches the agent");
+    assert!(env.lines().any(|l| l == "PWD=/"), "lines run from an unrelated cwd");
+    for k in ["WORKSPACE_ROOT=", "MAM_JOBS_DIR=", "DELEGATE_JOB_LOGS_DIR=", "AGENT_SESSIONS_YAML="] {
+        assert!(!env.lines().any(|l| l.starts_with(k)), "{k} reached a brief line");
+    }
+    assert_eq!(fs::read_to_string(out.join("parent.txt")).unwrap(), "j1");
+    assert!(out.join("touched.txt").exists());
+    assert_eq!(fs::read_to_string(reg.join("j1/report.md")).unwrap(), "all good\nVERDICT: PASS\n");
+    assert!(!out.join("error.txt").exists());
+    // verdict=error runs the error line instead.
+    h.td.write("agent.script", "verdict=error\n");
+    h.start("a1", proj.to_str().unwrap(), &[]);
+    h.sks("a1", &reg, &[]).expect_rc(0);
+    wait_until("error line", Duration::from_secs(10), || out.join("error.txt").exists());
+    // crash_after_s: the agent dies abruptly mid-work and never runs the success line.
+    fs::remove_file(out.join("success.txt")).unwrap();
+    h.td.write("agent.script", "crash_after_s=0.2\nwork_s=30\n");
+    h.start("a2", proj.to_str().unwrap(), &[]);
+    h.sks("a2", &reg, &[]).expect_rc(0);
+    wait_until("a2 crashed", Duration::from_secs(10), || h.status("a2") == "absent");
+    assert!(!out.join("success.txt").exists());
+    for a in ["a0", "a1"] {
+        let pane = h
+            .pane(&["ls"])
+            .run()
+            .stdout()
+            .lines()
+            .find(|l| l.starts_with(a))
+            .unwrap()
+            .split('\t')
+            .nth(1)
+            .unwrap()
+            .to_string();
+        h.pane(&["close", "--pane", &pane]).run().expect_rc(0);
+    }
+}
