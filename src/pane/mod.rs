@@ -854,6 +854,126 @@ mod tests {
         assert!(is_shell("-bash") && is_shell("/bin/sh") && !is_shell("claude"));
     }
 
+    /// A scripted backend for the decision logic of `send_keys_safe`.
+    struct Scripted {
+        lifecycle: bool,
+        status: Status,
+        after_prompt: Status,
+        outcome: PromptOutcome,
+        prompts: std::cell::Cell<u32>,
+    }
+
+    impl Backend for Scripted {
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+        fn server(&self) -> String {
+            "s".into()
+        }
+        fn ensure_server(&self) -> PaneResult<()> {
+            Ok(())
+        }
+        fn list_agents(&self) -> ListOutcome {
+            ListOutcome::NoServer
+        }
+        fn list_workspaces(&self, _: &Path) -> PaneResult<Vec<Workspace>> {
+            Ok(Vec::new())
+        }
+        fn create_workspace(&self, _: &Path, _: Option<&str>, _: &[(String, String)]) -> PaneResult<Created> {
+            Err(PaneError::Failed("no".into()))
+        }
+        fn split(&self, _: &str, _: Dir, _: &Path, _: &[(String, String)]) -> PaneResult<String> {
+            Err(PaneError::Failed("no".into()))
+        }
+        fn rename_workspace(&self, _: &str, _: &str) -> PaneResult<()> {
+            Ok(())
+        }
+        fn start_agent(&self, _: &str, _: &str, _: &str, _: &[String]) -> PaneResult<()> {
+            Ok(())
+        }
+        fn prompt(&self, _: &str, _: &str, _: u32) -> PromptOutcome {
+            self.prompts.set(self.prompts.get() + 1);
+            self.outcome.clone()
+        }
+        fn agent_status(&self, _: &str) -> Status {
+            if self.prompts.get() > 0 {
+                self.after_prompt
+            } else {
+                self.status
+            }
+        }
+        fn read_detection(&self, _: &str) -> PaneResult<String> {
+            Ok("same".into())
+        }
+        fn send_keys(&self, _: &str, _: &str) -> PaneResult<()> {
+            Ok(())
+        }
+        fn close_pane(&self, _: &str) -> PaneResult<()> {
+            Ok(())
+        }
+        fn close_workspace(&self, _: &str) -> PaneResult<()> {
+            Ok(())
+        }
+        fn has_lifecycle(&self) -> bool {
+            self.lifecycle
+        }
+    }
+
+    fn fast() -> Knobs {
+        Knobs {
+            idle_wait_ms: 100,
+            grace_ms: 150,
+            poll_ms: 10,
+            quiesce_gap_ms: 10,
+            quiesce_max_ms: 50,
+            ..Knobs::default()
+        }
+    }
+
+    fn scripted(lifecycle: bool, status: Status, after: Status, outcome: PromptOutcome) -> Scripted {
+        Scripted { lifecycle, status, after_prompt: after, outcome, prompts: std::cell::Cell::new(0) }
+    }
+
+    #[test]
+    fn a24_busy_agent_is_rc3_and_nothing_is_submitted() {
+        let b = scripted(true, Status::Working, Status::Working, PromptOutcome::Settled);
+        let o = send_keys_safe(&b, "a", "hi", None, &fast());
+        assert_eq!(o.rc(), 3);
+        assert!(matches!(&o, SksOutcome::NotSubmitted(m) if m.contains("agent busy")));
+        assert_eq!(b.prompts.get(), 0);
+    }
+
+    #[test]
+    fn a24_backend_without_lifecycle_skips_the_idle_wait_and_needs_started() {
+        let dir = std::env::temp_dir().join(format!("mam-sks-{}", crate::sys::random_hex(6).unwrap()));
+        std::fs::create_dir_all(dir.join("j1")).unwrap();
+        let job = JobRef { registry: dir.clone(), job_id: "j1".into(), token: Some("t1".into()) };
+        let accepted = PromptOutcome::Accepted(Accepted::Timeout);
+        // Status only `unknown`: submitted anyway, and not confirmed without `started`.
+        let b = scripted(false, Status::Unknown, Status::Unknown, accepted.clone());
+        assert_eq!(send_keys_safe(&b, "a", "hi", Some(&job), &fast()).rc(), 4);
+        assert_eq!(b.prompts.get(), 1);
+        // The job's own started with the current token confirms it; another token does not.
+        std::fs::write(dir.join("j1/events.log"), "{\"event\":\"started\",\"attempt\":1,\"dispatch_token\":\"t0\"}\n")
+            .unwrap();
+        assert_eq!(send_keys_safe(&b, "a", "hi", Some(&job), &fast()).rc(), 4);
+        std::fs::write(dir.join("j1/events.log"), "not json\n{\"event\":\"started\",\"dispatch_token\":\"t1\"}\n")
+            .unwrap();
+        assert_eq!(send_keys_safe(&b, "a", "hi", Some(&job), &fast()).rc(), 0);
+        // The record `running` with the token also counts; the token is read from the record.
+        std::fs::remove_file(dir.join("j1/events.log")).unwrap();
+        std::fs::write(dir.join("j1.json"), r#"{"status":"running","dispatch_token":"t9"}"#).unwrap();
+        let job = JobRef { token: None, ..job };
+        assert_eq!(send_keys_safe(&b, "a", "hi", Some(&job), &fast()).rc(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+        // `working` after an accepted submission confirms delivery.
+        let b = scripted(true, Status::Idle, Status::Working, PromptOutcome::Accepted(Accepted::Stalled));
+        assert_eq!(send_keys_safe(&b, "a", "hi", None, &fast()).rc(), 0);
+        // A transport error submits nothing.
+        let b = scripted(true, Status::Idle, Status::Idle, PromptOutcome::TransportError("x".into()));
+        assert_eq!(send_keys_safe(&b, "a", "hi", None, &fast()).rc(), 3);
+    }
+
     #[test]
     fn denylist_is_exact() {
         assert!(denied("CLAUDECODE"));
