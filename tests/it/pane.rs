@@ -787,3 +787,52 @@ fn fake_agent_runs_brief_lines_as_written_without_workspace_variables() {
         h.pane(&["close", "--pane", &pane]).run().expect_rc(0);
     }
 }
+
+#[test]
+fn o1_9_1_tmux_server_env_denylist_and_no_autostart() {
+    if !have_tool("tmux", "MAM_REQUIRE_TMUX") {
+        return;
+    }
+    let h = Harness::new("tmux", "tmux_denylist");
+    let sock = h.tmux_socket.clone().unwrap();
+    let proj = h.td.path("proj");
+    fs::create_dir_all(&proj).unwrap();
+    let dir = proj.to_str().unwrap();
+    // No server: ls says so; a mutating command under MAM_NO_AUTOSTART=1 starts none.
+    let r = h.pane(&["ls"]).run();
+    r.expect_rc(1);
+    assert_eq!(r.stderr().trim(), "NOTE: no server running");
+    let r =
+        h.pane(&["new-session", "--agent", "claude", "--name", "a0", "--cwd", dir]).env("MAM_NO_AUTOSTART", "1").run();
+    r.expect_rc(1);
+    assert!(r.stderr().contains(&format!("server {sock} not running (MAM_NO_AUTOSTART=1)")), "{}", r.stderr());
+    assert!(!Command::new("tmux").args(["-L", &sock, "list-sessions"]).output().unwrap().status.success());
+    // The server that new-session starts inherits no runtime marker, but user configuration.
+    let mut c =
+        h.pane(&["new-session", "--agent", "claude", "--name", "a0", "--cwd", dir, "--", "test-double", "agent"]);
+    for d in DENIED {
+        c = c.env(d, "marker");
+    }
+    c.env("CLAUDE_PROJECT_DIR", "/proj/cfg").run().expect_rc(0);
+    let out = Command::new("tmux").args(["-L", &sock, "show-environment", "-g"]).output().unwrap();
+    let env = String::from_utf8_lossy(&out.stdout).into_owned();
+    for d in DENIED {
+        assert!(!env.lines().any(|l| l.starts_with(&format!("{d}="))), "{d} reached the tmux server");
+    }
+    assert!(env.lines().any(|l| l == "CLAUDE_PROJECT_DIR=/proj/cfg"), "{env}");
+}
+
+#[test]
+fn fake_backend_ls_without_state_is_no_server() {
+    let h = Harness::new("fake", "fake_noserver");
+    let r = h.pane(&["ls"]).run();
+    r.expect_rc(1);
+    assert_eq!(r.stderr().trim(), "NOTE: no server running");
+    let proj = h.td.path("proj");
+    fs::create_dir_all(&proj).unwrap();
+    h.pane(&["new-session", "--agent", "claude", "--name", "a0", "--cwd", proj.to_str().unwrap()])
+        .env("MAM_NO_AUTOSTART", "1")
+        .run()
+        .expect_rc(1);
+    assert!(!h.td.path("panes").exists());
+}
