@@ -13,6 +13,7 @@ pub mod envfile;
 pub mod heartbeat;
 pub mod knob;
 pub mod mqtt;
+pub mod pane;
 pub mod paths;
 pub mod registry;
 pub mod sign;

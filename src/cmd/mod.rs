@@ -2,7 +2,9 @@
 
 pub mod broker;
 pub mod env;
+pub mod pane;
 pub mod paths;
 pub mod pub_;
 pub mod registry;
 pub mod sub;
+pub mod test_double;

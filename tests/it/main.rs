@@ -8,6 +8,7 @@ mod broker;
 mod cli;
 mod envfile;
 mod mqtt;
+mod pane;
 mod paths;
 mod registry;
 mod sign;

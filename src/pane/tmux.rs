@@ -1,0 +1,354 @@
+//! The tmux backend (ORCH 1.6): the same contract on a private server `tmux -L $MAM_TMUX_SOCKET`.
+//! A workspace is a session `mam-<n>` carrying `@mam_cwd`/`@mam_label`; its panes are the panes of
+//! its single window. Agents are started by typing their POSIX-quoted command line into a pane that
+//! is at a shell; the agent name lives in the pane option `@mam_agent`.
+//!
+//! tmux has no agent lifecycle: status is `unknown` while the agent process lives and `absent`
+//! otherwise, and a prompt is always `Accepted` (delivery is confirmed by the job's own `started`).
+//! Every call runs with the denylisted markers removed, since any call may start the server.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use super::{
+    canon, is_shell, no_autostart, run_capture, server_env, Accepted, Agent, Backend, Created, Dir, Knobs, ListOutcome,
+    PaneError, PaneInfo, PaneResult, PromptOutcome, Status, Workspace,
+};
+use crate::cli::{one_line, shell_quote, show_path};
+use crate::ctx::Ctx;
+use crate::sys;
+
+/// Default socket name (1.1).
+pub const DEFAULT_SOCKET: &str = "mam";
+
+/// The tmux backend on one socket.
+pub struct Tmux {
+    ctx: Ctx,
+    socket: String,
+    knobs: Knobs,
+}
+
+/// True when tmux's stderr says there is no server.
+fn no_server_text(stderr: &str) -> bool {
+    stderr.contains("no server running") || (stderr.contains("error connecting to") && stderr.contains("No such file"))
+}
+
+fn base(cmd: &str) -> &str {
+    cmd.rsplit('/').next().unwrap_or(cmd)
+}
+
+struct PaneRow {
+    id: String,
+    agent: String,
+    kind: String,
+    command: String,
+}
+
+impl Tmux {
+    pub fn new(ctx: &Ctx, server: Option<&str>, knobs: Knobs) -> Tmux {
+        let socket = server
+            .map(str::to_string)
+            .or_else(|| ctx.var_nonempty("MAM_TMUX_SOCKET"))
+            .unwrap_or_else(|| DEFAULT_SOCKET.to_string());
+        Tmux { ctx: ctx.clone(), socket, knobs }
+    }
+
+    fn raw(&self, args: &[&str]) -> PaneResult<Output> {
+        let mut c = Command::new("tmux");
+        c.env_clear().envs(server_env(&self.ctx));
+        c.env_remove("TMUX").env_remove("TMUX_PANE");
+        c.arg("-L").arg(&self.socket).args(args).current_dir(self.ctx.cwd());
+        run_capture(&mut c, Duration::from_secs(20), &format!("tmux {}", args.first().copied().unwrap_or("")))
+    }
+
+    /// Runs a tmux command that must succeed; returns its stdout.
+    fn ok(&self, args: &[&str]) -> PaneResult<String> {
+        let out = self.raw(args)?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            if no_server_text(&stderr) {
+                return Err(PaneError::Failed(format!("tmux server {} not running", self.socket)));
+            }
+            return Err(PaneError::Failed(format!(
+                "tmux {} on socket {}: {}",
+                args.first().copied().unwrap_or(""),
+                self.socket,
+                one_line(stderr.trim())
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn server_up(&self) -> PaneResult<bool> {
+        let out = self.raw(&["list-sessions", "-F", "#{session_name}"])?;
+        if out.status.success() {
+            return Ok(true);
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if no_server_text(&stderr) {
+            return Ok(false);
+        }
+        Err(PaneError::Failed(format!("tmux list-sessions on socket {}: {}", self.socket, one_line(stderr.trim()))))
+    }
+
+    fn all_panes(&self) -> PaneResult<Vec<PaneRow>> {
+        let text =
+            self.ok(&["list-panes", "-a", "-F", "#{pane_id}\t#{@mam_agent}\t#{@mam_kind}\t#{pane_current_command}"])?;
+        Ok(text
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split('\t').collect();
+                (f.len() >= 4).then(|| PaneRow {
+                    id: f[0].into(),
+                    agent: f[1].into(),
+                    kind: f[2].into(),
+                    command: f[3].into(),
+                })
+            })
+            .collect())
+    }
+
+    /// The pane of a live agent named `target` (or `target` itself when it is a pane id with an agent).
+    fn find(&self, target: &str) -> Option<PaneRow> {
+        self.all_panes().ok()?.into_iter().find(|p| !p.agent.is_empty() && (p.agent == target || p.id == target))
+    }
+
+    fn sessions(&self) -> PaneResult<Vec<(u64, String, String, String)>> {
+        if !self.server_up()? {
+            return Ok(Vec::new());
+        }
+        let text = self.ok(&["list-sessions", "-F", "#{session_name}\t#{@mam_cwd}\t#{@mam_label}"])?;
+        let mut v: Vec<(u64, String, String, String)> = text
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split('\t').collect();
+                let n = f.first()?.strip_prefix("mam-")?.parse().ok()?;
+                Some((n, f[0].to_string(), f.get(1).unwrap_or(&"").to_string(), f.get(2).unwrap_or(&"").to_string()))
+            })
+            .collect();
+        v.sort();
+        Ok(v)
+    }
+
+    fn pane_command(&self, pane: &str) -> PaneResult<String> {
+        Ok(self.ok(&["display-message", "-p", "-t", pane, "#{pane_current_command}"])?.trim().to_string())
+    }
+
+    fn env_flags(env: &[(String, String)]) -> Vec<String> {
+        env.iter().flat_map(|(k, v)| ["-e".to_string(), format!("{k}={v}")]).collect()
+    }
+}
+
+impl Backend for Tmux {
+    fn name(&self) -> &'static str {
+        "tmux"
+    }
+
+    fn server(&self) -> String {
+        self.socket.clone()
+    }
+
+    fn has_lifecycle(&self) -> bool {
+        false
+    }
+
+    /// The server starts with the first session; nothing to do unless MAM_NO_AUTOSTART forbids that.
+    fn ensure_server(&self) -> PaneResult<()> {
+        if !self.server_up()? && no_autostart(&self.ctx) {
+            return Err(PaneError::NoServer(format!("server {} not running (MAM_NO_AUTOSTART=1)", self.socket)));
+        }
+        Ok(())
+    }
+
+    fn list_agents(&self) -> ListOutcome {
+        match self.server_up() {
+            Ok(false) => return ListOutcome::NoServer,
+            Err(e) => return ListOutcome::Unknown(e.to_string()),
+            Ok(true) => {}
+        }
+        match self.all_panes() {
+            Ok(rows) => ListOutcome::Confirmed(
+                rows.into_iter()
+                    .filter(|p| !p.agent.is_empty() && base(&p.command) == p.kind)
+                    .map(|p| Agent { name: p.agent, pane: p.id, kind: p.kind, status: "unknown".into() })
+                    .collect(),
+            ),
+            Err(e) => ListOutcome::Unknown(e.to_string()),
+        }
+    }
+
+    fn list_workspaces(&self, cwd: &Path) -> PaneResult<Vec<Workspace>> {
+        let want = canon(cwd).to_string_lossy().into_owned();
+        let mut out = Vec::new();
+        for (_, name, wcwd, label) in self.sessions()? {
+            if wcwd != want {
+                continue;
+            }
+            let target = name.clone();
+            let text = self.ok(&[
+                "list-panes",
+                "-t",
+                &target,
+                "-F",
+                "#{pane_id}\t#{@mam_agent}\t#{pane_current_command}\t#{pane_left}\t#{pane_top}",
+            ])?;
+            let panes = text
+                .lines()
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split('\t').collect();
+                    if f.len() < 5 {
+                        return None;
+                    }
+                    let shell = is_shell(f[2]);
+                    let pos = f[3].parse().ok().zip(f[4].parse().ok());
+                    Some(PaneInfo {
+                        id: f[0].into(),
+                        has_agent: !f[1].is_empty() && !shell,
+                        shell_foreground: shell,
+                        pos,
+                    })
+                })
+                .collect();
+            out.push(Workspace { id: name, label, panes });
+        }
+        Ok(out)
+    }
+
+    fn create_workspace(&self, cwd: &Path, label: Option<&str>, env: &[(String, String)]) -> PaneResult<Created> {
+        self.ensure_server()?;
+        if !cwd.is_dir() {
+            return Err(PaneError::Usage(format!("no such directory {}", show_path(cwd))));
+        }
+        let n = self.sessions()?.iter().map(|s| s.0).max().unwrap_or(0) + 1;
+        let name = format!("mam-{n}");
+        let dir = cwd.to_string_lossy().into_owned();
+        let mut args: Vec<String> = ["new-session", "-d", "-s", &name, "-x", "200", "-y", "50", "-c", &dir]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(Self::env_flags(env));
+        args.extend(["-P".into(), "-F".into(), "#{pane_id}".into()]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let pane = self.ok(&refs)?.trim().to_string();
+        let target = name.clone();
+        self.ok(&["set-option", "-t", &target, "@mam_cwd", &canon(cwd).to_string_lossy()])?;
+        self.ok(&["set-option", "-t", &target, "@mam_label", label.unwrap_or("")])?;
+        Ok(Created { workspace: name, pane })
+    }
+
+    fn split(&self, pane: &str, dir: Dir, cwd: &Path, env: &[(String, String)]) -> PaneResult<String> {
+        let d = cwd.to_string_lossy().into_owned();
+        let flag = if dir == Dir::Right { "-h" } else { "-v" };
+        let mut args: Vec<String> =
+            ["split-window", "-d", "-t", pane, flag, "-c", &d].iter().map(|s| s.to_string()).collect();
+        args.extend(Self::env_flags(env));
+        args.extend(["-P".into(), "-F".into(), "#{pane_id}".into()]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Ok(self.ok(&refs)?.trim().to_string())
+    }
+
+    fn rename_workspace(&self, id: &str, label: &str) -> PaneResult<()> {
+        self.ok(&["set-option", "-t", id, "@mam_label", label]).map(|_| ())
+    }
+
+    fn start_agent(&self, name: &str, kind: &str, pane: &str, args: &[String]) -> PaneResult<()> {
+        let now = self.pane_command(pane)?;
+        if !is_shell(&now) {
+            return Err(PaneError::Failed(format!(
+                "pane {pane} is not at a shell (it runs '{}'); refusing to type into it",
+                one_line(&now)
+            )));
+        }
+        if self.find(name).is_some_and(|p| base(&p.command) == p.kind) {
+            return Err(PaneError::Usage(format!("agent name {name} is already in use on socket {}", self.socket)));
+        }
+        let exe_base = base(kind).to_string();
+        self.ok(&["set-option", "-p", "-t", pane, "@mam_agent", name])?;
+        self.ok(&["set-option", "-p", "-t", pane, "@mam_kind", &exe_base])?;
+        // Resolved on the caller's PATH: tmux panes run login shells, whose profile may reset PATH.
+        let exe = super::on_path(&self.ctx, kind).map(|p| p.to_string_lossy().into_owned()).unwrap_or(kind.to_string());
+        let mut line = shell_quote(&exe);
+        for a in args {
+            line.push(' ');
+            line.push_str(&shell_quote(a));
+        }
+        self.ok(&["send-keys", "-t", pane, "-l", &line])?;
+        self.ok(&["send-keys", "-t", pane, "Enter"])?;
+        let deadline = Instant::now() + Duration::from_millis(self.knobs.start_timeout_ms as u64);
+        let stable_for = Duration::from_millis(self.knobs.tmux_stable_ms);
+        let mut last: Option<(String, Instant)> = None;
+        loop {
+            if base(&self.pane_command(pane)?) == exe_base {
+                let screen = self.ok(&["capture-pane", "-p", "-t", pane])?;
+                match &last {
+                    Some((s, since)) if *s == screen => {
+                        if since.elapsed() >= stable_for {
+                            return Ok(());
+                        }
+                    }
+                    _ => last = Some((screen, Instant::now())),
+                }
+            } else {
+                last = None;
+            }
+            if Instant::now() >= deadline {
+                return Err(PaneError::Failed(format!(
+                    "agent {name} not ready in pane {pane} within {} ms (MAM_AGENT_START_TIMEOUT_MS)",
+                    self.knobs.start_timeout_ms
+                )));
+            }
+            sys::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn prompt(&self, target: &str, text: &str, _wait_ms: u32) -> PromptOutcome {
+        let Some(p) = self.find(target).filter(|p| base(&p.command) == p.kind) else {
+            return PromptOutcome::TransportError(format!("agent {target} is not running on socket {}", self.socket));
+        };
+        let tmpdir = self.ctx.path_var("TMPDIR").unwrap_or_else(|| std::path::PathBuf::from("/tmp"));
+        let tmp = tmpdir.join(format!("mam-prompt-{}", sys::random_hex(8).unwrap_or_default()));
+        let buffer = format!("mam-{}", sys::random_hex(6).unwrap_or_default());
+        if let Err(e) = sys::atomic_write(&tmp, text.as_bytes()) {
+            return PromptOutcome::TransportError(format!("cannot write {}: {e}", show_path(&tmp)));
+        }
+        let tmp_s = tmp.to_string_lossy().into_owned();
+        let r = self
+            .ok(&["load-buffer", "-b", &buffer, &tmp_s])
+            .and_then(|_| self.ok(&["paste-buffer", "-p", "-d", "-b", &buffer, "-t", &p.id]))
+            .and_then(|_| self.ok(&["send-keys", "-t", &p.id, "Enter"]));
+        let _ = std::fs::remove_file(&tmp);
+        match r {
+            Ok(_) => PromptOutcome::Accepted(Accepted::Timeout),
+            Err(e) => PromptOutcome::TransportError(e.to_string()),
+        }
+    }
+
+    fn agent_status(&self, target: &str) -> Status {
+        match self.find(target) {
+            Some(p) if base(&p.command) == p.kind => Status::Unknown,
+            _ => Status::Absent,
+        }
+    }
+
+    fn read_detection(&self, target: &str) -> PaneResult<String> {
+        let p = self
+            .find(target)
+            .ok_or_else(|| PaneError::Failed(format!("no agent {target} on socket {}", self.socket)))?;
+        self.ok(&["capture-pane", "-p", "-t", &p.id])
+    }
+
+    fn send_keys(&self, target: &str, keys: &str) -> PaneResult<()> {
+        let pane = self.find(target).map(|p| p.id).unwrap_or_else(|| target.to_string());
+        let key = if keys.eq_ignore_ascii_case("enter") { "Enter" } else { keys };
+        self.ok(&["send-keys", "-t", &pane, key]).map(|_| ())
+    }
+
+    fn close_pane(&self, pane: &str) -> PaneResult<()> {
+        self.ok(&["kill-pane", "-t", pane]).map(|_| ())
+    }
+
+    fn close_workspace(&self, id: &str) -> PaneResult<()> {
+        self.ok(&["kill-session", "-t", id]).map(|_| ())
+    }
+}
