@@ -304,21 +304,21 @@ pub fn process_exists(pid: i32) -> bool {
 /// Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), and whether it
 /// is a zombie.
 pub fn proc_start_ticks(pid: i32) -> io::Result<(u64, bool)> {
+    let fields = proc_stat_fields(pid)?;
+    let ticks = fields.get(19).and_then(|s| s.parse::<u64>().ok()).ok_or_else(bad_stat)?;
+    Ok((ticks, fields.first().map(String::as_str) == Some("Z")))
+}
+
+/// Fields 3.. of /proc/<pid>/stat (state first). The comm field may hold spaces and parentheses,
+/// so the split starts after the last ')'.
+fn proc_stat_fields(pid: i32) -> io::Result<Vec<String>> {
     let stat = fs::read(format!("/proc/{pid}/stat"))?;
-    // The comm field may contain spaces and parentheses: parse after the last ')'.
-    let close = stat
-        .iter()
-        .rposition(|&b| b == b')')
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc stat"))?;
-    let rest = String::from_utf8_lossy(&stat[close + 1..]);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // fields[0] is field 3 (state); field 22 is fields[19].
-    let state = fields.first().copied().unwrap_or("");
-    let ticks = fields
-        .get(19)
-        .and_then(|s| s.parse::<u64>().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc stat"))?;
-    Ok((ticks, state == "Z"))
+    let close = stat.iter().rposition(|&b| b == b')').ok_or_else(bad_stat)?;
+    Ok(String::from_utf8_lossy(&stat[close + 1..]).split_whitespace().map(str::to_string).collect())
+}
+
+fn bad_stat() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, "bad /proc stat")
 }
 
 /// argv of `pid` from /proc/<pid>/cmdline.
@@ -333,16 +333,7 @@ pub fn proc_cmdline(pid: i32) -> io::Result<Vec<Vec<u8>>> {
 
 /// Parent pid of `pid` (field 4 of /proc/<pid>/stat).
 pub fn proc_ppid(pid: i32) -> io::Result<i32> {
-    let stat = fs::read(format!("/proc/{pid}/stat"))?;
-    let close = stat
-        .iter()
-        .rposition(|&b| b == b')')
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc stat"))?;
-    let rest = String::from_utf8_lossy(&stat[close + 1..]);
-    rest.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc stat"))
+    proc_stat_fields(pid)?.get(1).and_then(|s| s.parse().ok()).ok_or_else(bad_stat)
 }
 
 /// Makes the child start in a new session (setsid), for detached timers, daemons and job groups.

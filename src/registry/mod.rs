@@ -11,9 +11,6 @@ pub mod engine;
 pub mod record;
 pub mod store;
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
-
 /// Non-terminal statuses (CORE 5.1, A7).
 pub const NON_TERMINAL: &[&str] = &["pending", "running"];
 
@@ -51,10 +48,7 @@ pub fn status_list() -> String {
 /// `hex(HMAC-SHA256(MAM_DISPATCH_SECRET, "mam-auth\n<job_id>\n<attempt>\n<dispatch_token>"))`.
 /// Both the orchestrator and the runner compute it, so the event key never crosses the broker.
 pub fn remote_auth_token(secret: &[u8], job_id: &str, attempt: u64, dispatch_token: &str) -> String {
-    // HMAC accepts keys of any length; new_from_slice cannot fail for it.
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(format!("mam-auth\n{job_id}\n{attempt}\n{dispatch_token}").as_bytes());
-    crate::sys::hex(&mac.finalize().into_bytes())
+    crate::sign::derive_remote_auth_token(secret, job_id, attempt, dispatch_token)
 }
 
 #[cfg(test)]

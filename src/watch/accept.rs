@@ -11,21 +11,7 @@ use serde_json::Value;
 
 use crate::sign;
 
-/// Terminal statuses (CORE 5.1, A7).
-pub const TERMINAL: &[&str] = &[
-    "completed",
-    "failed",
-    "error",
-    "cancelled",
-    "agent_blocked",
-    "deadline_timeout",
-    "wall_clock_timeout",
-    "broker_unavailable",
-];
-
-pub fn is_terminal(status: &str) -> bool {
-    TERMINAL.contains(&status)
-}
+pub use crate::registry::{is_terminal, TERMINAL};
 
 /// The identity a message must carry to count for this job's current attempt.
 #[derive(Debug, Clone)]
