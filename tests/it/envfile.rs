@@ -105,6 +105,10 @@ const LOADERS: &[&[&str]] = &[
     &["env", "--shell"],
     &["paths"],
     &["registry", "paths"],
+    &["registry", "list"],
+    &["registry", "register", "--session", "s1"],
+    &["pub", "-t", "x", "-m", "y"],
+    &["sub", "-t", "x"],
     &["publish"],
     &["heartbeat"],
     &["watch"],
@@ -228,6 +232,35 @@ fn e13_load_once_after_success() {
     assert_eq!(ctx.var("B"), None);
 }
 
+/// E13 as the spec words it: `registry register` twice in one process and one Ctx on an undecodable
+/// file, then repaired; a later edit is not read.
+#[test]
+fn e13_registry_register_loads_once_after_success() {
+    let td = TestDir::new("e13reg");
+    let f = td.write("t.env", b"MAM_HEARTBEAT_SEC=\xff\n");
+    let jobs = td.path("jobs");
+    let mut ctx =
+        mam::ctx::Ctx::with_env([("MAM_ENV_FILE", f.as_os_str()), ("MAM_JOBS_DIR", jobs.as_os_str())], &td.ws());
+    let register = |ctx: &mut mam::ctx::Ctx, id: &str| {
+        let args = ["register", "--session", "s1", "--job-id", id].map(std::ffi::OsString::from).to_vec();
+        mam::cmd::registry::run(ctx, args)
+    };
+    for id in ["j1", "j2"] {
+        let e = register(&mut ctx, id).unwrap_err();
+        assert_eq!((e.rc, e.line.clone()), (1, format!("ERROR: {}: cannot read (UnicodeDecodeError)", f.display())));
+        assert!(!jobs.exists(), "a failed load registered something");
+    }
+    fs::write(&f, "MAM_HEARTBEAT_SEC=7\n").unwrap();
+    assert_eq!(register(&mut ctx, "j3"), Ok(0));
+    fs::write(&f, "MAM_HEARTBEAT_SEC=9\n").unwrap();
+    assert_eq!(register(&mut ctx, "j4"), Ok(0));
+    for (id, n) in [("j3", 7), ("j4", 7)] {
+        let rec: serde_json::Value =
+            serde_json::from_slice(&fs::read(jobs.join(format!("{id}.json"))).unwrap()).unwrap();
+        assert_eq!(rec["heartbeat_sec"], n, "{id}");
+    }
+}
+
 #[test]
 fn e14_integer_grammar_on_the_cli() {
     let td = TestDir::new("e14");
@@ -304,4 +337,36 @@ fn relative_env_file_is_taken_against_cwd() {
     td.write("ws/sub/x.env", "A=rel\n");
     let r = td.mam().env("MAM_ENV_FILE", "sub/x.env").args(["env", "--shell"]).run();
     eqnice!("export A='rel'\n", r.stdout());
+}
+
+/// E14 on the real timing flags of `registry register` (`--heartbeat` itself belongs to publish,
+/// whose suite checks it): accepted values register, refused ones are rc 2 and register nothing.
+#[test]
+fn e14_integer_grammar_on_timing_flags() {
+    let td = TestDir::new("e14flags");
+    let flags = [
+        ("--heartbeat-sec", 1),
+        ("--heartbeat-misses", 1),
+        ("--ack-timeout", 1),
+        ("--idle-timeout", 0),
+        ("--timeout", 0),
+    ];
+    for (flag, min) in flags {
+        for ok in ["30", " 30 "] {
+            td.mam().args(["registry", "register", "--session", "s1", flag, ok]).run().expect_rc(0);
+        }
+        for bad in ["\u{2003} 30\u{2003}", "３０", "+30", "-1", "3x", ""] {
+            let r = td.mam().args(["registry", "register", "--session", "s1", &format!("{flag}={bad}")]).run();
+            r.expect_rc(2);
+            let want = format!("ERROR: {flag}: invalid value '{bad}' (expected a decimal integer >= {min})\n");
+            eqnice!(want, r.stderr());
+        }
+    }
+    // Env knobs: an invalid value is rc 2 and never echoed; an empty one counts as absent.
+    let r = td.mam().env("MAM_HEARTBEAT_SEC", "3x").args(["registry", "register", "--session", "s1"]).run();
+    r.expect_rc(2);
+    eqnice!("ERROR: MAM_HEARTBEAT_SEC: invalid value (expected a decimal integer >= 1)\n", r.stderr());
+    td.mam().env("MAM_HEARTBEAT_SEC", "").args(["registry", "register", "--session", "s1"]).run().expect_rc(0);
+    let listed = td.mam().args(["registry", "list"]).run().stdout();
+    assert_eq!(listed.lines().count(), 11, "{listed}");
 }
