@@ -14,6 +14,7 @@ pub mod heartbeat;
 pub mod knob;
 pub mod mqtt;
 pub mod paths;
+pub mod publish;
 pub mod registry;
 pub mod sign;
 pub mod sys;

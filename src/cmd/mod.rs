@@ -2,7 +2,9 @@
 
 pub mod broker;
 pub mod env;
+pub mod heartbeat;
 pub mod paths;
 pub mod pub_;
+pub mod publish;
 pub mod registry;
 pub mod sub;
