@@ -9,6 +9,7 @@ mod cli;
 mod envfile;
 mod mqtt;
 mod paths;
+mod publish;
 mod registry;
 mod sign;
 mod tidy;
