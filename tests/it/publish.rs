@@ -300,7 +300,7 @@ fn u4_no_state_leaves_the_retained_state() {
     let log = wire_log(&b, &id);
     assert_eq!(log.last().unwrap(), &("event".into(), "progress".into(), 2));
     assert_eq!(log.iter().filter(|(k, _, _)| k == "state").count(), 1);
-    let published = audit(&td, &id).into_iter().filter(|e| e["kind"] == "published").last().unwrap();
+    let published = audit(&td, &id).into_iter().rfind(|e| e["kind"] == "published").unwrap();
     assert_eq!(published["state_published"], false);
 }
 
