@@ -369,14 +369,18 @@ fn names_me(registry: &Path, job_id: &str) -> bool {
 /// timer stops; the caller exits, which also abandons an in-flight wire send (its socket closes).
 pub fn run(store: &Store, settings: &Settings, a: &RunArgs, log: Log) -> i32 {
     // A16: the spawner holds L2 until the pidfile is written; run only if it names this process.
-    match lock_l2(&store.registry, &a.job_id) {
-        Ok(l2) => {
+    match wait_l2(&store.registry, &a.job_id) {
+        Ok(Some(l2)) => {
             let mine = names_me(&store.registry, &a.job_id);
             drop(l2);
             if !mine {
                 log("pidfile does not name this timer; exiting");
                 return 0;
             }
+        }
+        Ok(None) => {
+            log("stopped before start-up completed");
+            return 0;
         }
         Err(e) => {
             log(&format!("cannot take the lifecycle lock: {e}; exiting"));
@@ -387,6 +391,23 @@ pub fn run(store: &Store, settings: &Settings, a: &RunArgs, log: Log) -> i32 {
     log(&format!("stopping: {reason}"));
     exit_cleanup(store, &a.job_id);
     0
+}
+
+/// A16's start-up wait for L2, made signal-aware (A17): `LOCK_NB` every 10 ms until the lock is
+/// ours (`Some`) or SIGTERM/SIGINT arrived (`None`). A blocking flock would not return on a signal,
+/// so a replacement that took L2 first and then signals this timer would wait for its drain.
+fn wait_l2(registry: &Path, job_id: &str) -> Result<Option<Flock>, TimerError> {
+    let path = lifecycle_lock_path(registry, job_id);
+    loop {
+        let f = sys::open_lock_file(&path).map_err(io_err("cannot lock", &path))?;
+        if let Some(l) = Flock::try_acquire(f, LockMode::Exclusive).map_err(io_err("cannot lock", &path))? {
+            return Ok(Some(l));
+        }
+        if sys::pending_signal().is_some() {
+            return Ok(None);
+        }
+        sys::sleep(Duration::from_millis(10));
+    }
 }
 
 /// The try-lock exit cleanup (CORE 7.5): remove the pidfile only if it names this process and L2

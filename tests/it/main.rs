@@ -7,6 +7,7 @@ mod support;
 mod broker;
 mod cli;
 mod envfile;
+mod heartbeat;
 mod mqtt;
 mod paths;
 mod publish;
