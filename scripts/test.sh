@@ -41,3 +41,5 @@ if grep -q '^lockcheck' Cargo.toml; then
   step "cargo test --features lockcheck (X8: no spawn, connect or sleep under the registry lock)"
   cargo test --features lockcheck --test it
 fi
+step "cargo test --features fault-inject (H9, H10: heartbeat spawn and pidfile failures)"
+MAM_REQUIRE_FAULT_INJECT=1 cargo test --features fault-inject --test it heartbeat::

@@ -15,6 +15,7 @@ pub mod knob;
 pub mod mqtt;
 pub mod pane;
 pub mod paths;
+pub mod publish;
 pub mod registry;
 pub mod sign;
 pub mod sys;

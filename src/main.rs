@@ -14,8 +14,8 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("env", "print the env file as shell exports, its path, or check an integer knob", true),
     ("paths", "print the control root, registry, audit-log root and sessions file", true),
     ("registry", "job records: register, submit, show, list, status, finalize, expire, set-meta, paths", true),
-    ("publish", "report a signed job event (started, progress, completed, failed, error)", false),
-    ("heartbeat", "the per-job heartbeat timer: start, stop, status, run", false),
+    ("publish", "report a signed job event (started, progress, completed, failed, error)", true),
+    ("heartbeat", "the per-job heartbeat timer: start, stop, status, run", true),
     ("watch", "follow one job on the wire and on disk until it ends or goes silent", false),
     ("remote", "dispatch a job to a remote runner, or run one", false),
     ("daemon", "the workspace subscriber daemon: run, ensure, status, stop", false),
@@ -70,6 +70,8 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "pub" => cmd::pub_::run(ctx, args),
         "sub" => cmd::sub::run(ctx, args),
         "pane" => cmd::pane::run(ctx, args),
+        "publish" => cmd::publish::run(ctx, args),
+        "heartbeat" => cmd::heartbeat::run(ctx, args),
         _ => not_yet(ctx, name, args),
     }
 }

@@ -2,9 +2,11 @@
 
 pub mod broker;
 pub mod env;
+pub mod heartbeat;
 pub mod pane;
 pub mod paths;
 pub mod pub_;
+pub mod publish;
 pub mod registry;
 pub mod sub;
 pub mod test_double;

@@ -12,8 +12,11 @@ use serde_json::{json, Map, Value};
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
 use crate::ctx::Ctx;
+use crate::heartbeat::timer;
 use crate::knob;
+use crate::mqtt::MqttConfig;
 use crate::paths;
+use crate::publish;
 use crate::registry::engine::{self, Authority, Decision, Kind, Request, Tokens};
 use crate::registry::record::Record;
 use crate::registry::store::{Outcome, Store, StoreError};
@@ -506,31 +509,9 @@ fn apply(ctx: &Ctx, store: &Store, req: &Request) -> Result<Outcome, Failure> {
 }
 
 /// The record's broker block (CORE 3.1) from the effective MQTT configuration. Never a password.
-// TODO(merge): replace with `mqtt::config` once that module lands; kept private so nothing else
-// depends on this copy.
 fn broker_block(ctx: &Ctx) -> Result<Value, Failure> {
-    let tls = match ctx.var("MQTT_TLS").map(|v| v.to_ascii_lowercase()).as_deref() {
-        None | Some("" | "0" | "false" | "no" | "off") => false,
-        Some("1" | "true" | "yes" | "on") => true,
-        Some(_) => {
-            return Err(Failure::usage("MQTT_TLS: invalid value (expected 1/true/yes/on or 0/false/no/off)"));
-        }
-    };
-    let port = match knob::env(ctx, "MQTT_PORT", 1)? {
-        Some(p) if p > 65535 => return Err(Failure::usage("MQTT_PORT: invalid value (expected 1-65535)")),
-        Some(p) => p,
-        None if tls => 8883,
-        None => 1883,
-    };
-    let opt = |k: &str| ctx.var_nonempty(k).map(Value::from).unwrap_or(Value::Null);
-    Ok(json!({
-        "host": ctx.var_nonempty("MQTT_BROKER").unwrap_or_else(|| "127.0.0.1".into()),
-        "port": port,
-        "tls": tls,
-        "username": opt("MQTT_USERNAME"),
-        "ca_file": opt("MQTT_CA_FILE"),
-        "topic_root": ctx.var_nonempty("MQTT_TOPIC_ROOT").unwrap_or_else(|| "mam".into()),
-    }))
+    let block = MqttConfig::from_ctx(ctx)?.broker_block();
+    Ok(serde_json::to_value(block).expect("a broker block always serialises"))
 }
 
 fn dispatch_secret(ctx: &Ctx) -> Option<Vec<u8>> {
@@ -780,6 +761,9 @@ fn close_job(ctx: &Ctx, store: &Store, id: &str, kind: Kind, target: Option<Stri
     req.target_status = target.clone();
     req.reason = c.reason;
     req.expected_attempt = c.expected_attempt;
+    // A4: a close that will be published takes its fresh seq in the same write.
+    let closes = matches!(kind, Kind::Expire | Kind::Finalize) || target.as_deref().is_some_and(registry::is_terminal);
+    req.alloc_seq = closes && !c.no_publish;
     let out = apply(ctx, store, &req)?;
     match &out.decision {
         Decision::Applied(a) => {
@@ -809,18 +793,40 @@ fn close_job(ctx: &Ctx, store: &Store, id: &str, kind: Kind, target: Option<Stri
     }
 }
 
-/// A4 hook, NOT DONE: after an operator close, publish a signed retained `state` with the terminal
-/// status, a freshly allocated seq and `last_event: "closed"`, unless `--no-publish`. Needs the
-/// MQTT client and `sign` (other branches). Returns the WARNING text of a failed publish.
-fn publish_close(_ctx: &Ctx, _store: &Store, _record: &Record, no_publish: bool) -> Option<String> {
-    let _ = no_publish;
-    None
+/// A4: after an operator close, publish a signed retained `state` with the terminal status, the seq
+/// allocated in the close's own write and `last_event: "closed"`, unless `--no-publish`. Returns the
+/// WARNING text of a failed publish; the exit code stays (the record is already final).
+fn publish_close(ctx: &Ctx, store: &Store, record: &Record, no_publish: bool) -> Option<String> {
+    if no_publish {
+        return None;
+    }
+    let settings = match publish::Settings::from_ctx(ctx) {
+        Ok(s) => s,
+        Err(f) => return Some(format!("close state not published ({})", f.line.trim_start_matches("ERROR: "))),
+    };
+    let mut diag = |line: String| ctx.diag(&line);
+    publish::close_state(store, &settings, record, &mut diag).err()
 }
 
-/// CORE 4.2 / 7.4 hook, NOT DONE: stop the job's heartbeat timer with a drain after a terminal
-/// `--set`/`finalize`/`expire` or an applied re-dispatch. Belongs to the heartbeat work; must run
-/// after L1 is released (it takes L2 and may sleep).
-fn stop_timer(_ctx: &Ctx, _store: &Store, _job_id: &str) {}
+/// CORE 4.2 / 7.4: stop the job's heartbeat timer with a drain after a terminal `--set`/`finalize`/
+/// `expire` or an applied re-dispatch. Runs after L1 is released (it takes L2 and may sleep).
+fn stop_timer(ctx: &Ctx, store: &Store, job_id: &str) {
+    let drain = match timer::drain_from_ctx(ctx) {
+        Ok(d) => d,
+        Err(f) => {
+            ctx.diag(&format!("WARNING: {}; using 1s", f.line.trim_start_matches("ERROR: ")));
+            std::time::Duration::from_secs(1)
+        }
+    };
+    match timer::stop_timer(store, job_id, drain) {
+        Ok(s) => {
+            if let Some(w) = timer::stopped_warning(&s, drain) {
+                ctx.diag(&w);
+            }
+        }
+        Err(e) => ctx.diag(&format!("WARNING: job {job_id}: cannot stop the heartbeat timer ({e})")),
+    }
+}
 
 fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String>, json: bool) -> Result<i32, Failure> {
     if let Some(s) = &status {

@@ -41,6 +41,8 @@ pub fn entries_for(req: &Request, before: Option<&Record>, decision: &Decision, 
     let rec_attempt = before.and_then(Record::attempt);
     let request = req.kind.name();
     match decision {
+        // Beats write no per-beat audit (CORE 7.5, decided); the status mirror still advances.
+        Decision::Applied(_) if req.kind == Kind::Beat => Vec::new(),
         Decision::Applied(a) => {
             let attempt = a.record.attempt();
             let kind = match req.kind {

@@ -393,3 +393,134 @@ impl Drop for Mosquitto {
         self.kill();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Heartbeat timers and wire captures (publish, heartbeat).
+
+/// Pids of live (non-zombie) `mam heartbeat run ... --job-id <job_id>` processes, from /proc.
+pub fn timer_pids(job_id: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(rd) = fs::read_dir("/proc") else { return out };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(args) = mam::sys::proc_cmdline(pid) else { continue };
+        if !mam::heartbeat::timer_proc::argv_is_timer(&args, job_id) {
+            continue;
+        }
+        if matches!(mam::sys::proc_start_ticks(pid), Ok((_, false))) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Kills every timer of its job when dropped, so no test leaves one behind.
+#[derive(Debug)]
+pub struct TimerGuard(pub String);
+
+impl Drop for TimerGuard {
+    fn drop(&mut self) {
+        for pid in timer_pids(&self.0) {
+            let _ = mam::sys::kill(pid, 9);
+        }
+    }
+}
+
+/// `mosquitto_sub -d -v` on `filter`, capturing every line; ready (SUBACK seen) when `start`
+/// returns. Killed and reaped on drop. A wire observer that shares no code with mam.
+pub struct MosqSub {
+    child: Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MosqSub {
+    pub fn start(port: u16, filter: &str) -> MosqSub {
+        // stdbuf: a piped mosquitto_sub would otherwise block-buffer its lines.
+        let mut child = Command::new("stdbuf")
+            .args([
+                "-oL",
+                "mosquitto_sub",
+                "-d",
+                "-v",
+                "-q",
+                "1",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                filter,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn mosquitto_sub");
+        let out = child.stdout.take().unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let l2 = lines.clone();
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                l2.lock().unwrap().push(line);
+            }
+        });
+        let s = MosqSub { child, lines, reader: Some(reader) };
+        wait_until("mosquitto_sub to subscribe", Duration::from_secs(10), || {
+            s.lines.lock().unwrap().iter().any(|l| l.contains("received SUBACK"))
+        });
+        s
+    }
+
+    /// `(topic, payload)` of every message so far, in arrival order.
+    pub fn messages(&self, prefix: &str) -> Vec<(String, String)> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.split_once(' ').map(|(t, p)| (t.to_string(), p.to_string())))
+            .collect()
+    }
+}
+
+impl Drop for MosqSub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+/// Verifies each payload's `sig` with a verifier that shares no code with mam: python3's
+/// `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=True)` for the canonical bytes
+/// and `openssl dgst -sha256 -hmac <key>` for the HMAC. Returns one `ok|bad <kind> <seq>` per payload.
+pub fn independent_verify(key: &str, payloads: &[String]) -> Vec<String> {
+    const SCRIPT: &str = r#"
+import json, subprocess, sys
+key = sys.argv[1]
+for line in sys.stdin.read().splitlines():
+    o = json.loads(line)
+    sig = o.pop("sig")
+    canon = json.dumps(o, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    out = subprocess.run(["openssl", "dgst", "-sha256", "-hmac", key], input=canon,
+                         capture_output=True, check=True).stdout.decode().split()[-1]
+    print("ok" if out == sig else "bad", o.get("kind"), o.get("seq"))
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", SCRIPT, key])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn python3");
+    let input = payloads.join("\n");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = wait_output(child, Duration::from_secs(60));
+    assert!(out.status.success(), "verifier failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect()
+}

@@ -1,0 +1,295 @@
+//! `mam publish`: an agent (or a runner on its behalf) reports a signed job event (CORE 6, A8, A31).
+//! This file parses, calls `publish::publish`, prints the outcome and arms the heartbeat timer.
+//!
+//! It never writes a record or a log itself and never prints the auth_token or a password.
+
+use std::ffi::OsString;
+
+use serde_json::{Map, Value};
+
+use crate::cli::{self, Failure, Parsed};
+use crate::clock;
+use crate::ctx::Ctx;
+use crate::heartbeat::{timer, timer_proc};
+use crate::knob;
+use crate::paths;
+use crate::publish::{self, Event, Outcome, Settings, WireReport};
+use crate::registry::store::Store;
+use crate::sign;
+
+pub const USAGE: &str = "
+Usage: mam publish --job-id ID --event started|progress|completed|failed|error [--message TEXT]
+                   [--data JSON] [--attempt A] [--dispatch-token T] [--registry-dir D]
+                   [--heartbeat N [--watch-pid PID]] [--no-state]
+
+Records the event in the job's registry (one engine decision with its seq), appends the signed event
+to <registry>/<job_id>/events.log, and only then sends the event and the retained job state over one
+broker connection. A terminal event (completed, failed, error) first stops the job's heartbeat timer
+and waits for in-flight publishes.
+
+Options:
+  --job-id ID            the job (see `mam registry publish-cmd ID` for the whole line)
+  --event E              started, progress, completed, failed or error
+  --message TEXT         free text, at most 4096 bytes
+  --data JSON            a JSON object of at most 64 KiB (integers only, no floats)
+  --attempt A            must match the record (default: the record's attempt)
+  --dispatch-token T     must match the record (default: the record's token)
+  --registry-dir D       the job registry; else MAM_JOBS_DIR; else <control root>/.mam/jobs
+  --heartbeat N          after a started/progress event, arm the heartbeat timer with N s beats
+  --watch-pid PID        the process the timer watches (0 = none; default: the nearest agent
+                         CLI among this process's ancestors); needs --heartbeat
+  --no-state             send no retained state message
+  -h, --help             print this help
+
+Env: MQTT_* (CORE 3.1), MAM_PUBLISH_BUDGET_S (20: wire budget of a non-terminal publish),
+MAM_HEARTBEAT_DRAIN_S (1: how long a stopped timer may take), MAM_ENGINE_CAS.
+
+Output: `published <event> seq=<n> job=<id>`; a repeat prints `already <status>; nothing new to
+publish`.
+
+Exit codes: 0 sent (or an idempotent repeat), 1 env, I/O or unknown job, 2 usage, 3 recorded locally
+but the broker failed after retries, 4 refused by the transition engine.
+";
+
+#[derive(Debug)]
+struct Args {
+    req: publish::Request,
+    registry_dir: Option<std::path::PathBuf>,
+    heartbeat: Option<u32>,
+    watch_pid: Option<i32>,
+}
+
+fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
+    use lexopt::prelude::*;
+    let mut p = lexopt::Parser::from_args(args);
+    let (mut job_id, mut event, mut message, mut data) = (None, None, String::new(), Map::new());
+    let (mut attempt, mut token, mut registry_dir, mut heartbeat, mut watch_pid, mut no_state) =
+        (None, None, None, None, None, false);
+    while let Some(arg) = p.next()? {
+        match arg {
+            Short('h') | Long("help") => return Ok(Parsed::Help),
+            Long("job-id") => {
+                let v = cli::utf8("--job-id", p.value()?)?;
+                if !clock::valid_job_id(&v) {
+                    return Err(Failure::usage(format!(
+                        "--job-id: invalid job id '{}' (expected ^[A-Za-z0-9][A-Za-z0-9._-]{{0,63}}$)",
+                        short(&v)
+                    )));
+                }
+                job_id = Some(v);
+            }
+            Long("event") => {
+                let v = cli::utf8("--event", p.value()?)?;
+                event = Some(Event::parse(&v).ok_or_else(|| {
+                    Failure::usage(format!(
+                        "--event: invalid event '{}' (expected one of: {})",
+                        short(&v),
+                        Event::ALL.join(", ")
+                    ))
+                })?);
+            }
+            Long("message") => {
+                let v = cli::utf8("--message", p.value()?)?;
+                if v.len() > publish::MAX_MESSAGE {
+                    return Err(Failure::usage(format!(
+                        "--message: {} bytes is more than {}",
+                        v.len(),
+                        publish::MAX_MESSAGE
+                    )));
+                }
+                message = v;
+            }
+            Long("data") => data = parse_data(p.value()?)?,
+            Long("attempt") => attempt = Some(u64::from(knob::flag("--attempt", &p.value()?, 1)?)),
+            Long("dispatch-token") => {
+                let v = cli::utf8("--dispatch-token", p.value()?)?;
+                if v.is_empty() || v.len() > 128 || !v.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                    return Err(Failure::usage(format!("--dispatch-token: invalid token '{}'", short(&v))));
+                }
+                token = Some(v);
+            }
+            Long("registry-dir") => registry_dir = Some(p.value()?.into()),
+            Long("heartbeat") => heartbeat = Some(knob::flag("--heartbeat", &p.value()?, 1)?),
+            Long("watch-pid") => {
+                let n = knob::flag("--watch-pid", &p.value()?, 0)?;
+                watch_pid = Some(i32::try_from(n).map_err(|_| Failure::usage("--watch-pid: not a pid"))?);
+            }
+            Long("no-state") => no_state = true,
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    let job_id = job_id.ok_or_else(|| Failure::usage("publish: --job-id is required"))?;
+    let event = event.ok_or_else(|| Failure::usage("publish: --event is required"))?;
+    if heartbeat.is_some() && event.is_terminal() {
+        return Err(Failure::usage(format!(
+            "publish: --heartbeat cannot be used with a terminal event ({})",
+            event.name()
+        )));
+    }
+    if watch_pid.is_some() && heartbeat.is_none() {
+        return Err(Failure::usage("publish: --watch-pid needs --heartbeat"));
+    }
+    Ok(Parsed::Run(Args {
+        req: publish::Request { job_id, event, message, data, attempt, dispatch_token: token, no_state },
+        registry_dir,
+        heartbeat,
+        watch_pid,
+    }))
+}
+
+fn short(v: &str) -> String {
+    let s = cli::one_line(v);
+    if s.chars().count() > 80 {
+        s.chars().take(80).collect::<String>() + "..."
+    } else {
+        s
+    }
+}
+
+/// `--data`: a JSON object of at most 64 KiB that has canonical bytes (integers only).
+fn parse_data(raw: OsString) -> Result<Map<String, Value>, Failure> {
+    let v = cli::utf8("--data", raw)?;
+    if v.len() > publish::MAX_DATA {
+        return Err(Failure::usage(format!("--data: {} bytes is more than {}", v.len(), publish::MAX_DATA)));
+    }
+    let parsed: Value = serde_json::from_str(&v)
+        .map_err(|e| Failure::usage(format!("--data: invalid JSON ({})", cli::one_line(&e.to_string()))))?;
+    let Value::Object(m) = parsed else {
+        return Err(Failure::usage("--data: must be a JSON object"));
+    };
+    if let Err(e) = sign::canonical(&Value::Object(m.clone())) {
+        return Err(Failure::usage(format!("--data: {e}")));
+    }
+    Ok(m)
+}
+
+/// Entry point.
+pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
+    let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
+        return Ok(0);
+    };
+    cli::load_env(ctx)?;
+    let settings = Settings::from_ctx(ctx)?;
+    let resolved = paths::resolve(ctx, a.registry_dir.as_deref());
+    let store = Store::from_resolved(&resolved);
+    let id = a.req.job_id.clone();
+    let event = a.req.event.name();
+    let mut diag = |line: String| ctx.diag(&line);
+    let outcome = publish::publish(&store, &settings, &a.req, &mut diag).map_err(Failure::runtime)?;
+    let mut rc = 0;
+    let arm = match &outcome {
+        Outcome::Published { seq, report } => {
+            rc = report_rc(ctx, report, &format!("job {id}: {event} seq={seq}"));
+            if rc == 0 {
+                ctx.say(&format!("published {event} seq={seq} job={id}"));
+            }
+            true
+        }
+        Outcome::Repeat { status, resent } => {
+            ctx.say(&format!("already {status}; nothing new to publish"));
+            if let Some((seq, report)) = resent {
+                rc = report_rc(ctx, report, &format!("job {id}: {event} seq={seq} (resent)"));
+            }
+            // A31: an idempotent `started --heartbeat N` re-arms the timer when none is alive.
+            timer::status(&store.registry, &id).is_none()
+        }
+        Outcome::Refused { reason } => return Err(Failure::refused(format!("{id}: {reason}"))),
+    };
+    if let (Some(n), true) = (a.heartbeat, arm) {
+        if let Err(f) = arm_timer(ctx, &store, &settings, &a, n) {
+            ctx.diag(&f.line);
+            if rc == 0 {
+                rc = f.rc;
+            }
+        }
+    }
+    Ok(rc)
+}
+
+/// Prints the warnings of a wire report; rc 3 with one ERROR line when the wire failed.
+fn report_rc(ctx: &Ctx, r: &WireReport, what: &str) -> i32 {
+    if let Some(why) = &r.state_skipped {
+        ctx.diag(&format!("WARNING: state not published: {why}"));
+    }
+    match &r.error {
+        None => 0,
+        Some(e) => {
+            ctx.diag(&format!("ERROR: {what} recorded in events.log but not published ({e})"));
+            cli::rc::WIRE
+        }
+    }
+}
+
+/// CORE 6.3 step 8: start_timer after a non-terminal event. An ended attempt is a WARNING only.
+fn arm_timer(ctx: &Ctx, store: &Store, settings: &Settings, a: &Args, n: u32) -> Result<(), Failure> {
+    let rec = store.read_existing(&a.req.job_id).map_err(Failure::runtime)?;
+    if let Some(m) = rec.u64("heartbeat_sec").filter(|m| *m != u64::from(n)) {
+        ctx.diag(&format!("WARNING: --heartbeat {n} differs from the job's heartbeat_sec {m}; the record keeps {m}"));
+    }
+    let lifetime =
+        timer::default_lifetime(rec.u64("timeout_sec").unwrap_or(0), rec.u64("idle_timeout_sec").unwrap_or(0));
+    let watch_pid = match a.watch_pid {
+        Some(p) => p,
+        None => default_watch_pid(ctx, lifetime),
+    };
+    let spec =
+        super::heartbeat::spec(ctx, settings, a.req.attempt, a.req.dispatch_token.clone(), n, watch_pid, lifetime)?;
+    match timer::start_timer(store, &a.req.job_id, &spec) {
+        Ok(started) => {
+            if let Some(w) = started.replaced.as_ref().and_then(|s| timer::stopped_warning(s, settings.drain)) {
+                ctx.diag(&w);
+            }
+            Ok(())
+        }
+        Err(timer::TimerError::AttemptEnded { why, .. }) => {
+            ctx.diag(&format!("WARNING: heartbeat timer not armed: attempt ended ({why})"));
+            Ok(())
+        }
+        Err(e) => Err(Failure::runtime(format!("heartbeat timer not started: {e}"))),
+    }
+}
+
+/// CORE 7.6: the nearest agent-CLI ancestor of this process, or none with a WARNING.
+pub(crate) fn default_watch_pid(ctx: &Ctx, lifetime: u64) -> i32 {
+    match timer_proc::nearest_agent_ancestor(std::process::id() as i32) {
+        Some(p) => p,
+        None => {
+            ctx.diag(&format!(
+                "WARNING: no agent CLI among this process's ancestors; the timer watches nothing and ends after {lifetime}s"
+            ));
+            0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
+        parse_args(args.iter().map(OsString::from).collect())
+    }
+
+    #[test]
+    fn validation() {
+        let base = ["--job-id", "j1", "--event"];
+        let ok = |extra: &[&str]| {
+            let mut v: Vec<&str> = base.to_vec();
+            v.extend_from_slice(extra);
+            parse(&v)
+        };
+        assert!(matches!(ok(&["started", "--heartbeat", "5", "--watch-pid", "0"]), Ok(Parsed::Run(_))));
+        assert_eq!(ok(&["completed", "--heartbeat", "5"]).unwrap_err().rc, 2);
+        assert_eq!(ok(&["progress", "--watch-pid", "1"]).unwrap_err().rc, 2);
+        assert_eq!(ok(&["beat"]).unwrap_err().rc, 2);
+        assert_eq!(ok(&["progress", "--data", "[1]"]).unwrap_err().line, "ERROR: --data: must be a JSON object");
+        assert_eq!(ok(&["progress", "--data", "{\"r\":0.5}"]).unwrap_err().rc, 2);
+        let big = format!("{{\"a\":\"{}\"}}", "x".repeat(64 * 1024));
+        assert_eq!(ok(&["progress", "--data", &big]).unwrap_err().rc, 2);
+        let msg = "m".repeat(4097);
+        assert_eq!(ok(&["progress", "--message", &msg]).unwrap_err().rc, 2);
+        assert_eq!(parse(&["--event", "started"]).unwrap_err().rc, 2);
+        assert_eq!(parse(&["--job-id", "a/b", "--event", "started"]).unwrap_err().rc, 2);
+        assert_eq!(ok(&["started", "--dispatch-token", "a b"]).unwrap_err().rc, 2);
+    }
+}

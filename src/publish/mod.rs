@@ -1,0 +1,699 @@
+//! Job events on disk and on the wire (CORE 6, A4, A8): the non-terminal algorithm of 6.3, the
+//! terminal algorithm of 6.4, repeats and late signals of 6.5, and the operator close state of A4.
+//!
+//! Order of every publish: validation, one engine decision with the seq allocated in the same L1
+//! write, the signed event appended to `<registry>/<job_id>/events.log` (L4), and only then the
+//! broker: the event and the re-checked retained state over one connection (`wire`). The
+//! `published` audit entry always follows the wire. Lock order is L3 -> L2 -> L1; the terminal
+//! never holds L2 and an exclusive L3 together.
+//!
+//! This module never prints: warnings go to the caller's `diag` callback, results are values.
+
+pub mod wire;
+
+use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use crate::cli::{show_path, Failure};
+use crate::clock;
+use crate::ctx::Ctx;
+use crate::heartbeat::timer;
+use crate::knob;
+use crate::mqtt::{with_retry, BrokerBlock, Client, Message, MqttConfig, MqttError, RetryPolicy, Role, Stop};
+use crate::registry::audit;
+use crate::registry::engine::{Authority, Decision, Kind, Request as EngineRequest};
+use crate::registry::record::Record;
+use crate::registry::store::{Store, StoreError};
+use crate::sys::{self, Flock, LockMode};
+
+use wire::{EventFields, Job, Progress};
+
+/// `--message` limit (CORE 6.1).
+pub const MAX_MESSAGE: usize = 4096;
+/// `--data` limit (CORE 6.1, decided 64 KiB).
+pub const MAX_DATA: usize = 64 * 1024;
+/// How often the terminal retries the exclusive in-flight lock (CORE 6.4 step 4).
+pub const INFLIGHT_POLL: Duration = Duration::from_millis(50);
+/// What the terminal waits beyond the one-shot budget (A8).
+pub const INFLIGHT_GRACE: Duration = Duration::from_secs(5);
+
+/// The event types (CORE 5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    Started,
+    Progress,
+    Completed,
+    Failed,
+    Error,
+}
+
+impl Event {
+    pub const ALL: &'static [&'static str] = &["started", "progress", "completed", "failed", "error"];
+
+    pub fn parse(s: &str) -> Option<Event> {
+        Some(match s {
+            "started" => Event::Started,
+            "progress" => Event::Progress,
+            "completed" => Event::Completed,
+            "failed" => Event::Failed,
+            "error" => Event::Error,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Event::Started => "started",
+            Event::Progress => "progress",
+            Event::Completed => "completed",
+            Event::Failed => "failed",
+            Event::Error => "error",
+        }
+    }
+
+    /// A terminal event maps to the status of the same name.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Event::Completed | Event::Failed | Event::Error)
+    }
+}
+
+/// One `mam publish` request, validated.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub job_id: String,
+    pub event: Event,
+    pub message: String,
+    pub data: Map<String, Value>,
+    pub attempt: Option<u64>,
+    pub dispatch_token: Option<String>,
+    pub no_state: bool,
+}
+
+/// The knobs a publish reads from the environment (after the env file).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub mqtt: MqttConfig,
+    /// A8's `MAM_PUBLISH_BUDGET_S`: the wire budget of a non-terminal one-shot.
+    pub budget: Duration,
+    /// `MAM_HEARTBEAT_DRAIN_S`.
+    pub drain: Duration,
+    /// `MAM_ENGINE_CAS` is not the literal `0`.
+    pub cas: bool,
+    /// Retry waits (CORE 3.3: 1 s then 2 s).
+    pub delays: Vec<Duration>,
+}
+
+impl Settings {
+    pub fn from_ctx(ctx: &Ctx) -> Result<Settings, Failure> {
+        Ok(Settings {
+            mqtt: MqttConfig::from_ctx(ctx)?,
+            budget: Duration::from_secs(knob::env_or(ctx, "MAM_PUBLISH_BUDGET_S", 1, 20)?.into()),
+            drain: timer::drain_from_ctx(ctx)?,
+            cas: ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0"),
+            delays: RetryPolicy::standard("publish").delays,
+        })
+    }
+
+    /// The connection settings for a record's broker block (CORE 3.1): the block's broker, and the
+    /// password only when it is the environment's broker. Returns the warning when withheld.
+    pub fn mqtt_for(&self, rec: &Record) -> (MqttConfig, Option<String>) {
+        match rec.get("broker").and_then(|b| serde_json::from_value::<BrokerBlock>(b.clone()).ok()) {
+            Some(block) => self.mqtt.for_block(&block),
+            None => (self.mqtt.clone(), None),
+        }
+    }
+
+    fn policy(&self, budget: Option<Duration>) -> RetryPolicy {
+        RetryPolicy { delays: self.delays.clone(), budget, what: "publish" }
+    }
+}
+
+/// What the wire part of a publish achieved, for the audit entry and the exit code.
+#[derive(Debug, Clone, Default)]
+pub struct WireReport {
+    /// The event was acknowledged (or there was none to send, for a close).
+    pub published: bool,
+    pub state_published: bool,
+    /// Why the state was not sent although asked for (`attempt ended`).
+    pub state_skipped: Option<String>,
+    pub attempts: u32,
+    pub error: Option<String>,
+}
+
+impl WireReport {
+    /// rc 3 unless everything asked for went out (a skipped state is not a failure).
+    pub fn ok(&self) -> bool {
+        self.error.is_none()
+    }
+}
+
+/// The result of a publish that reached a decision.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A new event with its seq.
+    Published { seq: u64, report: WireReport },
+    /// An idempotent repeat (CORE 6.5): `resent` when the unconfirmed event went out again.
+    Repeat { status: String, resent: Option<(u64, WireReport)> },
+    /// Refused by the engine (rc 4), nothing sent.
+    Refused { reason: String },
+}
+
+/// Failures before or around the decision (rc 1), each naming its object.
+#[derive(Debug)]
+pub enum PublishError {
+    Store(StoreError),
+    Io { what: &'static str, path: PathBuf, err: io::Error },
+    Record(String),
+}
+
+impl fmt::Display for PublishError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PublishError::Store(e) => e.fmt(f),
+            PublishError::Io { what, path, err } => write!(f, "{}: {what} ({err})", show_path(path)),
+            PublishError::Record(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<StoreError> for PublishError {
+    fn from(e: StoreError) -> PublishError {
+        PublishError::Store(e)
+    }
+}
+
+/// `<registry>/<job_id>/events.log`.
+pub fn events_log_path(registry: &Path, job_id: &str) -> PathBuf {
+    registry.join(job_id).join("events.log")
+}
+
+/// `<registry>/<job_id>.publish.lock` (L3).
+pub fn inflight_lock_path(registry: &Path, job_id: &str) -> PathBuf {
+    registry.join(format!("{job_id}.publish.lock"))
+}
+
+/// Creates the job directory and opens events.log for appending, so an events.log that cannot take
+/// a line (a directory, a read-only registry) fails before the engine changes anything.
+pub fn prepare_events_log(path: &Path) -> Result<(), PublishError> {
+    if let Some(dir) = path.parent() {
+        sys::create_dir_all(dir).map_err(|err| PublishError::Io {
+            what: "cannot create job directory",
+            path: dir.to_path_buf(),
+            err,
+        })?;
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new().append(true).create(true).mode(0o600).open(path).map(drop).map_err(|err| PublishError::Io {
+        what: "cannot open events.log for appending",
+        path: path.to_path_buf(),
+        err,
+    })
+}
+
+/// Appends one signed payload as a line under L4 (one write(2) on an O_APPEND descriptor).
+pub fn append_event(path: &Path, payload: &[u8]) -> Result<(), PublishError> {
+    let mut line = Vec::with_capacity(payload.len() + 1);
+    line.extend_from_slice(payload);
+    line.push(b'\n');
+    sys::append_locked(path, &line).map_err(|err| PublishError::Io {
+        what: "cannot append to events.log",
+        path: path.to_path_buf(),
+        err,
+    })
+}
+
+/// L3 shared, blocking (CORE 6.3 step 2).
+pub fn inflight_shared(registry: &Path, job_id: &str) -> Result<Flock, PublishError> {
+    let path = inflight_lock_path(registry, job_id);
+    sys::create_dir_all(registry).map_err(|err| PublishError::Io {
+        what: "cannot create registry directory",
+        path: registry.to_path_buf(),
+        err,
+    })?;
+    Flock::lock_path(&path, LockMode::Shared).map_err(|err| PublishError::Io { what: "cannot lock", path, err })
+}
+
+/// L3 exclusive, polling `LOCK_NB` every 50 ms for up to `limit` (CORE 6.4 step 4, A8). `Ok(None)`
+/// when the limit passed with the lock still busy.
+pub fn inflight_exclusive(registry: &Path, job_id: &str, limit: Duration) -> io::Result<Option<Flock>> {
+    let path = inflight_lock_path(registry, job_id);
+    let deadline = Instant::now() + limit;
+    loop {
+        let f = sys::open_lock_file(&path)?;
+        if let Some(l) = Flock::try_acquire(f, LockMode::Exclusive)? {
+            return Ok(Some(l));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        sys::sleep(INFLIGHT_POLL.min(deadline.saturating_duration_since(Instant::now())));
+    }
+}
+
+/// One wire operation: what to send for which job and seq.
+#[derive(Debug, Clone)]
+pub struct Shot<'a> {
+    pub cfg: &'a MqttConfig,
+    pub job: &'a Job,
+    /// The event bytes (the same on every attempt); `None` for a close (state only).
+    pub event: Option<&'a Message>,
+    /// The state's `last_event`.
+    pub last_event: &'a str,
+    pub seq: u64,
+    pub with_state: bool,
+    /// A8's total wire budget; `None` for none (terminal events).
+    pub budget: Option<Duration>,
+}
+
+/// Sends the event (if any) and the re-checked state over one connection per attempt, with the
+/// retries of CORE 3.3 inside the budget (A8). Event bytes are the same on every attempt; an event
+/// the broker acknowledged is not sent again, and the state is rebuilt before every send.
+pub fn send_one_shot(settings: &Settings, store: &Store, shot: &Shot<'_>, diag: &mut dyn FnMut(String)) -> WireReport {
+    let Shot { cfg, job, event, last_event, seq, with_state, budget } = shot.clone();
+    let deadline = budget.map(|b| Instant::now() + b);
+    let stop = match deadline {
+        Some(d) => Stop::from_fn(move || Instant::now() >= d),
+        None => Stop::never(),
+    };
+    let mut progress = Progress::default();
+    let mut last_err: Option<String> = None;
+    let recheck = || wire::recheck_state(store, job, last_event, seq);
+    let result = with_retry(&settings.policy(budget), &stop, &mut *diag, |_attempt| {
+        progress.attempts += 1;
+        let r = (|| {
+            let mut c = Client::connect(cfg, Role::Pub, &stop)?;
+            let state: Option<&dyn Fn() -> wire::StateCheck> = if with_state { Some(&recheck) } else { None };
+            wire::send_event_then_state(&mut c, event, &mut progress, state, &|| true)?;
+            c.disconnect();
+            Ok(())
+        })();
+        if let Err(e) = &r {
+            if !matches!(e, MqttError::Stopped) {
+                last_err = Some(e.to_string());
+            }
+        }
+        r
+    });
+    let error = match result {
+        Ok(()) => None,
+        Err(MqttError::Stopped) => Some(format!(
+            "wire budget of {}s (MAM_PUBLISH_BUDGET_S) exhausted{}",
+            budget.unwrap_or_default().as_secs(),
+            last_err.map(|e| format!(": {e}")).unwrap_or_default()
+        )),
+        Err(e) => Some(e.to_string()),
+    };
+    WireReport {
+        published: progress.event_acked || event.is_none(),
+        state_published: progress.state_sent,
+        state_skipped: progress.state_skipped,
+        attempts: progress.attempts,
+        error,
+    }
+}
+
+/// The audit entry `published` (CORE 6.3 step 7), written after the wire.
+fn audit_published(store: &Store, job: &Job, event: &str, seq: u64, r: &WireReport, diag: &mut dyn FnMut(String)) {
+    let mut rest = json!({
+        "seq": seq,
+        "event": event,
+        "published": r.published,
+        "state_published": r.state_published,
+        "attempts": r.attempts,
+    });
+    if let Some(e) = &r.error {
+        rest["error"] = e.clone().into();
+    }
+    let e = audit::entry(clock::now_ms(), &job.job_id, Some(job.attempt), "published", rest);
+    if let Err(err) = audit::flush(&store.logs, &job.job_id, &[e], None) {
+        diag(format!("WARNING: {}: audit not written ({err})", show_path(&audit::job_dir(&store.logs, &job.job_id))));
+    }
+}
+
+fn agent_request(kind: Kind, rec: &Record, req: &Request, settings: &Settings) -> EngineRequest {
+    let mut r = EngineRequest::new(kind, Authority::Agent, &req.job_id);
+    r.attempt = req.attempt.or(rec.attempt());
+    r.dispatch_token = req.dispatch_token.clone().or_else(|| rec.str("dispatch_token").map(str::to_string));
+    r.cas = settings.cas;
+    r
+}
+
+/// One engine request: the decision and the record as read under L1 (6.5 works on that record).
+fn apply(
+    store: &Store,
+    r: &EngineRequest,
+    now: u64,
+    diag: &mut dyn FnMut(String),
+) -> Result<(Decision, Option<Record>), PublishError> {
+    let out = store.apply(r, now)?;
+    if let Some(w) = &out.audit_error {
+        diag(format!("WARNING: {w}"));
+    }
+    Ok((out.decision, out.before))
+}
+
+fn before_or_read(before: Option<Record>, store: &Store, job_id: &str) -> Result<Record, PublishError> {
+    match before {
+        Some(r) => Ok(r),
+        None => Ok(store.read_existing(job_id)?),
+    }
+}
+
+/// `mam publish` (CORE 6.3, 6.4, 6.5). The caller prints the outcome and arms the timer.
+pub fn publish(
+    store: &Store,
+    settings: &Settings,
+    req: &Request,
+    diag: &mut dyn FnMut(String),
+) -> Result<Outcome, PublishError> {
+    let rec = store.read_existing(&req.job_id)?;
+    let events = events_log_path(&store.registry, &req.job_id);
+    if req.event.is_terminal() {
+        terminal(store, settings, req, &rec, &events, diag)
+    } else {
+        non_terminal(store, settings, req, &rec, &events, diag)
+    }
+}
+
+fn non_terminal(
+    store: &Store,
+    settings: &Settings,
+    req: &Request,
+    rec: &Record,
+    events: &Path,
+    diag: &mut dyn FnMut(String),
+) -> Result<Outcome, PublishError> {
+    let l3 = inflight_shared(&store.registry, &req.job_id)?;
+    prepare_events_log(events)?;
+    let kind = if req.event == Event::Started { Kind::Claim } else { Kind::Progress };
+    let mut r = agent_request(kind, rec, req, settings);
+    r.alloc_seq = true;
+    let now = clock::now_ms();
+    let (decision, before) = apply(store, &r, now, diag)?;
+    match decision {
+        Decision::Applied(a) => {
+            let seq = a.seq.ok_or_else(|| PublishError::Record("engine allocated no seq".into()))?;
+            let out = emit(store, settings, req, &a.record, events, seq, now, Some(settings.budget), diag)?;
+            drop(l3);
+            Ok(out)
+        }
+        Decision::Idempotent { status } => {
+            let before = before_or_read(before, store, &req.job_id)?;
+            let out = repeat(store, settings, req, &before, events, status, Some(settings.budget), diag);
+            drop(l3);
+            out
+        }
+        Decision::Refused { reason } => Ok(Outcome::Refused { reason }),
+        Decision::Invalid(m) => Err(PublishError::Record(m)),
+        Decision::UnknownJob => Err(PublishError::Store(StoreError::UnknownJob {
+            job_id: req.job_id.clone(),
+            registry: store.registry.clone(),
+        })),
+    }
+}
+
+fn terminal(
+    store: &Store,
+    settings: &Settings,
+    req: &Request,
+    rec: &Record,
+    events: &Path,
+    diag: &mut dyn FnMut(String),
+) -> Result<Outcome, PublishError> {
+    prepare_events_log(events)?;
+    let status = req.event.name();
+    // Step 2: the attempt-scoped barrier; every later beat of this attempt is refused.
+    let mut b = agent_request(Kind::Barrier, rec, req, settings);
+    b.target_status = Some(status.to_string());
+    let (decision, before) = apply(store, &b, clock::now_ms(), diag)?;
+    match decision {
+        Decision::Applied(_) => {}
+        Decision::Idempotent { status } => {
+            let before = before_or_read(before, store, &req.job_id)?;
+            return repeat(store, settings, req, &before, events, status, None, diag);
+        }
+        Decision::Refused { reason } => return Ok(Outcome::Refused { reason }),
+        Decision::Invalid(m) => return Err(PublishError::Record(m)),
+        Decision::UnknownJob => return Err(PublishError::Record(format!("unknown job '{}'", req.job_id))),
+    }
+    // Step 3: stop the timer under L2 (released before L3 is taken).
+    match timer::stop_timer(store, &req.job_id, settings.drain) {
+        Ok(s) => {
+            if let Some(w) = timer::stopped_warning(&s, settings.drain) {
+                diag(w);
+            }
+        }
+        Err(e) => diag(format!("WARNING: job {}: cannot stop the heartbeat timer ({e})", req.job_id)),
+    }
+    // Step 4: wait out in-flight one-shot publishes (A8: their budget plus 5 s).
+    let wait = settings.budget + INFLIGHT_GRACE;
+    let l3 = match inflight_exclusive(&store.registry, &req.job_id, wait) {
+        Ok(Some(l)) => Some(l),
+        Ok(None) => {
+            diag(format!(
+                "WARNING: job {}: in-flight publishes still running after {}s; continuing",
+                req.job_id,
+                wait.as_secs()
+            ));
+            None
+        }
+        Err(err) => {
+            return Err(PublishError::Io {
+                what: "cannot lock",
+                path: inflight_lock_path(&store.registry, &req.job_id),
+                err,
+            })
+        }
+    };
+    // Step 5: the terminal takes its seq.
+    let mut t = agent_request(Kind::Terminal, rec, req, settings);
+    t.target_status = Some(status.to_string());
+    t.alloc_seq = true;
+    let now = clock::now_ms();
+    let (decision, before) = apply(store, &t, now, diag)?;
+    let out = match decision {
+        Decision::Applied(a) => {
+            let seq = a.seq.ok_or_else(|| PublishError::Record("engine allocated no seq".into()))?;
+            emit(store, settings, req, &a.record, events, seq, now, None, diag)
+        }
+        Decision::Idempotent { status } => {
+            let before = before_or_read(before, store, &req.job_id)?;
+            repeat(store, settings, req, &before, events, status, None, diag)
+        }
+        Decision::Refused { reason } => Ok(Outcome::Refused { reason }),
+        Decision::Invalid(m) => Err(PublishError::Record(m)),
+        Decision::UnknownJob => Err(PublishError::Record(format!("unknown job '{}'", req.job_id))),
+    };
+    drop(l3);
+    out
+}
+
+/// Steps 4-7 of CORE 6.3 for a freshly allocated seq: sign, append, send, audit.
+#[allow(clippy::too_many_arguments)] // the steps' inputs; a struct would only rename them
+fn emit(
+    store: &Store,
+    settings: &Settings,
+    req: &Request,
+    rec: &Record,
+    events: &Path,
+    seq: u64,
+    now: u64,
+    budget: Option<Duration>,
+    diag: &mut dyn FnMut(String),
+) -> Result<Outcome, PublishError> {
+    let job = Job::from_record(rec).map_err(PublishError::Record)?;
+    let ts = clock::format_ts(now);
+    let fields =
+        EventFields { event: req.event.name(), seq, ts: &ts, heartbeat: false, message: &req.message, data: &req.data };
+    let bytes = job.event_bytes(&fields).map_err(|e| PublishError::Record(format!("cannot sign the event: {e}")))?;
+    append_event(events, &bytes)?;
+    let (cfg, warning) = settings.mqtt_for(rec);
+    if let Some(w) = warning {
+        diag(w);
+    }
+    let msg = job.event_message(&bytes);
+    let shot = Shot {
+        cfg: &cfg,
+        job: &job,
+        event: Some(&msg),
+        last_event: req.event.name(),
+        seq,
+        with_state: !req.no_state,
+        budget,
+    };
+    let report = send_one_shot(settings, store, &shot, diag);
+    audit_published(store, &job, req.event.name(), seq, &report, diag);
+    Ok(Outcome::Published { seq, report })
+}
+
+/// The latest events.log line of `attempt` and `event`: its seq and bytes.
+pub fn latest_event_line(events: &Path, attempt: u64, event: &str) -> io::Result<Option<(u64, Vec<u8>)>> {
+    let text = match fs::read(events) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut found = None;
+    for line in text.split(|&b| b == b'\n') {
+        let Ok(v) = serde_json::from_slice::<Value>(line) else { continue };
+        if v["kind"] == "event" && v["attempt"].as_u64() == Some(attempt) && v["event"] == event {
+            if let Some(seq) = v["seq"].as_u64() {
+                found = Some((seq, line.to_vec()));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// True when the job's audit has `published: true` for `seq`.
+pub fn audit_confirms(logs: &Path, job_id: &str, seq: u64) -> bool {
+    let Ok(text) = fs::read(audit::job_dir(logs, job_id).join("audit.jsonl")) else {
+        return false;
+    };
+    text.split(|&b| b == b'\n')
+        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+        .any(|v| v["kind"] == "published" && v["seq"].as_u64() == Some(seq) && v["published"] == Value::Bool(true))
+}
+
+/// CORE 6.5: an idempotent repeat allocates no seq. The unconfirmed latest line of this attempt and
+/// event goes out again with the current state; a confirmed one sends nothing.
+#[allow(clippy::too_many_arguments)] // the repeat's inputs; a struct would only rename them
+fn repeat(
+    store: &Store,
+    settings: &Settings,
+    req: &Request,
+    rec: &Record,
+    events: &Path,
+    status: String,
+    budget: Option<Duration>,
+    diag: &mut dyn FnMut(String),
+) -> Result<Outcome, PublishError> {
+    let job = Job::from_record(rec).map_err(PublishError::Record)?;
+    let line = latest_event_line(events, job.attempt, req.event.name()).map_err(|err| PublishError::Io {
+        what: "cannot read events.log",
+        path: events.to_path_buf(),
+        err,
+    })?;
+    let Some((seq, bytes)) = line else {
+        return Ok(Outcome::Repeat { status, resent: None });
+    };
+    if audit_confirms(&store.logs, &job.job_id, seq) {
+        return Ok(Outcome::Repeat { status, resent: None });
+    }
+    let (cfg, warning) = settings.mqtt_for(rec);
+    if let Some(w) = warning {
+        diag(w);
+    }
+    let msg = job.event_message(&bytes);
+    let shot = Shot {
+        cfg: &cfg,
+        job: &job,
+        event: Some(&msg),
+        last_event: req.event.name(),
+        seq,
+        with_state: !req.no_state,
+        budget,
+    };
+    let report = send_one_shot(settings, store, &shot, diag);
+    audit_published(store, &job, req.event.name(), seq, &report, diag);
+    Ok(Outcome::Repeat { status, resent: Some((seq, report)) })
+}
+
+/// A4: after an operator close (`set`, `finalize`, `expire` applied to a terminal status, with the
+/// seq allocated in that same write), publish the signed retained state with the new status, that
+/// seq and `last_event: "closed"`. No event is sent. Waits out in-flight one-shots like the
+/// terminal does, so no `running` state follows. Returns the WARNING line of a failure.
+pub fn close_state(
+    store: &Store,
+    settings: &Settings,
+    rec: &Record,
+    diag: &mut dyn FnMut(String),
+) -> Result<WireReport, String> {
+    let job = Job::from_record(rec).map_err(|e| format!("close state not published: {e}"))?;
+    let seq = rec.last_seq();
+    let wait = settings.budget + INFLIGHT_GRACE;
+    let l3 = match inflight_exclusive(&store.registry, &job.job_id, wait) {
+        Ok(l) => l,
+        Err(e) => {
+            diag(format!("WARNING: job {}: cannot take the in-flight lock ({e}); publishing anyway", job.job_id));
+            None
+        }
+    };
+    let (cfg, warning) = settings.mqtt_for(rec);
+    if let Some(w) = warning {
+        diag(w);
+    }
+    let shot = Shot {
+        cfg: &cfg,
+        job: &job,
+        event: None,
+        last_event: "closed",
+        seq,
+        with_state: true,
+        budget: Some(settings.budget),
+    };
+    let report = send_one_shot(settings, store, &shot, diag);
+    drop(l3);
+    match (&report.error, &report.state_skipped) {
+        (Some(e), _) => Err(format!("job {}: close state not published ({e})", job.job_id)),
+        (None, Some(why)) => Err(format!("job {}: close state not published: {why}", job.job_id)),
+        (None, None) => Ok(report),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_parse_and_classify() {
+        for name in Event::ALL {
+            let e = Event::parse(name).unwrap();
+            assert_eq!(e.name(), *name);
+            assert_eq!(e.is_terminal(), crate::registry::is_terminal(name));
+        }
+        assert!(Event::parse("beat").is_none());
+    }
+
+    #[test]
+    fn latest_line_and_audit_confirmation() {
+        let dir = std::env::temp_dir().join(format!("mam-pubunit-{}", std::process::id()));
+        fs::create_dir_all(dir.join("logs/j")).unwrap();
+        let ev = dir.join("events.log");
+        fs::write(
+            &ev,
+            concat!(
+                r#"{"kind":"event","attempt":1,"event":"started","seq":1}"#,
+                "\n",
+                "not json\n",
+                r#"{"kind":"event","attempt":2,"event":"started","seq":4}"#,
+                "\n",
+                r#"{"kind":"event","attempt":2,"event":"progress","seq":5}"#,
+                "\n",
+            ),
+        )
+        .unwrap();
+        assert_eq!(latest_event_line(&ev, 2, "started").unwrap().unwrap().0, 4);
+        assert_eq!(latest_event_line(&ev, 1, "started").unwrap().unwrap().0, 1);
+        assert!(latest_event_line(&ev, 3, "started").unwrap().is_none());
+        assert!(latest_event_line(&dir.join("none"), 1, "x").unwrap().is_none());
+        fs::write(
+            dir.join("logs/j/audit.jsonl"),
+            concat!(
+                r#"{"kind":"published","seq":4,"published":false}"#,
+                "\n",
+                r#"{"kind":"published","seq":5,"published":true}"#,
+                "\n",
+            ),
+        )
+        .unwrap();
+        assert!(!audit_confirms(&dir.join("logs"), "j", 4));
+        assert!(audit_confirms(&dir.join("logs"), "j", 5));
+        let _ = fs::remove_dir_all(&dir);
+    }
+}

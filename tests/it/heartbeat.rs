@@ -1,0 +1,490 @@
+//! Integration tests: the heartbeat timer (CORE 7, A16, A17, A18, A31): H1-H12 at the CLI, the
+//! terminal racing a beat held at CONNACK, the fixed cadence that never waits for the broker, and
+//! the signal latency. Every test guards its job's timers, so none outlives it.
+
+use std::fs;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mam::heartbeat::timer_proc::{is_our_timer, lifecycle_lock_path, pidfile_path, Pidfile};
+use mam::sys::{Flock, LockMode};
+use serde_json::Value;
+
+use crate::publish::{
+    assert_nothing_running_after_terminal, audit, embedded, events, key, logs, mam_at, new_job, publish, record,
+    registry, wire_log, Bg,
+};
+use crate::support::{
+    have_tool, independent_verify, start_target, timer_pids, wait_until, MosqSub, TestDir, TimerGuard, TARGETS,
+};
+
+fn beats(td: &TestDir, id: &str) -> Vec<Value> {
+    events(td, id).into_iter().filter(|e| e["heartbeat"] == true).collect()
+}
+
+fn pidfile(td: &TestDir, id: &str) -> Option<Pidfile> {
+    Pidfile::read(&pidfile_path(&registry(td), id)).unwrap()
+}
+
+fn hb_log(td: &TestDir, id: &str) -> String {
+    fs::read_to_string(logs(td).join(id).join("heartbeat.log")).unwrap_or_default()
+}
+
+fn audit_kinds(td: &TestDir, id: &str) -> Vec<String> {
+    audit(td, id).iter().map(|e| e["kind"].as_str().unwrap().to_string()).collect()
+}
+
+/// `mam heartbeat start --job-id id --interval 1 --watch-pid 0 [extra]`, rc 0; the timer's pid.
+fn start(td: &TestDir, port: u16, id: &str, extra: &[&str]) -> i32 {
+    let r = mam_at(td, port)
+        .args(["heartbeat", "start", "--job-id", id, "--interval", "1", "--watch-pid", "0"])
+        .args(extra)
+        .run();
+    r.expect_rc(0).stdout().trim().parse().unwrap()
+}
+
+fn gone(pid: i32) -> bool {
+    !matches!(mam::sys::proc_start_ticks(pid), Ok((_, false)))
+}
+
+#[test]
+fn h1_beats_every_second_with_valid_sigs_and_rising_seqs() {
+    for &t in TARGETS {
+        let td = TestDir::new("h1");
+        let Some(b) = start_target(t, &td) else { continue };
+        let port = b.port();
+        let id = new_job(&td, port, &[]);
+        let _g = TimerGuard(id.clone());
+        let observer = have_tool("mosquitto_sub", "MAM_REQUIRE_MOSQUITTO")
+            .then(|| MosqSub::start(port, &format!("mam/jobs/{id}/#")));
+        let r = publish(&td, port, &id, "started", &["--heartbeat", "1", "--watch-pid", "0"]);
+        assert_eq!(r.expect_rc(0).stdout(), format!("published started seq=1 job={id}\n"));
+        wait_until("three beats on disk", Duration::from_secs(10), || beats(&td, &id).len() >= 3);
+        let k = key(&td, &id);
+        let bs = beats(&td, &id);
+        let mut prev: Option<(u64, u64)> = None;
+        for e in &bs {
+            assert!(mam::sign::verify(k.as_bytes(), e), "{t:?}: beat sig");
+            assert_eq!((e["event"].as_str(), e["message"].as_str()), (Some("progress"), Some("")));
+            let seq = e["seq"].as_u64().unwrap();
+            let ms = mam::clock::parse_ts(e["ts"].as_str().unwrap()).unwrap();
+            if let Some((ps, pms)) = prev {
+                assert!(seq > ps, "{t:?}: rising seqs");
+                let gap = ms - pms;
+                assert!((700..=2300).contains(&gap), "{t:?}: beats {gap} ms apart");
+            }
+            prev = Some((seq, ms));
+        }
+        let pf = pidfile(&td, &id).expect("pidfile");
+        assert!(is_our_timer(&pf), "{t:?}: the pidfile passes is_our_timer");
+        assert_eq!(timer_pids(&id), [pf.pid]);
+        assert_eq!((pf.attempt, pf.job_id.as_str()), (1, id.as_str()));
+        if let Some(obs) = observer {
+            wait_until("beats on the wire", Duration::from_secs(10), || {
+                obs.messages("mam/").iter().filter(|(_, p)| p.contains("\"heartbeat\":true")).count() >= 2
+            });
+            let wire: Vec<String> = obs.messages("mam/").into_iter().map(|(_, p)| p).collect();
+            if have_tool("openssl", "MAM_REQUIRE_OPENSSL") {
+                let verdicts = independent_verify(&k, &wire);
+                assert!(verdicts.iter().all(|v| v.starts_with("ok ")), "{t:?}: {verdicts:?}");
+            }
+            let states: Vec<Value> = wire.iter().map(|p| serde_json::from_str::<Value>(p).unwrap()).collect();
+            assert!(states.iter().filter(|v| v["kind"] == "state").all(|v| v["status"] == "running"));
+        }
+        let r = mam_at(&td, port).args(["heartbeat", "stop", "--job-id", &id]).run();
+        assert_eq!(r.expect_rc(0).stdout(), format!("stopped {}\n", pf.pid));
+        assert!(timer_pids(&id).is_empty());
+        assert!(pidfile(&td, &id).is_none());
+        let r = mam_at(&td, port).args(["heartbeat", "status", "--job-id", &id]).run();
+        assert_eq!(r.expect_rc(0).stdout(), "none\n");
+    }
+}
+
+#[test]
+fn h2_completed_stops_the_timer_before_the_terminal_seq() {
+    for &t in TARGETS {
+        let td = TestDir::new("h2");
+        let Some(b) = start_target(t, &td) else { continue };
+        let port = b.port();
+        let id = new_job(&td, port, &[]);
+        let _g = TimerGuard(id.clone());
+        let observer = have_tool("mosquitto_sub", "MAM_REQUIRE_MOSQUITTO")
+            .then(|| MosqSub::start(port, &format!("mam/jobs/{id}/#")));
+        publish(&td, port, &id, "started", &["--heartbeat", "1", "--watch-pid", "0"]).expect_rc(0);
+        wait_until("two beats", Duration::from_secs(10), || beats(&td, &id).len() >= 2);
+        let r = publish(&td, port, &id, "completed", &[]);
+        r.expect_rc(0);
+        assert!(r.stderr().is_empty(), "{t:?}: {}", r.stderr());
+        assert!(timer_pids(&id).is_empty(), "{t:?}: the timer is gone when the terminal returns");
+        let ev = events(&td, &id);
+        let last = ev.last().unwrap();
+        assert_eq!(last["event"], "completed");
+        let term_seq = last["seq"].as_u64().unwrap();
+        assert!(ev[..ev.len() - 1].iter().all(|e| e["seq"].as_u64().unwrap() < term_seq));
+        let kinds = audit_kinds(&td, &id);
+        let stopped = kinds.iter().position(|k| k == "heartbeat_stopped").expect("heartbeat_stopped");
+        let terminal = audit(&td, &id).iter().position(|e| e["request"] == "terminal").unwrap();
+        assert!(stopped < terminal, "{t:?}: {kinds:?}");
+        if let crate::support::Broker::Embedded(h) = &b {
+            assert_nothing_running_after_terminal(&wire_log(h, &id), "completed");
+        }
+        if let Some(obs) = observer {
+            wait_until("the terminal state on the wire", Duration::from_secs(10), || {
+                obs.messages("mam/").iter().any(|(_, p)| p.contains("\"status\":\"completed\""))
+            });
+            let log: Vec<(String, String, u64)> = obs
+                .messages("mam/")
+                .into_iter()
+                .map(|(_, p)| {
+                    let v: Value = serde_json::from_str(&p).unwrap();
+                    let what = if v["kind"] == "state" { v["status"].clone() } else { v["event"].clone() };
+                    (v["kind"].as_str().unwrap().into(), what.as_str().unwrap().into(), v["seq"].as_u64().unwrap())
+                })
+                .collect();
+            assert_nothing_running_after_terminal(&log, "completed");
+        }
+    }
+}
+
+#[test]
+fn h2b_terminal_races_a_beat_held_at_connack() {
+    let td = TestDir::new("h2b");
+    let b = embedded();
+    let port = b.addr().port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    b.stall_connack("mam-hb-");
+    publish(&td, port, &id, "started", &["--heartbeat", "1", "--watch-pid", "0"]).expect_rc(0);
+    wait_until("a beat on disk held at CONNACK", Duration::from_secs(10), || {
+        !beats(&td, &id).is_empty() && b.connects().iter().any(|c| c.starts_with("mam-hb-"))
+    });
+    let t = Instant::now();
+    let r = publish(&td, port, &id, "completed", &[]);
+    r.expect_rc(0);
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "a beat on the wire does not hold up the terminal: {:?}",
+        t.elapsed()
+    );
+    assert!(!r.stderr().contains("did not drain"), "{}", r.stderr());
+    assert!(timer_pids(&id).is_empty());
+    b.release_connack("mam-hb-");
+    assert_nothing_running_after_terminal(&wire_log(&b, &id), "completed");
+    assert!(b.received().iter().all(|(_, p, _)| !String::from_utf8_lossy(p).contains("\"heartbeat\":true")));
+}
+
+/// A fake agent: bash running `script` with argv[0] = `argv0` (the A18 forms).
+fn fake_agent(td: &TestDir, argv0: &str, name: &str, script: &str, port: u16) -> Bg {
+    let path = td.write(name, script);
+    let c = td
+        .command("bash")
+        .env("MAM", crate::support::mam_bin())
+        .env("MQTT_PORT", port.to_string())
+        .args(["-c", &format!("exec -a {argv0} bash {}", path.display())]);
+    Bg::spawn(c)
+}
+
+#[test]
+fn h3_h12_timer_watches_the_nearest_agent_and_ends_with_it() {
+    let td = TestDir::new("h3");
+    let b = embedded();
+    let port = b.addr().port();
+    for (argv0, name) in [("claude", "agent.sh"), ("node", "claude")] {
+        let id = new_job(&td, port, &[]);
+        let _g = TimerGuard(id.clone());
+        let script = format!(
+            "\"$MAM\" publish --job-id {id} --event started --heartbeat 1 > /dev/null 2>&1 || exit 9\nwhile :; do sleep 0.05; done\n"
+        );
+        let mut agent = fake_agent(&td, argv0, name, &script, port);
+        wait_until("the timer and its audit line", Duration::from_secs(10), || {
+            timer_pids(&id).len() == 1 && audit_kinds(&td, &id).contains(&"heartbeat_started".to_string())
+        });
+        let started = audit(&td, &id).into_iter().find(|e| e["kind"] == "heartbeat_started").unwrap();
+        assert_eq!(started["watch_pid"].as_u64(), Some(agent.pid() as u64), "{argv0}: the agent is watched");
+        assert!(agent.running());
+        let timer = timer_pids(&id)[0];
+        mam::sys::kill(agent.pid() as i32, libc::SIGKILL).unwrap();
+        let killed = Instant::now();
+        wait_until("the timer to end with its agent", Duration::from_secs(5), || gone(timer));
+        assert!(killed.elapsed() <= Duration::from_secs(2), "N+1 s: {:?}", killed.elapsed());
+        assert!(hb_log(&td, &id).contains(&format!("watched process {} is gone", agent.pid())));
+        assert!(pidfile(&td, &id).is_none(), "the exit cleanup removed its own pidfile");
+        drop(agent);
+    }
+}
+
+#[test]
+fn h4_recycled_pid_is_not_signalled() {
+    let td = TestDir::new("h4");
+    let port = crate::support::free_port();
+    let id = new_job(&td, port, &[]);
+    let mut sleeper = Command::new("sleep").arg("30").stdin(Stdio::null()).spawn().unwrap();
+    let pid = sleeper.id() as i32;
+    let (ticks, _) = mam::sys::proc_start_ticks(pid).unwrap();
+    let pf = Pidfile {
+        pid,
+        job_id: id.clone(),
+        attempt: 1,
+        dispatch_token: "t".into(),
+        start_ticks: ticks,
+        started_at: "x".into(),
+    };
+    pf.write(&pidfile_path(&registry(&td), &id)).unwrap();
+    let r = mam_at(&td, port).args(["heartbeat", "status", "--job-id", &id]).run();
+    assert_eq!(r.expect_rc(0).stdout(), "none\n");
+    let r = mam_at(&td, port).args(["heartbeat", "stop", "--job-id", &id]).run();
+    assert_eq!(r.expect_rc(0).stdout(), "none\n");
+    assert!(sleeper.try_wait().unwrap().is_none(), "the unrelated sleep was signalled");
+    assert!(pidfile(&td, &id).is_none(), "the stale pidfile is removed");
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+}
+
+#[test]
+fn h5_replacement_drains_the_old_timer_first() {
+    let td = TestDir::new("h5");
+    let b = embedded();
+    let port = b.addr().port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    publish(&td, port, &id, "started", &[]).expect_rc(0);
+    let old = start(&td, port, &id, &[]);
+    let held = format!("mam-hb-{old}-");
+    b.stall_connack(&held);
+    wait_until("the old timer's beat recorded and held at CONNACK", Duration::from_secs(10), || {
+        !beats(&td, &id).is_empty() && b.connects().iter().any(|c| c.starts_with(&held))
+    });
+    let new = start(&td, port, &id, &[]);
+    assert_ne!(old, new);
+    assert!(gone(old), "the old timer exited before the pidfile named its successor");
+    let old_seqs: Vec<u64> = beats(&td, &id).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(pidfile(&td, &id).unwrap().pid, new);
+    let a = audit(&td, &id);
+    let stop_old = a.iter().position(|e| e["kind"] == "heartbeat_stopped" && e["pid"] == old).unwrap();
+    let start_new = a.iter().position(|e| e["kind"] == "heartbeat_started" && e["pid"] == new).unwrap();
+    assert!(stop_old < start_new);
+    assert!(!a.iter().any(|e| e["kind"] == "heartbeat_killed"), "drained, not killed");
+    publish(&td, port, &id, "completed", &[]).expect_rc(0);
+    b.release_connack(&held);
+    assert!(timer_pids(&id).is_empty());
+    for (_, p, _) in b.received() {
+        let v: Value = serde_json::from_slice(&p).unwrap();
+        if v["kind"] == "event" {
+            assert!(!old_seqs.contains(&v["seq"].as_u64().unwrap()), "the old timer's beat reached the wire: {v}");
+        }
+    }
+    assert_nothing_running_after_terminal(&wire_log(&b, &id), "completed");
+}
+
+#[test]
+fn h6_concurrent_starts_leave_one_tracked_timer() {
+    let td = TestDir::new("h6");
+    let b = embedded();
+    let port = b.addr().port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    publish(&td, port, &id, "started", &[]).expect_rc(0);
+    let starts: Vec<Bg> = (0..8)
+        .map(|_| {
+            Bg::spawn(mam_at(&td, port).args([
+                "heartbeat",
+                "start",
+                "--job-id",
+                &id,
+                "--interval",
+                "1",
+                "--watch-pid",
+                "0",
+            ]))
+        })
+        .collect();
+    for s in starts {
+        let (rc, out, err) = s.finish(Duration::from_secs(60));
+        assert_eq!(rc, 0, "{err}");
+        assert!(out.trim().parse::<i32>().is_ok(), "{out}");
+        assert!(!err.contains("did not drain"), "{err}");
+    }
+    let pf = pidfile(&td, &id).unwrap();
+    assert_eq!(timer_pids(&id), [pf.pid], "exactly one live timer, the tracked one");
+    publish(&td, port, &id, "completed", &[]).expect_rc(0);
+    assert!(timer_pids(&id).is_empty());
+}
+
+#[test]
+fn h7_start_after_the_barrier_is_refused_and_spawns_nothing() {
+    let td = TestDir::new("h7");
+    let port = crate::support::free_port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    let path = registry(&td).join(format!("{id}.json"));
+    let mut rec = record(&td, &id);
+    rec["barrier_attempt"] = 1.into();
+    fs::write(&path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();
+    let r = mam_at(&td, port).args(["heartbeat", "start", "--job-id", &id, "--watch-pid", "0"]).run();
+    r.expect_rc(4);
+    assert_eq!(r.stderr(), format!("REFUSED: {id}: attempt_ended (the terminal barrier is raised)\n"));
+    assert!(timer_pids(&id).is_empty());
+    assert!(pidfile(&td, &id).is_none());
+    // publish --heartbeat after the barrier: the event is refused? No: progress is admitted, the
+    // timer is not armed, and that is a WARNING only.
+    let r = publish(&td, port, &id, "progress", &["--heartbeat", "1", "--watch-pid", "0", "--no-state"]);
+    assert!(r.stderr().contains("WARNING: heartbeat timer not armed: attempt ended"), "{}", r.stderr());
+    assert!(timer_pids(&id).is_empty());
+}
+
+#[test]
+fn h8_stopping_an_idle_timer_is_quick_with_a_long_drain() {
+    let td = TestDir::new("h8");
+    let b = embedded();
+    let port = b.addr().port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    publish(&td, port, &id, "started", &[]).expect_rc(0);
+    let pid = start(&td, port, &id, &[]);
+    let t = Instant::now();
+    let r = mam_at(&td, port).env("MAM_HEARTBEAT_DRAIN_S", "10").args(["heartbeat", "stop", "--job-id", &id]).run();
+    assert_eq!(r.expect_rc(0).stdout(), format!("stopped {pid}\n"));
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(r.stderr(), "");
+    assert!(!audit_kinds(&td, &id).contains(&"heartbeat_killed".to_string()));
+}
+
+fn fault_inject_available() -> bool {
+    if cfg!(feature = "fault-inject") {
+        return true;
+    }
+    if std::env::var("MAM_REQUIRE_FAULT_INJECT").as_deref() == Ok("1") {
+        panic!("MAM_REQUIRE_FAULT_INJECT=1 but the suite was built without --features fault-inject");
+    }
+    eprintln!("skipped: built without --features fault-inject");
+    false
+}
+
+fn l2_is_free(td: &TestDir, id: &str) -> bool {
+    let f = mam::sys::open_lock_file(&lifecycle_lock_path(&registry(td), id)).unwrap();
+    Flock::try_acquire(f, LockMode::Exclusive).unwrap().is_some()
+}
+
+#[test]
+fn h9_pidfile_failure_leaves_no_survivor() {
+    if !fault_inject_available() {
+        return;
+    }
+    let td = TestDir::new("h9");
+    let port = crate::support::free_port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    let r = mam_at(&td, port)
+        .env("MAM_FAULT_INJECT", "heartbeat_pidfile")
+        .args(["heartbeat", "start", "--job-id", &id, "--watch-pid", "0"])
+        .run();
+    r.expect_rc(1);
+    assert!(
+        r.stderr().starts_with("ERROR: ") && r.stderr().contains("cannot write the timer pidfile"),
+        "{}",
+        r.stderr()
+    );
+    wait_until("no timer process", Duration::from_secs(5), || timer_pids(&id).is_empty());
+    // A child that survived would have reached A16's check once L2 was free and logged its exit.
+    assert!(!hb_log(&td, &id).contains("pidfile does not name this timer"), "the child survived the spawner");
+    assert!(pidfile(&td, &id).is_none());
+    assert!(l2_is_free(&td, &id));
+}
+
+#[test]
+fn h10_spawn_failure_leaves_nothing_and_the_next_start_works() {
+    if !fault_inject_available() {
+        return;
+    }
+    let td = TestDir::new("h10");
+    let b = embedded();
+    let port = b.addr().port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    let r = mam_at(&td, port)
+        .env("MAM_FAULT_INJECT", "heartbeat_spawn")
+        .args(["heartbeat", "start", "--job-id", &id, "--watch-pid", "0"])
+        .run();
+    r.expect_rc(1);
+    assert!(r.stderr().contains("cannot start the heartbeat timer"), "{}", r.stderr());
+    assert!(timer_pids(&id).is_empty() && pidfile(&td, &id).is_none() && l2_is_free(&td, &id));
+    let pid = start(&td, port, &id, &[]);
+    assert_eq!(timer_pids(&id), [pid]);
+}
+
+#[test]
+fn h11_lifetime_and_redispatch_end_the_timer() {
+    let td = TestDir::new("h11");
+    let b = embedded();
+    let port = b.addr().port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    let t = Instant::now();
+    let pid = start(&td, port, &id, &["--lifetime", "3"]);
+    wait_until("the lifetime to end the timer", Duration::from_secs(8), || gone(pid));
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(2900) && took < Duration::from_secs(5), "{took:?}");
+    assert!(hb_log(&td, &id).contains("lifetime of 3s elapsed"));
+    assert!(pidfile(&td, &id).is_none());
+
+    let pid = start(&td, port, &id, &[]);
+    let r = mam_at(&td, port).args(["registry", "submit", "--type", "task", "--session", "w1", "--job-id", &id]).run();
+    assert_eq!(r.expect_rc(0).stdout(), format!("{id} attempt=2 iteration=2\n"));
+    assert!(gone(pid), "the redispatch stopped the old attempt's timer");
+    assert!(timer_pids(&id).is_empty());
+}
+
+#[test]
+fn a16_a17_a_timer_not_named_in_the_pidfile_exits_and_sigterm_is_quick() {
+    let td = TestDir::new("a16");
+    let b = embedded();
+    let port = b.addr().port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    let rec = record(&td, &id);
+    let reg = registry(&td);
+    // A16: a `run` whose pid is not in the pidfile exits at once and beats nothing.
+    let r = mam_at(&td, port)
+        .args(["heartbeat", "run", "--job-id", &id, "--attempt", "1"])
+        .args(["--dispatch-token", rec["dispatch_token"].as_str().unwrap()])
+        .args(["--interval", "1", "--watch-pid", "0", "--lifetime", "60", "--registry-dir"])
+        .args([reg.as_os_str()])
+        .run_within(Duration::from_secs(10));
+    r.expect_rc(0);
+    assert!(r.stdout().contains("pidfile does not name this timer; exiting"), "{}", r.stdout());
+    assert!(beats(&td, &id).is_empty());
+
+    // A17: SIGTERM straight to the timer is honoured within 100 ms (with slack for a busy machine);
+    // the exit cleanup then removes its own pidfile since L2 is free.
+    let pid = start(&td, port, &id, &[]);
+    let t = Instant::now();
+    mam::sys::kill(pid, libc::SIGTERM).unwrap();
+    wait_until("the timer to exit on SIGTERM", Duration::from_secs(5), || gone(pid));
+    assert!(t.elapsed() < Duration::from_millis(500), "{:?}", t.elapsed());
+    assert!(pidfile(&td, &id).is_none());
+    assert!(hb_log(&td, &id).contains("stopping: SIGTERM"));
+}
+
+#[test]
+fn cadence_never_waits_for_the_broker() {
+    let td = TestDir::new("hb-cadence");
+    let b = embedded();
+    let port = b.addr().port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    b.stall_connack("mam-hb-");
+    let pid = start(&td, port, &id, &[]);
+    wait_until("four beats on disk while the wire is held", Duration::from_secs(10), || beats(&td, &id).len() >= 4);
+    let bs = beats(&td, &id);
+    let ts: Vec<u64> = bs.iter().map(|e| mam::clock::parse_ts(e["ts"].as_str().unwrap()).unwrap()).collect();
+    for w in ts.windows(2) {
+        assert!((700..=2300).contains(&(w[1] - w[0])), "cadence kept: {ts:?}");
+    }
+    assert!(hb_log(&td, &id).contains("dropped from the wire (kept in events.log)"), "{}", hb_log(&td, &id));
+    let t = Instant::now();
+    let r = mam_at(&td, port).args(["heartbeat", "stop", "--job-id", &id]).run();
+    assert_eq!(r.expect_rc(0).stdout(), format!("stopped {pid}\n"));
+    assert!(t.elapsed() < Duration::from_secs(1), "a stalled wire does not delay the stop: {:?}", t.elapsed());
+    b.release_connack("mam-hb-");
+    assert!(b.received().is_empty());
+}
