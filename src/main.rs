@@ -16,7 +16,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("registry", "job records: register, submit, show, list, status, finalize, expire, set-meta, paths", true),
     ("publish", "report a signed job event (started, progress, completed, failed, error)", false),
     ("heartbeat", "the per-job heartbeat timer: start, stop, status, run", false),
-    ("watch", "follow one job on the wire and on disk until it ends or goes silent", false),
+    ("watch", "follow one job on the wire and on disk until it ends or goes silent", true),
     ("remote", "dispatch a job to a remote runner, or run one", false),
     ("daemon", "the workspace subscriber daemon: run, ensure, status, stop", false),
     ("reconcile", "reconcile job records once, or run the daemon with --subscribe", false),
@@ -65,6 +65,7 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "broker" => cmd::broker::run(ctx, args),
         "pub" => cmd::pub_::run(ctx, args),
         "sub" => cmd::sub::run(ctx, args),
+        "watch" => cmd::watch::run(ctx, args),
         _ => not_yet(ctx, name, args),
     }
 }

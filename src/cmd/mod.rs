@@ -6,3 +6,4 @@ pub mod paths;
 pub mod pub_;
 pub mod registry;
 pub mod sub;
+pub mod watch;

@@ -12,3 +12,4 @@ mod paths;
 mod registry;
 mod sign;
 mod tidy;
+mod watch;
