@@ -15,6 +15,7 @@ pub mod knob;
 pub mod mqtt;
 pub mod paths;
 pub mod registry;
+pub mod remote;
 pub mod sign;
 pub mod sys;
 pub mod watch;

@@ -17,7 +17,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("publish", "report a signed job event (started, progress, completed, failed, error)", false),
     ("heartbeat", "the per-job heartbeat timer: start, stop, status, run", false),
     ("watch", "follow one job on the wire and on disk until it ends or goes silent", true),
-    ("remote", "dispatch a job to a remote runner, or run one", false),
+    ("remote", "dispatch a job to a remote runner, or run one", true),
     ("daemon", "the workspace subscriber daemon: run, ensure, status, stop", false),
     ("reconcile", "reconcile job records once, or run the daemon with --subscribe", false),
     ("jobs", "one table of the jobs in a registry", false),
@@ -66,6 +66,7 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "pub" => cmd::pub_::run(ctx, args),
         "sub" => cmd::sub::run(ctx, args),
         "watch" => cmd::watch::run(ctx, args),
+        "remote" => cmd::remote::run(ctx, args),
         _ => not_yet(ctx, name, args),
     }
 }

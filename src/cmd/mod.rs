@@ -5,5 +5,6 @@ pub mod env;
 pub mod paths;
 pub mod pub_;
 pub mod registry;
+pub mod remote;
 pub mod sub;
 pub mod watch;
