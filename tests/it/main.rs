@@ -10,6 +10,7 @@ mod envfile;
 mod mqtt;
 mod paths;
 mod registry;
+mod remote;
 mod sign;
 mod tidy;
 mod watch;

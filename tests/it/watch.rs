@@ -59,8 +59,12 @@ impl World {
 
     /// Registers a job (`extra` adds timing and transport flags) and returns its id.
     pub fn register(&self, extra: &[&str]) -> String {
+        self.register_session("w1", extra)
+    }
+
+    pub fn register_session(&self, session: &str, extra: &[&str]) -> String {
         let id = format!("w{}", rand_hex(4));
-        self.mam().args(["registry", "register", "--session", "w1", "--job-id", &id]).args(extra).run().expect_rc(0);
+        self.mam().args(["registry", "register", "--session", session, "--job-id", &id]).args(extra).run().expect_rc(0);
         id
     }
 
