@@ -156,6 +156,10 @@ pub fn run(r: &Runner, log: Log) -> Result<(), RunnerError> {
     };
     if let Some(Err(e)) = initial {
         let _ = reader.join();
+        // A signal while connecting is a request to stop, not a broker failure.
+        if sys::pending_signal().is_some() {
+            return Ok(());
+        }
         return Err(RunnerError::Connect(e));
     }
     loop {

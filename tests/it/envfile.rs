@@ -107,8 +107,9 @@ const LOADERS: &[&[&str]] = &[
     &["registry", "paths"],
     &["publish"],
     &["heartbeat"],
-    &["watch"],
-    &["remote"],
+    &["watch", "--job-id", "j1"],
+    &["remote", "run", "--session", "s1", "--exec", "true"],
+    &["remote", "dispatch", "--job-id", "j1"],
     &["daemon"],
     &["bench"],
 ];

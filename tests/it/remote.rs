@@ -273,6 +273,28 @@ fn m4_mirror_admission() {
     }
 }
 
+/// Kills (SIGKILL) whatever pids the stubborn exec recorded, so a failing test leaks nothing.
+struct PidFiles(PathBuf);
+
+impl PidFiles {
+    fn new(dir: PathBuf) -> PidFiles {
+        fs::create_dir_all(&dir).unwrap();
+        PidFiles(dir)
+    }
+}
+
+impl Drop for PidFiles {
+    fn drop(&mut self) {
+        for f in ["sh.pid", "gc.pid"] {
+            if let Some(p) = read_pid(&self.0.join(f)) {
+                if alive(p) {
+                    let _ = mam::sys::kill(p, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
 /// An exec whose shell records its pid and starts a grandchild that ignores SIGTERM.
 fn stubborn_exec(dir: &Path) -> String {
     format!(
@@ -309,7 +331,7 @@ fn m5_timeout_kills_the_whole_group_before_error() {
     let session = format!("r{}", rand_hex(4));
     let id = remote_job(&w, &session, &["--timeout", "2"]);
     let dir = w.td.path("m5");
-    fs::create_dir_all(&dir).unwrap();
+    let _guard = PidFiles::new(dir.clone());
     let mut run = runner(&w, &session, &stubborn_exec(&dir), &["--once"]);
     let prefix = format!("mam/jobs/{id}");
     let pids = {
@@ -344,7 +366,7 @@ fn m6_sigterm_to_a_busy_runner() {
     let session = format!("r{}", rand_hex(4));
     let id = remote_job(&w, &session, &[]);
     let dir = w.td.path("m6");
-    fs::create_dir_all(&dir).unwrap();
+    let _guard = PidFiles::new(dir.clone());
     let mut watch = w.watch_subscribed(&id, &["--remote"]);
     let mut run = w
         .mam()

@@ -294,6 +294,19 @@ fn w2_silence_after_started_is_unresponsive() {
 }
 
 #[test]
+fn idle_timeout_flag_overrides_the_window() {
+    let Some(w) = World::new("widle", Target::Embedded) else { return };
+    let id = w.register(&["--heartbeat-sec", "1", "--heartbeat-misses", "5", "--ack-timeout", "30"]);
+    let mut watch = w.watch_subscribed(&id, &["--idle-timeout", "1"]);
+    let e = w.emitter(&id);
+    e.publish(1, "started", "running");
+    let sent = Instant::now();
+    let (rc, at) = watch.wait(Duration::from_secs(10));
+    assert_eq!(rc, 11, "{}{}", watch.stdout(), watch.stderr());
+    assert!(at - sent < Duration::from_millis(2500), "{:?}: the record's 5 s window was used", at - sent);
+}
+
+#[test]
 fn w3_ack_budget_and_the_wall_clock() {
     let Some(w) = World::new("w3", Target::Embedded) else { return };
     let id = w.register(FAST);
