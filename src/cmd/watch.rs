@@ -145,12 +145,12 @@ fn watch(ctx: &Ctx, a: &Args, printed: &AtomicBool) -> Result<i32, Failure> {
     };
     let mut out = |o: Output<'_>| match o {
         Output::Line(l) => ctx.say(l),
-        Output::Diag(d) => {
-            // The signal line is printed once, by the loop or by the guard, whichever is first.
-            if d.starts_with("watch: received ") && printed.swap(true, Ordering::SeqCst) {
-                return;
+        Output::Diag(d) => ctx.diag(d),
+        // Printed once, by the loop or by the guard, whichever is first.
+        Output::Signal(d) => {
+            if !printed.swap(true, Ordering::SeqCst) {
+                ctx.diag(d);
             }
-            ctx.diag(d);
         }
     };
     let verdict = follow::run(job, store, settings, cfg, &mut out);
@@ -204,7 +204,7 @@ fn guard_loop(ctx: &Ctx, printed: &AtomicBool, done: &AtomicBool) {
             (None, Some(sig)) => seen = Some((sig, Instant::now())),
             (Some((sig, at)), _) if at.elapsed() >= SIGNAL_GRACE => {
                 if !printed.swap(true, Ordering::SeqCst) {
-                    ctx.diag(&format!("watch: received {}; disconnecting", sys::signal_name(sig)));
+                    ctx.diag(&follow::signal_line(sig));
                 }
                 std::process::exit(128 + sig);
             }

@@ -104,7 +104,7 @@ pub fn report_event(
     };
     let l3_path = store.registry.join(format!("{job_id}.publish.lock"));
     let terminal = matches!(event, "completed" | "failed" | "error");
-    let (decision, _l3) = if terminal {
+    let (decision, l3) = if terminal {
         // CORE 6.4 steps 2-5: barrier, stop the timer under L2, wait out one-shot publishes, decide.
         match store.apply(&request(Kind::Barrier, Some(event), false), clock::now_ms())?.decision {
             Decision::Refused { reason } => return Ok(Reported::Refused { reason }),
@@ -168,7 +168,7 @@ pub fn report_event(
         c.disconnect();
         Ok(())
     });
-    drop(_l3);
+    drop(l3);
     let mut rest = json!({"seq": seq, "event": event, "published": sent.is_ok(), "state_published": state_sent,
                           "attempts": attempts});
     if let Err(e) = &sent {

@@ -116,12 +116,13 @@ pub enum Verdict {
     Connect(MqttError),
 }
 
-/// Something for the caller to show: a line (already in subscriber.log) for stdout, or a
-/// diagnostic with its prefix for stderr.
+/// Something for the caller to show: a line (already in subscriber.log) for stdout, a diagnostic
+/// with its prefix for stderr, or the signal line of CORE 8.3 (stderr; the caller prints it once).
 #[derive(Debug)]
 pub enum Output<'a> {
     Line(&'a str),
     Diag(&'a str),
+    Signal(&'a str),
 }
 
 /// The connection state after the initial subscription.
@@ -520,9 +521,14 @@ impl Watch<'_> {
 
     /// CORE 8.3 Signals: the line, then DISCONNECT if connected.
     fn signal(&mut self, sig: i32, conn: &mut Persistent) -> Verdict {
-        let msg = format!("watch: received {}; disconnecting", sys::signal_name(sig));
-        self.diag(&msg);
+        let msg = signal_line(sig);
+        (self.out)(Output::Signal(&msg));
         conn.drop_connection();
         Verdict::Signal(sig)
     }
+}
+
+/// `watch: received SIG<NAME>; disconnecting` (CORE 8.3).
+pub fn signal_line(sig: i32) -> String {
+    format!("watch: received {}; disconnecting", sys::signal_name(sig))
 }
