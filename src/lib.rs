@@ -17,6 +17,7 @@ pub mod pane;
 pub mod paths;
 pub mod publish;
 pub mod registry;
+pub mod remote;
 pub mod sign;
 pub mod sys;
 pub mod watch;

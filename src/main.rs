@@ -16,8 +16,8 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("registry", "job records: register, submit, show, list, status, finalize, expire, set-meta, paths", true),
     ("publish", "report a signed job event (started, progress, completed, failed, error)", true),
     ("heartbeat", "the per-job heartbeat timer: start, stop, status, run", true),
-    ("watch", "follow one job on the wire and on disk until it ends or goes silent", false),
-    ("remote", "dispatch a job to a remote runner, or run one", false),
+    ("watch", "follow one job on the wire and on disk until it ends or goes silent", true),
+    ("remote", "dispatch a job to a remote runner, or run one", true),
     ("daemon", "the workspace subscriber daemon: run, ensure, status, stop", false),
     ("reconcile", "reconcile job records once, or run the daemon with --subscribe", false),
     ("jobs", "one table of the jobs in a registry", false),
@@ -72,6 +72,8 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "pane" => cmd::pane::run(ctx, args),
         "publish" => cmd::publish::run(ctx, args),
         "heartbeat" => cmd::heartbeat::run(ctx, args),
+        "watch" => cmd::watch::run(ctx, args),
+        "remote" => cmd::remote::run(ctx, args),
         _ => not_yet(ctx, name, args),
     }
 }

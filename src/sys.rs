@@ -382,3 +382,34 @@ pub fn normalize(p: &Path) -> PathBuf {
     }
     out
 }
+
+// ---------------------------------------------------------------------------------------------
+// watch/remote (issue 6): process-group liveness for the runner's killpg escalation (CORE 9.3).
+
+/// True while process group `pgid` has a member that is not a zombie. A zombie (an exited member
+/// nobody has reaped yet, e.g. an orphan whose new parent is slow to reap) cannot run or hold
+/// anything, so it does not count.
+pub fn group_alive(pgid: i32) -> bool {
+    if pgid <= 0 {
+        return false;
+    }
+    if let Err(e) = kill(-pgid, 0) {
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            return false;
+        }
+    }
+    let Ok(rd) = fs::read_dir("/proc") else { return true };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = fs::read(format!("/proc/{pid}/stat")) else { continue };
+        let Some(close) = stat.iter().rposition(|&b| b == b')') else { continue };
+        let rest = String::from_utf8_lossy(&stat[close + 1..]);
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // fields[0] is field 3 (state), fields[2] is field 5 (pgrp).
+        if fields.get(2).and_then(|p| p.parse::<i32>().ok()) == Some(pgid) && fields.first() != Some(&"Z") {
+            return true;
+        }
+    }
+    false
+}

@@ -8,5 +8,7 @@ pub mod paths;
 pub mod pub_;
 pub mod publish;
 pub mod registry;
+pub mod remote;
 pub mod sub;
 pub mod test_double;
+pub mod watch;

@@ -111,8 +111,9 @@ const LOADERS: &[&[&str]] = &[
     &["sub", "-t", "x"],
     &["publish", "--job-id", "j1", "--event", "started"],
     &["heartbeat", "status", "--job-id", "j1"],
-    &["watch"],
-    &["remote"],
+    &["watch", "--job-id", "j1"],
+    &["remote", "run", "--session", "s1", "--exec", "true"],
+    &["remote", "dispatch", "--job-id", "j1"],
     &["daemon"],
     &["bench"],
 ];

@@ -13,5 +13,7 @@ mod pane;
 mod paths;
 mod publish;
 mod registry;
+mod remote;
 mod sign;
 mod tidy;
+mod watch;

@@ -524,3 +524,126 @@ for line in sys.stdin.read().splitlines():
     assert!(out.status.success(), "verifier failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect()
 }
+
+// ---------------------------------------------------------------------------------------------
+// Background processes (watch, remote): output to files so a test can poll it while the process
+// runs; killed and reaped on drop.
+
+impl Cmd {
+    /// Starts the command in the background with stdout and stderr going to files in `td`.
+    pub fn spawn_bg(mut self, td: &TestDir, name: &str) -> Background {
+        let n = rand_hex(3);
+        let out = td.path(&format!("{name}-{n}.out"));
+        let err = td.path(&format!("{name}-{n}.err"));
+        self.cmd.stdout(fs::File::create(&out).unwrap()).stderr(fs::File::create(&err).unwrap());
+        let started = Instant::now();
+        let child = self.cmd.spawn().expect("spawn background process");
+        Background { child: Some(child), out, err, started, status: None }
+    }
+}
+
+/// A process started with `Cmd::spawn_bg`.
+pub struct Background {
+    child: Option<Child>,
+    pub out: PathBuf,
+    pub err: PathBuf,
+    pub started: Instant,
+    status: Option<std::process::ExitStatus>,
+}
+
+impl Background {
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    pub fn stdout(&self) -> String {
+        fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Sends `sig` to the process (no-op once it was reaped).
+    pub fn signal(&self, sig: i32) {
+        if self.child.is_some() && self.status.is_none() {
+            let _ = mam::sys::kill(self.pid(), sig);
+        }
+    }
+
+    /// Waits until stdout contains `needle`, failing (with both streams) after `limit` or when the
+    /// process exits first.
+    pub fn wait_stdout(&mut self, needle: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.stdout().contains(needle) {
+                return;
+            }
+            let exited = self.try_status().is_some();
+            if exited || Instant::now() > deadline {
+                // One more look: the line may have landed just before the exit.
+                if self.stdout().contains(needle) {
+                    return;
+                }
+                panic!(
+                    "waiting for {needle:?}: {}\n--- stdout\n{}--- stderr\n{}",
+                    if exited { "process exited" } else { "timed out" },
+                    self.stdout(),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn try_status(&mut self) -> Option<std::process::ExitStatus> {
+        if self.status.is_none() {
+            if let Some(c) = self.child.as_mut() {
+                self.status = c.try_wait().unwrap();
+            }
+        }
+        self.status
+    }
+
+    /// True once the process has exited (it is reaped then).
+    pub fn exited(&mut self) -> bool {
+        self.try_status().is_some()
+    }
+
+    /// Waits for the exit within `limit` (killing it and failing otherwise); returns the exit code
+    /// (128 + signal for a signal death) and the instant it was seen.
+    pub fn wait(&mut self, limit: Duration) -> (i32, Instant) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.try_status() {
+                use std::os::unix::process::ExitStatusExt;
+                let rc = st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0));
+                return (rc, Instant::now());
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                panic!(
+                    "process did not exit within {limit:?}\n--- stdout\n{}--- stderr\n{}",
+                    self.stdout(),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if self.status.is_none() {
+                let _ = c.kill();
+                self.status = c.wait().ok();
+            }
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

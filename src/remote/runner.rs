@@ -1,0 +1,560 @@
+//! The runner (`mam remote run`, CORE 9.3; A12, A21): a reader thread keeps one subscription to
+//! `<root>/jobs/+/dispatch/+`, filters what arrives and queues admitted dispatches in arrival order
+//! (at most 100); the calling thread takes them one at a time, drops the stale ones, mirrors the
+//! job through the engine, runs `sh -c CMD` in its own session and process group, reports `started`
+//! and the terminal event, and clears the attempt's retained dispatch.
+//!
+//! Owns: the queue, the process-group escalation (TERM, grace, KILL, and only then the `error`
+//! event), the report tail (A12). It never prints (lines go to the caller's `Log`), never puts the
+//! dispatch secret in a record, argv or a child's environment, and never runs two jobs at once.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+
+use super::dispatch::{self, Dispatch, Judged};
+use super::report::{report_event, Reported};
+use crate::cli::show_path;
+use crate::clock;
+use crate::mqtt::{self, Client, Message, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
+use crate::registry::engine::{Authority, Decision, Kind, Request};
+use crate::registry::store::Store;
+use crate::sys;
+
+/// A21: the queue bound.
+pub const QUEUE_LIMIT: usize = 100;
+/// A12: the most of MAM_REPORT_FILE a terminal event carries.
+pub const MAX_REPORT: usize = 256 * 1024;
+/// How long the runner waits for a KILLed group to be gone before reporting anyway.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(50);
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Where the runner's log lines go (one line each, no trailing newline).
+pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Everything one runner needs.
+#[derive(Clone)]
+pub struct Runner {
+    /// NAME of `remote:NAME`.
+    pub session: String,
+    pub exec: String,
+    pub store: Store,
+    pub cfg: MqttConfig,
+    pub secret: Vec<u8>,
+    /// `--timeout`: used when a dispatch's `timeout_sec` is 0 (CORE 9.1, default 3600 s).
+    pub default_timeout: Duration,
+    pub once: bool,
+    /// TERM-to-KILL grace (CORE 9.3: 5 s; `MAM_RUNNER_GRACE_MS` shortens it in tests).
+    pub grace: Duration,
+    pub cas: bool,
+    /// The environment for `CMD` (the caller's child environment).
+    pub child_env: Vec<(OsString, OsString)>,
+}
+
+impl fmt::Debug for Runner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The secret never reaches a log line (A2), not even a debug print.
+        f.debug_struct("Runner").field("session", &self.session).field("exec", &self.exec).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+pub enum RunnerError {
+    /// The initial connect or subscribe failed after retries (rc 3).
+    Connect(MqttError),
+    /// The reader thread could not be started.
+    Thread(std::io::Error),
+}
+
+impl fmt::Display for RunnerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunnerError::Connect(e) => write!(f, "{e}"),
+            RunnerError::Thread(e) => write!(f, "cannot start the reader thread: {e}"),
+        }
+    }
+}
+
+/// What `enqueue` did.
+#[derive(Debug, PartialEq)]
+pub enum Enqueued {
+    /// The same job, attempt and token is already waiting.
+    Duplicate,
+    /// Queued; `dropped` is the entry pushed out of a full queue (the oldest stale one, else the
+    /// oldest).
+    Queued { dropped: Option<Dispatch> },
+}
+
+/// A21's queue rule, pure: arrival order, one entry per attempt, bounded at `limit`.
+pub fn enqueue(q: &mut VecDeque<Dispatch>, d: Dispatch, now_ms: u64, limit: usize) -> Enqueued {
+    if q.iter().any(|x| x.same_attempt(&d)) {
+        return Enqueued::Duplicate;
+    }
+    let mut dropped = None;
+    if q.len() >= limit {
+        let i = q.iter().position(|x| x.is_stale(now_ms)).unwrap_or(0);
+        dropped = q.remove(i);
+    }
+    q.push_back(d);
+    Enqueued::Queued { dropped }
+}
+
+/// A12: the last `limit` bytes of a report, cut forward to a UTF-8 character boundary, and how many
+/// bytes were dropped when it was cut (so a trailing `VERDICT:` line survives).
+pub fn report_tail(bytes: &[u8], limit: usize) -> (String, Option<u64>) {
+    if bytes.len() <= limit {
+        return (String::from_utf8_lossy(bytes).into_owned(), None);
+    }
+    let mut start = bytes.len() - limit;
+    while start < bytes.len() && bytes[start] & 0xC0 == 0x80 {
+        start += 1;
+    }
+    (String::from_utf8_lossy(&bytes[start..]).into_owned(), Some(start as u64))
+}
+
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<VecDeque<Dispatch>>,
+    cv: Condvar,
+    shutdown: AtomicBool,
+    initial: Mutex<Option<Result<(), MqttError>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Serves dispatches until a signal (or, with `--once`, until one job ran). Returns after the
+/// reader thread is joined; a job in progress when a signal arrives is stopped and reported first.
+pub fn run(r: &Runner, log: Log) -> Result<(), RunnerError> {
+    let shared = Arc::new(Shared::default());
+    let reader = {
+        let (sh, r2, lg) = (shared.clone(), r.clone(), log.clone());
+        thread::Builder::new()
+            .name("remote-reader".into())
+            .spawn(move || read_loop(&sh, &r2, &lg))
+            .map_err(RunnerError::Thread)?
+    };
+    let initial = {
+        let mut g = lock(&shared.initial);
+        while g.is_none() {
+            g = shared.cv.wait_timeout(g, POLL).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+        }
+        g.take()
+    };
+    if let Some(Err(e)) = initial {
+        let _ = reader.join();
+        // A signal while connecting is a request to stop, not a broker failure.
+        if sys::pending_signal().is_some() {
+            return Ok(());
+        }
+        return Err(RunnerError::Connect(e));
+    }
+    loop {
+        if sys::pending_signal().is_some() {
+            break;
+        }
+        let next = {
+            let mut q = lock(&shared.queue);
+            if q.is_empty() {
+                q = shared
+                    .cv
+                    .wait_timeout(q, Duration::from_millis(200))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0);
+            }
+            q.pop_front()
+        };
+        let Some(d) = next else { continue };
+        // A21: staleness is judged when the job is taken, not when it arrived.
+        if d.is_stale(clock::now_ms()) {
+            log(&format!("stale dispatch ignored job={} attempt={}", d.job_id, d.attempt));
+            continue;
+        }
+        match serve(r, &d, &log) {
+            Served::Skipped => {}
+            Served::Ran { interrupted } => {
+                if interrupted || r.once {
+                    break;
+                }
+            }
+        }
+    }
+    shared.shutdown.store(true, Ordering::SeqCst);
+    shared.cv.notify_all();
+    let _ = reader.join();
+    Ok(())
+}
+
+/// The broker side (A21): its own thread and connection, so dispatches are read while a job runs.
+fn read_loop(shared: &Arc<Shared>, r: &Runner, log: &Log) {
+    let stop = {
+        let sh = shared.clone();
+        Stop::from_fn(move || sys::pending_signal().is_some() || sh.shutdown.load(Ordering::SeqCst))
+    };
+    let filter = format!("{}/jobs/+/dispatch/+", r.cfg.topic_root);
+    let mut conn = Persistent::new(r.cfg.clone(), Role::Rmt, stop.clone());
+    let subscribed = mqtt::with_retry(
+        &RetryPolicy::standard("subscribe"),
+        &stop,
+        |w| log(&w),
+        |_| conn.subscribe(std::slice::from_ref(&filter), 1),
+    );
+    let ok = subscribed.is_ok();
+    *lock(&shared.initial) = Some(subscribed.map(|_| ()));
+    shared.cv.notify_all();
+    if !ok {
+        return;
+    }
+    log(&format!("subscribed topic={filter} session=remote:{}", r.session));
+    let mut down: Option<(Instant, Duration, Instant)> = None;
+    while !stop.is_set() {
+        match down.as_mut() {
+            None => match conn.recv(Instant::now() + Duration::from_millis(200)) {
+                Ok(Some(m)) => on_message(shared, r, log, &m.topic, &m.payload),
+                Ok(None) | Err(MqttError::Stopped) => {}
+                Err(e) => {
+                    log(&format!("broker down ({e}); reconnecting"));
+                    conn.drop_connection();
+                    let now = Instant::now();
+                    down = Some((now, BACKOFF_FIRST, now + BACKOFF_FIRST));
+                }
+            },
+            Some((since, backoff, next_try)) => {
+                let now = Instant::now();
+                if now < *next_try {
+                    sys::sleep((*next_try - now).min(Duration::from_millis(100)));
+                    continue;
+                }
+                match conn.client().map(|_| ()) {
+                    Ok(()) => {
+                        log(&format!("broker up after {}ms", since.elapsed().as_millis()));
+                        down = None;
+                    }
+                    Err(MqttError::Stopped) => {}
+                    Err(_) => {
+                        *backoff = (*backoff * 2).min(BACKOFF_MAX);
+                        *next_try = Instant::now() + *backoff;
+                    }
+                }
+            }
+        }
+    }
+    conn.drop_connection();
+}
+
+fn on_message(shared: &Shared, r: &Runner, log: &Log, topic: &str, payload: &[u8]) {
+    match dispatch::judge(topic, payload, &r.secret, &r.session) {
+        Judged::Cleared | Judged::ForeignSession => {}
+        Judged::BadSignature => log(&format!("dropped: bad signature topic={topic}")),
+        Judged::Malformed(why) => log(&format!("dropped: {why} topic={topic}")),
+        Judged::Ok(d) => {
+            let (id, attempt) = (d.job_id.clone(), d.attempt);
+            let res = enqueue(&mut lock(&shared.queue), d, clock::now_ms(), QUEUE_LIMIT);
+            match res {
+                Enqueued::Duplicate => {}
+                Enqueued::Queued { dropped } => {
+                    if let Some(x) = dropped {
+                        log(&format!("queue full: dropped dispatch job={} attempt={}", x.job_id, x.attempt));
+                    }
+                    log(&format!("queued job={id} attempt={attempt}"));
+                    shared.cv.notify_all();
+                }
+            }
+        }
+    }
+}
+
+enum Served {
+    Skipped,
+    Ran { interrupted: bool },
+}
+
+enum End {
+    Exited(ExitStatus),
+    Timeout(ExitStatus),
+    Interrupted(Option<ExitStatus>),
+    SpawnFailed(String),
+}
+
+fn serve(r: &Runner, d: &Dispatch, log: &Log) -> Served {
+    let id = d.job_id.as_str();
+    // CORE 9.3 step 3: mirror admission, one engine transaction, before any other write.
+    let broker = serde_json::to_value(r.cfg.broker_block()).unwrap_or(Value::Null);
+    let mut req = Request::new(Kind::Mirror, Authority::Agent, id);
+    req.record = Some(d.mirror_record(broker, &r.store.registry, &r.secret));
+    req.cas = r.cas;
+    match r.store.apply(&req, clock::now_ms()) {
+        Ok(o) => {
+            if let Some(w) = o.audit_error {
+                log(&format!("WARNING: {w}"));
+            }
+            match o.decision {
+                Decision::Applied(_) => log(&format!("admitted job={id} attempt={}", d.attempt)),
+                Decision::Idempotent { .. } => {
+                    log(&format!("already admitted job={id} attempt={}; not run again", d.attempt));
+                    return Served::Skipped;
+                }
+                Decision::Refused { reason } => {
+                    log(&format!("mirror refused job={id} attempt={} ({reason})", d.attempt));
+                    return Served::Skipped;
+                }
+                Decision::Invalid(m) => {
+                    log(&format!("ERROR: job {id}: {m}"));
+                    return Served::Skipped;
+                }
+                Decision::UnknownJob => return Served::Skipped,
+            }
+        }
+        Err(e) => {
+            log(&format!("ERROR: job {id}: {e}"));
+            return Served::Skipped;
+        }
+    }
+
+    let dir = r.store.registry.join(id);
+    let brief = dir.join("brief.md");
+    let report = dir.join("report.md");
+    let written = sys::create_dir_all(&dir).and_then(|_| sys::atomic_write(&brief, d.brief.as_bytes()));
+    if let Err(e) = written {
+        log(&format!("ERROR: {}: cannot write the brief ({e})", show_path(&brief)));
+    }
+    // A report left by an earlier attempt must not be sent as this attempt's.
+    let _ = fs::remove_file(&report);
+
+    publish(r, log, id, "started", Map::new());
+    arm_heartbeat(r, d);
+
+    let timeout = if d.timeout_sec > 0 { Duration::from_secs(d.timeout_sec) } else { r.default_timeout };
+    let end = if sys::pending_signal().is_some() {
+        End::Interrupted(None)
+    } else {
+        match spawn(r, d, &brief, &report) {
+            Ok(child) => supervise(child, timeout, r.grace),
+            Err(e) => End::SpawnFailed(e),
+        }
+    };
+
+    let mut data = Map::new();
+    let (event, rc, interrupted) = match &end {
+        End::Exited(st) if st.success() => ("completed", 0, false),
+        End::Exited(st) => {
+            let rc = exit_code(st);
+            data.insert("rc".into(), rc.into());
+            ("failed", rc, false)
+        }
+        End::Timeout(st) => {
+            data.insert("reason".into(), "timeout".into());
+            ("error", exit_code(st), false)
+        }
+        End::Interrupted(st) => {
+            data.insert("reason".into(), "interrupted".into());
+            ("error", st.as_ref().map_or(128 + i64::from(sys::pending_signal().unwrap_or(15)), exit_code), true)
+        }
+        End::SpawnFailed(e) => {
+            log(&format!("ERROR: job {id}: {e}"));
+            data.insert("reason".into(), "spawn_failed".into());
+            ("error", 127, false)
+        }
+    };
+    if let Ok(bytes) = fs::read(&report) {
+        let (text, cut) = report_tail(&bytes, MAX_REPORT);
+        data.insert("report".into(), text.into());
+        if let Some(n) = cut {
+            data.insert("report_truncated".into(), n.into());
+        }
+    }
+    publish(r, log, id, event, data);
+    log(&format!("DONE rc={rc} job={id}"));
+    clear_dispatch(r, d, log);
+    Served::Ran { interrupted }
+}
+
+fn exit_code(st: &ExitStatus) -> i64 {
+    use std::os::unix::process::ExitStatusExt;
+    st.code().map_or_else(|| 128 + i64::from(st.signal().unwrap_or(0)), i64::from)
+}
+
+/// TODO(merge): CORE 9.3 step 4 publishes `started --heartbeat N` watching the runner's own pid.
+/// The timer (`start_timer`, CORE 7.3) is written on the publish/heartbeat branch; once merged,
+/// arm it here for `d.job_id` with N = `d.heartbeat_sec` and watch pid `std::process::id()`
+/// (acceptance test M7 depends on it).
+fn arm_heartbeat(_r: &Runner, _d: &Dispatch) {}
+
+/// `sh -c CMD` in its own session and process group, stdin /dev/null, output appended to
+/// `<logs>/<job_id>/exec.log`, and the job's variables (CORE 9.3 step 5). The dispatch secret is
+/// not passed on: the command reports with the job's auth token, which the mirror record holds.
+fn spawn(r: &Runner, d: &Dispatch, brief: &Path, report: &Path) -> Result<Child, String> {
+    let log_dir = r.store.logs.join(&d.job_id);
+    let log_path = log_dir.join("exec.log");
+    let out = sys::create_dir_all(&log_dir)
+        .and_then(|_| OpenOptions::new().append(true).create(true).mode(0o600).open(&log_path))
+        .map_err(|e| format!("{}: cannot open ({e})", show_path(&log_path)))?;
+    let err = out.try_clone().map_err(|e| format!("{}: cannot open ({e})", show_path(&log_path)))?;
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(&r.exec)
+        .env_clear()
+        .envs(r.child_env.iter().filter(|(k, _)| k != "MAM_DISPATCH_SECRET").cloned())
+        .env("MAM_JOB_ID", &d.job_id)
+        .env("MAM_ATTEMPT", d.attempt.to_string())
+        .env("MAM_BRIEF_FILE", brief)
+        .env("MAM_REPORT_FILE", report)
+        .env("MAM_REGISTRY_DIR", &r.store.registry)
+        .env("DELEGATE_JOB_LOGS_DIR", &r.store.logs)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    sys::set_new_session(&mut cmd);
+    sys::spawn(&mut cmd).map_err(|e| format!("cannot run sh -c for job {}: {e}", d.job_id))
+}
+
+/// Waits for the job's shell; on timeout or a signal to the runner, stops its whole group.
+fn supervise(mut child: Child, timeout: Duration, grace: Duration) -> End {
+    let deadline = Instant::now() + timeout;
+    let pgid = child.id() as i32;
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return End::Exited(st),
+            Ok(None) => {}
+            Err(_) => return End::Exited(stop_group(&mut child, pgid, grace)),
+        }
+        if sys::pending_signal().is_some() {
+            return End::Interrupted(Some(stop_group(&mut child, pgid, grace)));
+        }
+        if Instant::now() >= deadline {
+            return End::Timeout(stop_group(&mut child, pgid, grace));
+        }
+        sys::sleep(POLL);
+    }
+}
+
+/// `killpg` TERM, up to `grace` for the group to go, then KILL; returns once the group is gone
+/// (or `KILL_WAIT` passed) so the `error` event is published only after the processes died.
+fn stop_group(child: &mut Child, pgid: i32, grace: Duration) -> ExitStatus {
+    let _ = sys::kill(-pgid, libc::SIGTERM);
+    let mut status = None;
+    let gone = |status: &mut Option<ExitStatus>, child: &mut Child| {
+        if status.is_none() {
+            *status = child.try_wait().ok().flatten();
+        }
+        status.is_some() && !sys::group_alive(pgid)
+    };
+    let until = Instant::now() + grace;
+    while !gone(&mut status, child) && Instant::now() < until {
+        sys::sleep(POLL);
+    }
+    if !gone(&mut status, child) {
+        let _ = sys::kill(-pgid, libc::SIGKILL);
+        let until = Instant::now() + KILL_WAIT;
+        while !gone(&mut status, child) && Instant::now() < until {
+            sys::sleep(Duration::from_millis(20));
+        }
+    }
+    match status {
+        Some(st) => st,
+        None => child.wait().unwrap_or_else(|_| {
+            use std::os::unix::process::ExitStatusExt;
+            ExitStatus::from_raw(libc::SIGKILL)
+        }),
+    }
+}
+
+/// Reports one event through `report_event` and logs `published <event> job=<id>`.
+fn publish(r: &Runner, log: &Log, id: &str, event: &str, data: Map<String, Value>) {
+    let mut warn = |w: String| log(&w);
+    match report_event(&r.store, &r.cfg, id, event, data, r.cas, &mut warn) {
+        Ok(Reported::Published { seq }) => log(&format!("published {event} job={id} seq={seq}")),
+        Ok(Reported::WireFailed { seq, error }) => {
+            log(&format!("WARNING: {event} of job {id} recorded (seq={seq}) but not published: {error}"))
+        }
+        Ok(Reported::Idempotent { status }) => log(&format!("already {status}; nothing new to publish job={id}")),
+        Ok(Reported::Refused { reason }) => log(&format!("REFUSED: {id}: {event} ({reason})")),
+        Err(e) => log(&format!("ERROR: {event} of job {id}: {e}")),
+    }
+}
+
+/// CORE 9.3 step 7: an empty retained payload on the attempt's dispatch topic.
+fn clear_dispatch(r: &Runner, d: &Dispatch, log: &Log) {
+    let topic = dispatch::topic(&d.topic_prefix, d.attempt);
+    let cleared = mqtt::with_retry(
+        &RetryPolicy::standard("publish"),
+        &Stop::never(),
+        |w| log(&w),
+        |_| {
+            let mut c = Client::connect(&r.cfg, Role::Rmt, &Stop::never())?;
+            c.publish(&Message::new(topic.clone(), Vec::new(), 1, true))?;
+            c.disconnect();
+            Ok(())
+        },
+    );
+    match cleared {
+        Ok(()) => log(&format!("cleared dispatch topic={topic}")),
+        Err(e) => log(&format!("WARNING: cannot clear the dispatch on {topic}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(id: &str, issued: u64) -> Dispatch {
+        Dispatch {
+            job_id: id.into(),
+            attempt: 1,
+            dispatch_token: "t".into(),
+            agent_session: "remote:x".into(),
+            job_type: "task".into(),
+            iteration: 1,
+            brief: String::new(),
+            heartbeat_sec: 1,
+            heartbeat_misses: 1,
+            ack_timeout_sec: 0,
+            idle_timeout_sec: 1,
+            timeout_sec: 0,
+            issued_at_ms: issued,
+            parent_job_id: None,
+            orchestrator_uuid: None,
+            topic_prefix: format!("mam/jobs/{id}"),
+        }
+    }
+
+    #[test]
+    fn a21_queue_keeps_order_drops_duplicates_and_the_oldest_stale_when_full() {
+        let mut q = VecDeque::new();
+        let now = 1_000_000;
+        assert_eq!(enqueue(&mut q, d("a", now), now, 3), Enqueued::Queued { dropped: None });
+        assert_eq!(enqueue(&mut q, d("a", now), now, 3), Enqueued::Duplicate);
+        enqueue(&mut q, d("stale", 0), now, 3);
+        enqueue(&mut q, d("b", now), now, 3);
+        let Enqueued::Queued { dropped: Some(x) } = enqueue(&mut q, d("c", now), now, 3) else { panic!() };
+        assert_eq!(x.job_id, "stale");
+        let ids: Vec<&str> = q.iter().map(|x| x.job_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        let Enqueued::Queued { dropped: Some(x) } = enqueue(&mut q, d("e", now), now, 3) else { panic!() };
+        assert_eq!(x.job_id, "a", "no stale entry: the oldest goes");
+    }
+
+    #[test]
+    fn a12_report_tail_cuts_on_a_char_boundary() {
+        assert_eq!(report_tail(b"short", 10), ("short".to_string(), None));
+        let text = "ééé\nVERDICT: ok\n"; // each é is 2 bytes
+        assert_eq!(text.len(), 19);
+        let (tail, cut) = report_tail(text.as_bytes(), 15);
+        assert_eq!((tail.as_str(), cut), ("é\nVERDICT: ok\n", Some(4)));
+        let (tail, cut) = report_tail(text.as_bytes(), 14);
+        assert_eq!((tail.as_str(), cut), ("\nVERDICT: ok\n", Some(6)), "a split é is skipped, not mangled");
+    }
+}
