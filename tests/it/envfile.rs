@@ -109,7 +109,10 @@ const LOADERS: &[&[&str]] = &[
     &["heartbeat"],
     &["watch"],
     &["remote"],
-    &["daemon"],
+    &["daemon", "status"],
+    &["daemon", "ensure"],
+    &["reconcile", "--subscribe"],
+    &["jobs"],
     &["bench"],
 ];
 
