@@ -184,14 +184,20 @@ impl Mirror {
     }
 
     /// One polling pass (CORE 10.2 step 5): for each non-terminal job, read its events.log and apply
-    /// the `started` and terminal lines of the current attempt and token. It runs to the end once
-    /// started; signals are the caller's business between passes.
-    pub fn poll_pass(&mut self, now_ms: u64) -> Pass {
+    /// the `started` and terminal lines of the current attempt and token. Lines go to `log` as they
+    /// happen, starting with `poll pass: N open job(s)` when there is anything to look at. It runs to
+    /// the end once started; signals are the caller's business between passes.
+    pub fn poll_pass(&mut self, now_ms: u64, log: &mut dyn FnMut(&str)) -> Pass {
         let mut pass = Pass::default();
         let Ok(ids) = self.store.job_ids() else { return pass };
-        for id in ids {
-            let Some(rec) = self.cache.open_record(&self.store, &id) else { continue };
-            pass.open += 1;
+        let open: Vec<(String, Record)> =
+            ids.into_iter().filter_map(|id| self.cache.open_record(&self.store, &id).map(|r| (id, r))).collect();
+        pass.open = open.len();
+        if open.is_empty() {
+            return pass;
+        }
+        log(&format!("poll pass: {} open job(s)", open.len()));
+        for (id, rec) in open {
             let Some(ident) = identity(&rec) else { continue };
             let Ok(text) = fs::read(self.store.registry.join(&id).join("events.log")) else { continue };
             // A fresh acceptor per pass: the file is read from the start every time (CORE 8.2).
@@ -206,16 +212,22 @@ impl Mirror {
                     terminal = out.terminal().map(str::to_string);
                 }
             }
+            let mut lines = Vec::new();
             if started && rec.status() == "pending" {
-                pass.lines.extend(self.request(&rec, &id, Kind::Claim, None, now_ms).0);
+                lines.extend(self.request(&rec, &id, Kind::Claim, None, now_ms).0);
             }
             if let Some(s) = terminal {
                 let rec = self.store.read(&id).ok().flatten().unwrap_or(rec);
                 if rec.status() != s {
-                    pass.lines.extend(self.request(&rec, &id, Kind::Terminal, Some(&s), now_ms).0);
+                    lines.extend(self.request(&rec, &id, Kind::Terminal, Some(&s), now_ms).0);
                 }
             }
+            for l in &lines {
+                log(l);
+            }
+            pass.lines.extend(lines);
         }
+        log(&format!("poll pass done: {} request(s)", pass.lines.len()));
         pass
     }
 }

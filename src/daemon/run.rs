@@ -194,14 +194,7 @@ pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&st
         }
 
         if now >= next_pass {
-            let pass = mirror.poll_pass(clock::now_ms());
-            if pass.open > 0 {
-                log(&format!("poll pass: {} open job(s)", pass.open));
-                for line in &pass.lines {
-                    log(line);
-                }
-                log(&format!("poll pass done: {} request(s)", pass.lines.len()));
-            }
+            mirror.poll_pass(clock::now_ms(), log);
             next_pass = Instant::now() + cfg.interval;
             continue;
         }

@@ -6,7 +6,9 @@ mod support;
 
 mod broker;
 mod cli;
+mod daemon;
 mod envfile;
+mod jobs;
 mod mqtt;
 mod paths;
 mod registry;
