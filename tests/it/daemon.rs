@@ -281,7 +281,7 @@ fn d2_deleting_the_workspace_ends_the_daemon_within_2s() {
     let td = TestDir::new("d2");
     let ws = td.path("gone/ws");
     fs::create_dir_all(ws.join(".mam")).unwrap();
-    let guard = LeakGuard::new(&[ws.clone()]);
+    let guard = LeakGuard::new(std::slice::from_ref(&ws));
     let broker = start_target(Target::Embedded, &td).unwrap();
     let mut d = Daemon::spawn(daemon_cmd(&td, &ws, &broker_env(broker.port()), &[]), td.path("d2.log"));
     d.wait_log("subscribed ", Duration::from_secs(10));
