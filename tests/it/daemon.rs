@@ -652,3 +652,61 @@ fn reconcile_subscribe_execs_the_control_root_daemon() {
     }
     guard.finish();
 }
+
+#[test]
+fn fallback_switches_back_to_the_broker_and_survives_a_drop() {
+    let td = TestDir::new("back");
+    let guard = LeakGuard::new(&[td.ws()]);
+    // A port that was just free; the broker comes up on it once the daemon is polling.
+    let port = free_port();
+    let mut env = broker_env(port);
+    let root = env[1].1.clone();
+    env.push(("MAM_DAEMON_BROKER_RETRY_S", "1".into()));
+    let id = register_job(&td, &env, &[]);
+    let d = start_daemon(&td, &env, &["--interval", "1"], "back");
+    d.wait_log("broker unavailable", Duration::from_secs(15));
+    let cfg = mam::broker::BrokerConfig { bind: format!("127.0.0.1:{port}").parse().unwrap(), ..Default::default() };
+    let broker = mam::broker::start(cfg).expect("bind the freed port");
+    d.wait_log("broker up; subscribed", Duration::from_secs(5));
+    let rec = read_record(&td, &id);
+    publish_raw(port, &format!("{root}/jobs/{id}/events"), &signed_event(&rec, "started", 1, false), false);
+    wait_status(&td, &id, "running", Duration::from_secs(5));
+
+    // A lost connection is logged and re-established; mirroring continues.
+    broker.drop_connections();
+    d.wait_log("broker down", Duration::from_secs(5));
+    wait_until("the daemon to resubscribe", Duration::from_secs(10), || d.text().matches("broker up").count() >= 2);
+    publish_raw(port, &format!("{root}/jobs/{id}/events"), &signed_event(&rec, "completed", 2, false), false);
+    wait_status(&td, &id, "completed", Duration::from_secs(5));
+    drop(d);
+    guard.finish();
+}
+
+#[test]
+fn a12_a_remote_terminal_event_writes_the_report() {
+    let td = TestDir::new("a12");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let mut env = broker_env(broker.port());
+    let root = env[1].1.clone();
+    env.push(("MAM_DISPATCH_SECRET", rand_hex(16)));
+    let report = td.path("reports/r.md");
+    let id = register_job(&td, &env, &["--transport", "remote", "--report-path", report.to_str().unwrap()]);
+    let d = start_daemon(&td, &env, &[], "a12");
+    d.wait_log("subscribed ", Duration::from_secs(10));
+    let rec = read_record(&td, &id);
+    let v = serde_json::json!({
+        "v": 1, "kind": "event", "job_id": id, "attempt": 1, "dispatch_token": rec["dispatch_token"],
+        "agent_session": rec["agent_session"], "event": "completed", "seq": 1, "ts": mam::clock::now_ts(),
+        "heartbeat": false, "message": "", "data": {"report": "all done\nVERDICT: ok\n"}
+    });
+    let key = rec["auth_token"].as_str().unwrap().as_bytes();
+    let payload = serde_json::to_vec(&mam::sign::signed(key, v.as_object().unwrap().clone()).unwrap()).unwrap();
+    publish_raw(broker.port(), &format!("{root}/jobs/{id}/events"), &payload, false);
+    wait_until("the report", Duration::from_secs(5), || {
+        fs::read_to_string(&report).is_ok_and(|t| t.ends_with("VERDICT: ok\n"))
+    });
+    assert_eq!(status_of(&td, &id), "completed");
+    drop(d);
+    guard.finish();
+}
