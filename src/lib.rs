@@ -9,6 +9,7 @@ pub mod cli;
 pub mod clock;
 pub mod cmd;
 pub mod ctx;
+pub mod daemon;
 pub mod envfile;
 pub mod heartbeat;
 pub mod knob;

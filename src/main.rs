@@ -18,9 +18,9 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("heartbeat", "the per-job heartbeat timer: start, stop, status, run", true),
     ("watch", "follow one job on the wire and on disk until it ends or goes silent", true),
     ("remote", "dispatch a job to a remote runner, or run one", true),
-    ("daemon", "the workspace subscriber daemon: run, ensure, status, stop", false),
-    ("reconcile", "reconcile job records once, or run the daemon with --subscribe", false),
-    ("jobs", "one table of the jobs in a registry", false),
+    ("daemon", "the workspace subscriber daemon: run, ensure, status, stop", true),
+    ("reconcile", "reconcile job records once, or run the daemon with --subscribe", true),
+    ("jobs", "one table of the jobs in a registry", true),
     ("broker", "the embedded MQTT 3.1.1 broker for one machine", true),
     ("pub", "publish one MQTT message (like mosquitto_pub)", true),
     ("sub", "print MQTT messages arriving on a filter (like mosquitto_sub)", true),
@@ -74,6 +74,9 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "heartbeat" => cmd::heartbeat::run(ctx, args),
         "watch" => cmd::watch::run(ctx, args),
         "remote" => cmd::remote::run(ctx, args),
+        "daemon" => cmd::daemon::run(ctx, args),
+        "reconcile" => cmd::reconcile::run(ctx, args),
+        "jobs" => cmd::jobs::run(ctx, args),
         _ => not_yet(ctx, name, args),
     }
 }

@@ -413,3 +413,58 @@ pub fn group_alive(pgid: i32) -> bool {
     }
     false
 }
+
+// ---------------------------------------------------------------------------------------------
+// daemon (issue 6 part 2): the monitor lock's in-place content (A20) and process listing for the
+// daemon selector (CORE 10.3). std's `set_len` and `write_all_at` are ftruncate(2) and pwrite(2),
+// so these need no `unsafe` of their own.
+
+/// Replaces the whole content of `file` in place: ftruncate to 0, then pwrite at offset 0 (A20: the
+/// monitor lock's JSON is written through the locked descriptor, never by rename). A reader between
+/// the two calls sees an empty file, which it treats as "pid not yet known".
+pub fn write_in_place(file: &File, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.set_len(0)?;
+    file.write_all_at(bytes, 0)?;
+    file.sync_data()
+}
+
+/// `(st_dev, st_ino)` of an open descriptor (fstat).
+pub fn file_identity(file: &File) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata()?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// `(st_dev, st_ino)` of a path (stat, following symlinks).
+pub fn path_identity(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Every pid listed in /proc (processes that exit meanwhile are simply missing from later reads).
+pub fn list_pids() -> io::Result<Vec<i32>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc")?.flatten() {
+        if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
+            out.push(pid);
+        }
+    }
+    Ok(out)
+}
+
+/// The cwd of `pid` (readlink /proc/<pid>/cwd).
+pub fn proc_cwd(pid: i32) -> io::Result<PathBuf> {
+    fs::read_link(format!("/proc/{pid}/cwd"))
+}
+
+/// Resident set size of `pid` in KiB (`VmRSS` of /proc/<pid>/status), for benchmarks.
+pub fn proc_rss_kib(pid: i32) -> io::Result<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no VmRSS in /proc status"))
+}

@@ -1,12 +1,15 @@
 //! One module per subcommand: `USAGE`, `parse_args` (validation only, no I/O) and `run`.
 
 pub mod broker;
+pub mod daemon;
 pub mod env;
 pub mod heartbeat;
+pub mod jobs;
 pub mod pane;
 pub mod paths;
 pub mod pub_;
 pub mod publish;
+pub mod reconcile;
 pub mod registry;
 pub mod remote;
 pub mod sub;

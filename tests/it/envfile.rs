@@ -114,7 +114,10 @@ const LOADERS: &[&[&str]] = &[
     &["watch", "--job-id", "j1"],
     &["remote", "run", "--session", "s1", "--exec", "true"],
     &["remote", "dispatch", "--job-id", "j1"],
-    &["daemon"],
+    &["daemon", "status"],
+    &["daemon", "ensure"],
+    &["reconcile", "--subscribe"],
+    &["jobs"],
     &["bench"],
 ];
 

@@ -6,8 +6,10 @@ mod support;
 
 mod broker;
 mod cli;
+mod daemon;
 mod envfile;
 mod heartbeat;
+mod jobs;
 mod mqtt;
 mod pane;
 mod paths;

@@ -647,3 +647,67 @@ impl Drop for Background {
         self.kill();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Jobs on disk and on the wire (daemon and jobs tests): register through the CLI, read records, and
+// sign payloads with `mam::sign` the way `mam publish` will.
+
+/// Registers a job in `<ws>/.mam/jobs` with `extra` flags and `env`; returns its id.
+pub fn register_job(td: &TestDir, env: &[(&str, String)], extra: &[&str]) -> String {
+    let session = format!("w-{}", rand_hex(3));
+    let mut cmd = td.mam().args(["registry", "register", "--session", &session]).args(extra);
+    for (k, v) in env {
+        cmd = cmd.env(k, v);
+    }
+    let r = cmd.run();
+    r.expect_rc(0);
+    r.stdout().trim().to_string()
+}
+
+/// The record of `id` in the default registry of `td`.
+pub fn read_record(td: &TestDir, id: &str) -> serde_json::Value {
+    let bytes = fs::read(td.ws().join(".mam/jobs").join(format!("{id}.json"))).unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// A signed event payload for the record's current attempt (CORE 6.2), as `mam publish` signs it.
+pub fn signed_event(rec: &serde_json::Value, event: &str, seq: u64, heartbeat: bool) -> Vec<u8> {
+    let v = serde_json::json!({
+        "v": 1, "kind": "event", "job_id": rec["job_id"], "attempt": rec["attempt"],
+        "dispatch_token": rec["dispatch_token"], "agent_session": rec["agent_session"],
+        "event": event, "seq": seq, "ts": mam::clock::now_ts(), "heartbeat": heartbeat,
+        "message": "", "data": {}
+    });
+    let key = rec["auth_token"].as_str().unwrap().as_bytes();
+    serde_json::to_vec(&mam::sign::signed(key, v.as_object().unwrap().clone()).unwrap()).unwrap()
+}
+
+/// A signed state payload for the record's current attempt.
+pub fn signed_state(rec: &serde_json::Value, status: &str, seq: u64) -> Vec<u8> {
+    let v = serde_json::json!({
+        "v": 1, "kind": "state", "job_id": rec["job_id"], "attempt": rec["attempt"],
+        "dispatch_token": rec["dispatch_token"], "status": status, "last_event": status,
+        "seq": seq, "ts": mam::clock::now_ts()
+    });
+    let key = rec["auth_token"].as_str().unwrap().as_bytes();
+    serde_json::to_vec(&mam::sign::signed(key, v.as_object().unwrap().clone()).unwrap()).unwrap()
+}
+
+/// Publishes `payload` on `topic` at QoS 1 through mam's own client (stands in for `mam publish`
+/// until that command merges).
+pub fn publish_raw(port: u16, topic: &str, payload: &[u8], retain: bool) {
+    let ctx = mam::ctx::Ctx::with_env([("MQTT_PORT", port.to_string())], Path::new("/"));
+    let cfg = mam::mqtt::MqttConfig::from_ctx(&ctx).unwrap();
+    let mut c = mam::mqtt::Client::connect(&cfg, mam::mqtt::Role::Pub, &mam::mqtt::Stop::never()).unwrap();
+    c.publish(&mam::mqtt::Message::new(topic, payload.to_vec(), 1, retain)).unwrap();
+    c.disconnect();
+}
+
+/// Appends `line` and a newline to `<ws>/.mam/jobs/<id>/events.log`.
+pub fn append_events_log(td: &TestDir, id: &str, line: &[u8]) {
+    let dir = td.ws().join(".mam/jobs").join(id);
+    fs::create_dir_all(&dir).unwrap();
+    let mut f = fs::OpenOptions::new().append(true).create(true).open(dir.join("events.log")).unwrap();
+    f.write_all(line).unwrap();
+    f.write_all(b"\n").unwrap();
+}

@@ -1,0 +1,274 @@
+//! `mam jobs`: one table of the jobs in a registry: id, status, attempt, session, the age of the last
+//! evidence (the newest record timestamp or the events.log mtime) and of the last heartbeat (the
+//! record's `heartbeat_at`, else the last events.log line with `"heartbeat":true`). `--follow`
+//! redraws every second until SIGINT/SIGTERM; `--json` is for scripts.
+//!
+//! It reads files only: no broker, no lock, and it creates nothing (CORE 2.1 read-only rule). It
+//! never prints a token.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cli::{self, Failure, Parsed};
+use crate::clock;
+use crate::ctx::Ctx;
+use crate::daemon::sweep::{events_mtime_ms, last_evidence_ms};
+use crate::paths;
+use crate::registry::record::Record;
+use crate::registry::store::Store;
+use crate::sys;
+
+pub const USAGE: &str = "
+Usage: mam jobs [--registry-dir D] [--json] [--follow]
+
+Prints one line per job of the registry, oldest first:
+  JOB  STATUS  ATTEMPT  SESSION  EVIDENCE  HEARTBEAT
+EVIDENCE is the age of the newest sign of life (record timestamps such as last_event_at and
+updated_at, or the mtime of events.log); HEARTBEAT the age of the last heartbeat (heartbeat_at, or
+the last events.log line with \"heartbeat\":true). `-` means none. Reads files only: works with no
+broker and creates nothing.
+
+Options:
+  --registry-dir D   the job registry (relative to the cwd); else MAM_JOBS_DIR; else
+                     <control root>/.mam/jobs
+  --json             a JSON array (ages in whole seconds, timestamps as stored)
+  --follow           redraw every second until SIGINT or SIGTERM (with --json: one array per line)
+  -h, --help         print this help
+
+Exit codes: 0 ok (also when stopped by a signal in --follow), 1 registry unreadable, 2 usage.
+";
+
+#[derive(Debug, Default)]
+struct Args {
+    registry_dir: Option<PathBuf>,
+    json: bool,
+    follow: bool,
+}
+
+fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
+    use lexopt::prelude::*;
+    let mut p = lexopt::Parser::from_args(args);
+    let mut a = Args::default();
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("registry-dir") => a.registry_dir = Some(p.value()?.into()),
+            Long("json") => a.json = true,
+            Long("follow") => a.follow = true,
+            Short('h') | Long("help") => return Ok(Parsed::Help),
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    Ok(Parsed::Run(a))
+}
+
+/// One line of the table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub job_id: String,
+    pub status: String,
+    pub attempt: Option<u64>,
+    pub session: String,
+    pub created_at: String,
+    pub evidence_ms: Option<u64>,
+    pub heartbeat_ms: Option<u64>,
+}
+
+/// The row of one record; `registry` is where its events.log lives.
+pub fn row(rec: &Record, registry: &Path) -> Row {
+    let id = rec.str("job_id").unwrap_or("").to_string();
+    let heartbeat_ms = rec
+        .str("heartbeat_at")
+        .and_then(clock::parse_ts)
+        .or_else(|| last_heartbeat_line_ms(&registry.join(&id).join("events.log")));
+    Row {
+        evidence_ms: last_evidence_ms(rec, events_mtime_ms(registry, &id)),
+        heartbeat_ms,
+        status: rec.status().to_string(),
+        attempt: rec.attempt(),
+        session: rec.str("agent_session").unwrap_or("").to_string(),
+        created_at: rec.str("created_at").unwrap_or("").to_string(),
+        job_id: id,
+    }
+}
+
+/// The `ts` of the last events.log line with `"heartbeat":true`, looking at the last 64 KiB only.
+fn last_heartbeat_line_ms(path: &Path) -> Option<u64> {
+    const TAIL: u64 = 64 * 1024;
+    let mut f = File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let start = len.saturating_sub(TAIL);
+    f.seek(SeekFrom::Start(start)).ok()?;
+    let mut buf = Vec::with_capacity((len - start) as usize);
+    f.read_to_end(&mut buf).ok()?;
+    let needle = b"\"heartbeat\":true";
+    buf.split(|&b| b == b'\n').rev().filter(|l| l.windows(needle.len()).any(|w| w == needle)).find_map(|l| {
+        let v: Value = serde_json::from_slice(l).ok()?;
+        (v.get("heartbeat") == Some(&Value::Bool(true))).then(|| v.get("ts")?.as_str().and_then(clock::parse_ts))?
+    })
+}
+
+/// Every job of `store`, sorted by created_at then id. Unreadable records come back as warnings.
+pub fn rows(store: &Store) -> Result<(Vec<Row>, Vec<String>), Failure> {
+    let mut out = Vec::new();
+    let mut warnings = Vec::new();
+    for id in store.job_ids().map_err(Failure::runtime)? {
+        match store.read(&id) {
+            Ok(Some(r)) => out.push(row(&r, &store.registry)),
+            Ok(None) => {}
+            Err(e) => warnings.push(format!("WARNING: {e}; skipped")),
+        }
+    }
+    out.sort_by(|a, b| (&a.created_at, &a.job_id).cmp(&(&b.created_at, &b.job_id)));
+    Ok((out, warnings))
+}
+
+/// `45s`, `3m07s`, `2h05m`, `3d04h`; `-` for none.
+pub fn age(then_ms: Option<u64>, now_ms: u64) -> String {
+    let Some(t) = then_ms else { return "-".into() };
+    let s = now_ms.saturating_sub(t) / 1000;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// The table as text (header plus one line per row, columns padded).
+pub fn table(rows: &[Row], now_ms: u64) -> String {
+    let mut cells: Vec<[String; 6]> =
+        vec![["JOB", "STATUS", "ATTEMPT", "SESSION", "EVIDENCE", "HEARTBEAT"].map(String::from)];
+    for r in rows {
+        cells.push([
+            cli::one_line(&r.job_id),
+            cli::one_line(&r.status),
+            r.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
+            if r.session.is_empty() { "-".into() } else { cli::one_line(&r.session) },
+            age(r.evidence_ms, now_ms),
+            age(r.heartbeat_ms, now_ms),
+        ]);
+    }
+    let mut width = [0usize; 6];
+    for c in &cells {
+        for (w, s) in width.iter_mut().zip(c) {
+            *w = (*w).max(s.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for c in &cells {
+        let mut line = String::new();
+        for (i, s) in c.iter().enumerate() {
+            if i + 1 == c.len() {
+                line.push_str(s);
+            } else {
+                line.push_str(&format!("{s:<w$}  ", w = width[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The `--json` array.
+pub fn to_json(rows: &[Row], now_ms: u64) -> Value {
+    let age_s = |t: Option<u64>| t.map(|t| now_ms.saturating_sub(t) / 1000);
+    let ts = |t: Option<u64>| t.map(clock::format_ts);
+    Value::Array(
+        rows.iter()
+            .map(|r| {
+                json!({
+                    "job_id": r.job_id,
+                    "status": r.status,
+                    "attempt": r.attempt,
+                    "session": r.session,
+                    "last_evidence_at": ts(r.evidence_ms),
+                    "evidence_age_s": age_s(r.evidence_ms),
+                    "heartbeat_at": ts(r.heartbeat_ms),
+                    "heartbeat_age_s": age_s(r.heartbeat_ms),
+                })
+            })
+            .collect(),
+    )
+}
+
+pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
+    let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
+        return Ok(0);
+    };
+    cli::load_env(ctx)?;
+    let resolved = paths::resolve(ctx, a.registry_dir.as_deref());
+    let store = Store::from_resolved(&resolved);
+    if a.follow {
+        sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
+    }
+    loop {
+        let (rows, warnings) = rows(&store)?;
+        let now = clock::now_ms();
+        if a.json {
+            let v = to_json(&rows, now);
+            ctx.say(&if a.follow { v.to_string() } else { serde_json::to_string_pretty(&v).unwrap_or_default() });
+        } else if a.follow {
+            let head = format!("mam jobs  {}  {}\n", cli::show_path(&store.registry), clock::format_ts(now));
+            ctx.say_raw(format!("\x1b[H\x1b[2J{head}{}", table(&rows, now)).as_bytes());
+        } else {
+            ctx.say_raw(table(&rows, now).as_bytes());
+        }
+        if !a.follow {
+            for w in warnings {
+                ctx.diag(&w);
+            }
+            return Ok(0);
+        }
+        let next = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < next {
+            if sys::pending_signal().is_some() {
+                return Ok(0);
+            }
+            sys::sleep(Duration::from_millis(50));
+        }
+        if sys::pending_signal().is_some() {
+            return Ok(0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages() {
+        assert_eq!(age(None, 10), "-");
+        assert_eq!(age(Some(1_000), 46_999), "45s");
+        assert_eq!(age(Some(0), 187_000), "3m07s");
+        assert_eq!(age(Some(0), 7_500_000), "2h05m");
+        assert_eq!(age(Some(0), (3 * 86_400 + 4 * 3600) * 1000), "3d04h");
+        assert_eq!(age(Some(5_000), 1_000), "0s", "a future timestamp is not negative");
+    }
+
+    #[test]
+    fn table_is_aligned() {
+        let r = |id: &str, st: &str| Row {
+            job_id: id.into(),
+            status: st.into(),
+            attempt: Some(1),
+            session: "w".into(),
+            created_at: String::new(),
+            evidence_ms: Some(0),
+            heartbeat_ms: None,
+        };
+        let t = table(&[r("a", "running"), r("bbbbbbbbbb", "completed")], 5_000);
+        assert_eq!(
+            t,
+            "JOB         STATUS     ATTEMPT  SESSION  EVIDENCE  HEARTBEAT\n\
+             a           running    1        w        5s        -\n\
+             bbbbbbbbbb  completed  1        w        5s        -\n"
+        );
+    }
+}

@@ -1,0 +1,98 @@
+//! `mam reconcile` (A19, ORCH 2.1): with `--subscribe [--idle-timeout S]` it becomes the control
+//! root's subscriber daemon by exec'ing `mam daemon run --workspace <control root> ...`, so the
+//! process keeps its pid and has the one argv shape that `daemon status|stop` and the test reaper
+//! recognise (CORE 10.3). The one-shot reconcile (without `--subscribe`) belongs to the sessions
+//! work and is refused here with rc 2.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use crate::cli::{self, Failure, Parsed};
+use crate::ctx::Ctx;
+use crate::{knob, paths};
+
+pub const USAGE: &str = "
+Usage: mam reconcile --subscribe [--idle-timeout S] [--registry-dir D]
+
+With --subscribe, runs the subscriber daemon for the control root (the legacy
+`reconcile.sh --subscribe`): exactly `mam daemon run --workspace <control root>` with the registry
+and log root resolved here (absolute). --idle-timeout S exits after S seconds without a message
+(0 = run forever, the default). See `mam daemon --help`.
+
+Without --subscribe: the one-shot reconcile, not yet available in this build (rc 2).
+
+Options:
+  --subscribe         run the subscriber daemon for the control root
+  --idle-timeout S    exit after S seconds without any message (0 = never)
+  --registry-dir D    the job registry (relative to the cwd)
+  -h, --help          print this help
+
+Exit codes: as `mam daemon run` (0 clean stop, 5 another daemon holds the lock); 2 usage.
+";
+
+#[derive(Debug, Default)]
+struct Args {
+    subscribe: bool,
+    idle_timeout: Option<u32>,
+    registry_dir: Option<std::path::PathBuf>,
+}
+
+fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
+    use lexopt::prelude::*;
+    let mut p = lexopt::Parser::from_args(args);
+    let mut a = Args::default();
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("subscribe") => a.subscribe = true,
+            Long("idle-timeout") => a.idle_timeout = Some(knob::flag("--idle-timeout", &p.value()?, 0)?),
+            Long("registry-dir") => a.registry_dir = Some(p.value()?.into()),
+            Short('h') | Long("help") => return Ok(Parsed::Help),
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    if !a.subscribe {
+        return Err(Failure::usage("mam reconcile: one-shot reconcile is not yet available; use --subscribe"));
+    }
+    Ok(Parsed::Run(a))
+}
+
+pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
+    let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
+        return Ok(0);
+    };
+    cli::load_env(ctx)?;
+    let root = paths::control_root(ctx);
+    let store = super::daemon::resolve_store(ctx, &root, a.registry_dir.as_deref(), None);
+    let exe = std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find the mam binary ({e})")))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("daemon")
+        .arg("run")
+        .arg("--workspace")
+        .arg(&root)
+        .arg("--registry-dir")
+        .arg(&store.registry)
+        .arg("--logs-dir")
+        .arg(&store.logs)
+        .arg("--idle-timeout")
+        .arg(a.idle_timeout.unwrap_or(0).to_string())
+        .env_clear()
+        .envs(ctx.child_env());
+    // exec only returns on failure.
+    let e = cmd.exec();
+    Err(Failure::runtime(format!("cannot exec mam daemon run ({e})")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_reconcile_is_refused() {
+        let e = parse_args(vec![]).unwrap_err();
+        assert_eq!(e.rc, 2);
+        assert_eq!(e.line, "ERROR: mam reconcile: one-shot reconcile is not yet available; use --subscribe");
+        let ok = parse_args(vec!["--subscribe".into(), "--idle-timeout".into(), "5".into()]).unwrap();
+        assert!(matches!(ok, Parsed::Run(Args { subscribe: true, idle_timeout: Some(5), .. })));
+    }
+}

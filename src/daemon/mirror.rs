@@ -1,0 +1,269 @@
+//! Mirroring the wire (and, in the polling fallback, events.log) into the workspace's registry
+//! (CORE 10.2 steps 3 and 5, A12): a message for a job with a record here is judged by the CORE 8.3
+//! acceptance rules (`watch::accept`, one `Acceptor` per job keyed by attempt and dispatch token)
+//! and mirrored with agent authority through `registry::store`: `started` -> `claim`, a terminal
+//! event or state -> `terminal S`. The engine audits refusals; drops are audited once per seq.
+//!
+//! Nothing here prints or touches the network: callers hand in payloads and get log lines back.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::sweep::TerminalCache;
+use crate::registry::audit;
+use crate::registry::engine::{Authority, Decision, Kind, Request};
+use crate::registry::is_terminal;
+use crate::registry::record::Record;
+use crate::registry::store::Store;
+use crate::sys;
+use crate::watch::accept::{Acceptor, Identity, Outcome};
+
+/// The mirror of one workspace registry.
+#[derive(Debug)]
+pub struct Mirror {
+    store: Store,
+    topic_root: String,
+    cas: bool,
+    acceptors: HashMap<String, Acceptor>,
+    cache: TerminalCache,
+}
+
+/// What a polling pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pass {
+    /// Non-terminal jobs looked at.
+    pub open: usize,
+    /// Log lines for the requests it sent.
+    pub lines: Vec<String>,
+}
+
+/// `<root>/jobs/<job_id>/events|state` -> (job_id, "events"|"state").
+pub fn parse_topic<'a>(root: &str, topic: &'a str) -> Option<(&'a str, &'a str)> {
+    let rest = topic.strip_prefix(root)?.strip_prefix("/jobs/")?;
+    let (id, leaf) = rest.split_once('/')?;
+    (matches!(leaf, "events" | "state") && crate::clock::valid_job_id(id)).then_some((id, leaf))
+}
+
+/// The current attempt's identity from a record, when it has all three parts.
+pub fn identity(rec: &Record) -> Option<Identity> {
+    Some(Identity {
+        attempt: rec.attempt()?,
+        dispatch_token: rec.str("dispatch_token")?.to_string(),
+        auth_token: rec.str("auth_token")?.to_string(),
+    })
+}
+
+fn same_identity(a: &Identity, b: &Identity) -> bool {
+    a.attempt == b.attempt && a.dispatch_token == b.dispatch_token && a.auth_token == b.auth_token
+}
+
+impl Mirror {
+    pub fn new(store: Store, topic_root: &str, cas: bool) -> Mirror {
+        Mirror {
+            store,
+            topic_root: topic_root.to_string(),
+            cas,
+            acceptors: HashMap::new(),
+            cache: TerminalCache::default(),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The subscription filters (CORE 10.2 step 3).
+    pub fn filters(&self) -> Vec<String> {
+        vec![format!("{}/jobs/+/events", self.topic_root), format!("{}/jobs/+/state", self.topic_root)]
+    }
+
+    /// How many jobs have an acceptor (for tests and the RSS benchmark).
+    pub fn tracked(&self) -> usize {
+        self.acceptors.len()
+    }
+
+    /// Judges and mirrors one wire message. `retained` messages never produce a refusal for a job
+    /// that is already terminal (a retained snapshot is replayed on every subscribe).
+    pub fn on_message(&mut self, topic: &str, payload: &[u8], retained: bool, now_ms: u64) -> Vec<String> {
+        let Some((id, _leaf)) = parse_topic(&self.topic_root, topic) else { return Vec::new() };
+        if payload.is_empty() {
+            return Vec::new();
+        }
+        let rec = match self.store.read(id) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Vec::new(),
+            Err(e) => return vec![format!("{e}; message on {} ignored", crate::cli::one_line(topic))],
+        };
+        let Some(ident) = identity(&rec) else { return Vec::new() };
+        let attempt = ident.attempt;
+        let acc = self.acceptors.entry(id.to_string()).or_insert_with(|| Acceptor::new(ident.clone()));
+        if !same_identity(&acc.id, &ident) {
+            *acc = Acceptor::new(ident);
+        }
+        let outcome = acc.offer(payload);
+        let mut lines = Vec::new();
+        match &outcome {
+            Outcome::Dropped { seq, reason, audit: true } => {
+                let e = audit::entry(
+                    now_ms,
+                    id,
+                    Some(attempt),
+                    "dropped",
+                    json!({"reason": reason.as_str(), "seq": seq, "by": "daemon", "topic": topic}),
+                );
+                if let Err(err) = audit::flush(&self.store.logs, id, &[e], None) {
+                    lines.push(format!("job {id}: audit not written ({err})"));
+                }
+                lines.push(format!("job {id}: dropped seq={} reason={}", seq.unwrap_or(0), reason.as_str()));
+            }
+            Outcome::Event { event, .. } if event == "started" && rec.status() == "pending" => {
+                lines.extend(self.request(&rec, id, Kind::Claim, None, now_ms).0);
+            }
+            _ => {}
+        }
+        if let Some(s) = outcome.terminal() {
+            let s = s.to_string();
+            let current = rec.status();
+            if current != s && !(retained && is_terminal(current)) {
+                let (applied, to) = self.request(&rec, id, Kind::Terminal, Some(&s), now_ms);
+                lines.extend(applied);
+                if to.is_some() && matches!(outcome, Outcome::Event { .. }) {
+                    lines.extend(write_report(&rec, id, payload));
+                }
+            }
+        }
+        lines
+    }
+
+    /// One engine request with agent authority for the record's attempt and token; returns log lines
+    /// and, when applied, the new status.
+    fn request(
+        &mut self,
+        rec: &Record,
+        id: &str,
+        kind: Kind,
+        target: Option<&str>,
+        now_ms: u64,
+    ) -> (Vec<String>, Option<String>) {
+        let mut req = Request::new(kind.clone(), Authority::Agent, id);
+        req.attempt = rec.attempt();
+        req.dispatch_token = rec.str("dispatch_token").map(str::to_string);
+        req.target_status = target.map(str::to_string);
+        req.cas = self.cas;
+        let what = match target {
+            Some(s) => format!("{} {s}", kind.name()),
+            None => kind.name().to_string(),
+        };
+        let mut lines = Vec::new();
+        let mut applied = None;
+        match self.store.apply(&req, now_ms) {
+            Ok(o) => {
+                if let Some(w) = &o.audit_error {
+                    lines.push(format!("job {id}: {w}"));
+                }
+                match o.decision {
+                    Decision::Applied(a) => {
+                        lines.push(format!("job {id}: {what}: {} -> {}", a.from.clone().unwrap_or_default(), a.to));
+                        if is_terminal(&a.to) {
+                            self.acceptors.remove(id);
+                        }
+                        applied = Some(a.to);
+                    }
+                    Decision::Idempotent { status } => lines.push(format!("job {id}: {what}: already {status}")),
+                    Decision::Refused { reason } => lines.push(format!("job {id}: {what}: refused ({reason})")),
+                    Decision::Invalid(m) => lines.push(format!("job {id}: {what}: invalid ({m})")),
+                    Decision::UnknownJob => lines.push(format!("job {id}: {what}: unknown job")),
+                }
+            }
+            Err(e) => lines.push(format!("job {id}: {what}: {e}")),
+        }
+        (lines, applied)
+    }
+
+    /// One polling pass (CORE 10.2 step 5): for each non-terminal job, read its events.log and apply
+    /// the `started` and terminal lines of the current attempt and token. Lines go to `log` as they
+    /// happen, starting with `poll pass: N open job(s)` when there is anything to look at. It runs to
+    /// the end once started; signals are the caller's business between passes.
+    pub fn poll_pass(&mut self, now_ms: u64, log: &mut dyn FnMut(&str)) -> Pass {
+        let mut pass = Pass::default();
+        let Ok(ids) = self.store.job_ids() else { return pass };
+        let open: Vec<(String, Record)> =
+            ids.into_iter().filter_map(|id| self.cache.open_record(&self.store, &id).map(|r| (id, r))).collect();
+        pass.open = open.len();
+        if open.is_empty() {
+            return pass;
+        }
+        log(&format!("poll pass: {} open job(s)", open.len()));
+        for (id, rec) in open {
+            let Some(ident) = identity(&rec) else { continue };
+            let Ok(text) = fs::read(self.store.registry.join(&id).join("events.log")) else { continue };
+            // A fresh acceptor per pass: the file is read from the start every time (CORE 8.2).
+            let mut acc = Acceptor::new(ident);
+            let (mut started, mut terminal) = (false, None);
+            for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+                let out = acc.offer(line);
+                if let Outcome::Event { event, .. } = &out {
+                    started |= event == "started";
+                }
+                if terminal.is_none() {
+                    terminal = out.terminal().map(str::to_string);
+                }
+            }
+            let mut lines = Vec::new();
+            if started && rec.status() == "pending" {
+                lines.extend(self.request(&rec, &id, Kind::Claim, None, now_ms).0);
+            }
+            if let Some(s) = terminal {
+                let rec = self.store.read(&id).ok().flatten().unwrap_or(rec);
+                if rec.status() != s {
+                    lines.extend(self.request(&rec, &id, Kind::Terminal, Some(&s), now_ms).0);
+                }
+            }
+            for l in &lines {
+                log(l);
+            }
+            pass.lines.extend(lines);
+        }
+        log(&format!("poll pass done: {} request(s)", pass.lines.len()));
+        pass
+    }
+}
+
+/// A12: a remote job's terminal event carries `data.report`; write it atomically to the record's
+/// `report_path`.
+fn write_report(rec: &Record, id: &str, payload: &[u8]) -> Option<String> {
+    if rec.str("transport") != Some("remote") {
+        return None;
+    }
+    let path = rec.str("report_path")?;
+    let v: Value = serde_json::from_slice(payload).ok()?;
+    let report = v.get("data")?.get("report")?.as_str()?;
+    let path = Path::new(path);
+    let result = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => sys::create_dir_all(dir),
+        _ => Ok(()),
+    }
+    .and_then(|_| sys::atomic_write(path, report.as_bytes()));
+    Some(match result {
+        Ok(()) => format!("job {id}: report written to {}", crate::cli::show_path(path)),
+        Err(e) => format!("job {id}: cannot write report {} ({e})", crate::cli::show_path(path)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics() {
+        assert_eq!(parse_topic("mam", "mam/jobs/ab12/events"), Some(("ab12", "events")));
+        assert_eq!(parse_topic("a/b", "a/b/jobs/x.y/state"), Some(("x.y", "state")));
+        assert_eq!(parse_topic("mam", "mam/jobs/ab12/dispatch/1"), None);
+        assert_eq!(parse_topic("mam", "mamx/jobs/ab12/events"), None);
+        assert_eq!(parse_topic("mam", "mam/jobs//events"), None);
+        assert_eq!(parse_topic("mam", "mam/jobs/a/b/events"), None);
+    }
+}

@@ -1,0 +1,226 @@
+//! The daemon's loop (CORE 10.2, A15): subscribe and mirror, check presence once a second, sweep for
+//! abandoned jobs, fall back to polling events.log while the broker is unavailable, and stop cleanly
+//! on a signal, on a vanished workspace or replaced lock, or after the idle timeout.
+//!
+//! Every blocking step has a deadline and honours the stop condition within 200 ms. A signal in any
+//! phase ends the loop; a daemon that has received one never starts polling. A polling pass that has
+//! begun runs to its end. This module prints nothing: log lines go to the caller's callback.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::lock::MonitorLock;
+use super::mirror::Mirror;
+use super::sweep::{self, Close, TerminalCache};
+use crate::clock;
+use crate::mqtt::{with_retry, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
+use crate::registry::store::Store;
+use crate::sys;
+
+/// Everything one daemon run needs, resolved by the caller (A19: absolute registry and log root).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub workspace: PathBuf,
+    pub store: Store,
+    pub mqtt: MqttConfig,
+    /// `MAM_ENGINE_CAS` is not `0`.
+    pub cas: bool,
+    /// Exit after this long without any message; `None` runs forever (`--idle-timeout 0`).
+    pub idle_timeout: Option<Duration>,
+    /// The polling period of the fallback (`--interval`, default 10 s).
+    pub interval: Duration,
+    /// How often the fallback retries the broker (default 60 s).
+    pub broker_retry: Duration,
+    /// How often abandoned jobs are closed (A15, default 10 s).
+    pub sweep_every: Duration,
+}
+
+/// Why the daemon stopped. Every exit is rc 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// SIGTERM or SIGINT (the number), or the caller's stop condition (0).
+    Signal(i32),
+    WorkspaceGone,
+    LockReplaced,
+    Idle,
+}
+
+/// Longest sleep between checks of the stop condition while polling.
+const SLICE: Duration = Duration::from_millis(100);
+/// Presence check period (CORE 10.2 step 4).
+const PRESENCE: Duration = Duration::from_secs(1);
+/// Reconnect backoff cap after a lost connection (as watch, CORE 8.3).
+const BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+#[derive(Clone)]
+struct Presence {
+    workspace: PathBuf,
+    lock: PathBuf,
+    identity: (u64, u64),
+}
+
+impl Presence {
+    fn check(&self) -> Option<Exit> {
+        if !self.workspace.is_dir() {
+            return Some(Exit::WorkspaceGone);
+        }
+        if sys::path_identity(&self.lock).ok() != Some(self.identity) {
+            return Some(Exit::LockReplaced);
+        }
+        None
+    }
+}
+
+fn signalled(stop: &Stop) -> Option<Exit> {
+    match sys::pending_signal() {
+        Some(sig) => Some(Exit::Signal(sig)),
+        None if stop.is_set() => Some(Exit::Signal(0)),
+        None => None,
+    }
+}
+
+/// Runs the daemon until it exits; `lock` must be held by the caller for the whole call.
+pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&str)) -> Exit {
+    let presence =
+        Presence { workspace: cfg.workspace.clone(), lock: lock.path().to_path_buf(), identity: lock.identity() };
+    let (p, s) = (presence.clone(), stop.clone());
+    // The wire gives up as soon as a signal arrives or the workspace is gone, in every phase.
+    let wire_stop = Stop::from_fn(move || sys::pending_signal().is_some() || s.is_set() || p.check().is_some());
+    let mut mirror = Mirror::new(cfg.store.clone(), &cfg.mqtt.topic_root, cfg.cas);
+    let filters = mirror.filters();
+    let mut conn = Persistent::new(cfg.mqtt.clone(), Role::Dmn, wire_stop.clone());
+    let mut cache = TerminalCache::default();
+
+    let end = |exit: Exit, conn: &mut Persistent, log: &mut dyn FnMut(&str)| {
+        let what = match exit {
+            Exit::Signal(0) => "stop requested; stopping".to_string(),
+            Exit::Signal(sig) => format!("received {}; stopping", sys::signal_name(sig)),
+            Exit::WorkspaceGone => "workspace gone; stopping".to_string(),
+            Exit::LockReplaced => "monitor.lock replaced; stopping".to_string(),
+            Exit::Idle => {
+                format!("no message for {}s (idle timeout); stopping", cfg.idle_timeout.map_or(0, |d| d.as_secs()))
+            }
+        };
+        log(&what);
+        // DISCONNECT after the line, before the exit code (CORE 10.2 step 2).
+        conn.drop_connection();
+        exit
+    };
+
+    log(&format!("connecting to broker {} (topic root {})", cfg.mqtt.addr(), cfg.mqtt.topic_root));
+    let first = with_retry(&RetryPolicy::standard("connect"), &wire_stop, |w| log(&w), |_| conn.subscribe(&filters, 1));
+    let mut subscribed = first.is_ok();
+    let mut connected = match first {
+        Ok(_) => {
+            for f in &filters {
+                log(&format!("subscribed {f}"));
+            }
+            true
+        }
+        Err(e) => {
+            if let Some(exit) = signalled(&stop).or_else(|| presence.check()) {
+                return end(exit, &mut conn, log);
+            }
+            log(&format!(
+                "broker unavailable ({e}); polling every {}s, retrying the broker every {}s",
+                cfg.interval.as_secs(),
+                cfg.broker_retry.as_secs()
+            ));
+            false
+        }
+    };
+
+    let now = Instant::now();
+    let mut last_message = now;
+    let mut next_presence = now + PRESENCE;
+    let mut next_sweep = now;
+    let mut next_pass = now;
+    let mut backoff = cfg.broker_retry;
+    let mut next_broker = now + backoff;
+    loop {
+        if let Some(exit) = signalled(&stop) {
+            return end(exit, &mut conn, log);
+        }
+        let now = Instant::now();
+        if now >= next_presence {
+            if let Some(exit) = presence.check() {
+                return end(exit, &mut conn, log);
+            }
+            next_presence = now + PRESENCE;
+        }
+        if now >= next_sweep {
+            for c in sweep::sweep(&cfg.store, &mut cache, cfg.cas, clock::now_ms()) {
+                let why = match c.close {
+                    Close::Expire => "expire (deadline passed, watcher gone)",
+                    Close::Unresponsive => "set deadline_timeout reason unresponsive (silent, watcher gone)",
+                };
+                match c.result {
+                    Ok(to) => log(&format!("job {}: {why}: {to}", c.job_id)),
+                    Err(e) => log(&format!("job {}: {why}: {e}", c.job_id)),
+                }
+            }
+            next_sweep = Instant::now() + cfg.sweep_every;
+        }
+        let idle_deadline = cfg.idle_timeout.map(|d| last_message + d);
+        if idle_deadline.is_some_and(|d| now >= d) {
+            return end(Exit::Idle, &mut conn, log);
+        }
+        let mut wake = next_presence.min(next_sweep);
+        if let Some(d) = idle_deadline {
+            wake = wake.min(d);
+        }
+
+        if connected {
+            match conn.recv(wake) {
+                Ok(Some(m)) => {
+                    last_message = Instant::now();
+                    for line in mirror.on_message(&m.topic, &m.payload, m.retain, clock::now_ms()) {
+                        log(&line);
+                    }
+                }
+                Ok(None) => {}
+                // A signal or a presence failure: the checks at the top decide.
+                Err(MqttError::Stopped) => next_presence = Instant::now(),
+                Err(e) => {
+                    log(&format!("broker down ({e})"));
+                    conn.drop_connection();
+                    connected = false;
+                    backoff = Duration::from_secs(1);
+                    next_broker = Instant::now() + backoff;
+                    next_pass = Instant::now();
+                }
+            }
+            continue;
+        }
+
+        if now >= next_pass {
+            mirror.poll_pass(clock::now_ms(), log);
+            next_pass = Instant::now() + cfg.interval;
+            continue;
+        }
+        if now >= next_broker {
+            let r = if subscribed { conn.client().map(|_| ()) } else { conn.subscribe(&filters, 1).map(|_| ()) };
+            match r {
+                Ok(()) => {
+                    subscribed = true;
+                    connected = true;
+                    log(&format!("broker up; subscribed {}", filters.join(" ")));
+                }
+                Err(MqttError::Stopped) => next_presence = Instant::now(),
+                Err(e) => {
+                    if backoff < cfg.broker_retry {
+                        backoff = (backoff * 2).min(BACKOFF_CAP);
+                    }
+                    log(&format!("broker still unavailable ({e}); next try in {}s", backoff.as_secs()));
+                    next_broker = Instant::now() + backoff;
+                }
+            }
+            continue;
+        }
+        let until = wake.min(next_pass).min(next_broker);
+        let rest = until.saturating_duration_since(Instant::now());
+        if !rest.is_zero() {
+            sys::sleep(rest.min(SLICE));
+        }
+    }
+}

@@ -1,0 +1,712 @@
+//! The workspace subscriber daemon (CORE 10, A3, A15, A19, A20): D1-D8, the A15 closes, `mam reconcile
+//! --subscribe` and the reconcile.sh shim. Every test ends with the leak guard of CORE 10.3: no
+//! `daemon run --workspace <test root>` is alive (checked with the selector under test); a guard kills
+//! any survivor on drop.
+
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use mam::daemon::select_daemons;
+use serde_json::Value;
+
+use crate::support::*;
+
+/// CORE 10.3 leak guard for one workspace root.
+struct LeakGuard {
+    roots: Vec<PathBuf>,
+}
+
+impl LeakGuard {
+    fn new(roots: &[PathBuf]) -> LeakGuard {
+        LeakGuard { roots: roots.to_vec() }
+    }
+
+    /// Fails if a daemon for any root is still alive once the test is done (after a short grace for
+    /// daemons that are exiting).
+    fn finish(self) {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let alive: Vec<i32> = self.roots.iter().flat_map(|r| select_daemons(r)).collect();
+            if alive.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "leaked daemons {alive:?} for {:?}", self.roots);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for LeakGuard {
+    fn drop(&mut self) {
+        for r in &self.roots {
+            for pid in select_daemons(r) {
+                let _ = mam::sys::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// A `mam daemon run` child with its output in a file; killed and reaped on drop.
+struct Daemon {
+    child: Option<Child>,
+    log: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl Daemon {
+    fn spawn(cmd: Cmd, log: PathBuf) -> Daemon {
+        let out = fs::File::create(&log).unwrap();
+        let mut c = cmd.cmd;
+        c.stdout(out.try_clone().unwrap()).stderr(out);
+        Daemon { child: Some(c.spawn().expect("spawn mam daemon run")), log, status: None }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    fn text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_log(&self, needle: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.text().contains(needle) {
+            assert!(Instant::now() < deadline, "timed out waiting for {needle:?} in the daemon log:\n{}", self.text());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        mam::sys::kill(self.pid(), sig).unwrap();
+    }
+
+    /// Waits for the exit; panics after `limit`. Returns the status and how long it took.
+    fn wait_exit(&mut self, limit: Duration) -> (ExitStatus, Duration) {
+        let started = Instant::now();
+        let child = self.child.as_mut().unwrap();
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                self.status = Some(st);
+                return (st, started.elapsed());
+            }
+            assert!(started.elapsed() < limit, "daemon did not exit within {limit:?}:\n{}", self.text());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if self.status.is_none() {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `mam daemon run --workspace <ws>` with the harness env plus `env`.
+fn daemon_cmd(td: &TestDir, ws: &Path, env: &[(&str, String)], extra: &[&str]) -> Cmd {
+    let mut cmd = td.mam().args(["daemon", "run", "--workspace"]).args([ws]).args(extra);
+    for (k, v) in env {
+        cmd = cmd.env(k, v);
+    }
+    cmd
+}
+
+fn start_daemon(td: &TestDir, env: &[(&str, String)], extra: &[&str], name: &str) -> Daemon {
+    Daemon::spawn(daemon_cmd(td, &td.ws(), env, extra), td.path(&format!("{name}.log")))
+}
+
+/// Broker env for a test: the port and a random topic root, so no two tests share topics.
+fn broker_env(port: u16) -> Vec<(&'static str, String)> {
+    vec![("MQTT_PORT", port.to_string()), ("MQTT_TOPIC_ROOT", format!("t{}", rand_hex(4)))]
+}
+
+/// A broker that is down: a loopback port whose connections are closed at once (before CONNACK).
+/// Held by the test, so no other test's listener can take the port.
+struct DownBroker {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DownBroker {
+    fn start() -> DownBroker {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                match l.accept() {
+                    Ok((c, _)) => drop(c),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        DownBroker { port, stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for DownBroker {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn status_of(td: &TestDir, id: &str) -> String {
+    read_record(td, id)["status"].as_str().unwrap_or("").to_string()
+}
+
+fn wait_status(td: &TestDir, id: &str, want: &str, limit: Duration) {
+    wait_until(&format!("job {id} to become {want}"), limit, || status_of(td, id) == want);
+}
+
+fn audit_lines(td: &TestDir, id: &str) -> Vec<Value> {
+    let p = td.ws().join(".mam/delegate_job_logs").join(id).join("audit.jsonl");
+    fs::read_to_string(p).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn d1_second_run_is_rc5_and_ensure_prints_the_first_pid() {
+    for &t in TARGETS {
+        let td = TestDir::new("d1");
+        let guard = LeakGuard::new(&[td.ws()]);
+        let Some(broker) = start_target(t, &td) else { continue };
+        let env = broker_env(broker.port());
+        let mut first = start_daemon(&td, &env, &[], "first");
+        first.wait_log("subscribed ", Duration::from_secs(10));
+        let pid = first.pid();
+
+        // The lock file names the holder (A20), written in place.
+        let info: Value = serde_json::from_slice(&fs::read(td.ws().join(".mam/monitor.lock")).unwrap()).unwrap();
+        assert_eq!(info["pid"], pid, "{t:?}");
+        assert_eq!(info["workspace"], td.ws().to_str().unwrap());
+        assert!(info["started_at"].as_str().is_some_and(|s| s.ends_with('Z')));
+
+        let mut second = daemon_cmd(&td, &td.ws(), &env, &[]);
+        second = second.env("MQTT_PORT", broker.port().to_string());
+        let r = second.run();
+        r.expect_rc(5);
+        eqnice!(format!("ERROR: daemon already running (pid {pid})\n"), r.stderr());
+
+        let r = td
+            .mam()
+            .env_remove("MAM_NO_SUBSCRIBER_DAEMON")
+            .args(["daemon", "ensure", "--workspace"])
+            .args([td.ws()])
+            .run();
+        r.expect_rc(0);
+        assert_eq!(r.stdout(), format!("{pid}\n"), "{t:?}: {}", r.stderr());
+        let r = td.mam().args(["daemon", "status", "--workspace"]).args([td.ws()]).run();
+        r.expect_rc(0);
+        assert_eq!(r.stdout(), format!("{pid}\n"));
+        assert_eq!(select_daemons(&td.ws()), vec![pid]);
+
+        let r = td.mam().args(["daemon", "stop", "--workspace"]).args([td.ws()]).run();
+        r.expect_rc(0);
+        assert_eq!(r.stdout(), format!("stopped daemon {pid}\n"));
+        let (st, _) = first.wait_exit(Duration::from_secs(5));
+        assert_eq!(st.code(), Some(0), "{}", first.text());
+        assert!(first.text().contains("daemon: received SIGTERM; stopping"), "{}", first.text());
+        let r = td.mam().args(["daemon", "status", "--workspace"]).args([td.ws()]).run();
+        r.expect_rc(0);
+        assert_eq!(r.stdout(), "");
+        guard.finish();
+    }
+}
+
+#[test]
+fn d1_ensure_starts_one_detached_daemon_with_absolute_paths() {
+    let td = TestDir::new("d1e");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let env = broker_env(broker.port());
+    let ensure = || {
+        let mut c = td.mam().env_remove("MAM_NO_SUBSCRIBER_DAEMON").env("MAM_JOBS_DIR", "rel/jobs");
+        for (k, v) in &env {
+            c = c.env(k, v);
+        }
+        c.args(["daemon", "ensure"]).run()
+    };
+    let r = ensure();
+    r.expect_rc(0);
+    let pid: i32 = r.stdout().trim().parse().unwrap_or_else(|_| panic!("no pid: {r:?}"));
+    assert_eq!(select_daemons(&td.ws()), vec![pid]);
+    // A19: the registry (relative MAM_JOBS_DIR, against the workspace) and log root reach `run` absolute.
+    let argv = mam::sys::proc_cmdline(pid).unwrap();
+    let argv: Vec<String> = argv.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let reg = td.ws().join("rel/jobs");
+    let logs = td.ws().join("rel/delegate_job_logs");
+    let ws = td.ws();
+    let want = ["daemon", "run", "--workspace", ws.to_str().unwrap(), "--registry-dir", reg.to_str().unwrap()];
+    assert_eq!(&argv[1..7], &want, "{argv:?}");
+    assert_eq!(&argv[7..9], &["--logs-dir", logs.to_str().unwrap()], "{argv:?}");
+    // Detached: its own session, output appended to monitor.log.
+    let sid = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = sid.rsplit(')').next().unwrap().split_whitespace().collect();
+    assert_eq!(fields[3], pid.to_string(), "session id is the daemon's own pid");
+    wait_until("monitor.log to show the subscription", Duration::from_secs(10), || {
+        fs::read_to_string(td.ws().join(".mam/monitor.log")).unwrap_or_default().contains("subscribed ")
+    });
+    // A second ensure reuses it.
+    let r = ensure();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), format!("{pid}\n"));
+    assert_eq!(select_daemons(&td.ws()), vec![pid]);
+    let r = td.mam().args(["daemon", "stop"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), format!("stopped daemon {pid}\n"));
+    let log = fs::read_to_string(td.ws().join(".mam/monitor.log")).unwrap();
+    assert!(log.contains("daemon: received SIGTERM; stopping"), "{log}");
+    // Nothing to stop any more: a note, rc 0.
+    let r = td.mam().args(["daemon", "stop"]).run();
+    r.expect_rc(0);
+    assert!(r.stderr().starts_with("NOTE: no daemon running"), "{}", r.stderr());
+    guard.finish();
+}
+
+#[test]
+fn d2_deleting_the_workspace_ends_the_daemon_within_2s() {
+    let td = TestDir::new("d2");
+    let ws = td.path("gone/ws");
+    fs::create_dir_all(ws.join(".mam")).unwrap();
+    let guard = LeakGuard::new(std::slice::from_ref(&ws));
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let mut d = Daemon::spawn(daemon_cmd(&td, &ws, &broker_env(broker.port()), &[]), td.path("d2.log"));
+    d.wait_log("subscribed ", Duration::from_secs(10));
+    fs::remove_dir_all(td.path("gone")).unwrap();
+    let (st, took) = d.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "{}", d.text());
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(d.text().contains("daemon: workspace gone"), "{}", d.text());
+    guard.finish();
+}
+
+#[test]
+fn d3_replacing_monitor_lock_ends_the_daemon_within_2s() {
+    let td = TestDir::new("d3");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let mut d = start_daemon(&td, &broker_env(broker.port()), &[], "d3");
+    d.wait_log("subscribed ", Duration::from_secs(10));
+    let lock = td.ws().join(".mam/monitor.lock");
+    let fresh = td.ws().join(".mam/monitor.lock.new");
+    fs::write(&fresh, b"{}").unwrap();
+    fs::rename(&fresh, &lock).unwrap();
+    let (st, took) = d.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "{}", d.text());
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(d.text().contains("daemon: monitor.lock replaced"), "{}", d.text());
+    guard.finish();
+}
+
+#[test]
+fn d4_sigterm_against_a_silent_listener_is_clean_and_never_polls() {
+    let td = TestDir::new("d4");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut d = start_daemon(&td, &broker_env(port), &[], "d4");
+    // The daemon is in its CONNACK wait once its connection is accepted (and never answered).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let _conn = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(_) => {
+                assert!(Instant::now() < deadline, "the daemon never connected:\n{}", d.text());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    d.signal(libc::SIGTERM);
+    let (st, took) = d.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "{}", d.text());
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let text = d.text();
+    assert!(text.contains("daemon: received SIGTERM; stopping"), "{text}");
+    assert!(!text.contains("polling") && !text.contains("poll pass"), "fell back to polling:\n{text}");
+    guard.finish();
+}
+
+#[test]
+fn d5_sigterm_during_a_pass_lets_the_pass_finish() {
+    let td = TestDir::new("d5");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let ids: Vec<String> = (0..2).map(|_| register_job(&td, &[], &[])).collect();
+    for id in &ids {
+        let rec = read_record(&td, id);
+        append_events_log(&td, id, &signed_event(&rec, "started", 1, false));
+    }
+    // Hold the registry lock L1: the pass blocks inside its first engine request.
+    let l1 =
+        mam::sys::Flock::lock_path(&td.ws().join(".mam/jobs/.registry.lock"), mam::sys::LockMode::Exclusive).unwrap();
+    let down = DownBroker::start();
+    let mut d = start_daemon(&td, &[("MQTT_PORT", down.port.to_string())], &["--interval", "1"], "d5");
+    d.wait_log("poll pass: 2 open job(s)", Duration::from_secs(15));
+    d.signal(libc::SIGTERM);
+    // The signal is noted, the pass is still blocked: nothing has been mirrored yet.
+    assert!(ids.iter().all(|id| status_of(&td, id) == "pending"));
+    drop(l1);
+    let (st, _) = d.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "{}", d.text());
+    for id in &ids {
+        assert_eq!(status_of(&td, id), "running", "{id}: the pass did not finish\n{}", d.text());
+    }
+    let text = d.text();
+    let done = text.find("poll pass done").expect("pass done line");
+    let sig = text.find("daemon: received SIGTERM; stopping").expect("signal line");
+    assert!(done < sig, "{text}");
+    assert_eq!(text.matches("poll pass:").count(), 1, "a second pass ran after the signal:\n{text}");
+    guard.finish();
+}
+
+#[test]
+fn d5_polling_applies_started_and_terminal_lines_of_the_current_attempt_only() {
+    let td = TestDir::new("d5p");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let a = register_job(&td, &[], &[]);
+    let b = register_job(&td, &[], &[]);
+    let rec_a = read_record(&td, &a);
+    append_events_log(&td, &a, &signed_event(&rec_a, "started", 1, false));
+    append_events_log(&td, &a, &signed_event(&rec_a, "completed", 2, false));
+    // b: a started line with a foreign token and one with a bad signature do not count.
+    let rec_b = read_record(&td, &b);
+    let mut foreign = rec_b.clone();
+    foreign["dispatch_token"] = Value::from("0".repeat(32));
+    append_events_log(&td, &b, &signed_event(&foreign, "started", 1, false));
+    let mut forged = rec_b.clone();
+    forged["auth_token"] = Value::from("f".repeat(64));
+    append_events_log(&td, &b, &signed_event(&forged, "started", 2, false));
+    let down = DownBroker::start();
+    let mut d = start_daemon(&td, &[("MQTT_PORT", down.port.to_string())], &["--interval", "1"], "d5p");
+    wait_status(&td, &a, "completed", Duration::from_secs(15));
+    d.wait_log("poll pass done", Duration::from_secs(5));
+    assert_eq!(status_of(&td, &b), "pending", "{}", d.text());
+    // Evidence arriving later is picked up by a later pass.
+    append_events_log(&td, &b, &signed_event(&rec_b, "started", 3, false));
+    wait_status(&td, &b, "running", Duration::from_secs(5));
+    d.signal(libc::SIGINT);
+    let (st, _) = d.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0));
+    assert!(d.text().contains("daemon: received SIGINT; stopping"), "{}", d.text());
+    guard.finish();
+}
+
+#[test]
+fn d6_opt_out_spawns_nothing_and_reports_a_running_daemon() {
+    let td = TestDir::new("d6");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let before = tree(&td.ws());
+    let r = td.mam().args(["daemon", "ensure"]).run(); // the harness sets MAM_NO_SUBSCRIBER_DAEMON=1
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), "");
+    eqnice!("NOTE: subscriber daemon disabled (MAM_NO_SUBSCRIBER_DAEMON=1)\n", r.stderr());
+    assert!(select_daemons(&td.ws()).is_empty());
+    assert_eq!(tree(&td.ws()), before, "ensure under the opt-out wrote files");
+
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let d = start_daemon(&td, &broker_env(broker.port()), &[], "d6");
+    d.wait_log("subscribed ", Duration::from_secs(10));
+    let r = td.mam().args(["daemon", "ensure"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), format!("{}\n", d.pid()));
+    assert_eq!(select_daemons(&td.ws()), vec![d.pid()]);
+    drop(d);
+
+    // Only the literal 1 opts out.
+    let r = td
+        .mam()
+        .env("MAM_NO_SUBSCRIBER_DAEMON", "true")
+        .env("MQTT_PORT", broker.port().to_string())
+        .args(["daemon", "ensure"])
+        .run();
+    r.expect_rc(0);
+    let pid: i32 = r.stdout().trim().parse().unwrap();
+    assert_eq!(select_daemons(&td.ws()), vec![pid]);
+    td.mam().args(["daemon", "stop"]).run().expect_rc(0);
+    guard.finish();
+}
+
+#[test]
+fn d7_selector_finds_a_spaced_root_and_nothing_else() {
+    let td = TestDir::new("d7");
+    let root = td.path("a b/ws");
+    let sibling = td.path("a b/ws-other");
+    for r in [&root, &sibling] {
+        fs::create_dir_all(r.join(".mam")).unwrap();
+    }
+    let guard = LeakGuard::new(&[root.clone(), sibling.clone()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let env = broker_env(broker.port());
+    let d = Daemon::spawn(daemon_cmd(&td, &root, &env, &[]), td.path("d7.log"));
+    let other = Daemon::spawn(daemon_cmd(&td, &sibling, &env, &[]), td.path("d7-other.log"));
+    // A wrapper that quotes the words inside one argv element.
+    let quoted = format!("sleep 30; : {} daemon run --workspace {}", mam_bin().display(), root.display());
+    let mut wrapper = Command::new("bash").args(["-c", &quoted]).stdin(Stdio::null()).spawn().unwrap();
+    d.wait_log("subscribed ", Duration::from_secs(10));
+    other.wait_log("subscribed ", Duration::from_secs(10));
+    wait_until("the wrapper's argv", Duration::from_secs(5), || {
+        mam::sys::proc_cmdline(wrapper.id() as i32).is_ok_and(|a| a.len() == 3)
+    });
+    assert_eq!(select_daemons(&root), vec![d.pid()]);
+    assert_eq!(select_daemons(&sibling), vec![other.pid()]);
+    assert!(select_daemons(&td.path("a b")).is_empty());
+    let _ = wrapper.kill();
+    let _ = wrapper.wait();
+    drop(d);
+    drop(other);
+    guard.finish();
+}
+
+#[test]
+fn d8_wire_events_move_the_record_to_running_then_completed() {
+    for &t in TARGETS {
+        let td = TestDir::new("d8");
+        let guard = LeakGuard::new(&[td.ws()]);
+        let Some(broker) = start_target(t, &td) else { continue };
+        let env = broker_env(broker.port());
+        let root = env[1].1.clone();
+        let id = register_job(&td, &env, &[]);
+        // A second job closed on the wire before the daemon started: the retained state is mirrored.
+        let early = register_job(&td, &env, &[]);
+        let rec_early = read_record(&td, &early);
+        publish_raw(broker.port(), &format!("{root}/jobs/{early}/state"), &signed_state(&rec_early, "failed", 4), true);
+
+        let d = start_daemon(&td, &env, &[], "d8");
+        d.wait_log("subscribed ", Duration::from_secs(10));
+        wait_status(&td, &early, "failed", Duration::from_secs(5));
+
+        let rec = read_record(&td, &id);
+        let events = format!("{root}/jobs/{id}/events");
+        // Noise first: a forged event and an event for a job this workspace does not have.
+        let mut forged = rec.clone();
+        forged["auth_token"] = Value::from("e".repeat(64));
+        publish_raw(broker.port(), &events, &signed_event(&forged, "started", 1, false), false);
+        let mut stranger = rec.clone();
+        stranger["job_id"] = Value::from("zz-not-here");
+        publish_raw(
+            broker.port(),
+            &format!("{root}/jobs/zz-not-here/events"),
+            &signed_event(&stranger, "started", 1, false),
+            false,
+        );
+
+        publish_raw(broker.port(), &events, &signed_event(&rec, "started", 1, false), false);
+        wait_status(&td, &id, "running", Duration::from_secs(5));
+        let r = read_record(&td, &id);
+        assert!(r["claimed_at"].is_string());
+        publish_raw(broker.port(), &events, &signed_event(&rec, "completed", 2, false), false);
+        wait_status(&td, &id, "completed", Duration::from_secs(5));
+        // The audit is flushed just after the record write.
+        wait_until("the terminal transition in the audit", Duration::from_secs(5), || {
+            audit_lines(&td, &id).iter().any(|e| e["request"] == "terminal")
+        });
+
+        let audit = audit_lines(&td, &id);
+        let dropped: Vec<&Value> = audit.iter().filter(|e| e["kind"] == "dropped").collect();
+        assert_eq!(dropped.len(), 1, "{audit:?}");
+        assert_eq!(dropped[0]["reason"], "bad_sig");
+        let transitions: Vec<(&str, &str)> = audit
+            .iter()
+            .filter(|e| e["kind"] == "transition")
+            .map(|e| (e["request"].as_str().unwrap(), e["to"].as_str().unwrap()))
+            .collect();
+        assert_eq!(transitions, [("claim", "running"), ("terminal", "completed")], "{audit:?}");
+        assert!(!td.ws().join(".mam/jobs/zz-not-here.json").exists());
+        drop(d);
+        guard.finish();
+    }
+}
+
+#[test]
+fn d8_a_late_conflicting_event_is_refused_and_audited() {
+    let td = TestDir::new("d8r");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let env = broker_env(broker.port());
+    let root = env[1].1.clone();
+    let id = register_job(&td, &env, &[]);
+    td.mam().args(["registry", "status", &id, "--set", "cancelled", "--no-publish"]).run().expect_rc(0);
+    let d = start_daemon(&td, &env, &[], "d8r");
+    d.wait_log("subscribed ", Duration::from_secs(10));
+    let rec = read_record(&td, &id);
+    publish_raw(broker.port(), &format!("{root}/jobs/{id}/events"), &signed_event(&rec, "completed", 1, false), false);
+    wait_until("the refusal in the audit", Duration::from_secs(5), || {
+        audit_lines(&td, &id).iter().any(|e| e["kind"] == "refused" && e["reason"] == "conflicting_terminal")
+    });
+    assert_eq!(status_of(&td, &id), "cancelled");
+    drop(d);
+    guard.finish();
+}
+
+#[test]
+fn a15_abandoned_jobs_are_closed_and_watched_ones_are_not() {
+    let td = TestDir::new("a15");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let env = broker_env(broker.port());
+    // A dead pid: a child that has exited and been reaped.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let me = std::process::id();
+
+    // Onboarding-like: a deadline of 1 s, the wrapper that recorded itself is dead.
+    let onboard = register_job(&td, &env, &["--timeout", "1"]);
+    td.mam().args(["registry", "set-meta", &onboard, &format!("watcher_pid:={dead}")]).run().expect_rc(0);
+    // Same deadline, but its watcher (this test process) is alive: left to the watcher.
+    let watched = register_job(&td, &env, &["--timeout", "1", "--idle-timeout", "1"]);
+    td.mam().args(["registry", "set-meta", &watched, &format!("watcher_pid:={me}")]).run().expect_rc(0);
+    // Silent: started, then nothing; idle 1 s and no watcher at all.
+    let silent = register_job(&td, &env, &["--idle-timeout", "1"]);
+    let store = mam::registry::store::Store::new(td.ws().join(".mam/jobs"), td.ws().join(".mam/delegate_job_logs"));
+    let rec = read_record(&td, &silent);
+    let mut claim = mam::registry::engine::Request::new(
+        mam::registry::engine::Kind::Claim,
+        mam::registry::engine::Authority::Agent,
+        &silent,
+    );
+    claim.attempt = rec["attempt"].as_u64();
+    claim.dispatch_token = rec["dispatch_token"].as_str().map(String::from);
+    store.apply(&claim, mam::clock::now_ms()).unwrap();
+    let claimed = Instant::now();
+
+    let mut env = env;
+    env.push(("MAM_DAEMON_SWEEP_S", "1".into()));
+    let d = start_daemon(&td, &env, &[], "a15");
+    wait_status(&td, &onboard, "deadline_timeout", Duration::from_secs(10));
+    assert_eq!(read_record(&td, &onboard)["reason"], "deadline");
+    wait_status(&td, &silent, "deadline_timeout", Duration::from_secs(15));
+    let took = claimed.elapsed();
+    assert_eq!(read_record(&td, &silent)["reason"], "unresponsive");
+    assert!(took >= Duration::from_secs(6), "closed before idle + 5 s: {took:?}");
+    // The watched job stays the watcher's business.
+    assert_eq!(status_of(&td, &watched), "pending", "{}", d.text());
+    // Closed with operator authority, through the engine.
+    wait_until("the operator close in the audit", Duration::from_secs(5), || {
+        audit_lines(&td, &silent)
+            .iter()
+            .any(|e| e["kind"] == "transition" && e["request"] == "set" && e["reason"] == "unresponsive")
+    });
+    drop(d);
+    guard.finish();
+}
+
+#[test]
+fn idle_timeout_ends_the_daemon_without_messages() {
+    let td = TestDir::new("idle");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let mut d = start_daemon(&td, &broker_env(broker.port()), &["--idle-timeout", "1"], "idle");
+    d.wait_log("subscribed ", Duration::from_secs(10));
+    let (st, took) = d.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "{}", d.text());
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert!(d.text().contains("idle timeout"), "{}", d.text());
+    guard.finish();
+}
+
+#[test]
+fn reconcile_subscribe_execs_the_control_root_daemon() {
+    let td = TestDir::new("rec");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let r = td.mam().args(["reconcile"]).run();
+    r.expect_rc(2);
+    eqnice!("ERROR: mam reconcile: one-shot reconcile is not yet available; use --subscribe\n", r.stderr());
+
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let env = broker_env(broker.port());
+    let sub = td.ws().join("sub");
+    fs::create_dir_all(&sub).unwrap();
+    for via_shim in [false, true] {
+        let mut cmd = if via_shim {
+            let shim = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("shims/reconcile.sh");
+            td.command(shim).env("MAM_BIN", mam_bin())
+        } else {
+            td.mam().args(["reconcile"])
+        };
+        // From a subdirectory: the control root is the nearest ancestor with .mam.
+        cmd = cmd.cwd(&sub).args(["--subscribe", "--idle-timeout", "2"]);
+        for (k, v) in &env {
+            cmd = cmd.env(k, v);
+        }
+        let mut d = Daemon::spawn(cmd, td.path(&format!("rec-{via_shim}.log")));
+        d.wait_log("subscribed ", Duration::from_secs(10));
+        // exec kept the pid and gave it the daemon's argv shape.
+        assert_eq!(select_daemons(&td.ws()), vec![d.pid()], "shim={via_shim}");
+        let (st, _) = d.wait_exit(Duration::from_secs(10));
+        assert_eq!(st.code(), Some(0), "{}", d.text());
+        assert!(d.text().contains(&format!("workspace={}", td.ws().display())), "{}", d.text());
+    }
+    guard.finish();
+}
+
+#[test]
+fn fallback_switches_back_to_the_broker_and_survives_a_drop() {
+    let td = TestDir::new("back");
+    let guard = LeakGuard::new(&[td.ws()]);
+    // A port that was just free; the broker comes up on it once the daemon is polling.
+    let port = free_port();
+    let mut env = broker_env(port);
+    let root = env[1].1.clone();
+    env.push(("MAM_DAEMON_BROKER_RETRY_S", "1".into()));
+    let id = register_job(&td, &env, &[]);
+    let d = start_daemon(&td, &env, &["--interval", "1"], "back");
+    d.wait_log("broker unavailable", Duration::from_secs(15));
+    let cfg = mam::broker::BrokerConfig { bind: format!("127.0.0.1:{port}").parse().unwrap(), ..Default::default() };
+    let broker = mam::broker::start(cfg).expect("bind the freed port");
+    d.wait_log("broker up; subscribed", Duration::from_secs(5));
+    let rec = read_record(&td, &id);
+    publish_raw(port, &format!("{root}/jobs/{id}/events"), &signed_event(&rec, "started", 1, false), false);
+    wait_status(&td, &id, "running", Duration::from_secs(5));
+
+    // A lost connection is logged and re-established; mirroring continues.
+    broker.drop_connections();
+    d.wait_log("broker down", Duration::from_secs(5));
+    wait_until("the daemon to resubscribe", Duration::from_secs(10), || d.text().matches("broker up").count() >= 2);
+    publish_raw(port, &format!("{root}/jobs/{id}/events"), &signed_event(&rec, "completed", 2, false), false);
+    wait_status(&td, &id, "completed", Duration::from_secs(5));
+    drop(d);
+    guard.finish();
+}
+
+#[test]
+fn a12_a_remote_terminal_event_writes_the_report() {
+    let td = TestDir::new("a12");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let mut env = broker_env(broker.port());
+    let root = env[1].1.clone();
+    env.push(("MAM_DISPATCH_SECRET", rand_hex(16)));
+    let report = td.path("reports/r.md");
+    let id = register_job(&td, &env, &["--transport", "remote", "--report-path", report.to_str().unwrap()]);
+    let d = start_daemon(&td, &env, &[], "a12");
+    d.wait_log("subscribed ", Duration::from_secs(10));
+    let rec = read_record(&td, &id);
+    let v = serde_json::json!({
+        "v": 1, "kind": "event", "job_id": id, "attempt": 1, "dispatch_token": rec["dispatch_token"],
+        "agent_session": rec["agent_session"], "event": "completed", "seq": 1, "ts": mam::clock::now_ts(),
+        "heartbeat": false, "message": "", "data": {"report": "all done\nVERDICT: ok\n"}
+    });
+    let key = rec["auth_token"].as_str().unwrap().as_bytes();
+    let payload = serde_json::to_vec(&mam::sign::signed(key, v.as_object().unwrap().clone()).unwrap()).unwrap();
+    publish_raw(broker.port(), &format!("{root}/jobs/{id}/events"), &payload, false);
+    wait_until("the report", Duration::from_secs(5), || {
+        fs::read_to_string(&report).is_ok_and(|t| t.ends_with("VERDICT: ok\n"))
+    });
+    assert_eq!(status_of(&td, &id), "completed");
+    drop(d);
+    guard.finish();
+}

@@ -1,0 +1,161 @@
+//! `mam jobs`: the table and `--json` over a generated registry, with no broker, creating nothing;
+//! `--follow` redraws until a signal.
+
+use std::fs;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use mam::registry::engine::{Authority, Kind, Request};
+use mam::registry::store::Store;
+use serde_json::Value;
+
+use crate::support::*;
+
+fn store(td: &TestDir) -> Store {
+    Store::new(td.ws().join(".mam/jobs"), td.ws().join(".mam/delegate_job_logs"))
+}
+
+fn agent(td: &TestDir, kind: Kind, id: &str) {
+    let rec = read_record(td, id);
+    let mut req = Request::new(kind, Authority::Agent, id);
+    req.attempt = rec["attempt"].as_u64();
+    req.dispatch_token = rec["dispatch_token"].as_str().map(String::from);
+    req.alloc_seq = true;
+    store(td).apply(&req, mam::clock::now_ms()).unwrap();
+}
+
+/// Four jobs: pending; running with a heartbeat only in events.log; running with `heartbeat_at` in
+/// the record; cancelled. Registered with a broker address nothing listens on.
+fn generate(td: &TestDir) -> [String; 4] {
+    let env = [("MQTT_PORT", "1".to_string())];
+    let ids = [(); 4].map(|_| register_job(td, &env, &[]));
+    agent(td, Kind::Claim, &ids[1]);
+    let rec = read_record(td, &ids[1]);
+    append_events_log(td, &ids[1], &signed_event(&rec, "started", 1, false));
+    append_events_log(td, &ids[1], &signed_event(&rec, "progress", 2, true));
+    agent(td, Kind::Claim, &ids[2]);
+    agent(td, Kind::Beat, &ids[2]);
+    td.mam().args(["registry", "status", &ids[3], "--set", "cancelled"]).run().expect_rc(0);
+    ids
+}
+
+#[test]
+fn jobs_table_and_json_over_a_generated_registry() {
+    let td = TestDir::new("jobs");
+    let ids = generate(&td);
+    let mut order: Vec<(String, String)> =
+        ids.iter().map(|id| (read_record(&td, id)["created_at"].as_str().unwrap().to_string(), id.clone())).collect();
+    order.sort();
+    let before = tree(&td.ws());
+
+    let r = td.mam().env("MQTT_PORT", "1").args(["jobs"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stderr(), "");
+    let out = r.stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    let head: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(head, ["JOB", "STATUS", "ATTEMPT", "SESSION", "EVIDENCE", "HEARTBEAT"]);
+    let rows: Vec<Vec<&str>> = lines[1..].iter().map(|l| l.split_whitespace().collect()).collect();
+    let listed: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    let want: Vec<&str> = order.iter().map(|(_, id)| id.as_str()).collect();
+    assert_eq!(listed, want, "{out}");
+    let row = |id: &str| rows.iter().find(|r| r[0] == id).unwrap().clone();
+    let is_age = |s: &str| s.ends_with('s') && s[..s.len() - 1].bytes().all(|b| b.is_ascii_digit());
+    for (id, status, hb) in [
+        (&ids[0], "pending", false),
+        (&ids[1], "running", true),
+        (&ids[2], "running", true),
+        (&ids[3], "cancelled", false),
+    ] {
+        let r = row(id);
+        assert_eq!(r[1], status, "{out}");
+        assert_eq!(r[2], "1");
+        assert!(r[3].starts_with("w-"));
+        assert!(is_age(r[4]), "evidence age of {id}: {out}");
+        assert_eq!(is_age(r[5]), hb, "heartbeat of {id}: {out}");
+        if !hb {
+            assert_eq!(r[5], "-");
+        }
+    }
+
+    let r = td.mam().env("MQTT_PORT", "1").args(["jobs", "--json"]).run();
+    r.expect_rc(0);
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    let arr = v.as_array().unwrap();
+    assert_eq!(arr.len(), 4);
+    assert_eq!(arr.iter().map(|e| e["job_id"].as_str().unwrap()).collect::<Vec<_>>(), want);
+    for e in arr {
+        let id = e["job_id"].as_str().unwrap();
+        assert!(e["evidence_age_s"].as_u64().is_some_and(|a| a < 60), "{e}");
+        assert!(e["last_evidence_at"].as_str().is_some_and(|t| mam::clock::parse_ts(t).is_some()));
+        let has_hb = id == ids[1] || id == ids[2];
+        assert_eq!(e["heartbeat_age_s"].is_u64(), has_hb, "{e}");
+        assert_eq!(e["heartbeat_at"].is_string(), has_hb, "{e}");
+        assert_eq!(e["attempt"], 1);
+    }
+    // The events.log heartbeat is the line's own ts.
+    let hb_line: Value = serde_json::from_slice(
+        fs::read(td.ws().join(".mam/jobs").join(&ids[1]).join("events.log"))
+            .unwrap()
+            .split(|&b| b == b'\n')
+            .nth(1)
+            .unwrap(),
+    )
+    .unwrap();
+    let e1 = arr.iter().find(|e| e["job_id"] == ids[1].as_str()).unwrap();
+    assert_eq!(e1["heartbeat_at"], hb_line["ts"]);
+    // No token of any record is printed.
+    for id in &ids {
+        let rec = read_record(&td, id);
+        for k in ["auth_token", "dispatch_token"] {
+            assert!(!r.stdout().contains(rec[k].as_str().unwrap()), "{k} of {id} printed");
+            assert!(!out.contains(rec[k].as_str().unwrap()));
+        }
+    }
+    assert_eq!(tree(&td.ws()), before, "mam jobs wrote files");
+}
+
+#[test]
+fn jobs_on_a_missing_registry_creates_nothing() {
+    let td = TestDir::new("jobs-none");
+    let reg = td.path("nowhere/jobs");
+    let r = td.mam().args(["jobs", "--registry-dir"]).args([&reg]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout().lines().count(), 1, "{}", r.stdout());
+    let r = td.mam().env("MAM_JOBS_DIR", &reg).args(["jobs", "--json"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout().trim(), "[]");
+    assert!(!td.path("nowhere").exists());
+    assert_eq!(tree(&td.ws()), vec![".mam".to_string()]);
+    let r = td.mam().args(["jobs", "--bogus"]).run();
+    r.expect_rc(2);
+}
+
+#[test]
+fn jobs_follow_redraws_until_sigterm() {
+    let td = TestDir::new("jobs-follow");
+    let id = register_job(&td, &[], &[]);
+    let out = td.path("follow.out");
+    let mut cmd = td.mam().args(["jobs", "--follow"]).cmd;
+    cmd.stdout(fs::File::create(&out).unwrap()).stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let text = || fs::read_to_string(&out).unwrap_or_default();
+    wait_until("two redraws", Duration::from_secs(10), || text().matches("\x1b[H\x1b[2J").count() >= 2);
+    assert!(text().contains(&id));
+    mam::sys::kill(child.id() as i32, libc::SIGTERM).unwrap();
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(2) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mam jobs --follow ignored SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(st.code(), Some(0));
+    assert!(t.elapsed() < Duration::from_secs(1));
+}
