@@ -186,10 +186,14 @@ fn fake_agent(td: &TestDir, argv0: &str, name: &str, script: &str, port: u16) ->
 
 #[test]
 fn h3_h12_timer_watches_the_nearest_agent_and_ends_with_it() {
-    let td = TestDir::new("h3");
-    let b = embedded();
-    let port = b.addr().port();
-    for (argv0, name) in [("claude", "agent.sh"), ("node", "claude")] {
+    for (&t, (argv0, name)) in TARGETS
+        .iter()
+        .zip([("claude", "agent.sh"), ("node", "claude")])
+        .chain(TARGETS.iter().zip([("node", "claude"), ("claude", "agent.sh")]))
+    {
+        let td = TestDir::new("h3");
+        let Some(b) = start_target(t, &td) else { continue };
+        let port = b.port();
         let id = new_job(&td, port, &[]);
         let _g = TimerGuard(id.clone());
         let script = format!(
