@@ -156,7 +156,9 @@ pub fn recheck_state(store: &Store, job: &Job, last_event: &str, seq: u64) -> St
         return StateCheck::Skip("attempt ended".into());
     }
     let status = rec.status().to_string();
-    if !is_terminal(last_event) && !last_event.is_empty() && last_event != "closed" {
+    // Only a non-terminal event's state can be "running after the terminal"; a terminal event's
+    // and an operator close's (`closed`) state carry the terminal status itself.
+    if matches!(last_event, "started" | "progress") {
         let barrier = rec.u64("barrier_attempt").is_some_and(|b| b == job.attempt);
         if is_terminal(&status) || barrier {
             return StateCheck::Skip("attempt ended".into());

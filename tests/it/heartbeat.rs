@@ -186,10 +186,14 @@ fn fake_agent(td: &TestDir, argv0: &str, name: &str, script: &str, port: u16) ->
 
 #[test]
 fn h3_h12_timer_watches_the_nearest_agent_and_ends_with_it() {
-    let td = TestDir::new("h3");
-    let b = embedded();
-    let port = b.addr().port();
-    for (argv0, name) in [("claude", "agent.sh"), ("node", "claude")] {
+    for (&t, (argv0, name)) in TARGETS
+        .iter()
+        .zip([("claude", "agent.sh"), ("node", "claude")])
+        .chain(TARGETS.iter().zip([("node", "claude"), ("claude", "agent.sh")]))
+    {
+        let td = TestDir::new("h3");
+        let Some(b) = start_target(t, &td) else { continue };
+        let port = b.port();
         let id = new_job(&td, port, &[]);
         let _g = TimerGuard(id.clone());
         let script = format!(
@@ -432,6 +436,34 @@ fn h11_lifetime_and_redispatch_end_the_timer() {
     assert_eq!(r.expect_rc(0).stdout(), format!("{id} attempt=2 iteration=2\n"));
     assert!(gone(pid), "the redispatch stopped the old attempt's timer");
     assert!(timer_pids(&id).is_empty());
+
+    // An operator close stops the timer too (CORE 7.4).
+    let pid = start(&td, port, &id, &[]);
+    mam_at(&td, port).args(["registry", "finalize", &id, "--status", "cancelled"]).run().expect_rc(0);
+    assert!(gone(pid), "finalize stopped the timer");
+    assert!(timer_pids(&id).is_empty());
+}
+
+#[test]
+fn a31_idempotent_started_rearms_a_dead_timer_only() {
+    let td = TestDir::new("a31");
+    let b = embedded();
+    let port = b.addr().port();
+    let id = new_job(&td, port, &[]);
+    let _g = TimerGuard(id.clone());
+    publish(&td, port, &id, "started", &["--heartbeat", "1", "--watch-pid", "0"]).expect_rc(0);
+    let first = pidfile(&td, &id).unwrap().pid;
+    // A repeat while the timer lives leaves it alone.
+    let r = publish(&td, port, &id, "started", &["--heartbeat", "1", "--watch-pid", "0"]);
+    assert_eq!(r.expect_rc(0).stdout(), "already running; nothing new to publish\n");
+    assert_eq!(timer_pids(&id), [first]);
+    // The timer dies; the repeat re-arms it.
+    mam::sys::kill(first, libc::SIGKILL).unwrap();
+    wait_until("the timer to die", Duration::from_secs(5), || gone(first));
+    publish(&td, port, &id, "started", &["--heartbeat", "1", "--watch-pid", "0"]).expect_rc(0);
+    let second = pidfile(&td, &id).unwrap().pid;
+    assert_ne!(first, second);
+    assert_eq!(timer_pids(&id), [second]);
 }
 
 #[test]

@@ -603,3 +603,25 @@ fn shim_publish_event_execs_mam_publish() {
     let r = td.command(shim).env("MAM_BIN", mam_bin()).args(["status", "--job-id", "x"]).run();
     assert_eq!(r.expect_rc(0).stdout(), "none\n");
 }
+
+#[test]
+fn a8_wire_budget_bounds_a_non_terminal_publish() {
+    let td = TestDir::new("pub-a8");
+    let b = embedded();
+    let port = b.addr().port();
+    let id = new_job(&td, port, &[]);
+    b.stall_connack("mam-pub-");
+    let t = Instant::now();
+    let r = mam_at(&td, port)
+        .env("MAM_PUBLISH_BUDGET_S", "2")
+        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "30")
+        .args(["publish", "--job-id", &id, "--event", "started"])
+        .run();
+    let took = t.elapsed();
+    r.expect_rc(3);
+    assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(5), "{took:?}");
+    assert!(r.stderr().contains("wire budget of 2s (MAM_PUBLISH_BUDGET_S) exhausted"), "{}", r.stderr());
+    assert_eq!(event_lines(&td, &id).len(), 1, "the record and the line stay");
+    assert_eq!(record(&td, &id)["status"], "running");
+    b.release_connack("mam-pub-");
+}
