@@ -244,16 +244,13 @@ impl Watch<'_> {
         let stop = self.stop();
         let mut conn = Persistent::new(cfg, Role::Sub, stop.clone());
         let filters = vec![format!("{}/events", self.job.topic_prefix), format!("{}/state", self.job.topic_prefix)];
-        let mut warnings = Vec::new();
+        let out = &mut self.out;
         let subscribed = mqtt::with_retry(
             &RetryPolicy::standard("subscribe"),
             &stop,
-            |w| warnings.push(w),
+            |w| out(Output::Diag(&w)),
             |_| conn.subscribe(&filters, 1),
         );
-        for w in warnings {
-            self.diag(&w);
-        }
         if let Err(e) = subscribed {
             if let Some(sig) = sys::pending_signal() {
                 return self.signal(sig, &mut conn);

@@ -456,3 +456,50 @@ fn secret_is_required_and_local_jobs_are_not_dispatched() {
     assert!(r.stderr().contains("is not a remote job (transport=local"), "{}", r.stderr());
     w.mam().args(["remote", "--help"]).run().expect_rc(0);
 }
+
+#[test]
+fn a21_dispatches_queue_in_arrival_order_while_a_job_runs() {
+    let Some(w) = World::new("a21q", Target::Embedded) else { return };
+    let session = format!("r{}", rand_hex(4));
+    let ids: Vec<String> = (0..3).map(|_| remote_job(&w, &session, &[])).collect();
+    let go = w.td.path("go");
+    let order = w.td.path("order.txt");
+    let exec = format!(
+        "if [ \"$MAM_JOB_ID\" = {first} ]; then while [ ! -e '{go}' ]; do sleep 0.05; done; fi; echo \"$MAM_JOB_ID\" >> '{order}'",
+        first = ids[0],
+        go = go.display(),
+        order = order.display()
+    );
+    let mut run = runner(&w, &session, &exec, &[]);
+    dispatch(&w, &ids[0], &[]);
+    run.wait_stdout(&format!("published started job={}", ids[0]), Duration::from_secs(10));
+    // The first job is busy; the reader still takes the next dispatches off the wire.
+    for id in &ids[1..] {
+        dispatch(&w, id, &[]);
+        run.wait_stdout(&format!("queued job={id} attempt=1"), Duration::from_secs(10));
+    }
+    assert!(!run.stdout().contains(&format!("admitted job={}", ids[1])), "one job at a time:\n{}", run.stdout());
+    fs::write(&go, "").unwrap();
+    wait_until("three jobs done", Duration::from_secs(15), || run.stdout().matches("DONE rc=0").count() == 3);
+    assert_eq!(fs::read_to_string(&order).unwrap(), format!("{}\n", ids.join("\n")));
+    run.signal(libc::SIGINT);
+    assert_eq!(run.wait(Duration::from_secs(5)).0, 0);
+}
+
+#[test]
+fn runner_reconnects_after_a_broker_restart() {
+    for &t in TARGETS {
+        let Some(mut w) = World::new("rrestart", t) else { continue };
+        let session = format!("r{}", rand_hex(4));
+        let mut run = runner(&w, &session, "true", &[]);
+        w.restart_broker();
+        run.wait_stdout("broker down", Duration::from_secs(5));
+        run.wait_stdout("broker up", Duration::from_secs(10));
+        let id = remote_job(&w, &session, &[]);
+        dispatch(&w, &id, &[]);
+        run.wait_stdout(&format!("DONE rc=0 job={id}"), Duration::from_secs(10));
+        run.signal(libc::SIGTERM);
+        assert_eq!(run.wait(Duration::from_secs(5)).0, 0, "{t:?}");
+        assert_eq!(runner_record(&w, &id).unwrap()["status"], "completed");
+    }
+}
