@@ -16,6 +16,7 @@ pub mod mqtt;
 pub mod pane;
 pub mod paths;
 pub mod registry;
+pub mod session;
 pub mod sign;
 pub mod sys;
 pub mod watch;

@@ -1,10 +1,16 @@
 //! One module per subcommand: `USAGE`, `parse_args` (validation only, no I/O) and `run`.
 
 pub mod broker;
+pub mod create;
 pub mod env;
+pub mod monitor;
 pub mod pane;
 pub mod paths;
 pub mod pub_;
 pub mod registry;
+pub mod resume;
+pub mod session;
+pub mod status;
+pub mod stop;
 pub mod sub;
 pub mod test_double;
