@@ -11,5 +11,6 @@ mod mqtt;
 mod pane;
 mod paths;
 mod registry;
+mod session;
 mod sign;
 mod tidy;
