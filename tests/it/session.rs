@@ -49,14 +49,10 @@ impl Drop for S {
 }
 
 fn kill_tmux(sock: &str) {
-    let path = Command::new("tmux").args(["-L", sock, "display-message", "-p", "#{socket_path}"]).output();
     let _ = Command::new("tmux").args(["-L", sock, "kill-server"]).output();
-    if let Ok(out) = path {
-        let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if p.ends_with(sock) {
-            let _ = fs::remove_file(p);
-        }
-    }
+    // tmux leaves its socket file behind, also when the server ended with its last session.
+    let dir = std::env::var_os("TMUX_TMPDIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
+    let _ = fs::remove_file(dir.join(format!("tmux-{}", mam::sys::getuid())).join(sock));
 }
 
 impl S {
@@ -350,6 +346,10 @@ fn o2_8_2_worktree_create_forwards_all_four_on_pane_creation() {
     }
     // The rows live in the control root's sessions file, not the worktree's.
     assert!(!wt.join(".mam").exists());
+    // Stop closes both panes on the mock; nothing is left listed.
+    h.mam(["stop", "wa", "wb"]).run().expect_rc(0);
+    assert_eq!(h.calls_of(&["pane", "close"]).len(), 2);
+    assert_eq!(h.mock_state()["agents"], json!([]));
     // Same over the fake backend: the pane's environment holds the four.
     let f = S::fake("o2_8_2f");
     let wt = worktree(&f.td, "wt");
@@ -593,6 +593,16 @@ fn o2_8_10_start_failure_runs_the_verified_rollback() {
     let r = h.create(&["--name", "s1"]).env("MAM_STARTUP_DIALOG_MAX", "1").run();
     r.expect_rc(1);
     assert!(r.stderr().starts_with("ERROR: create: agent s1 still blocked"), "{}", r.stderr());
+    assert!(r.stderr().contains("rolled back (confirmed: nothing left)"), "{}", r.stderr());
+    assert!(h.fake_panes().is_empty());
+    wait_until("the fake agent exits", Duration::from_secs(10), || h.live_fake_agents().is_empty());
+    assert!(!h.file().exists(), "no row");
+    // The row cannot be written (its lock is a directory): the placed agent is rolled back.
+    h.td.write("agent.script", "");
+    fs::create_dir_all(h.td.ws().join(".mam/agent_sessions.json.lock")).unwrap();
+    let r = h.create(&["--name", "s2"]).run();
+    r.expect_rc(1);
+    assert!(r.stderr().starts_with("ERROR: create: cannot record session s2: cannot lock"), "{}", r.stderr());
     assert!(r.stderr().contains("rolled back (confirmed: nothing left)"), "{}", r.stderr());
     assert!(h.fake_panes().is_empty());
     wait_until("the fake agent exits", Duration::from_secs(10), || h.live_fake_agents().is_empty());
