@@ -632,6 +632,33 @@ mod tests {
     }
 
     #[test]
+    fn forwarding_is_all_or_none_and_refuses_whitespace() {
+        let base = std::env::temp_dir().join(format!("mam-fwd-{}", sys::random_hex(6).unwrap()));
+        let root = base.join("root");
+        let wt = base.join("wt");
+        fs::create_dir_all(root.join(".mam")).unwrap();
+        fs::create_dir_all(&wt).unwrap();
+        fs::write(wt.join(".git"), "gitdir: x\n").unwrap();
+        let ctx = |vars: Vec<(&str, PathBuf)>| Ctx::with_env(vars, &root);
+        // From the control root with nothing set: what W implies anyway.
+        let c = ctx(vec![]);
+        let b = caller_binding(&c).unwrap();
+        assert_eq!(forward_env(&c, &b, &root).unwrap(), None);
+        // A worktree implies itself as the control root: all four are forwarded.
+        let env = forward_env(&c, &b, &wt).unwrap().unwrap();
+        assert_eq!(env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), BINDING_VARS);
+        assert_eq!(env[0].1, root.to_str().unwrap());
+        // One differing variable forwards all four; whitespace in any forwarded value is refused.
+        let c = ctx(vec![("MAM_JOBS_DIR", base.join("jobs"))]);
+        let b = caller_binding(&c).unwrap();
+        assert_eq!(forward_env(&c, &b, &root).unwrap().unwrap().len(), 4);
+        let c = ctx(vec![("DELEGATE_JOB_LOGS_DIR", base.join("a b"))]);
+        let b = caller_binding(&c).unwrap();
+        assert!(forward_env(&c, &b, &root).unwrap_err().contains("DELEGATE_JOB_LOGS_DIR="));
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
     fn lock_path_appends_lock() {
         assert_eq!(lock_path(Path::new("/a/s.json")), PathBuf::from("/a/s.json.lock"));
     }

@@ -6,7 +6,11 @@
 //! The listing happens without the sessions lock (it spawns backend processes); the rows are then
 //! changed under the lock only when the same incarnation is still there, so a session created or
 //! resumed meanwhile is never marked exited by a list taken before it existed. Never prints.
-//! `mam reconcile` (without `--subscribe`) is `reconcile_once` plus printing `Reconciled`.
+//!
+//! `mam reconcile` without `--subscribe` (src/cmd/reconcile.rs, owned by the daemon work) is:
+//! `let r = session::reconcile::reconcile_once(ctx).map_err(|e| e.failure("reconcile"))?;` then
+//! `ctx.say` each of `r.lines()` and return `Ok(r.rc())` (0, or 3 when a server's state was unknown;
+//! a sessions file that is not JSON is rc 2 through `failure`).
 
 use std::collections::BTreeMap;
 

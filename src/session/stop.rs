@@ -97,7 +97,10 @@ pub fn cancel_jobs(ctx: &Ctx, store: &Store, name: &str, notes: &mut Notes) -> R
                     notes.warn(w);
                 }
                 match out.decision {
-                    Decision::Applied(_) => done.push(id),
+                    Decision::Applied(a) => {
+                        after_cancel(ctx, store, &a.record, notes);
+                        done.push(id)
+                    }
                     Decision::Idempotent { status } | Decision::Refused { reason: status } => {
                         notes.note(format!("job {id} not cancelled ({status})"))
                     }
@@ -110,6 +113,13 @@ pub fn cancel_jobs(ctx: &Ctx, store: &Store, name: &str, notes: &mut Notes) -> R
     }
     Ok(done)
 }
+
+/// CLOSE HOOK, NOT DONE: after an applied operator close, A4 publishes a signed retained `state`
+/// (terminal status, fresh seq, `last_event: "closed"`) and CORE 7.4 stops the job's heartbeat
+/// timer with a drain. Both live as private hooks in `cmd/registry.rs` (`publish_close`,
+/// `stop_timer`) until the publish/heartbeat work makes them library calls; call them from here then
+/// (a failed publish is a WARNING in `notes`). Runs after L1 is released.
+fn after_cancel(_ctx: &Ctx, _store: &Store, _record: &Record, _notes: &mut Notes) {}
 
 /// Closes the row's pane and confirms the agent is gone (2.5 step 5).
 fn close_and_confirm(ctx: &Ctx, row: &Row, notes: &mut Notes) -> Result<(), SessionError> {
