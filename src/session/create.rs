@@ -13,7 +13,7 @@ use super::{
 use crate::cli::show_path;
 use crate::clock;
 use crate::ctx::Ctx;
-use crate::pane::{self, Knobs, PaneError, PlaceRequest, Placed};
+use crate::pane::{self, Backend, Knobs, PaneError, PlaceFailure, PlaceRequest, Placed};
 use crate::paths;
 use crate::sys;
 
@@ -28,11 +28,15 @@ pub struct CreateArgs {
     pub agent_args: Vec<String>,
 }
 
-/// Maps a pane failure to the session error: bad input the backend found is rc 2, the rest rc 1.
-pub fn pane_error(e: &PaneError, tail: &str) -> SessionError {
-    match e {
-        PaneError::Usage(m) => SessionError::Refused(format!("{m}{tail}")),
-        PaneError::NoServer(m) | PaneError::Failed(m) => SessionError::Failed(format!("{m}{tail}")),
+/// Maps a failed placement to the session error: bad input the backend found before touching any
+/// pane is rc 2; everything else, and anything after a rollback (2.3: "exit 1 either way"), rc 1.
+pub fn place_error(b: &dyn Backend, f: &PlaceFailure, name: &str, cwd: &Path) -> SessionError {
+    match (&f.partial, &f.error) {
+        (None, PaneError::Usage(m)) => SessionError::Refused(m.clone()),
+        (None, e) => SessionError::Failed(e.to_string()),
+        (Some(p), e) => {
+            SessionError::Failed(format!("{e}; {}", rollback_text(&verified_rollback(b, p, name, cwd, None))))
+        }
     }
 }
 
@@ -102,13 +106,7 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes) -> Result<Vec<String
     };
     let placed = match pane::place_and_start(b.as_ref(), &req, &knobs) {
         Ok(p) => p,
-        Err(f) => {
-            let tail = match &f.partial {
-                Some(p) => format!("; {}", rollback_text(&verified_rollback(b.as_ref(), p, &name, &w, None))),
-                None => String::new(),
-            };
-            return Err(pane_error(&f.error, &tail));
-        }
+        Err(f) => return Err(place_error(b.as_ref(), &f, &name, &w)),
     };
     let fail_after = |what: String, row_written: bool| -> SessionError {
         let left = verified_rollback(b.as_ref(), &placed, &name, &w, row_written.then_some(file.as_path()));

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use super::create::pane_error;
+use super::create::place_error;
 use super::reconcile::row_target;
 use super::{
     caller_binding, command_line, ensure_daemon, forward_env, load, resume_args, rollback_text, same_dir, update,
@@ -153,13 +153,7 @@ pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String
     };
     let placed = match pane::place_and_start(b.as_ref(), &req, &knobs) {
         Ok(p) => p,
-        Err(f) => {
-            let tail = match &f.partial {
-                Some(p) => format!("; {}", rollback_text(&verified_rollback(b.as_ref(), p, &row.name, &w, None))),
-                None => String::new(),
-            };
-            return Err(pane_error(&f.error, &tail));
-        }
+        Err(f) => return Err(place_error(b.as_ref(), &f, &row.name, &w)),
     };
     let now = clock::now_ts();
     let cmd = command_line(&row.agent, &row.agent_args);

@@ -372,11 +372,12 @@ fn o2_8_3_whitespace_in_a_forwarded_binding_is_refused_not_otherwise() {
     // A control root with a space used as its own workspace: nothing to forward, so fine.
     let root = h.td.path("my ws");
     fs::create_dir_all(root.join(".mam")).unwrap();
-    let r = h.create(&["--name", "ok"]).cwd(&root).run();
+    let r = h.create(&["--name", "ok", "--label", "lab"]).cwd(&root).run();
     r.expect_rc(0);
     let creates = h.calls_of(&["workspace", "create"]);
     assert_eq!(creates.len(), 1);
     assert!(env_flags(&creates[0]).is_empty());
+    assert!(creates[0].windows(2).any(|w| w == ["--label", "lab"]), "{:?}", creates[0]);
     let doc: Value = serde_json::from_slice(&fs::read(root.join(".mam/agent_sessions.json")).unwrap()).unwrap();
     assert_eq!(doc["herdr_sessions"][0]["control_plane"]["workspace_root"], s(&root));
 }
@@ -581,6 +582,25 @@ fn o2_8_9_daemon_step_under_the_opt_out() {
         // The control root's daemon, never the worktree's.
         assert!(!lines[0].contains(wt.to_str().unwrap()), "{lines:?}");
     }
+}
+
+#[test]
+fn create_onboards_by_default_through_the_hook() {
+    // ONBOARDING HOOK: until delegate-job lands, --onboard (the default) notes the skip and succeeds.
+    let h = S::fake("onboard_hook");
+    let r = h.mam(["create", "claude", "--", "test-double", "agent"]).run();
+    r.expect_rc(0);
+    assert!(
+        r.stderr().lines().any(|l| l == "NOTE: onboarding skipped: delegate-job is not available in this build"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!r.stdout().contains("ONBOARD_JOB="));
+    assert!(h.row("claude-01").get("onboard_job").is_none());
+    let r = h.mam(["create", "claude", "--onboard", "--no-onboard", "--", "test-double", "agent"]).run();
+    r.expect_rc(0);
+    assert!(!r.stderr().contains("onboarding"), "the last flag wins: {}", r.stderr());
+    h.mam(["stop", "claude-01", "claude-02"]).run().expect_rc(0);
 }
 
 #[test]
