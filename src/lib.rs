@@ -19,6 +19,7 @@ pub mod paths;
 pub mod publish;
 pub mod registry;
 pub mod remote;
+pub mod session;
 pub mod sign;
 pub mod sys;
 pub mod watch;

@@ -16,6 +16,7 @@ mod paths;
 mod publish;
 mod registry;
 mod remote;
+mod session;
 mod sign;
 mod tidy;
 mod watch;

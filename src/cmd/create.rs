@@ -1,0 +1,76 @@
+//! `mam create` (ORCH 2.3): start a named agent session in a pane bound to this control plane.
+//! Parsing validates only; the flow is `crate::session::create`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use crate::cli::{self, Failure, Parsed};
+use crate::ctx::Ctx;
+use crate::session::create::{create, CreateArgs};
+use crate::session::Notes;
+
+pub const USAGE: &str = "
+Usage: mam create <agent> [--name N] [--workspace DIR] [--onboard | --no-onboard] [--label L]
+                  [-- AGENT_ARGS...]
+
+Starts agent <agent> (claude, agy, hermes, grok, opencode, codex) in a pane (workspace packing of
+`mam pane new-session`) and records it in the sessions file with its control-plane binding. When
+DIR is not the control root, the binding (WORKSPACE_ROOT, AGENT_SESSIONS_YAML, MAM_JOBS_DIR,
+DELEGATE_JOB_LOGS_DIR) is forwarded to the pane as --env on the pane creation.
+Then ensures the control root's daemon (`mam daemon ensure`) and onboards the agent.
+
+Options:
+  --name N          session name [a-z][a-z0-9_-]{0,31} (default <agent>-NN, lowest free NN)
+  --workspace DIR   the agent's directory (default: the cwd)
+  --onboard         delegate the onboarding job (default)
+  --no-onboard      skip onboarding
+  --label L         workspace label (default MAM_WS_LABEL)
+  -h, --help        print this help
+
+Stdout: SESSION=<name> PANE=<id> WORKSPACE=<id> CWD=<dir>, then ONBOARD_JOB=<jid> and
+DAEMON_PID=<pid> when there are such values.
+
+Environment: WORKSPACE_ROOT, AGENT_SESSIONS_YAML, MAM_JOBS_DIR, DELEGATE_JOB_LOGS_DIR,
+MAM_NO_SUBSCRIBER_DAEMON (only `1` opts out), MAM_NO_AUTOSTART, MAM_WS_LABEL, MAM_PANE_BACKEND.
+
+Exit codes: 0 created, 1 start failure (verified rollback ran), 2 refused before any change
+(unknown agent, bad or running name, missing directory, binding not computable for a worktree,
+a forwarded binding path with whitespace, sessions file not JSON).
+";
+
+fn parse_args(mut raw: Vec<OsString>) -> Result<Parsed<CreateArgs>, Failure> {
+    use lexopt::prelude::*;
+    let mut a = CreateArgs { onboard: true, ..CreateArgs::default() };
+    if let Some(i) = raw.iter().position(|x| x == "--") {
+        for x in raw.split_off(i).into_iter().skip(1) {
+            a.agent_args.push(cli::utf8("AGENT_ARGS", x)?);
+        }
+    }
+    let mut p = lexopt::Parser::from_args(raw);
+    while let Some(arg) = p.next()? {
+        match arg {
+            Short('h') | Long("help") => return Ok(Parsed::Help),
+            Value(v) if a.kind.is_empty() => a.kind = cli::utf8("agent", v)?,
+            Long("name") => a.name = Some(cli::utf8("--name", p.value()?)?),
+            Long("workspace") => a.workspace = Some(PathBuf::from(p.value()?)),
+            Long("onboard") => a.onboard = true,
+            Long("no-onboard") => a.onboard = false,
+            Long("label") => a.label = Some(cli::utf8("--label", p.value()?)?),
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    if a.kind.is_empty() {
+        return Err(Failure::usage("create: give the agent kind (see mam create --help)"));
+    }
+    Ok(Parsed::Run(a))
+}
+
+pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
+    let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
+        return Ok(0);
+    };
+    cli::load_env(ctx)?;
+    let mut notes = Notes::default();
+    let r = create(ctx, &a, &mut notes);
+    super::session::finish(ctx, "create", notes, r)
+}

@@ -1,0 +1,66 @@
+//! `mam status` (ORCH 2.6): show sessions, their liveness and open jobs. Never starts a pane server
+//! (MAM_NO_AUTOSTART=1) and needs no broker. Parsing validates only; the logic is
+//! `crate::session::status`.
+
+use std::ffi::OsString;
+
+use crate::cli::{self, Failure, Parsed};
+use crate::ctx::Ctx;
+use crate::session::status::status;
+
+pub const USAGE: &str = "
+Usage: mam status [<name>] [--json]
+
+One line per session: name, agent, backend/server, pane, cwd, liveness (running, gone, unknown),
+conversation id, row status (tab separated; `-` when unknown), then `  job <id> <type> <status>` for each open
+job addressed to it (and its onboarding job). Jobs are looked up in MAM_JOBS_DIR, the row's
+registry, $WORKSPACE_ROOT/.mam/jobs, then the default registry; the first holding a job wins.
+
+Options:
+  --json      one JSON array instead
+  -h, --help  print this help
+
+Exit codes: 0 ok, 2 unknown session or sessions file not JSON, 3 some server's state is unknown
+(output still printed).
+";
+
+#[derive(Debug, Default)]
+struct Args {
+    name: Option<String>,
+    json: bool,
+}
+
+fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
+    use lexopt::prelude::*;
+    let mut a = Args::default();
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next()? {
+        match arg {
+            Short('h') | Long("help") => return Ok(Parsed::Help),
+            Value(v) if a.name.is_none() => a.name = Some(cli::utf8("name", v)?),
+            Long("json") => a.json = true,
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    Ok(Parsed::Run(a))
+}
+
+pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
+    let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
+        return Ok(0);
+    };
+    ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
+    cli::load_env(ctx)?;
+    let report = status(ctx, a.name.as_deref()).map_err(|e| e.failure("status"))?;
+    if a.json {
+        ctx.say(&report.json().to_string());
+    } else {
+        for l in report.lines() {
+            ctx.say(&l);
+        }
+    }
+    if report.any_unknown {
+        ctx.diag("WARNING: status: some server's state is unknown; its rows show liveness `unknown`");
+    }
+    Ok(report.rc())
+}

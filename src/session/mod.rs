@@ -1,0 +1,671 @@
+//! Sessions (ORCH 2): the sessions file (JSON, 2.2) with its lock, the control-plane binding and the
+//! forwarding decision (2.3 steps 2-4), verified rollback, and the flows `create`, `resume`, `stop`,
+//! `status`, one-shot `reconcile` and the legacy YAML import, each in its own file.
+//!
+//! Library code: it never prints (diagnostics are collected in `Notes` for the subcommand to print)
+//! and never reads the process environment (everything comes from `Ctx`). Every write of the
+//! sessions file is read-modify-write under `<sessions file>.lock` with an atomic rename; readers do
+//! not lock (ORCH 0.3).
+
+pub mod create;
+pub mod reconcile;
+pub mod resume;
+pub mod status;
+pub mod stop;
+pub mod yaml;
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::cli::{one_line, show_path, Failure};
+use crate::ctx::Ctx;
+use crate::pane::{self, Backend, ListOutcome, Placed};
+use crate::paths::{self, Resolved};
+use crate::sys::{self, Flock, LockMode};
+
+// ---------------------------------------------------------------------------------------------
+// Errors and diagnostics
+
+/// Why a session command stopped. Each variant knows its exit code (ORCH 0.4, 2.3-2.7, A3).
+#[derive(Debug)]
+pub enum SessionError {
+    /// rc 2: refused before any change.
+    Refused(String),
+    /// rc 2: the sessions file is not JSON, or not a sessions document.
+    NotJson { path: PathBuf, detail: String },
+    /// rc 1: an operational failure (a rollback, if any, already ran; the text says what is left).
+    Failed(String),
+    /// A complete line with its own code (4 purge without --yes, 5 purge refused, a pane failure).
+    Line(Failure),
+}
+
+impl SessionError {
+    /// The one stderr line and exit code for `mam <cmd>`.
+    pub fn failure(&self, cmd: &str) -> Failure {
+        match self {
+            SessionError::Refused(m) => Failure::new(2, format!("REFUSED: {cmd}: {}; nothing changed", one_line(m))),
+            SessionError::NotJson { path, detail } => Failure::new(
+                2,
+                format!(
+                    "REFUSED: {cmd}: {} is not a JSON sessions file ({}); convert it once with `mam session import-yaml`",
+                    show_path(path),
+                    one_line(detail)
+                ),
+            ),
+            SessionError::Failed(m) => Failure::runtime(format!("{cmd}: {}", one_line(m))),
+            SessionError::Line(f) => f.clone(),
+        }
+    }
+}
+
+impl fmt::Display for SessionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SessionError::Refused(m) | SessionError::Failed(m) => f.write_str(m),
+            SessionError::NotJson { path, detail } => write!(f, "{} is not JSON ({detail})", show_path(path)),
+            SessionError::Line(l) => f.write_str(&l.line),
+        }
+    }
+}
+
+impl From<Failure> for SessionError {
+    fn from(f: Failure) -> SessionError {
+        SessionError::Line(f)
+    }
+}
+
+fn io_failed(what: &str, p: &Path, e: io::Error) -> SessionError {
+    SessionError::Failed(format!("cannot {what} {}: {e}", show_path(p)))
+}
+
+/// Diagnostic lines (already prefixed `WARNING: `/`NOTE: `) a flow collected for its caller to print.
+#[derive(Debug, Default)]
+pub struct Notes(pub Vec<String>);
+
+impl Notes {
+    pub fn warn(&mut self, msg: impl fmt::Display) {
+        self.0.push(format!("WARNING: {}", one_line(&msg.to_string())));
+    }
+    pub fn note(&mut self, msg: impl fmt::Display) {
+        self.0.push(format!("NOTE: {}", one_line(&msg.to_string())));
+    }
+    /// A line that already carries its prefix (relayed from a child).
+    pub fn raw(&mut self, line: impl Into<String>) {
+        self.0.push(line.into());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sessions file (2.2)
+
+/// The four absolute paths of a row's control plane. Legacy rows may carry only some of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlPlane {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_root: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_sessions_yaml: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mam_jobs_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegate_job_logs_dir: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// The binding's variable names, in the legacy order.
+pub const BINDING_VARS: [&str; 4] = ["WORKSPACE_ROOT", "AGENT_SESSIONS_YAML", "MAM_JOBS_DIR", "DELEGATE_JOB_LOGS_DIR"];
+
+impl ControlPlane {
+    /// The four values in `BINDING_VARS` order.
+    pub fn values(&self) -> [Option<&str>; 4] {
+        [
+            self.workspace_root.as_deref(),
+            self.agent_sessions_yaml.as_deref(),
+            self.mam_jobs_dir.as_deref(),
+            self.delegate_job_logs_dir.as_deref(),
+        ]
+    }
+
+    fn slots(&mut self) -> [&mut Option<String>; 4] {
+        [
+            &mut self.workspace_root,
+            &mut self.agent_sessions_yaml,
+            &mut self.mam_jobs_dir,
+            &mut self.delegate_job_logs_dir,
+        ]
+    }
+
+    /// All four present.
+    pub fn complete(&self) -> bool {
+        self.values().iter().all(Option::is_some)
+    }
+
+    /// Fills the fields this binding lacks from `other`, never overwriting one (2.4 step 3).
+    pub fn fill_missing(&mut self, other: &ControlPlane) {
+        let theirs = other.values();
+        for (slot, v) in self.slots().into_iter().zip(theirs) {
+            if slot.is_none() {
+                *slot = v.map(str::to_string);
+            }
+        }
+    }
+
+    /// The `--env` set forwarded to a pane: all four, as `K=V` pairs (2.3 step 3: all or none).
+    pub fn env(&self) -> Vec<(String, String)> {
+        BINDING_VARS.iter().zip(self.values()).filter_map(|(k, v)| v.map(|v| (k.to_string(), v.to_string()))).collect()
+    }
+}
+
+/// A row's `pane` object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaneRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd_full: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+fn local() -> String {
+    "local".into()
+}
+
+/// One session (2.2). Fields this version does not know are kept verbatim in `extra`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub name: String,
+    #[serde(default)]
+    pub agent: String,
+    #[serde(default = "local")]
+    pub transport: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pane: Option<PaneRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_command: Option<String>,
+    /// The agent arguments given after `--` at create (decided: kept so resume can start the same
+    /// command line; `start_command` is their quoted display form).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agent_args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane: Option<ControlPlane>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub onboard_job: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub herdr_confirmed: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_reconciled_at: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Row {
+    pub fn running(&self) -> bool {
+        self.status == "running"
+    }
+    pub fn remote(&self) -> bool {
+        self.transport == "remote"
+    }
+    pub fn pane_id(&self) -> Option<&str> {
+        self.pane.as_ref().and_then(|p| p.id.as_deref()).filter(|s| !s.is_empty())
+    }
+    pub fn server(&self) -> Option<&str> {
+        self.pane.as_ref().and_then(|p| p.server.as_deref()).filter(|s| !s.is_empty())
+    }
+    pub fn cwd(&self) -> Option<&str> {
+        self.pane.as_ref().and_then(|p| p.cwd.as_deref()).filter(|s| !s.is_empty())
+    }
+    /// Identity of one incarnation: a reconcile or a race check compares it before changing a row.
+    pub fn incarnation(&self) -> (String, Option<String>, Option<String>, Option<String>) {
+        (self.name.clone(), self.pane_id().map(str::to_string), self.created_at.clone(), self.resumed_at.clone())
+    }
+}
+
+/// The whole file: `{ "version": 1, "herdr_sessions": [...], "orchestrator_uuids": [...] }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sessions {
+    #[serde(default = "one")]
+    pub version: u64,
+    #[serde(default)]
+    pub herdr_sessions: Vec<Row>,
+    #[serde(default)]
+    pub orchestrator_uuids: Vec<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl Default for Sessions {
+    fn default() -> Sessions {
+        Sessions { version: 1, herdr_sessions: Vec::new(), orchestrator_uuids: Vec::new(), extra: Map::new() }
+    }
+}
+
+impl Sessions {
+    pub fn row(&self, name: &str) -> Option<&Row> {
+        self.herdr_sessions.iter().find(|r| r.name == name)
+    }
+    pub fn row_mut(&mut self, name: &str) -> Option<&mut Row> {
+        self.herdr_sessions.iter_mut().find(|r| r.name == name)
+    }
+
+    /// Parses a sessions document. Empty (or blank) text is an empty document.
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<Sessions, SessionError> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Sessions::default());
+        }
+        let v: Value = serde_json::from_slice(bytes)
+            .map_err(|e| SessionError::NotJson { path: path.to_path_buf(), detail: e.to_string() })?;
+        if !v.is_object() {
+            return Err(SessionError::NotJson { path: path.to_path_buf(), detail: "not a JSON object".into() });
+        }
+        serde_json::from_value(v).map_err(|e| SessionError::NotJson {
+            path: path.to_path_buf(),
+            detail: format!("not a sessions document: {e}"),
+        })
+    }
+
+    /// The bytes written to disk: 2-space indentation, trailing newline.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).expect("a sessions document always serialises");
+        out.push(b'\n');
+        out
+    }
+}
+
+/// `<sessions file>.lock`.
+pub fn lock_path(file: &Path) -> PathBuf {
+    let mut name = file.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".lock");
+    file.with_file_name(name)
+}
+
+/// Reads the sessions file without a lock. A missing file is an empty document.
+pub fn load(file: &Path) -> Result<Sessions, SessionError> {
+    match fs::read(file) {
+        Ok(b) => Sessions::parse(file, &b),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Sessions::default()),
+        Err(e) => Err(io_failed("read", file, e)),
+    }
+}
+
+/// Read-modify-write under `<file>.lock`: `f` sees the current document; when it returns `Ok` and
+/// changed something, the document is written atomically. An `Err` writes nothing. `f` must not
+/// spawn or sleep (the lock is held).
+pub fn update<T>(file: &Path, f: impl FnOnce(&mut Sessions) -> Result<T, SessionError>) -> Result<T, SessionError> {
+    if let Some(dir) = file.parent() {
+        sys::create_dir_all(dir).map_err(|e| io_failed("create", dir, e))?;
+    }
+    let lp = lock_path(file);
+    let _lock = Flock::lock_path(&lp, LockMode::Exclusive).map_err(|e| io_failed("lock", &lp, e))?;
+    let before = load(file)?;
+    let mut doc = before.clone();
+    let out = f(&mut doc)?;
+    if doc != before {
+        sys::atomic_write(file, &doc.to_bytes()).map_err(|e| io_failed("write", file, e))?;
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names and kinds
+
+/// Agent kinds with an adapter (ORCH 6.1). Section 6 owns the adapter table; until it lands this is
+/// the list create validates against, and `resume_args` the one per-kind fact resume needs.
+pub const KINDS: &[&str] = &["claude", "agy", "hermes", "grok", "opencode", "codex"];
+
+/// The adapter's resume arguments for a known conversation (appended to the row's agent args).
+pub fn resume_args(kind: &str, conversation: &str) -> Vec<String> {
+    match kind {
+        "claude" => vec!["--resume".into(), conversation.into()],
+        "codex" => vec!["resume".into(), conversation.into()],
+        "opencode" => vec!["--session".into(), conversation.into()],
+        _ => Vec::new(),
+    }
+}
+
+/// `<agent>-NN`: the lowest two-digit suffix no row uses (2.1, decided).
+pub fn default_name(doc: &Sessions, kind: &str) -> Option<String> {
+    (1..=99).map(|n| format!("{kind}-{n:02}")).find(|n| doc.row(n).is_none())
+}
+
+/// The bare agent command for `pane.cmd_full`/`start_command`: the kind and its arguments, quoted.
+pub fn command_line(kind: &str, args: &[String]) -> String {
+    let mut s = kind.to_string();
+    for a in args {
+        s.push(' ');
+        let plain = !a.is_empty() && a.bytes().all(|c| c.is_ascii_alphanumeric() || b"_./:=@%+,-".contains(&c));
+        if plain {
+            s.push_str(a);
+        } else {
+            s.push_str(&crate::cli::shell_quote(a));
+        }
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binding (0.1, 2.3 steps 2-4)
+
+/// The binding as persisted: all four paths as UTF-8 strings. Fails when a path cannot be recorded
+/// in JSON (not UTF-8) or travel as one `--env` value (a control character).
+pub fn binding_of(r: &Resolved) -> Result<ControlPlane, String> {
+    let mut cp = ControlPlane::default();
+    for ((var, p), slot) in r.binding().into_iter().zip(cp.slots()) {
+        let s = p.to_str().ok_or_else(|| format!("{var} path {} is not UTF-8", show_path(p)))?;
+        if s.chars().any(char::is_control) {
+            return Err(format!("{var} path {} contains a control character", show_path(p)));
+        }
+        *slot = Some(s.to_string());
+    }
+    Ok(cp)
+}
+
+/// The caller's binding B.
+pub fn caller_binding(ctx: &Ctx) -> Result<ControlPlane, String> {
+    binding_of(&paths::resolve(ctx, None))
+}
+
+/// The implied binding I of 2.3 step 3: what 0.2 yields for a process started in `w` with none of
+/// the four variables set. `None` when even that cannot be recorded.
+pub fn implied_binding(ctx: &Ctx, w: &Path) -> Option<ControlPlane> {
+    let env = ctx.child_env().into_iter().filter(|(k, _)| !BINDING_VARS.iter().any(|v| k == v));
+    let sub = Ctx::with_env(env, w);
+    binding_of(&paths::resolve(&sub, None)).ok()
+}
+
+/// The forwarding decision (2.3 steps 3-4): `Ok(None)` when `b` is what `w` implies anyway,
+/// `Ok(Some(env))` with all four when any differs, `Err` when a forwarded value has whitespace.
+pub fn forward_env(ctx: &Ctx, b: &ControlPlane, w: &Path) -> Result<Option<Vec<(String, String)>>, String> {
+    let implied = implied_binding(ctx, w);
+    if implied.as_ref().is_some_and(|i| i.values() == b.values()) {
+        return Ok(None);
+    }
+    let env = b.env();
+    if let Some((k, v)) = env.iter().find(|(_, v)| v.chars().any(char::is_whitespace)) {
+        return Err(format!("the binding must be forwarded to the pane but {k}={} contains whitespace", one_line(v)));
+    }
+    Ok(Some(env))
+}
+
+/// Same directory, compared canonically (1.5 step 2).
+pub fn same_dir(a: &Path, b: &Path) -> bool {
+    pane::canon(a) == pane::canon(b)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verified rollback (2.3)
+
+/// Closes the pane the agent was started in (the workspace only when this attempt created it),
+/// removes the row when `sessions` names the file it was written to, then lists again. Returns the
+/// leftovers (empty: confirmed gone).
+pub fn verified_rollback(b: &dyn Backend, p: &Placed, name: &str, cwd: &Path, sessions: Option<&Path>) -> Vec<String> {
+    let mut left = Vec::new();
+    let closed = if p.created_workspace { b.close_workspace(&p.workspace) } else { b.close_pane(&p.pane) };
+    if let Err(e) = closed {
+        left.push(format!("close failed: {e}"));
+    }
+    if let Some(file) = sessions {
+        let removed = update(file, |doc| {
+            doc.herdr_sessions.retain(|r| !(r.name == name && r.pane_id() == Some(p.pane.as_str())));
+            Ok(())
+        });
+        if let Err(e) = removed {
+            left.push(format!("row {name} ({e})"));
+        }
+    }
+    match b.list_agents() {
+        ListOutcome::Confirmed(list) if list.iter().any(|a| a.name == name) => left.push(format!("agent {name}")),
+        ListOutcome::Unknown(d) => left.push(format!("agent {name}? (state unknown: {d})")),
+        _ => {}
+    }
+    match b.list_workspaces(cwd) {
+        Ok(wss) => {
+            for ws in &wss {
+                if ws.panes.iter().any(|q| q.id == p.pane) {
+                    left.push(format!("pane {}", p.pane));
+                }
+                if p.created_workspace && ws.id == p.workspace {
+                    left.push(format!("workspace {}", p.workspace));
+                }
+            }
+        }
+        Err(e) => left.push(format!("pane {}? ({e})", p.pane)),
+    }
+    left
+}
+
+/// The tail of a failure line after a rollback.
+pub fn rollback_text(left: &[String]) -> String {
+    if left.is_empty() {
+        "rolled back (confirmed: nothing left)".into()
+    } else {
+        format!("rollback incomplete, left: {}", left.join(", "))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Children of this binary (daemon ensure, monitor, purge)
+
+/// A finished child of the current binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildOut {
+    pub rc: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `mam <args>` (this very binary) with the context's environment, within `limit`. Output goes
+/// through temp files, not pipes, so a daemon the child leaves behind cannot hold us up.
+pub fn run_self(ctx: &Ctx, args: &[&str], limit: Duration) -> Result<ChildOut, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the mam binary: {e}"))?;
+    let tmp = ctx.path_var("TMPDIR").unwrap_or_else(|| PathBuf::from("/tmp"));
+    let tag = sys::random_hex(8).map_err(|e| format!("random: {e}"))?;
+    let out_p = tmp.join(format!(".mam-child-{tag}.out"));
+    let err_p = tmp.join(format!(".mam-child-{tag}.err"));
+    let open = |p: &Path| fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", show_path(p)));
+    let (out_f, err_f) = (open(&out_p)?, open(&err_p)?);
+    let mut c = Command::new(&exe);
+    c.args(args).env_clear().envs(ctx.child_env()).current_dir(ctx.cwd());
+    c.stdin(Stdio::null()).stdout(out_f).stderr(err_f);
+    let what = format!("mam {}", args.first().copied().unwrap_or(""));
+    let res = (|| {
+        let mut child = sys::spawn(&mut c).map_err(|e| format!("cannot run {what}: {e}"))?;
+        let deadline = Instant::now() + limit;
+        loop {
+            match child.try_wait() {
+                Ok(Some(st)) => return Ok(st.code().unwrap_or(1)),
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("{what}: timed out after {} ms", limit.as_millis()));
+                }
+                Ok(None) => sys::sleep(Duration::from_millis(5)),
+                Err(e) => return Err(format!("{what}: wait failed: {e}")),
+            }
+        }
+    })();
+    let stdout = fs::read_to_string(&out_p).unwrap_or_default();
+    let stderr = fs::read_to_string(&err_p).unwrap_or_default();
+    let _ = fs::remove_file(&out_p);
+    let _ = fs::remove_file(&err_p);
+    Ok(ChildOut { rc: res?, stdout, stderr })
+}
+
+/// How long `mam daemon ensure` may take.
+const DAEMON_ENSURE_LIMIT: Duration = Duration::from_secs(30);
+
+/// 2.3 step 7 (A26): make sure the control root's daemon runs, via `mam daemon ensure --workspace
+/// <root>`. Returns the `DAEMON_PID=` line to print, if any. A failing ensure is a WARNING, never a
+/// failure of the session command.
+pub fn ensure_daemon(ctx: &Ctx, root: &Path, notes: &mut Notes) -> Option<String> {
+    let root_s = root.to_string_lossy().into_owned();
+    match run_self(ctx, &["daemon", "ensure", "--workspace", &root_s], DAEMON_ENSURE_LIMIT) {
+        Ok(out) => {
+            let (pid, lines) = daemon_relay(&out, root);
+            for l in lines {
+                notes.raw(l);
+            }
+            pid
+        }
+        Err(e) => {
+            notes.warn(format!("daemon for {} not ensured: {e}", show_path(root)));
+            None
+        }
+    }
+}
+
+/// What of a `daemon ensure` child reaches our output: its `DAEMON_PID=` line and, on success, its
+/// diagnostics (under the opt-out, its one NOTE); on failure one WARNING naming the last line.
+pub fn daemon_relay(out: &ChildOut, root: &Path) -> (Option<String>, Vec<String>) {
+    let pid = out.stdout.lines().map(str::trim).find(|l| l.starts_with("DAEMON_PID=")).map(str::to_string);
+    if out.rc == 0 {
+        let lines = out.stderr.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect();
+        return (pid, lines);
+    }
+    let last = out.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let warning = format!(
+        "WARNING: daemon for {} not ensured (mam daemon ensure exit {}: {})",
+        show_path(root),
+        out.rc,
+        one_line(last)
+    );
+    (pid, vec![warning])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_survive_and_defaults_apply() {
+        let src = br#"{"version": 1, "herdr_sessions": [{"name": "a", "zz": [1], "pane": {"id": "p", "q": true}}],
+            "orchestrator_uuids": [], "top": "kept"}"#;
+        let doc = Sessions::parse(Path::new("f"), src).unwrap();
+        let r = doc.row("a").unwrap();
+        assert_eq!(r.transport, "local");
+        assert_eq!(r.extra["zz"], serde_json::json!([1]));
+        let back: Value = serde_json::from_slice(&doc.to_bytes()).unwrap();
+        assert_eq!(back["top"], "kept");
+        assert_eq!(back["herdr_sessions"][0]["pane"]["q"], true);
+        assert_eq!(back["herdr_sessions"][0]["zz"], serde_json::json!([1]));
+    }
+
+    #[test]
+    fn not_json_is_named() {
+        for bad in [&b"herdr_sessions:\n  - name: a\n"[..], b"[1]", b"{\"herdr_sessions\": 3}"] {
+            let e = Sessions::parse(Path::new("/x/s.json"), bad).unwrap_err();
+            let f = e.failure("status");
+            assert_eq!(f.rc, 2);
+            assert!(f.line.starts_with("REFUSED: status: /x/s.json is not a JSON sessions file"), "{}", f.line);
+            assert!(f.line.ends_with("`mam session import-yaml`"), "{}", f.line);
+        }
+        assert_eq!(Sessions::parse(Path::new("f"), b" \n").unwrap(), Sessions::default());
+    }
+
+    #[test]
+    fn default_name_takes_the_lowest_free_suffix() {
+        let mut doc = Sessions::default();
+        assert_eq!(default_name(&doc, "claude").unwrap(), "claude-01");
+        for n in ["claude-01", "claude-03"] {
+            doc.herdr_sessions.push(Row { name: n.into(), ..Row::default() });
+        }
+        assert_eq!(default_name(&doc, "claude").unwrap(), "claude-02");
+    }
+
+    #[test]
+    fn fill_missing_never_overwrites() {
+        let mut row = ControlPlane { mam_jobs_dir: Some("/row/jobs".into()), ..ControlPlane::default() };
+        let caller = ControlPlane {
+            workspace_root: Some("/c".into()),
+            agent_sessions_yaml: Some("/c/s.json".into()),
+            mam_jobs_dir: Some("/c/jobs".into()),
+            delegate_job_logs_dir: Some("/c/logs".into()),
+            extra: Map::new(),
+        };
+        row.fill_missing(&caller);
+        assert_eq!(row.values(), [Some("/c"), Some("/c/s.json"), Some("/row/jobs"), Some("/c/logs")]);
+        assert_eq!(row.env().len(), 4);
+        assert_eq!(row.env()[0], ("WORKSPACE_ROOT".to_string(), "/c".to_string()));
+    }
+
+    #[test]
+    fn daemon_relay_passes_the_pid_and_warns_on_failure() {
+        let ok = ChildOut { rc: 0, stdout: "DAEMON_PID=42\n".into(), stderr: String::new() };
+        assert_eq!(daemon_relay(&ok, Path::new("/w")), (Some("DAEMON_PID=42".into()), vec![]));
+        let opt_out = ChildOut { rc: 0, stdout: String::new(), stderr: "NOTE: opted out\n".into() };
+        assert_eq!(daemon_relay(&opt_out, Path::new("/w")), (None, vec!["NOTE: opted out".to_string()]));
+        let bad = ChildOut { rc: 2, stdout: String::new(), stderr: "ERROR: mam daemon: not yet available\n".into() };
+        let (pid, lines) = daemon_relay(&bad, Path::new("/w"));
+        assert_eq!(pid, None);
+        assert_eq!(lines.len(), 1);
+        assert!(lines[0].starts_with("WARNING: daemon for /w not ensured (mam daemon ensure exit 2: ERROR:"));
+    }
+
+    #[test]
+    fn forwarding_is_all_or_none_and_refuses_whitespace() {
+        let base = std::env::temp_dir().join(format!("mam-fwd-{}", sys::random_hex(6).unwrap()));
+        let root = base.join("root");
+        let wt = base.join("wt");
+        fs::create_dir_all(root.join(".mam")).unwrap();
+        fs::create_dir_all(&wt).unwrap();
+        fs::write(wt.join(".git"), "gitdir: x\n").unwrap();
+        let ctx = |vars: Vec<(&str, PathBuf)>| Ctx::with_env(vars, &root);
+        // From the control root with nothing set: what W implies anyway.
+        let c = ctx(vec![]);
+        let b = caller_binding(&c).unwrap();
+        assert_eq!(forward_env(&c, &b, &root).unwrap(), None);
+        // A worktree implies itself as the control root: all four are forwarded.
+        let env = forward_env(&c, &b, &wt).unwrap().unwrap();
+        assert_eq!(env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), BINDING_VARS);
+        assert_eq!(env[0].1, root.to_str().unwrap());
+        // One differing variable forwards all four; whitespace in any forwarded value is refused.
+        let c = ctx(vec![("MAM_JOBS_DIR", base.join("jobs"))]);
+        let b = caller_binding(&c).unwrap();
+        assert_eq!(forward_env(&c, &b, &root).unwrap().unwrap().len(), 4);
+        let c = ctx(vec![("DELEGATE_JOB_LOGS_DIR", base.join("a b"))]);
+        let b = caller_binding(&c).unwrap();
+        assert!(forward_env(&c, &b, &root).unwrap_err().contains("DELEGATE_JOB_LOGS_DIR="));
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn lock_path_appends_lock() {
+        assert_eq!(lock_path(Path::new("/a/s.json")), PathBuf::from("/a/s.json.lock"));
+    }
+
+    #[test]
+    fn command_line_is_bare_and_quoted() {
+        assert_eq!(command_line("claude", &["--model".into(), "a b".into()]), "claude --model 'a b'");
+        assert_eq!(command_line("codex", &[]), "codex");
+    }
+}

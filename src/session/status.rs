@@ -1,0 +1,232 @@
+//! `status` (ORCH 2.6): per row its name, agent, backend/server, pane, cwd, liveness
+//! (`running`/`gone`/`unknown`), conversation id and open jobs. Runs under MAM_NO_AUTOSTART=1 and
+//! needs no broker. Job lookup order: `MAM_JOBS_DIR`, the row's registry (and for the onboarding job
+//! its audit-log mirror), `$WORKSPACE_ROOT/.mam/jobs`, the resolver's default; the first registry
+//! holding a job wins. Never prints; never writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use super::reconcile::{list_server, row_target, ServerState};
+use super::{load, Row, SessionError};
+use crate::ctx::Ctx;
+use crate::paths;
+use crate::registry::{audit, is_terminal, store::Store};
+use crate::sys;
+
+/// One job shown with a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobLine {
+    pub id: String,
+    pub job_type: String,
+    pub status: String,
+    pub registry: PathBuf,
+}
+
+/// One row's state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowStatus {
+    pub row: Row,
+    pub backend: String,
+    pub server: String,
+    pub liveness: &'static str,
+    pub jobs: Vec<JobLine>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    pub rows: Vec<RowStatus>,
+    pub any_unknown: bool,
+}
+
+impl Report {
+    /// 0, or 3 when some server's state was unknown (output still printed).
+    pub fn rc(&self) -> i32 {
+        if self.any_unknown {
+            3
+        } else {
+            0
+        }
+    }
+
+    /// Text: one line per row (`name agent backend/server pane cwd liveness conversation status`,
+    /// tab separated, `-` when unknown), then one indented line per job.
+    pub fn lines(&self) -> Vec<String> {
+        let dash = |s: Option<&str>| s.filter(|s| !s.is_empty()).unwrap_or("-").to_string();
+        let mut out = Vec::new();
+        for r in &self.rows {
+            out.push(
+                [
+                    r.row.name.clone(),
+                    dash(Some(&r.row.agent)),
+                    format!("{}/{}", r.backend, r.server),
+                    dash(r.row.pane_id()),
+                    dash(r.row.cwd()),
+                    r.liveness.to_string(),
+                    dash(r.row.conversation_id.as_deref()),
+                    dash(Some(&r.row.status)),
+                ]
+                .join("\t"),
+            );
+            for j in &r.jobs {
+                out.push(format!("  job {} {} {}", j.id, j.job_type, j.status));
+            }
+        }
+        out
+    }
+
+    pub fn json(&self) -> Value {
+        Value::Array(
+            self.rows
+                .iter()
+                .map(|r| {
+                    json!({
+                        "name": r.row.name,
+                        "agent": r.row.agent,
+                        "status": r.row.status,
+                        "backend": r.backend,
+                        "server": r.server,
+                        "pane": r.row.pane_id(),
+                        "cwd": r.row.cwd(),
+                        "liveness": r.liveness,
+                        "conversation_id": r.row.conversation_id,
+                        "jobs": r.jobs.iter().map(|j| json!({
+                            "job_id": j.id, "type": j.job_type, "status": j.status,
+                            "registry": j.registry.to_string_lossy(),
+                        })).collect::<Vec<_>>(),
+                    })
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The registries of 2.6 for one row, in lookup order, without repeats.
+fn registries(ctx: &Ctx, row: &Row) -> Vec<Store> {
+    let root = paths::control_root(ctx);
+    let mut regs: Vec<PathBuf> = Vec::new();
+    if let Some(env) = ctx.path_var("MAM_JOBS_DIR") {
+        regs.push(sys::absolutize(&root, &env));
+    }
+    if let Some(r) = row.control_plane.as_ref().and_then(|c| c.mam_jobs_dir.as_ref()) {
+        regs.push(PathBuf::from(r));
+    }
+    if let Some(ws) = ctx.path_var("WORKSPACE_ROOT") {
+        regs.push(sys::absolutize(ctx.cwd(), &ws).join(".mam").join("jobs"));
+    }
+    regs.push(paths::resolve(ctx, None).registry);
+    let mut seen = BTreeSet::new();
+    regs.retain(|r| seen.insert(r.clone()));
+    let row_logs = row.control_plane.as_ref().and_then(|c| c.delegate_job_logs_dir.as_ref()).map(PathBuf::from);
+    regs.into_iter()
+        .map(|r| {
+            let logs = match (&row_logs, row.control_plane.as_ref().and_then(|c| c.mam_jobs_dir.as_ref())) {
+                (Some(l), Some(rr)) if r.as_path() == std::path::Path::new(rr) => l.clone(),
+                _ => paths::logs_beside(&r),
+            };
+            Store::new(r, logs)
+        })
+        .collect()
+}
+
+/// The jobs shown for a row: its open jobs, plus its onboarding job whatever its status.
+fn jobs_of(ctx: &Ctx, row: &Row) -> Vec<JobLine> {
+    let mut found: BTreeMap<String, JobLine> = BTreeMap::new();
+    let stores = registries(ctx, row);
+    for store in &stores {
+        let Ok(ids) = store.job_ids() else { continue };
+        for id in ids {
+            if found.contains_key(&id) {
+                continue;
+            }
+            let Ok(Some(rec)) = store.read(&id) else { continue };
+            let onboarding = row.onboard_job.as_deref() == Some(id.as_str());
+            if rec.str("agent_session") != Some(row.name.as_str()) && !onboarding {
+                continue;
+            }
+            if is_terminal(rec.status()) && !onboarding {
+                continue;
+            }
+            found.insert(
+                id.clone(),
+                JobLine {
+                    id,
+                    job_type: rec.str("type").unwrap_or("task").to_string(),
+                    status: rec.status().to_string(),
+                    registry: store.registry.clone(),
+                },
+            );
+        }
+    }
+    // An onboarding job no registry holds any more: its audit-log mirror still tells its status.
+    if let Some(j) = row.onboard_job.as_ref().filter(|j| !found.contains_key(*j)) {
+        for store in &stores {
+            let p = audit::job_dir(&store.logs, j).join("status.json");
+            let Some(v) = std::fs::read(&p).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()) else {
+                continue;
+            };
+            let get = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            found.insert(
+                j.clone(),
+                JobLine {
+                    id: j.clone(),
+                    job_type: get("type"),
+                    status: get("status"),
+                    registry: store.registry.clone(),
+                },
+            );
+            break;
+        }
+    }
+    found.into_values().collect()
+}
+
+/// 2.6 for all rows, or for `only`. An unknown name is refused (rc 2).
+pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
+    let mut ctx = ctx.clone();
+    ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
+    let file = paths::resolve(&ctx, None).sessions;
+    let doc = load(&file)?;
+    let rows: Vec<Row> = match only {
+        Some(n) => vec![doc.row(n).cloned().ok_or_else(|| {
+            SessionError::Refused(format!(
+                "unknown session '{}' (no row in {})",
+                crate::cli::one_line(n),
+                crate::cli::show_path(&file)
+            ))
+        })?],
+        None => doc.herdr_sessions.clone(),
+    };
+    let mut lists: BTreeMap<(String, String), ServerState> = BTreeMap::new();
+    let mut report = Report::default();
+    for row in rows {
+        let (backend, server, liveness) = if row.remote() {
+            ("remote".to_string(), "-".to_string(), "unknown")
+        } else {
+            match row_target(&ctx, &row) {
+                None => ("?".to_string(), "?".to_string(), "unknown"),
+                Some((backend, server)) => {
+                    let state = lists
+                        .entry((backend.clone(), server.clone()))
+                        .or_insert_with(|| list_server(&ctx, &backend, &server))
+                        .clone();
+                    let l = match state {
+                        ServerState::Listed(names) if names.contains(&row.name) => "running",
+                        ServerState::Listed(_) => "gone",
+                        ServerState::Unknown(_) => {
+                            report.any_unknown = true;
+                            "unknown"
+                        }
+                    };
+                    (backend, server, l)
+                }
+            }
+        };
+        let jobs = jobs_of(&ctx, &row);
+        report.rows.push(RowStatus { row, backend, server, liveness, jobs });
+    }
+    Ok(report)
+}

@@ -1,0 +1,255 @@
+//! `stop` (ORCH 2.5): cancel the session's open `task` jobs through the transition engine (operator
+//! `set cancelled`, reason `session stopped`), close its pane and confirm the agent is no longer
+//! listed, purge the conversation when asked (after the stop: the live agent is itself a holder),
+//! and mark the row `stopped`.
+//!
+//! Stop never bootstraps a pane server (a server that is down has nothing to close). Never prints.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::reconcile::row_target;
+use super::{load, run_self, update, Notes, Row, SessionError};
+use crate::cli::{one_line, show_path, Failure};
+use crate::clock;
+use crate::ctx::Ctx;
+use crate::pane::{self, ListOutcome};
+use crate::paths;
+use crate::registry::engine::{Authority, Decision, Kind, Request};
+use crate::registry::store::Store;
+use crate::registry::{is_terminal, record::Record};
+use crate::sys;
+
+/// Validated arguments of `mam stop`.
+#[derive(Debug, Clone, Default)]
+pub struct StopArgs {
+    pub names: Vec<String>,
+    pub purge: bool,
+    pub yes: bool,
+}
+
+/// What stopping one session did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stopped {
+    pub name: String,
+    pub already: bool,
+    pub cancelled: Vec<String>,
+    pub purged: bool,
+}
+
+impl Stopped {
+    pub fn line(&self) -> String {
+        let status = if self.already { "already-stopped" } else { "stopped" };
+        let c = if self.cancelled.is_empty() { "-".to_string() } else { self.cancelled.join(",") };
+        let mut l = format!("SESSION={} STATUS={status} CANCELLED={c}", self.name);
+        if self.purged {
+            l.push_str(" PURGED=1");
+        }
+        l
+    }
+}
+
+/// The registry and log root of 2.5 step 2 (A1): `MAM_JOBS_DIR` > the row's `mam_jobs_dir` >
+/// `$WORKSPACE_ROOT/.mam/jobs` > the resolver's default; the caller's `DELEGATE_JOB_LOGS_DIR` > the
+/// row's `delegate_job_logs_dir` > the directory beside the registry in use.
+pub fn row_store(ctx: &Ctx, row: &Row) -> Store {
+    let root = paths::control_root(ctx);
+    let cp = row.control_plane.clone().unwrap_or_default();
+    let registry = match (ctx.path_var("MAM_JOBS_DIR"), &cp.mam_jobs_dir) {
+        (Some(env), _) => sys::absolutize(&root, &env),
+        (None, Some(r)) => PathBuf::from(r),
+        (None, None) => paths::resolve(ctx, None).registry,
+    };
+    let logs = match (ctx.path_var("DELEGATE_JOB_LOGS_DIR"), &cp.delegate_job_logs_dir) {
+        (Some(env), _) => sys::absolutize(&root, &env),
+        (None, Some(l)) => PathBuf::from(l),
+        (None, None) => paths::logs_beside(&registry),
+    };
+    Store::new(registry, logs)
+}
+
+/// The non-terminal jobs of type `task` addressed to `name` (2.5 step 4), in id order.
+pub fn open_task_jobs(store: &Store, name: &str) -> Result<Vec<Record>, SessionError> {
+    let mut ids = store.job_ids().map_err(|e| SessionError::Failed(e.to_string()))?;
+    ids.sort();
+    let mut out = Vec::new();
+    for id in ids {
+        let Ok(Some(rec)) = store.read(&id) else { continue };
+        let task = rec.str("type").is_none_or(|t| t == "task");
+        if task && rec.str("agent_session") == Some(name) && !is_terminal(rec.status()) {
+            out.push(rec);
+        }
+    }
+    Ok(out)
+}
+
+/// Cancels each open task job of `name`; returns the ids that became `cancelled`.
+pub fn cancel_jobs(ctx: &Ctx, store: &Store, name: &str, notes: &mut Notes) -> Result<Vec<String>, SessionError> {
+    let mut done = Vec::new();
+    for rec in open_task_jobs(store, name)? {
+        let id = rec.str("job_id").unwrap_or_default().to_string();
+        let mut req = Request::new(Kind::Set, Authority::Operator, &id).with_status("cancelled");
+        req.reason = Some("session stopped".into());
+        req.cas = ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0");
+        match store.apply(&req, clock::now_ms()) {
+            Ok(out) => {
+                if let Some(w) = &out.audit_error {
+                    notes.warn(w);
+                }
+                match out.decision {
+                    Decision::Applied(a) => {
+                        after_cancel(ctx, store, &a.record, notes);
+                        done.push(id)
+                    }
+                    Decision::Idempotent { status } | Decision::Refused { reason: status } => {
+                        notes.note(format!("job {id} not cancelled ({status})"))
+                    }
+                    Decision::Invalid(m) => notes.warn(format!("job {id} not cancelled ({m})")),
+                    Decision::UnknownJob => {}
+                }
+            }
+            Err(e) => notes.warn(format!("job {id} not cancelled ({e})")),
+        }
+    }
+    Ok(done)
+}
+
+/// CLOSE HOOK, NOT DONE: after an applied operator close, A4 publishes a signed retained `state`
+/// (terminal status, fresh seq, `last_event: "closed"`) and CORE 7.4 stops the job's heartbeat
+/// timer with a drain. Both live as private hooks in `cmd/registry.rs` (`publish_close`,
+/// `stop_timer`) until the publish/heartbeat work makes them library calls; call them from here then
+/// (a failed publish is a WARNING in `notes`). Runs after L1 is released.
+fn after_cancel(_ctx: &Ctx, _store: &Store, _record: &Record, _notes: &mut Notes) {}
+
+/// Closes the row's pane and confirms the agent is gone (2.5 step 5).
+fn close_and_confirm(ctx: &Ctx, row: &Row, notes: &mut Notes) -> Result<(), SessionError> {
+    let Some((backend, server)) = row_target(ctx, row) else {
+        return Err(SessionError::Failed(format!("session {}: cannot tell its pane backend", row.name)));
+    };
+    let b = pane::open_named(ctx, &backend, Some(&server))?;
+    let agents = match b.list_agents() {
+        ListOutcome::Confirmed(list) => list,
+        ListOutcome::NoServer => return Ok(()),
+        ListOutcome::Unknown(d) => {
+            return Err(SessionError::Failed(format!(
+                "session {}: state of server {server} unknown ({}); nothing closed",
+                row.name,
+                one_line(&d)
+            )))
+        }
+    };
+    // The pane the agent is listed in wins over the recorded one; a recorded pane is closed only
+    // when no other agent lives in it (pane ids can be reused after a server restart).
+    let target = match agents.iter().find(|a| a.name == row.name) {
+        Some(a) => Some(a.pane.clone()),
+        None => row.pane_id().filter(|p| !agents.iter().any(|a| a.pane == *p)).map(str::to_string),
+    };
+    if let Some(p) = &target {
+        if let Err(e) = b.close_pane(p) {
+            notes.warn(format!("session {}: closing pane {p}: {e}", row.name));
+        }
+    }
+    match b.list_agents() {
+        ListOutcome::Confirmed(list) if list.iter().any(|a| a.name == row.name) => Err(SessionError::Failed(format!(
+            "session {}: agent still listed on server {server} after closing pane {}",
+            row.name,
+            target.as_deref().unwrap_or("-")
+        ))),
+        ListOutcome::Unknown(d) => Err(SessionError::Failed(format!(
+            "session {}: cannot confirm the agent is gone (state unknown: {})",
+            row.name,
+            one_line(&d)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// How long `mam agents purge` may take.
+const PURGE_LIMIT: Duration = Duration::from_secs(60);
+
+/// 2.5 step 6 through `mam agents purge <kind> <uuid>` (section 6). `Err` is the reason it refused.
+fn purge(ctx: &Ctx, row: &Row) -> Result<bool, String> {
+    let Some(uuid) = row.conversation_id.as_deref().filter(|u| !u.is_empty()) else {
+        return Ok(false);
+    };
+    let out = run_self(ctx, &["agents", "purge", &row.agent, uuid], PURGE_LIMIT)?;
+    if out.rc == 0 {
+        return Ok(true);
+    }
+    let last = out.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+    Err(format!("mam agents purge exit {}: {}", out.rc, one_line(&last)))
+}
+
+/// The whole of 2.5 for every name. On the first failure the rest are not attempted.
+pub fn stop(ctx: &Ctx, a: &StopArgs, notes: &mut Notes) -> Result<Vec<Stopped>, SessionError> {
+    if a.purge && !a.yes {
+        return Err(SessionError::Line(Failure::refused("stop: --purge-conversation needs --yes; nothing changed")));
+    }
+    let mut ctx = ctx.clone();
+    ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
+    let file = paths::resolve(&ctx, None).sessions;
+    let doc = load(&file)?;
+    for n in &a.names {
+        if doc.row(n).is_none() {
+            return Err(SessionError::Refused(format!(
+                "unknown session '{}' (no row in {})",
+                one_line(n),
+                show_path(&file)
+            )));
+        }
+    }
+    let mut out = Vec::new();
+    for n in &a.names {
+        out.push(stop_one(&ctx, &file, n, a.purge, notes)?);
+    }
+    Ok(out)
+}
+
+fn stop_one(ctx: &Ctx, file: &Path, name: &str, purge_too: bool, notes: &mut Notes) -> Result<Stopped, SessionError> {
+    let row = load(file)?
+        .row(name)
+        .cloned()
+        .ok_or_else(|| SessionError::Failed(format!("session {name} vanished from {}", show_path(file))))?;
+    let mut s = Stopped { name: name.to_string(), ..Stopped::default() };
+    if row.status == "stopped" {
+        s.already = true;
+    } else {
+        let store = row_store(ctx, &row);
+        s.cancelled = cancel_jobs(ctx, &store, name, notes)?;
+        if !row.remote() {
+            close_and_confirm(ctx, &row, notes)?;
+        }
+        let now = clock::now_ts();
+        update(file, |doc| {
+            if let Some(r) = doc.row_mut(name) {
+                r.status = "stopped".into();
+                r.stopped_at = Some(now);
+            }
+            Ok(())
+        })?;
+    }
+    if purge_too {
+        match purge(ctx, &row) {
+            Ok(false) => notes.note(format!("session {name}: no conversation id recorded; nothing to purge")),
+            Ok(true) => {
+                s.purged = true;
+                update(file, |doc| {
+                    if let Some(r) = doc.row_mut(name) {
+                        r.conversation_id = None;
+                        if let Some(p) = r.pane.as_mut() {
+                            p.cwd = None;
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+            Err(why) => {
+                return Err(SessionError::Line(Failure::new(
+                    5,
+                    format!("REFUSED: stop: {name}: session stopped; conversation kept ({why})"),
+                )))
+            }
+        }
+    }
+    Ok(s)
+}

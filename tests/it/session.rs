@@ -1,0 +1,972 @@
+//! Sessions (ORCH 2.8): create / resume / stop / status / reconcile, the sessions file and the shims.
+//! Tests run over the fake backend (`MAM_PANE_BACKEND=fake`, state in the test directory); herdr-only
+//! behaviour (`--env` on the pane calls, no mutation, rollback of a created workspace, list outcomes
+//! for reconcile) runs against the MOCK herdr (`mam test-double herdr`), since herdr itself cannot run
+//! here; the main flow (create -> status -> stop -> resume) and the "pane not at a shell" refusal also
+//! run on real tmux with a random socket per test, killed on drop.
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+#[derive(PartialEq)]
+enum Kind {
+    Fake,
+    Tmux,
+    Herdr,
+}
+
+/// One backend under test with its environment; kills what it started on drop.
+struct S {
+    td: TestDir,
+    kind: Kind,
+    env: Vec<(String, OsString)>,
+    tmux: Option<String>,
+}
+
+impl Drop for S {
+    fn drop(&mut self) {
+        if let Some(sock) = &self.tmux {
+            kill_tmux(sock);
+        }
+        // Fake agents lead their own process group.
+        for e in fs::read_dir(self.td.path("panes/panes")).into_iter().flatten().flatten() {
+            if let Ok(pid) = fs::read_to_string(e.path().join("pid")).unwrap_or_default().trim().parse::<i32>() {
+                let _ = mam::sys::kill(-pid, 9);
+            }
+        }
+    }
+}
+
+fn kill_tmux(sock: &str) {
+    let _ = Command::new("tmux").args(["-L", sock, "kill-server"]).output();
+    // tmux leaves its socket file behind, also when the server ended with its last session.
+    let dir = std::env::var_os("TMUX_TMPDIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
+    let _ = fs::remove_file(dir.join(format!("tmux-{}", mam::sys::getuid())).join(sock));
+}
+
+impl S {
+    fn new(kind: Kind, name: &str) -> S {
+        let td = TestDir::new(name);
+        let bin = td.path("bin");
+        fs::create_dir_all(&bin).unwrap();
+        // The agent executable `claude` is the mam binary (A18); AGENT_ARGS make it the fake agent.
+        std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let mut env: Vec<(String, OsString)> = vec![
+            ("PATH".into(), path.into()),
+            ("MAM_AGENT_START_TIMEOUT_MS".into(), "20000".into()),
+            ("MAM_TMUX_STABLE_MS".into(), "200".into()),
+            ("MAM_STARTUP_DIALOG_SETTLE_MS".into(), "50".into()),
+            ("MAM_FAKE_AGENT_SCRIPT".into(), td.path("agent.script").into()),
+        ];
+        let mut tmux = None;
+        match kind {
+            Kind::Fake => {
+                env.push(("MAM_PANE_BACKEND".into(), "fake".into()));
+                env.push(("MAM_FAKE_PANES_DIR".into(), td.path("panes").into()));
+            }
+            Kind::Tmux => {
+                let s = format!("mam-test-{}", rand_hex(6));
+                env.push(("MAM_PANE_BACKEND".into(), "tmux".into()));
+                env.push(("MAM_TMUX_SOCKET".into(), s.clone().into()));
+                tmux = Some(s);
+            }
+            Kind::Herdr => {
+                let script = format!("#!/usr/bin/env bash\nexec '{}' test-double herdr \"$@\"\n", mam_bin().display());
+                fs::write(bin.join("herdr"), script).unwrap();
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(bin.join("herdr"), fs::Permissions::from_mode(0o755)).unwrap();
+                env.push(("MAM_PANE_BACKEND".into(), "herdr".into()));
+                env.push(("MAM_MOCK_STATE".into(), td.path("mock-state.json").into()));
+                env.push(("MAM_MOCK_LOG".into(), td.path("mock-log.jsonl").into()));
+                env.push(("MAM_SERVER_BOOT_WAIT_S".into(), "5".into()));
+                td.write("mock-state.json", json!({"running": true}).to_string());
+            }
+        }
+        td.write("agent.script", "");
+        S { td, kind, env, tmux }
+    }
+
+    fn fake(name: &str) -> S {
+        S::new(Kind::Fake, name)
+    }
+
+    fn herdr(name: &str, state: Value) -> S {
+        let s = S::new(Kind::Herdr, name);
+        s.td.write("mock-state.json", state.to_string());
+        s
+    }
+
+    fn tmux(name: &str) -> Option<S> {
+        have_tool("tmux", "MAM_REQUIRE_TMUX").then(|| S::new(Kind::Tmux, name))
+    }
+
+    fn mam<I: IntoIterator<Item = T>, T: AsRef<OsStr>>(&self, args: I) -> Cmd {
+        let mut c = self.td.mam().args(args);
+        for (k, v) in &self.env {
+            c = c.env(k, v);
+        }
+        c
+    }
+
+    /// `mam create claude --no-onboard ... -- test-double agent`.
+    fn create(&self, extra: &[&str]) -> Cmd {
+        let mut a = vec!["create", "claude", "--no-onboard"];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--", "test-double", "agent"]);
+        self.mam(a)
+    }
+
+    fn file(&self) -> PathBuf {
+        self.td.ws().join(".mam/agent_sessions.json")
+    }
+
+    fn doc(&self) -> Value {
+        serde_json::from_slice(&fs::read(self.file()).unwrap()).unwrap()
+    }
+
+    fn row(&self, name: &str) -> Value {
+        self.doc()["herdr_sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no row {name}"))
+    }
+
+    fn edit_row(&self, name: &str, f: impl FnOnce(&mut Value)) {
+        let mut doc = self.doc();
+        let row = doc["herdr_sessions"].as_array_mut().unwrap().iter_mut().find(|r| r["name"] == name).unwrap();
+        f(row);
+        fs::write(self.file(), serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    }
+
+    /// Fake panes that exist (directories under panes/panes).
+    fn fake_panes(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(self.td.path("panes/panes"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn fake_env(&self, pane: &str) -> Value {
+        serde_json::from_slice(&fs::read(self.td.path("panes/panes").join(pane).join("env.json")).unwrap()).unwrap()
+    }
+
+    /// The live processes of fake agents.
+    fn live_fake_agents(&self) -> Vec<i32> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(self.td.path("panes/panes")).into_iter().flatten().flatten() {
+            if let Ok(pid) = fs::read_to_string(e.path().join("pid")).unwrap_or_default().trim().parse::<i32>() {
+                if mam::sys::process_exists(pid) && !mam::sys::proc_start_ticks(pid).is_ok_and(|t| t.1) {
+                    out.push(pid);
+                }
+            }
+        }
+        out
+    }
+
+    fn tmux_panes(&self) -> Vec<String> {
+        let sock = self.tmux.as_deref().unwrap();
+        let out = Command::new("tmux").args(["-L", sock, "list-panes", "-a", "-F", "#{pane_id}"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    }
+
+    /// Mock herdr argv of every call.
+    fn argvs(&self) -> Vec<Vec<String>> {
+        fs::read_to_string(self.td.path("mock-log.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                v["argv"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect()
+            })
+            .collect()
+    }
+
+    fn calls_of(&self, verb: &[&str]) -> Vec<Vec<String>> {
+        self.argvs().into_iter().filter(|a| a.len() >= verb.len() && a[..verb.len()] == *verb).collect()
+    }
+
+    fn mutations(&self) -> Vec<Vec<String>> {
+        let muts: &[&[&str]] = &[
+            &["workspace", "create"],
+            &["pane", "split"],
+            &["agent", "start"],
+            &["workspace", "rename"],
+            &["pane", "close"],
+            &["workspace", "close"],
+        ];
+        self.argvs()
+            .into_iter()
+            .filter(|a| {
+                muts.iter().any(|m| a.len() >= 2 && a[..2] == **m) || a.last().map(String::as_str) == Some("server")
+            })
+            .collect()
+    }
+
+    fn mock_state(&self) -> Value {
+        serde_json::from_slice(&fs::read(self.td.path("mock-state.json")).unwrap()).unwrap()
+    }
+
+    /// A job registered in `reg` for `session`.
+    fn job(&self, reg: &Path, id: &str, session: &str, typ: &str) {
+        self.mam(["registry", "register", "--job-id", id, "--session", session, "--type", typ, "--registry-dir"])
+            .args([reg])
+            .run()
+            .expect_rc(0);
+    }
+
+    fn job_status(&self, reg: &Path, id: &str) -> Value {
+        serde_json::from_slice(&fs::read(reg.join(format!("{id}.json"))).unwrap()).unwrap()
+    }
+}
+
+fn kv(out: &str, key: &str) -> String {
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in {out:?}"))
+        .to_string()
+}
+
+/// `--env` values of one argv.
+fn env_flags(argv: &[String]) -> Vec<String> {
+    argv.windows(2).filter(|w| w[0] == "--env").map(|w| w[1].clone()).collect()
+}
+
+/// A linked git worktree: a directory with a `.git` file (its own git top level).
+fn worktree(td: &TestDir, name: &str) -> PathBuf {
+    let w = td.path(name);
+    fs::create_dir_all(&w).unwrap();
+    fs::write(w.join(".git"), "gitdir: /nowhere/.git/worktrees/x\n").unwrap();
+    w
+}
+
+fn s(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+/// The binding of the test's control root, as the row records it.
+fn root_binding(td: &TestDir) -> Value {
+    let ws = s(&td.ws());
+    json!({
+        "workspace_root": ws,
+        "agent_sessions_yaml": format!("{ws}/.mam/agent_sessions.json"),
+        "mam_jobs_dir": format!("{ws}/.mam/jobs"),
+        "delegate_job_logs_dir": format!("{ws}/.mam/delegate_job_logs"),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// ORCH 2.8 acceptance tests
+
+#[test]
+fn o2_8_1_create_from_control_root_records_binding_without_forwarding() {
+    for kind in [Kind::Fake, Kind::Herdr] {
+        let h = S::new(kind, "o2_8_1");
+        let r = h.create(&[]).run();
+        r.expect_rc(0);
+        let out = r.stdout();
+        assert!(out.starts_with("SESSION=claude-01 PANE="), "{out}");
+        assert!(out.lines().next().unwrap().ends_with(&format!(" CWD={}", h.td.ws().display())), "{out}");
+        let row = h.row("claude-01");
+        assert_eq!(row["control_plane"], root_binding(&h.td));
+        assert_eq!(row["status"], "running");
+        assert_eq!(row["agent"], "claude");
+        assert_eq!(row["pane"]["cwd"], s(&h.td.ws()));
+        assert_eq!(row["pane"]["id"], kv(&out, "PANE"));
+        assert_eq!(row["pane"]["cmd_full"], "claude test-double agent");
+        assert_eq!(row["start_command"], "claude test-double agent");
+        if h.kind == Kind::Herdr {
+            let creates = h.calls_of(&["workspace", "create"]);
+            assert_eq!(creates.len(), 1, "{:?}", h.argvs());
+            assert!(env_flags(&creates[0]).is_empty(), "no --env: {:?}", creates[0]);
+            let start = &h.calls_of(&["agent", "start"])[0];
+            let after: Vec<&String> = start.iter().skip_while(|a| *a != "--").skip(1).collect();
+            assert_eq!(after, ["test-double", "agent"], "bare agent args: {start:?}");
+        } else {
+            let panes = h.fake_panes();
+            assert_eq!(panes.len(), 1);
+            assert_eq!(h.fake_env(&panes[0]), json!({}), "nothing forwarded");
+            // Default names take the lowest free suffix.
+            h.create(&[]).run().expect_rc(0);
+            h.row("claude-02");
+            h.mam(["stop", "claude-01", "claude-02"]).run().expect_rc(0);
+            assert!(h.live_fake_agents().is_empty());
+        }
+    }
+}
+
+#[test]
+fn o2_8_2_worktree_create_forwards_all_four_on_pane_creation() {
+    let h = S::herdr("o2_8_2", json!({"running": true}));
+    let wt = worktree(&h.td, "wt");
+    let want: Vec<String> = {
+        let b = root_binding(&h.td);
+        vec![
+            format!("WORKSPACE_ROOT={}", b["workspace_root"].as_str().unwrap()),
+            format!("AGENT_SESSIONS_YAML={}", b["agent_sessions_yaml"].as_str().unwrap()),
+            format!("MAM_JOBS_DIR={}", b["mam_jobs_dir"].as_str().unwrap()),
+            format!("DELEGATE_JOB_LOGS_DIR={}", b["delegate_job_logs_dir"].as_str().unwrap()),
+        ]
+    };
+    // Fresh pane: the workspace creation carries the binding.
+    h.create(&["--name", "wa", "--workspace", &s(&wt)]).run().expect_rc(0);
+    let creates = h.calls_of(&["workspace", "create"]);
+    assert_eq!(creates.len(), 1);
+    assert_eq!(env_flags(&creates[0]), want);
+    // Packing path: the split carries it too; agent start never does.
+    h.create(&["--name", "wb", "--workspace", &s(&wt)]).run().expect_rc(0);
+    let splits = h.calls_of(&["pane", "split"]);
+    assert_eq!(splits.len(), 1, "{:?}", h.argvs());
+    assert_eq!(env_flags(&splits[0]), want);
+    for start in h.calls_of(&["agent", "start"]) {
+        assert!(!start.iter().any(|a| a.contains('=')), "no K=V on agent start: {start:?}");
+    }
+    for n in ["wa", "wb"] {
+        let row = h.row(n);
+        assert_eq!(row["control_plane"], root_binding(&h.td));
+        assert_eq!(row["pane"]["cwd"], s(&wt));
+    }
+    // The rows live in the control root's sessions file, not the worktree's.
+    assert!(!wt.join(".mam").exists());
+    // Stop closes both panes on the mock; nothing is left listed.
+    h.mam(["stop", "wa", "wb"]).run().expect_rc(0);
+    assert_eq!(h.calls_of(&["pane", "close"]).len(), 2);
+    assert_eq!(h.mock_state()["agents"], json!([]));
+    // Same over the fake backend: the pane's environment holds the four.
+    let f = S::fake("o2_8_2f");
+    let wt = worktree(&f.td, "wt");
+    f.create(&["--workspace", &s(&wt)]).run().expect_rc(0);
+    let env = f.fake_env(&f.fake_panes()[0]);
+    assert_eq!(env["MAM_JOBS_DIR"], root_binding(&f.td)["mam_jobs_dir"]);
+    assert_eq!(env.as_object().unwrap().len(), 4);
+}
+
+#[test]
+fn o2_8_3_whitespace_in_a_forwarded_binding_is_refused_not_otherwise() {
+    let h = S::herdr("o2_8_3", json!({"running": true}));
+    let spaced = h.td.path("with space/jobs");
+    let r = h.create(&["--name", "sp"]).env("MAM_JOBS_DIR", &spaced).run();
+    r.expect_rc(2);
+    assert!(r.stderr().starts_with("REFUSED: create: the binding must be forwarded"), "{}", r.stderr());
+    assert!(r.stderr().contains("MAM_JOBS_DIR=") && r.stderr().trim_end().ends_with("nothing changed"));
+    assert!(h.mutations().is_empty(), "no herdr mutation: {:?}", h.mutations());
+    assert!(!h.file().exists(), "no row");
+    // A control root with a space used as its own workspace: nothing to forward, so fine.
+    let root = h.td.path("my ws");
+    fs::create_dir_all(root.join(".mam")).unwrap();
+    let r = h.create(&["--name", "ok", "--label", "lab"]).cwd(&root).run();
+    r.expect_rc(0);
+    let creates = h.calls_of(&["workspace", "create"]);
+    assert_eq!(creates.len(), 1);
+    assert!(env_flags(&creates[0]).is_empty());
+    assert!(creates[0].windows(2).any(|w| w == ["--label", "lab"]), "{:?}", creates[0]);
+    let doc: Value = serde_json::from_slice(&fs::read(root.join(".mam/agent_sessions.json")).unwrap()).unwrap();
+    assert_eq!(doc["herdr_sessions"][0]["control_plane"]["workspace_root"], s(&root));
+}
+
+#[test]
+fn o2_8_4_binding_failure_refuses_a_worktree_and_warns_at_the_root() {
+    let h = S::fake("o2_8_4");
+    // A registry path that cannot be recorded (not UTF-8) makes the binding fail.
+    let mut bad = h.td.root.as_os_str().as_bytes().to_vec();
+    bad.extend_from_slice(b"/jobs-\xff");
+    let bad = OsStr::from_bytes(&bad).to_os_string();
+    let wt = worktree(&h.td, "wt");
+    let r = h.create(&["--workspace", &s(&wt)]).env("MAM_JOBS_DIR", &bad).run();
+    r.expect_rc(2);
+    assert!(r.stderr().starts_with("REFUSED: create: cannot compute the control-plane binding"), "{}", r.stderr());
+    assert!(!h.file().exists());
+    assert!(h.fake_panes().is_empty(), "nothing spawned");
+    // At the control root: a warning, and a row without control_plane.
+    let r = h.create(&[]).env("MAM_JOBS_DIR", &bad).run();
+    r.expect_rc(0);
+    assert!(r.stderr().contains("WARNING: control-plane binding not computed"), "{}", r.stderr());
+    let row = h.row("claude-01");
+    assert!(row.get("control_plane").is_none(), "{row}");
+    assert_eq!(h.fake_env(&h.fake_panes()[0]), json!({}));
+}
+
+#[test]
+fn o2_8_5_resume_checks_the_directory_first() {
+    let h = S::fake("o2_8_5");
+    let (p1, p2, other) = (h.td.path("p1"), h.td.path("p2"), h.td.path("other"));
+    for d in [&p1, &p2, &other] {
+        fs::create_dir_all(d).unwrap();
+    }
+    h.create(&["--name", "s1", "--workspace", &s(&p1)]).run().expect_rc(0);
+    h.create(&["--name", "s2", "--workspace", &s(&p2)]).run().expect_rc(0);
+    h.mam(["stop", "s1", "s2"]).run().expect_rc(0);
+    let before = fs::read(h.file()).unwrap();
+    let r = h.mam(["resume", "s1", "--workspace", &s(&other)]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains(&format!("lives in {}, not --workspace", p1.display())), "{}", r.stderr());
+    fs::remove_dir_all(&p2).unwrap();
+    let r = h.mam(["resume", "s2", "--workspace", &s(&other)]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("no longer exists"), "the cwd is checked first: {}", r.stderr());
+    assert_eq!(fs::read(h.file()).unwrap(), before, "nothing changed");
+    // The same directory given explicitly is fine.
+    let r = h.mam(["resume", "s1", "--workspace", &s(&p1)]).run();
+    r.expect_rc(0);
+    assert_eq!(h.row("s1")["status"], "running");
+    assert!(h.row("s1")["resumed_at"].is_string());
+    // A row without pane.cwd: no check; it starts where --workspace says.
+    let mut doc = h.doc();
+    doc["herdr_sessions"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "legacy1", "agent": "claude", "status": "stopped"}));
+    fs::write(h.file(), doc.to_string()).unwrap();
+    let r = h.mam(["resume", "legacy1", "--workspace", &s(&other)]).run();
+    r.expect_rc(0);
+    assert_eq!(h.row("legacy1")["pane"]["cwd"], s(&other));
+    assert_eq!(h.row("legacy1")["backend"], "fake");
+}
+
+#[test]
+fn o2_8_6_resume_binding_rules() {
+    let h = S::fake("o2_8_6");
+    h.create(&["--name", "s1"]).run().expect_rc(0);
+    // An alive legacy row records the caller's binding without spawning.
+    h.edit_row("s1", |r| {
+        r.as_object_mut().unwrap().remove("control_plane");
+    });
+    let panes = h.fake_panes();
+    let r = h.mam(["resume", "s1"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout().trim(), "SESSION=s1 already running");
+    assert_eq!(h.row("s1")["control_plane"], root_binding(&h.td));
+    assert_eq!(h.fake_panes(), panes, "no spawn");
+    // Missing fields only, never overwriting.
+    h.edit_row("s1", |r| r["control_plane"] = json!({"mam_jobs_dir": "/row/jobs"}));
+    h.mam(["resume", "s1"]).run().expect_rc(0);
+    let cp = h.row("s1")["control_plane"].clone();
+    assert_eq!(cp["mam_jobs_dir"], "/row/jobs");
+    assert_eq!(cp["workspace_root"], root_binding(&h.td)["workspace_root"]);
+    // A row bound elsewhere: the row's binding wins, the difference is reported and forwarded again.
+    let rowjobs = h.td.path("rowjobs");
+    h.create(&["--name", "s2"]).env("MAM_JOBS_DIR", &rowjobs).run().expect_rc(0);
+    h.mam(["stop", "s2"]).run().expect_rc(0);
+    let r = h.mam(["resume", "s2"]).run();
+    r.expect_rc(0);
+    let note = format!("MAM_JOBS_DIR: the row's {} wins over the caller's", rowjobs.display());
+    assert!(r.stderr().contains(&note), "{}", r.stderr());
+    let pane = kv(&r.stdout(), "PANE");
+    let env = h.fake_env(&pane);
+    assert_eq!(env["MAM_JOBS_DIR"], s(&rowjobs));
+    assert_eq!(env.as_object().unwrap().len(), 4);
+    assert_eq!(h.row("s2")["control_plane"]["mam_jobs_dir"], s(&rowjobs));
+}
+
+#[test]
+fn o2_8_7_stop_cancels_open_task_jobs_in_the_rows_registry() {
+    let h = S::fake("o2_8_7");
+    let rowlogs = h.td.path("rowlogs");
+    let reg = h.td.ws().join("rel/jobs");
+    h.create(&["--name", "s1"])
+        .env("MAM_JOBS_DIR", "rel/jobs")
+        .env("DELEGATE_JOB_LOGS_DIR", &rowlogs)
+        .run()
+        .expect_rc(0);
+    assert_eq!(h.row("s1")["control_plane"]["mam_jobs_dir"], s(&reg), "relative resolves against the root");
+    h.job(&reg, "t1", "s1", "task");
+    h.job(&reg, "t2", "s1", "task");
+    h.mam(["registry", "status", "t2", "--set", "running", "--registry-dir"]).args([&reg]).run().expect_rc(0);
+    h.job(&reg, "l1", "s1", "loop");
+    h.job(&reg, "o1", "other", "task");
+    h.job(&reg, "c1", "s1", "task");
+    h.mam(["registry", "finalize", "c1", "--status", "completed", "--registry-dir"]).args([&reg]).run().expect_rc(0);
+    // The caller has no binding variables: the row's registry and log root are used.
+    let r = h.mam(["stop", "s1"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout().trim(), "SESSION=s1 STATUS=stopped CANCELLED=t1,t2");
+    for (id, want) in
+        [("t1", "cancelled"), ("t2", "cancelled"), ("l1", "pending"), ("o1", "pending"), ("c1", "completed")]
+    {
+        assert_eq!(h.job_status(&reg, id)["status"], want, "{id}");
+    }
+    assert_eq!(h.job_status(&reg, "t1")["reason"], "session stopped");
+    let audit = fs::read_to_string(rowlogs.join("t1/audit.jsonl")).unwrap();
+    assert!(audit.contains("\"to\":\"cancelled\"") && audit.contains("session stopped"), "{audit}");
+    assert!(!h.td.ws().join(".mam/delegate_job_logs/t1").exists());
+    let row = h.row("s1");
+    assert_eq!(row["status"], "stopped");
+    assert!(row["stopped_at"].is_string());
+    assert_eq!(row["pane"]["cwd"], s(&h.td.ws()), "kept for resume");
+    assert!(h.live_fake_agents().is_empty());
+    assert!(h.fake_panes().is_empty(), "pane closed");
+    // A stopped row: no-op.
+    let r = h.mam(["stop", "s1"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout().trim(), "SESSION=s1 STATUS=already-stopped CANCELLED=-");
+    // The caller's DELEGATE_JOB_LOGS_DIR wins for the audit.
+    h.create(&["--name", "s2"])
+        .env("MAM_JOBS_DIR", "rel/jobs")
+        .env("DELEGATE_JOB_LOGS_DIR", &rowlogs)
+        .run()
+        .expect_rc(0);
+    h.job(&reg, "t3", "s2", "task");
+    let callerlogs = h.td.path("callerlogs");
+    h.mam(["stop", "s2"]).env("DELEGATE_JOB_LOGS_DIR", &callerlogs).run().expect_rc(0);
+    assert!(callerlogs.join("t3/audit.jsonl").is_file());
+    assert!(!rowlogs.join("t3").exists());
+    // A relative MAM_JOBS_DIR of the caller resolves against the control root, not the cwd.
+    h.create(&["--name", "s3"]).run().expect_rc(0);
+    h.job(&reg, "t4", "s3", "task");
+    let sub = h.td.ws().join("sub");
+    fs::create_dir_all(&sub).unwrap();
+    let r = h.mam(["stop", "s3"]).env("MAM_JOBS_DIR", "rel/jobs").cwd(&sub).run();
+    r.expect_rc(0);
+    assert_eq!(kv(&r.stdout(), "CANCELLED"), "t4");
+    assert!(!sub.join("rel").exists());
+}
+
+#[test]
+fn o2_8_8_status_finds_a_job_only_in_the_rows_registry() {
+    let h = S::fake("o2_8_8");
+    let reg = h.td.path("rowjobs");
+    h.create(&["--name", "s1"]).env("MAM_JOBS_DIR", &reg).run().expect_rc(0);
+    h.job(&reg, "j1", "s1", "task");
+    h.job(&reg, "j2", "s1", "task");
+    h.mam(["registry", "finalize", "j2", "--status", "completed", "--registry-dir"]).args([&reg]).run().expect_rc(0);
+    let r = h.mam(["status"]).run();
+    r.expect_rc(0);
+    let lines: Vec<String> = r.stdout().lines().map(str::to_string).collect();
+    let pane = h.row("s1")["pane"]["id"].as_str().unwrap().to_string();
+    assert_eq!(lines[0], format!("s1\tclaude\tfake/fake\t{pane}\t{}\trunning\t-\trunning", h.td.ws().display()));
+    assert_eq!(lines[1..], ["  job j1 task pending"], "only open jobs");
+    let r = h.mam(["status", "s1", "--json"]).run();
+    r.expect_rc(0);
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(v[0]["jobs"][0]["job_id"], "j1");
+    assert_eq!(v[0]["jobs"][0]["registry"], s(&reg));
+    assert_eq!(v[0]["liveness"], "running");
+    // After a stop the liveness is `gone` and nothing is open.
+    h.mam(["stop", "s1"]).run().expect_rc(0);
+    let r = h.mam(["status", "s1"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout().lines().count(), 1);
+    assert!(r.stdout().contains("\tgone\t"), "{}", r.stdout());
+}
+
+#[test]
+fn o2_8_9_daemon_step_under_the_opt_out() {
+    let h = S::fake("o2_8_9");
+    let wt = worktree(&h.td, "wt");
+    for extra in [vec![], vec!["--workspace", wt.to_str().unwrap()]] {
+        let r = h.create(&extra).run();
+        r.expect_rc(0);
+        assert!(!r.stdout().contains("DAEMON_PID="), "{}", r.stdout());
+        assert_eq!(r.stdout().lines().count(), 1, "{}", r.stdout());
+        let lines: Vec<String> = r.stderr().lines().map(str::to_string).collect();
+        assert_eq!(lines.len(), 1, "exactly one stderr line: {lines:?}");
+        assert!(lines[0].contains("daemon"), "{lines:?}");
+        // The control root's daemon, never the worktree's.
+        assert!(!lines[0].contains(wt.to_str().unwrap()), "{lines:?}");
+    }
+}
+
+#[test]
+fn create_onboards_by_default_through_the_hook() {
+    // ONBOARDING HOOK: until delegate-job lands, --onboard (the default) notes the skip and succeeds.
+    let h = S::fake("onboard_hook");
+    let r = h.mam(["create", "claude", "--", "test-double", "agent"]).run();
+    r.expect_rc(0);
+    assert!(
+        r.stderr().lines().any(|l| l == "NOTE: onboarding skipped: delegate-job is not available in this build"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!r.stdout().contains("ONBOARD_JOB="));
+    assert!(h.row("claude-01").get("onboard_job").is_none());
+    let r = h.mam(["create", "claude", "--onboard", "--no-onboard", "--", "test-double", "agent"]).run();
+    r.expect_rc(0);
+    assert!(!r.stderr().contains("onboarding"), "the last flag wins: {}", r.stderr());
+    h.mam(["stop", "claude-01", "claude-02"]).run().expect_rc(0);
+}
+
+#[test]
+fn o2_8_10_start_failure_runs_the_verified_rollback() {
+    let real = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".mam");
+    let real_before = tree(&real);
+    // Fake backend: an agent stuck in a start-up dialog.
+    let h = S::fake("o2_8_10");
+    h.td.write("agent.script", "startup_blocked=99\n");
+    let r = h.create(&["--name", "s1"]).env("MAM_STARTUP_DIALOG_MAX", "1").run();
+    r.expect_rc(1);
+    assert!(r.stderr().starts_with("ERROR: create: agent s1 still blocked"), "{}", r.stderr());
+    assert!(r.stderr().contains("rolled back (confirmed: nothing left)"), "{}", r.stderr());
+    assert!(h.fake_panes().is_empty());
+    wait_until("the fake agent exits", Duration::from_secs(10), || h.live_fake_agents().is_empty());
+    assert!(!h.file().exists(), "no row");
+    // The row cannot be written (its lock is a directory): the placed agent is rolled back.
+    h.td.write("agent.script", "");
+    fs::create_dir_all(h.td.ws().join(".mam/agent_sessions.json.lock")).unwrap();
+    let r = h.create(&["--name", "s2"]).run();
+    r.expect_rc(1);
+    assert!(r.stderr().starts_with("ERROR: create: cannot record session s2: cannot lock"), "{}", r.stderr());
+    assert!(r.stderr().contains("rolled back (confirmed: nothing left)"), "{}", r.stderr());
+    assert!(h.fake_panes().is_empty());
+    wait_until("the fake agent exits", Duration::from_secs(10), || h.live_fake_agents().is_empty());
+    assert!(!h.file().exists(), "no row");
+    // Mock herdr: the workspace this attempt created is closed again.
+    let m = S::herdr("o2_8_10h", json!({"running": true, "inject": {"start_status": "blocked"}}));
+    let r = m.create(&["--name", "s1"]).env("MAM_STARTUP_DIALOG_MAX", "2").run();
+    r.expect_rc(1);
+    assert!(r.stderr().contains("rolled back (confirmed: nothing left)"), "{}", r.stderr());
+    assert_eq!(m.calls_of(&["workspace", "close"]).len(), 1);
+    assert_eq!(m.mock_state()["workspaces"], json!([]));
+    assert_eq!(m.mock_state()["agents"], json!([]));
+    assert!(!m.file().exists());
+    // The sandboxed runs left the real checkout's .mam alone.
+    assert_eq!(tree(&real), real_before);
+}
+
+#[test]
+fn o2_8_11_reconcile_noserver_and_unknown() {
+    let h = S::herdr("o2_8_11", json!({"running": true}));
+    h.create(&["--name", "a1"]).run().expect_rc(0);
+    h.create(&["--name", "a2"]).run().expect_rc(0);
+    let ctx = || {
+        let mut vars: Vec<(OsString, OsString)> = h.env.iter().map(|(k, v)| (k.into(), v.clone())).collect();
+        vars.push(("HOME".into(), h.td.path("home").into()));
+        vars.push(("MAM_ENV_FILE".into(), h.td.path("absent.env").into()));
+        mam::ctx::Ctx::with_env(vars, &h.td.ws())
+    };
+    // Confirmed: both listed, nothing changes.
+    let r = mam::session::reconcile::reconcile_once(&ctx()).unwrap();
+    assert_eq!(r.rc(), 0);
+    assert!(r.exited.is_empty());
+    // Unknown: no status changes, herdr_confirmed=false, rc 3.
+    let mut st = h.mock_state();
+    st["inject"] = json!({"agent_list": "garbage"});
+    h.td.write("mock-state.json", st.to_string());
+    let r = mam::session::reconcile::reconcile_once(&ctx()).unwrap();
+    assert_eq!(r.rc(), 3);
+    for n in ["a1", "a2"] {
+        assert_eq!(h.row(n)["status"], "running");
+        assert_eq!(h.row(n)["herdr_confirmed"], false);
+    }
+    // status shows `unknown` and exits 3, output still printed.
+    let out = h.mam(["status"]).run();
+    out.expect_rc(3);
+    assert_eq!(out.stdout().lines().filter(|l| l.contains("\tunknown\t")).count(), 2, "{}", out.stdout());
+    // Drift A: a2 vanished from a confirmed list.
+    let mut st = h.mock_state();
+    st["inject"] = json!({});
+    st["agents"].as_array_mut().unwrap().retain(|a| a["name"] != "a2");
+    h.td.write("mock-state.json", st.to_string());
+    let r = mam::session::reconcile::reconcile_once(&ctx()).unwrap();
+    assert_eq!(r.exited, ["a2"]);
+    assert_eq!(h.row("a2")["status"], "exited");
+    assert_eq!(h.row("a1")["status"], "running");
+    assert_eq!(h.row("a1")["herdr_confirmed"], true);
+    // NoServer: every running row on that server becomes exited; no server is started.
+    let mut st = h.mock_state();
+    st["running"] = json!(false);
+    h.td.write("mock-state.json", st.to_string());
+    let r = mam::session::reconcile::reconcile_once(&ctx()).unwrap();
+    assert_eq!(r.exited, ["a1"]);
+    assert_eq!(h.row("a1")["herdr_confirmed"], true);
+    assert!(h.row("a1")["last_reconciled_at"].is_string());
+    assert_eq!(h.mock_state()["running"], false, "MAM_NO_AUTOSTART: nothing bootstrapped");
+    assert!(h.argvs().iter().all(|a| a.last().map(String::as_str) != Some("server")));
+    let lines = r.lines();
+    assert!(lines[0].starts_with("server herdr/multi-agent-mux: confirmed, 0 agent(s)"), "{lines:?}");
+    // status against the down server: `gone`, exit 0, still no bootstrap.
+    h.mam(["status"]).run().expect_rc(0);
+    assert_eq!(h.mock_state()["running"], false);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real tmux: the main flow, and a pane that is not at a shell
+
+#[test]
+fn tmux_create_status_stop_resume() {
+    let Some(h) = S::tmux("tmux_flow") else { return };
+    let r = h.create(&["--name", "t1"]).run();
+    r.expect_rc(0);
+    let pane = kv(&r.stdout(), "PANE");
+    assert_eq!(h.row("t1")["backend"], "tmux");
+    assert_eq!(h.row("t1")["pane"]["server"], h.tmux.clone().unwrap());
+    assert_eq!(h.tmux_panes(), std::slice::from_ref(&pane));
+    let st = h.mam(["status", "t1"]).run();
+    st.expect_rc(0);
+    assert!(st.stdout().contains(&format!("\ttmux/{}\t{pane}\t", h.tmux.as_deref().unwrap())), "{}", st.stdout());
+    assert!(st.stdout().contains("\trunning\t"), "{}", st.stdout());
+    h.mam(["stop", "t1"]).run().expect_rc(0);
+    assert!(h.tmux_panes().is_empty(), "no pane left");
+    assert!(h.mam(["status", "t1"]).run().stdout().contains("\tgone\t"));
+    let r = h.mam(["resume", "t1"]).run();
+    r.expect_rc(0);
+    assert_eq!(h.tmux_panes(), [kv(&r.stdout(), "PANE")]);
+    assert!(h.mam(["status", "t1"]).run().stdout().contains("\trunning\t"));
+    h.mam(["stop", "t1"]).run().expect_rc(0);
+    assert!(h.tmux_panes().is_empty());
+}
+
+#[test]
+fn tmux_create_in_a_pane_not_at_a_shell_is_rolled_back() {
+    let Some(h) = S::tmux("tmux_not_shell") else { return };
+    let sock = h.tmux.clone().unwrap();
+    // A server whose new panes run a non-shell program (`pager`, which becomes `sleep`).
+    let pager = h.td.write("bin/pager", "#!/bin/sh\nexec sleep 600\n");
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&pager, fs::Permissions::from_mode(0o755)).unwrap();
+    let tm = |args: &[&str]| {
+        let out = Command::new("tmux").arg("-L").arg(&sock).args(args).output().unwrap();
+        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    tm(&["-f", "/dev/null", "new-session", "-d", "-s", "keep"]);
+    tm(&["set-option", "-g", "default-shell", pager.to_str().unwrap()]);
+    let keep = h.tmux_panes();
+    assert_eq!(keep.len(), 1);
+    let r = h.create(&["--name", "t1"]).run();
+    r.expect_rc(1);
+    assert!(r.stderr().starts_with("ERROR: create: pane %"), "{}", r.stderr());
+    assert!(r.stderr().contains("is not at a shell"), "{}", r.stderr());
+    assert!(r.stderr().contains("rolled back (confirmed: nothing left)"), "{}", r.stderr());
+    assert_eq!(h.tmux_panes(), keep, "no pane left behind");
+    assert!(!h.file().exists(), "nothing half-written");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input
+
+#[test]
+fn create_refuses_bad_input_before_any_change() {
+    let h = S::fake("create_bad");
+    let cases: &[(&[&str], &str)] = &[
+        (&["create", "claude", "--name", "a;touch pwned"], "REFUSED: create: invalid session name 'a;touch pwned'"),
+        (&["create", "claude", "--name", "$(id)"], "REFUSED: create: invalid session name"),
+        (&["create", "vim"], "REFUSED: create: unknown agent kind 'vim'"),
+        (&["create", "claude", "--workspace", "/nonexistent/dir"], "REFUSED: create: --workspace /nonexistent/dir"),
+    ];
+    for (args, want) in cases {
+        let r = h.mam(*args).run();
+        r.expect_rc(2);
+        assert!(r.stderr().starts_with(want), "{args:?}: {}", r.stderr());
+        assert!(r.stderr().trim_end().ends_with("; nothing changed"), "{}", r.stderr());
+        assert_eq!(r.stdout(), "");
+    }
+    assert!(!h.td.path("panes").exists(), "no pane");
+    assert!(!h.file().exists(), "no row");
+    assert!(!h.td.ws().join("pwned").exists());
+    h.mam(["create"]).run().expect_rc(2);
+    h.mam(["create", "claude", "--bogus"]).run().expect_rc(2);
+    // A running name is refused; nothing is added.
+    h.create(&["--name", "s1"]).run().expect_rc(0);
+    let before = fs::read(h.file()).unwrap();
+    let panes = h.fake_panes();
+    let r = h.create(&["--name", "s1"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().starts_with("REFUSED: create: session s1 is already running"), "{}", r.stderr());
+    assert_eq!(fs::read(h.file()).unwrap(), before);
+    assert_eq!(h.fake_panes(), panes);
+}
+
+#[test]
+fn unknown_or_hostile_names_are_refused_by_stop_resume_status() {
+    let h = S::fake("names_bad");
+    h.create(&["--name", "s1"]).run().expect_rc(0);
+    let before = fs::read(h.file()).unwrap();
+    for name in ["nosuch", "s1;rm -rf /", "$(touch x)"] {
+        for cmd in ["stop", "resume", "status"] {
+            let r = h.mam([cmd, name]).run();
+            r.expect_rc(2);
+            let want = format!("REFUSED: {cmd}: unknown session '{name}'");
+            assert!(r.stderr().starts_with(&want), "{}", r.stderr());
+        }
+    }
+    // stop validates every name before stopping any.
+    let r = h.mam(["stop", "s1", "nosuch"]).run();
+    r.expect_rc(2);
+    assert_eq!(fs::read(h.file()).unwrap(), before, "nothing changed");
+    assert_eq!(h.live_fake_agents().len(), 1);
+    // --purge-conversation without --yes: 4, nothing changed.
+    let r = h.mam(["stop", "s1", "--purge-conversation"]).run();
+    r.expect_rc(4);
+    assert_eq!(r.stderr().trim(), "REFUSED: stop: --purge-conversation needs --yes; nothing changed");
+    assert_eq!(fs::read(h.file()).unwrap(), before);
+    // A refused purge: the session is stopped, the conversation kept, exit 5.
+    h.edit_row("s1", |r| r["conversation_id"] = json!("123e4567-e89b-12d3-a456-426614174000"));
+    let r = h.mam(["stop", "s1", "--purge-conversation", "--yes"]).run();
+    r.expect_rc(5);
+    assert!(r.stderr().starts_with("REFUSED: stop: s1: session stopped; conversation kept"), "{}", r.stderr());
+    let row = h.row("s1");
+    assert_eq!(row["status"], "stopped");
+    assert_eq!(row["conversation_id"], "123e4567-e89b-12d3-a456-426614174000");
+    assert!(row["pane"]["cwd"].is_string());
+    assert!(h.live_fake_agents().is_empty());
+    assert!(!h.td.ws().join("x").exists());
+}
+
+#[test]
+fn sessions_file_not_json_is_refused_then_imported_once() {
+    let h = S::fake("not_json");
+    let yaml = "# legacy\nherdr_sessions:\n  - name: old-01\n    agent: claude\n    status: stopped\n    pane_id: '7'\n    herdr_session: multi-agent-mux\n    cwd: /tmp\norchestrator_uuids: []\n";
+    h.td.write("ws/.mam/agent_sessions.json", yaml);
+    for args in
+        [vec!["create", "claude", "--no-onboard"], vec!["status"], vec!["stop", "old-01"], vec!["resume", "old-01"]]
+    {
+        let r = h.mam(&args).run();
+        r.expect_rc(2);
+        let want = format!("REFUSED: {}: {} is not a JSON sessions file", args[0], h.file().display());
+        assert!(r.stderr().starts_with(&want), "{}", r.stderr());
+        assert!(r.stderr().contains("`mam session import-yaml`"), "{}", r.stderr());
+        assert_eq!(fs::read_to_string(h.file()).unwrap(), yaml, "untouched");
+    }
+    assert!(!h.td.path("panes").exists(), "no pane");
+    // Reconcile (library) refuses it too.
+    let ctx = mam::ctx::Ctx::with_env([("WORKSPACE_ROOT", h.td.ws())], &h.td.ws());
+    assert_eq!(mam::session::reconcile::reconcile_once(&ctx).unwrap_err().failure("reconcile").rc, 2);
+    // Import: JSON with the pane fields folded in, the original kept as agent_sessions.yaml.bak.
+    let r = h.mam(["session", "import-yaml"]).run();
+    r.expect_rc(0);
+    assert!(r.stdout().starts_with("imported 1 row(s)"), "{}", r.stdout());
+    let bak = h.td.ws().join(".mam/agent_sessions.yaml.bak");
+    assert_eq!(fs::read_to_string(&bak).unwrap(), yaml);
+    let row = h.row("old-01");
+    assert_eq!(row["pane"], json!({"id": "7", "server": "multi-agent-mux", "cwd": "/tmp"}));
+    assert_eq!(h.doc()["version"], 1);
+    let r = h.mam(["session", "import-yaml"]).run();
+    r.expect_rc(0);
+    assert!(r.stderr().contains("already is JSON"), "{}", r.stderr());
+    h.mam(["status"]).run().expect_rc(0);
+    // Garbage is refused with its line; nothing changes.
+    let bad = h.td.write("legacy.yaml", "herdr_sessions:\n  - name: &a x\n");
+    let before = fs::read(h.file()).unwrap();
+    let r = h.mam(["session", "import-yaml"]).args([&bad]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("line 2: unsupported YAML construct"), "{}", r.stderr());
+    assert_eq!(fs::read(h.file()).unwrap(), before);
+    h.mam(["session", "bogus"]).run().expect_rc(2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// monitor, shims, lib.sh
+
+#[test]
+fn monitor_is_a_front_over_the_daemon() {
+    let h = S::fake("monitor");
+    for (verb, daemon) in [("start", "ensure"), ("stop", "stop"), ("status", "status")] {
+        let m = h.mam(["monitor", verb]).run();
+        let d = h.mam(["daemon", daemon, "--workspace", &s(&h.td.ws())]).run();
+        assert_eq!(m.rc(), d.rc(), "monitor {verb}: {} / {}", m.stderr(), d.stderr());
+        assert_eq!(m.stdout(), d.stdout());
+    }
+    let m = h.mam(["monitor"]).run();
+    assert_eq!(m.rc(), h.mam(["daemon", "status", "--workspace", &s(&h.td.ws())]).run().rc());
+    let r = h.mam(["monitor", "restart"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("unknown verb 'restart'"), "{}", r.stderr());
+}
+
+#[test]
+fn shims_exec_the_session_subcommands() {
+    let h = S::fake("shims");
+    let shims = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("shims");
+    let r = h.td.command(shims.join("create_session.sh")).env("MAM_BIN", mam_bin());
+    let mut r = r;
+    for (k, v) in &h.env {
+        r = r.env(k, v);
+    }
+    r.args(["claude", "--no-onboard", "--name", "sh1"]).run().expect_rc(0);
+    let st = h.td.command(shims.join("status.sh")).env("MAM_BIN", mam_bin());
+    let mut st = st;
+    for (k, v) in &h.env {
+        st = st.env(k, v);
+    }
+    let out = st.args(["sh1"]).run();
+    out.expect_rc(0);
+    assert!(out.stdout().starts_with("sh1\tclaude\tfake/fake\t"), "{}", out.stdout());
+    let mut stop = h.td.command(shims.join("stop_session.sh")).env("MAM_BIN", mam_bin());
+    for (k, v) in &h.env {
+        stop = stop.env(k, v);
+    }
+    stop.args(["sh1"]).run().expect_rc(0);
+    let mut resume = h.td.command(shims.join("resume_session.sh")).env("MAM_BIN", mam_bin());
+    for (k, v) in &h.env {
+        resume = resume.env(k, v);
+    }
+    resume.args(["sh1"]).run().expect_rc(0);
+    h.mam(["stop", "sh1"]).run().expect_rc(0);
+    assert!(h.live_fake_agents().is_empty());
+}
+
+#[test]
+fn lib_sh_wrappers_and_the_herdr_shim() {
+    let td = TestDir::new("lib_sh");
+    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("shims/lib.sh");
+    let script = format!(
+        "source '{}' || exit 9\n\
+         printf 'version=%s\\n' \"$MAM_VERSION\"\n\
+         printf 'int=%s\\n' \"$(mam_int ' 42 ')\"\n\
+         mam_int x 2>/dev/null; printf 'bad=%s\\n' $?\n\
+         printf 'root=%s\\n' \"$(mam_abs_workspace)\"\n\
+         printf 'logs=%s\\n' \"$(delegate_logs_dir)\"\n\
+         printf 'json=%s\\n' \"$(mam_control_plane_json)\"\n\
+         printf 'prefix=%s\\n' \"$(mam_control_plane_prefix)\"\n\
+         type send_keys_safe delegate_publish_cmd start_watchdog >/dev/null && echo defined\n",
+        lib.display()
+    );
+    let run = || {
+        td.command("bash")
+            .args(["-c", &script])
+            .env("MAM_BIN", mam_bin())
+            .env("WORKSPACE_ROOT", td.ws())
+            .cwd(td.path("home"))
+            .run()
+    };
+    let r = run();
+    r.expect_rc(0);
+    let out = r.stdout();
+    let ws = s(&td.ws());
+    assert!(out.contains(&format!("version={}\n", env!("CARGO_PKG_VERSION"))), "{out}");
+    assert!(out.contains("int=42\n") && out.contains("bad=2\n"), "{out}");
+    assert!(out.contains(&format!("root={ws}\n")), "{out}");
+    assert!(out.contains(&format!("logs={ws}/.mam/delegate_job_logs\n")), "{out}");
+    assert!(out.contains(&format!("\"MAM_JOBS_DIR\":\"{ws}/.mam/jobs\"")), "{out}");
+    assert!(out.contains(&format!("prefix=WORKSPACE_ROOT='{ws}' ")), "{out}");
+    assert!(out.ends_with("defined\n"), "{out}");
+    // The one side effect: the herdr shim at the pinned control root, two lines, executable.
+    let shim = td.ws().join(".mam/shim/herdr");
+    let want = format!("#!/usr/bin/env bash\nexec '{}' pane \"$@\"\n", mam_bin().display());
+    assert_eq!(fs::read_to_string(&shim).unwrap(), want);
+    use std::os::unix::fs::PermissionsExt;
+    assert!(fs::metadata(&shim).unwrap().permissions().mode() & 0o111 != 0);
+    // A stale shim is rewritten; a current one is left alone.
+    fs::write(&shim, "stale\n").unwrap();
+    run().expect_rc(0);
+    assert_eq!(fs::read_to_string(&shim).unwrap(), want);
+    let mtime = fs::metadata(&shim).unwrap().modified().unwrap();
+    run().expect_rc(0);
+    assert_eq!(fs::metadata(&shim).unwrap().modified().unwrap(), mtime);
+    // It works: `herdr ls` through the shim is `mam pane ls`.
+    let r = td
+        .command(&shim)
+        .args(["ls"])
+        .env("MAM_PANE_BACKEND", "fake")
+        .env("MAM_FAKE_PANES_DIR", td.path("panes"))
+        .run();
+    r.expect_rc(1);
+    assert_eq!(r.stderr().trim(), "NOTE: no server running");
+}
