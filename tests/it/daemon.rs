@@ -600,6 +600,16 @@ fn a15_abandoned_jobs_are_closed_and_watched_ones_are_not() {
             .iter()
             .any(|e| e["kind"] == "transition" && e["request"] == "set" && e["reason"] == "unresponsive")
     });
+    // A4: the close is announced as a signed retained state with a fresh seq.
+    let Broker::Embedded(handle) = &broker else { unreachable!() };
+    let closed = read_record(&td, &silent);
+    let topic = format!("{}/state", closed["topic_prefix"].as_str().unwrap());
+    wait_until("the retained close state", Duration::from_secs(5), || handle.retained(&topic).is_some());
+    let state: Value = serde_json::from_slice(&handle.retained(&topic).unwrap()).unwrap();
+    assert_eq!(state["status"], "deadline_timeout");
+    assert_eq!(state["last_event"], "closed");
+    assert_eq!(state["seq"], closed["last_seq"]);
+    assert!(mam::sign::verify(closed["auth_token"].as_str().unwrap().as_bytes(), &state));
     drop(d);
     guard.finish();
 }
