@@ -9,7 +9,8 @@
 #     alternately with /bin/true in the same run.
 #
 # Usage: scripts/bench_daemon.sh [JOBS (default 1000)] [TABLE (default 10000)] [RUNS (default 11)]
-# Env: MAM_BIN (default: target/release/mam, built if missing), BENCH_DIR (default /var/tmp).
+# Env: MAM_BIN (default: target/release/mam, built if missing), BENCH_DIR (default /var/tmp),
+#      BENCH_KEEP=1 keeps the generated files (the processes are always stopped).
 set -euo pipefail
 jobs_n=${1:-1000}
 table_n=${2:-10000}
@@ -28,10 +29,9 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$dir"
+  if [ -n "${BENCH_KEEP:-}" ]; then echo "kept $dir"; else rm -rf "$dir"; fi
 }
 trap cleanup EXIT
-[ -n "${BENCH_KEEP:-}" ] && trap - EXIT
 
 now_us() { local t=${EPOCHREALTIME/./}; echo "$t"; }
 median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.0f", m}'; }
