@@ -720,3 +720,31 @@ fn a12_a_remote_terminal_event_writes_the_report() {
     drop(d);
     guard.finish();
 }
+
+#[test]
+fn concurrent_ensures_agree_on_one_daemon() {
+    let td = TestDir::new("ens4");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let env = broker_env(broker.port());
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut c = td.mam().env_remove("MAM_NO_SUBSCRIBER_DAEMON").args(["daemon", "ensure"]);
+                    for (k, v) in &env {
+                        c = c.env(k, v);
+                    }
+                    c.run()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let pids: Vec<String> = runs.iter().map(|r| r.expect_rc(0).stdout()).collect();
+    assert!(pids.iter().all(|p| p == &pids[0] && !p.is_empty()), "{pids:?}");
+    let pid: i32 = pids[0].trim().parse().unwrap();
+    wait_until("the losers to exit", Duration::from_secs(5), || select_daemons(&td.ws()) == vec![pid]);
+    td.mam().args(["daemon", "stop"]).run().expect_rc(0);
+    guard.finish();
+}
