@@ -422,6 +422,7 @@ fn d6_opt_out_spawns_nothing_and_reports_a_running_daemon() {
     let r = td.mam().args(["daemon", "ensure"]).run();
     r.expect_rc(0);
     assert_eq!(r.stdout(), format!("{}\n", d.pid()));
+    eqnice!("NOTE: subscriber daemon disabled (MAM_NO_SUBSCRIBER_DAEMON=1)\n", r.stderr());
     assert_eq!(select_daemons(&td.ws()), vec![d.pid()]);
     drop(d);
 
