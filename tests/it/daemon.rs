@@ -455,17 +455,27 @@ fn d7_selector_finds_a_spaced_root_and_nothing_else() {
     let other = Daemon::spawn(daemon_cmd(&td, &sibling, &env, &[]), td.path("d7-other.log"));
     // A wrapper that quotes the words inside one argv element.
     let quoted = format!("sleep 30; : {} daemon run --workspace {}", mam_bin().display(), root.display());
-    let mut wrapper = Command::new("bash").args(["-c", &quoted]).stdin(Stdio::null()).spawn().unwrap();
+    // In its own process group, so its `sleep` child dies with it (also when an assertion fails).
+    struct Group(Child);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            let _ = mam::sys::kill(-(self.0.id() as i32), libc::SIGKILL);
+            let _ = self.0.wait();
+        }
+    }
+    let wrapper = {
+        use std::os::unix::process::CommandExt;
+        Group(Command::new("bash").args(["-c", &quoted]).stdin(Stdio::null()).process_group(0).spawn().unwrap())
+    };
     d.wait_log("subscribed ", Duration::from_secs(10));
     other.wait_log("subscribed ", Duration::from_secs(10));
     wait_until("the wrapper's argv", Duration::from_secs(5), || {
-        mam::sys::proc_cmdline(wrapper.id() as i32).is_ok_and(|a| a.len() == 3)
+        mam::sys::proc_cmdline(wrapper.0.id() as i32).is_ok_and(|a| a.len() == 3)
     });
     assert_eq!(select_daemons(&root), vec![d.pid()]);
     assert_eq!(select_daemons(&sibling), vec![other.pid()]);
     assert!(select_daemons(&td.path("a b")).is_empty());
-    let _ = wrapper.kill();
-    let _ = wrapper.wait();
+    drop(wrapper);
     drop(d);
     drop(other);
     guard.finish();
