@@ -252,12 +252,16 @@ fn ensure(ctx: &Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure> {
     if !workspace.is_dir() {
         return Err(Failure::runtime(format!("{}: workspace directory does not exist", cli::show_path(workspace))));
     }
-    if let Some(pid) = lock::running_pid(workspace) {
-        ctx.say(&pid.to_string());
-        return Ok(0);
-    }
+    // CORE 10.1: under the opt-out the NOTE is always printed; a running daemon is still reported.
     if ctx.var("MAM_NO_SUBSCRIBER_DAEMON").as_deref() == Some("1") {
         ctx.diag("NOTE: subscriber daemon disabled (MAM_NO_SUBSCRIBER_DAEMON=1)");
+        if let Some(pid) = lock::running_pid(workspace) {
+            ctx.say(&pid.to_string());
+        }
+        return Ok(0);
+    }
+    if let Some(pid) = lock::running_pid(workspace) {
+        ctx.say(&pid.to_string());
         return Ok(0);
     }
     let store = resolve_store(ctx, workspace, a.registry_dir.as_deref(), None);

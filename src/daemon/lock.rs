@@ -129,3 +129,51 @@ pub fn is_daemon_for(info: &Info, workspace: &Path) -> bool {
     let cwd = sys::proc_cwd(info.pid).unwrap_or_else(|_| PathBuf::from("/"));
     select::argv_names_workspace(&args, workspace, &cwd)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_ws(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "mam-lock-{name}-{}-{}",
+            std::process::id(),
+            sys::random_hex(4).unwrap()
+        ));
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn l6_is_exclusive_written_in_place_and_notices_replacement() {
+        let ws = temp_ws("l6");
+        // A longer stale content must not survive the in-place write.
+        fs::create_dir_all(ws.join(".mam")).unwrap();
+        fs::write(lock_path(&ws), vec![b'x'; 4096]).unwrap();
+        let ino_before = sys::path_identity(&lock_path(&ws)).unwrap();
+        let Acquire::Held(held) = acquire(&ws).unwrap() else { panic!("lock should be free") };
+        assert_eq!(held.identity(), ino_before, "written in place, never renamed (A20)");
+        let info = read_info(&ws).expect("whole JSON");
+        assert_eq!(info.pid, std::process::id() as i32);
+        assert_eq!(info.workspace, ws.to_string_lossy());
+        assert!(info.start_ticks.is_some());
+        // flock is per open file description: a second open in this process sees it busy.
+        match acquire(&ws).unwrap() {
+            Acquire::Busy(pid) => assert_eq!(pid, Some(info.pid)),
+            Acquire::Held(_) => panic!("second holder"),
+        }
+        assert!(held.still_ours());
+        // The test binary is no `mam daemon run`: the identity check refuses it.
+        assert_eq!(running_pid(&ws), None);
+        let fresh = ws.join(".mam/fresh");
+        fs::write(&fresh, b"{}").unwrap();
+        fs::rename(&fresh, lock_path(&ws)).unwrap();
+        assert!(!held.still_ours());
+        drop(held);
+        // Partial JSON is "pid not yet known".
+        fs::write(lock_path(&ws), br#"{"pid": 12"#).unwrap();
+        assert_eq!(read_info(&ws), None);
+        assert!(acquire(&ws.join("missing")).is_err());
+        let _ = fs::remove_dir_all(&ws);
+    }
+}

@@ -125,6 +125,8 @@ impl Mirror {
             _ => {}
         }
         if let Some(s) = outcome.terminal() {
+            // The attempt has ended: its acceptor is not needed any more (a later message rebuilds one).
+            self.acceptors.remove(id);
             let s = s.to_string();
             let current = rec.status();
             if current != s && !(retained && is_terminal(current)) {

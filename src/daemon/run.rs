@@ -13,7 +13,8 @@ use super::lock::MonitorLock;
 use super::mirror::Mirror;
 use super::sweep::{self, Close, TerminalCache};
 use crate::clock;
-use crate::mqtt::{with_retry, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
+use crate::mqtt::{with_retry, Message, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
+use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::sys;
 
@@ -76,6 +77,30 @@ fn signalled(stop: &Stop) -> Option<Exit> {
         Some(sig) => Some(Exit::Signal(sig)),
         None if stop.is_set() => Some(Exit::Signal(0)),
         None => None,
+    }
+}
+
+/// A4: an operator close is published as a signed retained state, here over the daemon's own
+/// connection when the record's broker and topic root are the daemon's. Returns a line to log when
+/// the notice was not sent (a failed publish leaves the record, already final, alone).
+fn publish_close(cfg: &Config, conn: &mut Persistent, connected: bool, rec: &Record, seq: u64) -> Option<String> {
+    let broker = rec.get("broker");
+    let host = broker.and_then(|b| b.get("host")).and_then(|v| v.as_str());
+    let port = broker.and_then(|b| b.get("port")).and_then(|v| v.as_u64());
+    let prefix = format!("{}/jobs/", cfg.mqtt.topic_root);
+    let ours = host == Some(cfg.mqtt.host.as_str())
+        && port == Some(u64::from(cfg.mqtt.port))
+        && rec.str("topic_prefix").is_some_and(|p| p.starts_with(&prefix));
+    if !ours {
+        return Some("close not published (the record names another broker or topic root)".into());
+    }
+    if !connected {
+        return Some("close not published (broker unavailable)".into());
+    }
+    let (topic, payload) = sweep::close_state(rec, seq, clock::now_ms())?;
+    match conn.publish(&cfg.mqtt, &[Message::new(topic, payload, 1, true)]) {
+        Ok(()) => None,
+        Err(e) => Some(format!("close not published ({e})")),
     }
 }
 
@@ -157,6 +182,11 @@ pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&st
                 match c.result {
                     Ok(to) => log(&format!("job {}: {why}: {to}", c.job_id)),
                     Err(e) => log(&format!("job {}: {why}: {e}", c.job_id)),
+                }
+                if let Some((rec, seq)) = &c.applied {
+                    if let Some(line) = publish_close(cfg, &mut conn, connected, rec, *seq) {
+                        log(&format!("job {}: {line}", c.job_id));
+                    }
                 }
             }
             next_sweep = Instant::now() + cfg.sweep_every;

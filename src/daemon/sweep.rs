@@ -85,6 +85,29 @@ pub struct Closed {
     pub close: Close,
     /// `Applied` -> the new status; otherwise the refusal or error text.
     pub result: Result<String, String>,
+    /// When applied: the closed record and the seq allocated for its A4 state message.
+    pub applied: Option<(Record, u64)>,
+}
+
+/// The A4 close notice for an applied close: a signed retained state with the terminal status, the
+/// freshly allocated `seq` and `last_event: "closed"`, on `<topic_prefix>/state`. Returns the topic and
+/// payload, or `None` when the record lacks what is needed to sign it.
+pub fn close_state(rec: &Record, seq: u64, now_ms: u64) -> Option<(String, Vec<u8>)> {
+    let prefix = rec.str("topic_prefix")?;
+    let key = rec.str("auth_token")?;
+    let v = serde_json::json!({
+        "v": 1,
+        "kind": "state",
+        "job_id": rec.str("job_id")?,
+        "attempt": rec.attempt()?,
+        "dispatch_token": rec.str("dispatch_token")?,
+        "status": rec.status(),
+        "last_event": "closed",
+        "seq": seq,
+        "ts": crate::clock::format_ts(now_ms),
+    });
+    let signed = crate::sign::signed(key.as_bytes(), v.as_object()?.clone()).ok()?;
+    Some((format!("{prefix}/state"), serde_json::to_vec(&signed).ok()?))
 }
 
 /// Remembers records known to be terminal (by mtime) so a large registry costs a stat per job, not a
@@ -133,11 +156,16 @@ pub fn sweep(store: &Store, cache: &mut TerminalCache, cas: bool, now_ms: u64) -
             }
         };
         req.cas = cas;
+        req.alloc_seq = true;
         // Close only the attempt that was judged: a redispatch in between makes this a cas_failed refusal.
         req.expected_attempt = rec.attempt();
+        let mut applied = None;
         let result = match store.apply(&req, now_ms) {
             Ok(o) => match o.decision {
-                Decision::Applied(a) => Ok(a.to),
+                Decision::Applied(a) => {
+                    applied = a.seq.map(|seq| (a.record.clone(), seq));
+                    Ok(a.to)
+                }
                 Decision::Idempotent { status } => Ok(status),
                 Decision::Refused { reason } => Err(format!("refused ({reason})")),
                 Decision::Invalid(m) => Err(m),
@@ -145,7 +173,7 @@ pub fn sweep(store: &Store, cache: &mut TerminalCache, cas: bool, now_ms: u64) -
             },
             Err(e) => Err(e.to_string()),
         };
-        out.push(Closed { job_id: id, close, result });
+        out.push(Closed { job_id: id, close, result, applied });
     }
     out
 }
@@ -198,6 +226,24 @@ mod tests {
         assert_eq!(idle_ms(&rec(json!({"heartbeat_sec": 2, "heartbeat_misses": 3}))), 6_000);
         assert_eq!(idle_ms(&rec(json!({"idle_timeout_sec": 0, "heartbeat_sec": 2, "heartbeat_misses": 3}))), 6_000);
         assert_eq!(idle_ms(&rec(json!({}))), 120_000);
+    }
+
+    #[test]
+    fn a4_close_state_is_signed_with_the_job_key() {
+        let mut v = base("deadline_timeout");
+        v["topic_prefix"] = json!("mam/jobs/j");
+        v["auth_token"] = json!("k".repeat(64));
+        v["dispatch_token"] = json!("t".repeat(32));
+        let (topic, payload) = close_state(&rec(v.clone()), 9, NOW).unwrap();
+        assert_eq!(topic, "mam/jobs/j/state");
+        let p: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+        assert_eq!(
+            (p["status"].as_str(), p["last_event"].as_str(), p["seq"].as_u64()),
+            (Some("deadline_timeout"), Some("closed"), Some(9))
+        );
+        assert!(crate::sign::verify("k".repeat(64).as_bytes(), &p));
+        v.as_object_mut().unwrap().remove("auth_token");
+        assert!(close_state(&rec(v), 9, NOW).is_none());
     }
 
     #[test]

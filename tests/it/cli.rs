@@ -2,7 +2,7 @@
 
 use crate::support::*;
 
-const READY: &[&str] = &["env", "paths", "registry", "pub", "sub"];
+const READY: &[&str] = &["env", "paths", "registry", "pub", "sub", "daemon", "reconcile", "jobs"];
 
 #[test]
 fn help_lists_every_subcommand_with_one_line() {

@@ -422,6 +422,7 @@ fn d6_opt_out_spawns_nothing_and_reports_a_running_daemon() {
     let r = td.mam().args(["daemon", "ensure"]).run();
     r.expect_rc(0);
     assert_eq!(r.stdout(), format!("{}\n", d.pid()));
+    eqnice!("NOTE: subscriber daemon disabled (MAM_NO_SUBSCRIBER_DAEMON=1)\n", r.stderr());
     assert_eq!(select_daemons(&td.ws()), vec![d.pid()]);
     drop(d);
 
@@ -454,17 +455,27 @@ fn d7_selector_finds_a_spaced_root_and_nothing_else() {
     let other = Daemon::spawn(daemon_cmd(&td, &sibling, &env, &[]), td.path("d7-other.log"));
     // A wrapper that quotes the words inside one argv element.
     let quoted = format!("sleep 30; : {} daemon run --workspace {}", mam_bin().display(), root.display());
-    let mut wrapper = Command::new("bash").args(["-c", &quoted]).stdin(Stdio::null()).spawn().unwrap();
+    // In its own process group, so its `sleep` child dies with it (also when an assertion fails).
+    struct Group(Child);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            let _ = mam::sys::kill(-(self.0.id() as i32), libc::SIGKILL);
+            let _ = self.0.wait();
+        }
+    }
+    let wrapper = {
+        use std::os::unix::process::CommandExt;
+        Group(Command::new("bash").args(["-c", &quoted]).stdin(Stdio::null()).process_group(0).spawn().unwrap())
+    };
     d.wait_log("subscribed ", Duration::from_secs(10));
     other.wait_log("subscribed ", Duration::from_secs(10));
     wait_until("the wrapper's argv", Duration::from_secs(5), || {
-        mam::sys::proc_cmdline(wrapper.id() as i32).is_ok_and(|a| a.len() == 3)
+        mam::sys::proc_cmdline(wrapper.0.id() as i32).is_ok_and(|a| a.len() == 3)
     });
     assert_eq!(select_daemons(&root), vec![d.pid()]);
     assert_eq!(select_daemons(&sibling), vec![other.pid()]);
     assert!(select_daemons(&td.path("a b")).is_empty());
-    let _ = wrapper.kill();
-    let _ = wrapper.wait();
+    drop(wrapper);
     drop(d);
     drop(other);
     guard.finish();
@@ -600,6 +611,16 @@ fn a15_abandoned_jobs_are_closed_and_watched_ones_are_not() {
             .iter()
             .any(|e| e["kind"] == "transition" && e["request"] == "set" && e["reason"] == "unresponsive")
     });
+    // A4: the close is announced as a signed retained state with a fresh seq.
+    let Broker::Embedded(handle) = &broker else { unreachable!() };
+    let closed = read_record(&td, &silent);
+    let topic = format!("{}/state", closed["topic_prefix"].as_str().unwrap());
+    wait_until("the retained close state", Duration::from_secs(5), || handle.retained(&topic).is_some());
+    let state: Value = serde_json::from_slice(&handle.retained(&topic).unwrap()).unwrap();
+    assert_eq!(state["status"], "deadline_timeout");
+    assert_eq!(state["last_event"], "closed");
+    assert_eq!(state["seq"], closed["last_seq"]);
+    assert!(mam::sign::verify(closed["auth_token"].as_str().unwrap().as_bytes(), &state));
     drop(d);
     guard.finish();
 }
@@ -708,5 +729,33 @@ fn a12_a_remote_terminal_event_writes_the_report() {
     });
     assert_eq!(status_of(&td, &id), "completed");
     drop(d);
+    guard.finish();
+}
+
+#[test]
+fn concurrent_ensures_agree_on_one_daemon() {
+    let td = TestDir::new("ens4");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let env = broker_env(broker.port());
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut c = td.mam().env_remove("MAM_NO_SUBSCRIBER_DAEMON").args(["daemon", "ensure"]);
+                    for (k, v) in &env {
+                        c = c.env(k, v);
+                    }
+                    c.run()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let pids: Vec<String> = runs.iter().map(|r| r.expect_rc(0).stdout()).collect();
+    assert!(pids.iter().all(|p| p == &pids[0] && !p.is_empty()), "{pids:?}");
+    let pid: i32 = pids[0].trim().parse().unwrap();
+    wait_until("the losers to exit", Duration::from_secs(5), || select_daemons(&td.ws()) == vec![pid]);
+    td.mam().args(["daemon", "stop"]).run().expect_rc(0);
     guard.finish();
 }
