@@ -9,6 +9,7 @@
 //!
 //! This module never prints: warnings go to the caller's `diag` callback, results are values.
 
+pub mod close;
 pub mod wire;
 
 use std::fmt;

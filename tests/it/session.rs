@@ -540,6 +540,43 @@ fn o2_8_7_stop_cancels_open_task_jobs_in_the_rows_registry() {
 }
 
 #[test]
+fn stop_closes_a_running_job_on_the_wire_and_stops_its_timer() {
+    let h = S::fake("stopclose");
+    let cfg = mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() };
+    let b = mam::broker::start(cfg).unwrap();
+    let port = b.addr().port().to_string();
+    h.create(&["--name", "s1"]).run().expect_rc(0);
+    let id = format!("t{}", rand_hex(4));
+    let _g = TimerGuard(id.clone());
+    h.mam(["registry", "register", "--job-id", &id, "--session", "s1", "--type", "task", "--heartbeat-sec", "1"])
+        .env("MQTT_PORT", &port)
+        .run()
+        .expect_rc(0);
+    h.mam(["publish", "--job-id", &id, "--event", "started", "--heartbeat", "1", "--watch-pid", "0"])
+        .env("MQTT_PORT", &port)
+        .run()
+        .expect_rc(0);
+    wait_until("the job's timer", Duration::from_secs(10), || timer_pids(&id).len() == 1);
+    let r = h.mam(["stop", "s1"]).env("MQTT_PORT", &port).run();
+    r.expect_rc(0);
+    assert_eq!(kv(&r.stdout(), "CANCELLED"), id);
+    assert!(!r.stderr().contains("WARNING"), "{}", r.stderr());
+    // CORE 7.4: the timer is gone when stop returns, pidfile included.
+    assert!(timer_pids(&id).is_empty(), "the timer outlived the cancel");
+    let reg = h.td.ws().join(".mam/jobs");
+    assert!(!reg.join(format!("{id}.heartbeat.pid")).exists());
+    // A4: the retained state is the signed closed state with the seq the cancel allocated.
+    let rec = h.job_status(&reg, &id);
+    assert_eq!(rec["status"], "cancelled");
+    let state = b.retained(&format!("mam/jobs/{id}/state")).expect("a retained state");
+    let v: Value = serde_json::from_slice(&state).unwrap();
+    assert_eq!((v["status"].as_str(), v["last_event"].as_str()), (Some("cancelled"), Some("closed")), "{v}");
+    assert_eq!(v["seq"], rec["last_seq"]);
+    assert!(mam::sign::verify(rec["auth_token"].as_str().unwrap().as_bytes(), &v));
+    b.shutdown();
+}
+
+#[test]
 fn o2_8_8_status_finds_a_job_only_in_the_rows_registry() {
     let h = S::fake("o2_8_8");
     let reg = h.td.path("rowjobs");
