@@ -733,6 +733,45 @@ fn o2_8_11_reconcile_noserver_and_unknown() {
     assert_eq!(h.mock_state()["running"], false);
 }
 
+#[test]
+fn reconcile_cli_and_shim_run_the_one_shot_reconcile() {
+    let h = S::herdr("rec1", json!({"running": true}));
+    h.create(&["--name", "a1"]).run().expect_rc(0);
+    h.create(&["--name", "a2"]).run().expect_rc(0);
+    let mut st = h.mock_state();
+    st["agents"].as_array_mut().unwrap().retain(|a| a["name"] != "a2");
+    h.td.write("mock-state.json", st.to_string());
+    let r = h.mam(["reconcile"]).run();
+    r.expect_rc(0);
+    eqnice!(
+        "server herdr/multi-agent-mux: confirmed, 1 agent(s) listed\nsession a2: running -> exited (agent not listed)\n",
+        r.stdout()
+    );
+    assert_eq!(h.row("a2")["status"], "exited");
+    assert_eq!(h.row("a1")["herdr_confirmed"], true);
+    // Through the legacy shim, with the server's state unknown: rc 3, rows unchanged.
+    let mut st = h.mock_state();
+    st["inject"] = json!({"agent_list": "garbage"});
+    h.td.write("mock-state.json", st.to_string());
+    let shim = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("shims/reconcile.sh");
+    let mut cmd = h.td.command(shim).env("MAM_BIN", mam_bin());
+    for (k, v) in &h.env {
+        cmd = cmd.env(k, v);
+    }
+    let r = cmd.run();
+    r.expect_rc(3);
+    assert!(r.stdout().starts_with("server herdr/multi-agent-mux: state unknown ("), "{}", r.stdout());
+    assert_eq!(h.row("a1")["status"], "running");
+    assert_eq!(h.row("a1")["herdr_confirmed"], false);
+    assert_eq!(h.mock_state()["running"], true);
+    assert!(h.argvs().iter().all(|a| a.last().map(String::as_str) != Some("server")), "nothing bootstrapped");
+    // A sessions file that is not JSON: REFUSED, rc 2.
+    fs::write(h.file(), "herdr_sessions: []\n").unwrap();
+    let r = h.mam(["reconcile"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().starts_with("REFUSED: reconcile: "), "{}", r.stderr());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Real tmux: the main flow, and a pane that is not at a shell
 
