@@ -197,6 +197,9 @@ fn p4_printed_publish_line_works_from_slash_under_a_spaced_root() {
     assert_eq!(tree(&td.ws()), vec![".mam".to_string()]);
 }
 
+/// Extra environment variables of one P5 case.
+type Env = Vec<(&'static str, String)>;
+
 #[test]
 fn p5_watch_finds_the_record_register_created_in_the_same_environment() {
     let td = TestDir::new("p5");
@@ -207,7 +210,7 @@ fn p5_watch_finds_the_record_register_created_in_the_same_environment() {
     fs::create_dir_all(td.ws().join("two")).unwrap();
     fs::create_dir_all(&other).unwrap();
     // Three environments, each used by register, publish and watch alike (cwds differ).
-    let envs: Vec<(&str, Vec<(&str, String)>, PathBuf, PathBuf)> = vec![
+    let envs: Vec<(&str, Env, PathBuf, PathBuf)> = vec![
         ("default", vec![], td.ws().join("one"), td.ws().join("two")),
         ("relative MAM_JOBS_DIR", vec![("MAM_JOBS_DIR", "rel/jobs".into())], td.ws().join("one"), td.ws().join("two")),
         ("WORKSPACE_ROOT", vec![("WORKSPACE_ROOT", td.ws().display().to_string())], other.clone(), td.root.clone()),
