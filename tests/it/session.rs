@@ -69,6 +69,9 @@ impl S {
             ("MAM_TMUX_STABLE_MS".into(), "200".into()),
             ("MAM_STARTUP_DIALOG_SETTLE_MS".into(), "50".into()),
             ("MAM_FAKE_AGENT_SCRIPT".into(), td.path("agent.script").into()),
+            // `stop` and `finalize` publish a close state (A4); with no broker here one attempt is
+            // enough (a failure is a WARNING), instead of 3 s of retries per job.
+            ("MAM_PUBLISH_BUDGET_S".into(), "1".into()),
         ];
         let mut tmux = None;
         match kind {
