@@ -1,8 +1,8 @@
-//! `mam reconcile` (A19, ORCH 2.1): with `--subscribe [--idle-timeout S]` it becomes the control
-//! root's subscriber daemon by exec'ing `mam daemon run --workspace <control root> ...`, so the
-//! process keeps its pid and has the one argv shape that `daemon status|stop` and the test reaper
-//! recognise (CORE 10.3). The one-shot reconcile (without `--subscribe`) belongs to the sessions
-//! work and is refused here with rc 2.
+//! `mam reconcile` (A19, ORCH 2.1, 2.7): with `--subscribe [--idle-timeout S]` it becomes the
+//! control root's subscriber daemon by exec'ing `mam daemon run --workspace <control root> ...`, so
+//! the process keeps its pid and has the one argv shape that `daemon status|stop` and the test
+//! reaper recognise (CORE 10.3). Without `--subscribe` it is the one-shot session reconcile of
+//! ORCH 2.7 (`session::reconcile::reconcile_once`); this file only prints its lines.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -13,14 +13,18 @@ use crate::ctx::Ctx;
 use crate::{knob, paths};
 
 pub const USAGE: &str = "
-Usage: mam reconcile --subscribe [--idle-timeout S] [--registry-dir D]
+Usage: mam reconcile
+       mam reconcile --subscribe [--idle-timeout S] [--registry-dir D]
+
+Without --subscribe: the one-shot reconcile of the sessions file (ORCH 2.7). Every pane server
+that a running local row names is listed without starting it (MAM_NO_AUTOSTART=1); a row whose
+agent is missing from a confirmed list (or whose server is down) becomes `exited`; a server whose
+state is unknown changes no status. Prints one line per server, then one per row that changed.
 
 With --subscribe, runs the subscriber daemon for the control root (the legacy
 `reconcile.sh --subscribe`): exactly `mam daemon run --workspace <control root>` with the registry
 and log root resolved here (absolute). --idle-timeout S exits after S seconds without a message
 (0 = run forever, the default). See `mam daemon --help`.
-
-Without --subscribe: the one-shot reconcile, not yet available in this build (rc 2).
 
 Options:
   --subscribe         run the subscriber daemon for the control root
@@ -28,7 +32,9 @@ Options:
   --registry-dir D    the job registry (relative to the cwd)
   -h, --help          print this help
 
-Exit codes: as `mam daemon run` (0 clean stop, 5 another daemon holds the lock); 2 usage.
+Exit codes: one-shot: 0 done, 1 I/O, 2 usage or a sessions file that is not JSON, 3 some server's
+state was unknown. --subscribe: as `mam daemon run` (0 clean stop, 5 another daemon holds the
+lock); 2 usage.
 ";
 
 #[derive(Debug, Default)]
@@ -51,8 +57,8 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             _ => return Err(arg.unexpected().into()),
         }
     }
-    if !a.subscribe {
-        return Err(Failure::usage("mam reconcile: one-shot reconcile is not yet available; use --subscribe"));
+    if !a.subscribe && (a.idle_timeout.is_some() || a.registry_dir.is_some()) {
+        return Err(Failure::usage("mam reconcile: --idle-timeout and --registry-dir need --subscribe"));
     }
     Ok(Parsed::Run(a))
 }
@@ -62,6 +68,13 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
+    if !a.subscribe {
+        let r = crate::session::reconcile::reconcile_once(ctx).map_err(|e| e.failure("reconcile"))?;
+        for l in r.lines() {
+            ctx.say(&l);
+        }
+        return Ok(r.rc());
+    }
     let root = paths::control_root(ctx);
     let store = super::daemon::resolve_store(ctx, &root, a.registry_dir.as_deref(), None);
     let exe = std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find the mam binary ({e})")))?;
@@ -88,10 +101,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn plain_reconcile_is_refused() {
-        let e = parse_args(vec![]).unwrap_err();
+    fn daemon_flags_need_subscribe() {
+        assert!(matches!(parse_args(vec![]).unwrap(), Parsed::Run(Args { subscribe: false, .. })));
+        let e = parse_args(vec!["--idle-timeout".into(), "5".into()]).unwrap_err();
         assert_eq!(e.rc, 2);
-        assert_eq!(e.line, "ERROR: mam reconcile: one-shot reconcile is not yet available; use --subscribe");
+        assert_eq!(e.line, "ERROR: mam reconcile: --idle-timeout and --registry-dir need --subscribe");
         let ok = parse_args(vec!["--subscribe".into(), "--idle-timeout".into(), "5".into()]).unwrap();
         assert!(matches!(ok, Parsed::Run(Args { subscribe: true, idle_timeout: Some(5), .. })));
     }

@@ -12,11 +12,10 @@ use serde_json::{json, Map, Value};
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
 use crate::ctx::Ctx;
-use crate::heartbeat::timer;
 use crate::knob;
 use crate::mqtt::MqttConfig;
 use crate::paths;
-use crate::publish;
+use crate::publish::close;
 use crate::registry::engine::{self, Authority, Decision, Kind, Request, Tokens};
 use crate::registry::record::Record;
 use crate::registry::store::{Outcome, Store, StoreError};
@@ -680,7 +679,7 @@ fn submit(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
                 r.u64("iteration").unwrap_or(0)
             ));
             if a.from.is_some() {
-                stop_timer(ctx, store, &id);
+                close::stop_job_timer(ctx, store, &id, &mut |l| ctx.diag(&l));
             }
             Ok(0)
         }
@@ -769,10 +768,8 @@ fn close_job(ctx: &Ctx, store: &Store, id: &str, kind: Kind, target: Option<Stri
         Decision::Applied(a) => {
             ctx.say(&format!("{id} {} -> {}", a.from.as_deref().unwrap_or(""), a.to));
             if registry::is_terminal(&a.to) {
-                stop_timer(ctx, store, id);
-                if let Some(w) = publish_close(ctx, store, &a.record, c.no_publish) {
-                    ctx.diag(&format!("WARNING: {w}"));
-                }
+                // CORE 7.4 then A4, unless --no-publish.
+                close::after_close(ctx, store, &a.record, !c.no_publish, &mut |l| ctx.diag(&l));
             }
             Ok(0)
         }
@@ -790,41 +787,6 @@ fn close_job(ctx: &Ctx, store: &Store, id: &str, kind: Kind, target: Option<Stri
             }
         }
         Decision::Invalid(_) | Decision::UnknownJob => Ok(1),
-    }
-}
-
-/// A4: after an operator close, publish a signed retained `state` with the terminal status, the seq
-/// allocated in the close's own write and `last_event: "closed"`, unless `--no-publish`. Returns the
-/// WARNING text of a failed publish; the exit code stays (the record is already final).
-fn publish_close(ctx: &Ctx, store: &Store, record: &Record, no_publish: bool) -> Option<String> {
-    if no_publish {
-        return None;
-    }
-    let settings = match publish::Settings::from_ctx(ctx) {
-        Ok(s) => s,
-        Err(f) => return Some(format!("close state not published ({})", f.line.trim_start_matches("ERROR: "))),
-    };
-    let mut diag = |line: String| ctx.diag(&line);
-    publish::close_state(store, &settings, record, &mut diag).err()
-}
-
-/// CORE 4.2 / 7.4: stop the job's heartbeat timer with a drain after a terminal `--set`/`finalize`/
-/// `expire` or an applied re-dispatch. Runs after L1 is released (it takes L2 and may sleep).
-fn stop_timer(ctx: &Ctx, store: &Store, job_id: &str) {
-    let drain = match timer::drain_from_ctx(ctx) {
-        Ok(d) => d,
-        Err(f) => {
-            ctx.diag(&format!("WARNING: {}; using 1s", f.line.trim_start_matches("ERROR: ")));
-            std::time::Duration::from_secs(1)
-        }
-    };
-    match timer::stop_timer(store, job_id, drain) {
-        Ok(s) => {
-            if let Some(w) = timer::stopped_warning(&s, drain) {
-                ctx.diag(&w);
-            }
-        }
-        Err(e) => ctx.diag(&format!("WARNING: job {job_id}: cannot stop the heartbeat timer ({e})")),
     }
 }
 

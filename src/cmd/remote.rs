@@ -16,6 +16,7 @@ use crate::ctx::Ctx;
 use crate::knob;
 use crate::mqtt::{self, Client, Message, MqttConfig, RetryPolicy, Role, Stop};
 use crate::paths;
+use crate::publish::Settings;
 use crate::registry::store::Store;
 use crate::remote::dispatch;
 use crate::remote::runner::{self, Runner, RunnerError};
@@ -30,7 +31,8 @@ dispatch  publishes the signed, retained dispatch of a remote job's current atte
           agent_session=remote:<name>. The brief (at most 768 KiB) is --brief-file, else the
           record's brief_path, else <registry>/<job_id>/brief.md, else empty.
 run       serves remote:NAME: subscribes to <root>/jobs/+/dispatch/+, mirrors each admitted job
-          into the registry, writes <registry>/<job_id>/brief.md, publishes started, runs
+          into the registry, writes <registry>/<job_id>/brief.md, publishes started and arms the
+          job's heartbeat timer (heartbeat_sec, watching this runner's pid), runs
           `sh -c CMD` in its own process group (stdin /dev/null; env MAM_JOB_ID MAM_ATTEMPT
           MAM_BRIEF_FILE MAM_REPORT_FILE MAM_REGISTRY_DIR; output to <logs>/<job_id>/exec.log) and
           publishes completed, failed (data.rc) or error (data.reason timeout|interrupted) with the
@@ -250,17 +252,20 @@ fn serve(
 ) -> Result<i32, Failure> {
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let grace_ms = knob::env_or(ctx, "MAM_RUNNER_GRACE_MS", 1, 5000)?;
-    let cfg = MqttConfig::from_ctx(ctx)?;
+    let settings = Settings::from_ctx(ctx)?;
+    let mut timer = super::heartbeat::spec(ctx, &settings, None, None, 1, 0, 0)?;
+    // The timer signs with the job's auth token; the dispatch secret stays with the runner.
+    timer.env.retain(|(k, _)| k != "MAM_DISPATCH_SECRET");
     let r = Runner {
         session,
         exec,
         store,
-        cfg,
+        settings,
+        timer,
         secret,
         default_timeout: Duration::from_secs(timeout.map_or(3600, u64::from)),
         once,
         grace: Duration::from_millis(grace_ms.into()),
-        cas: ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0"),
         child_env: ctx.child_env(),
     };
     let out = ctx.clone();

@@ -9,6 +9,7 @@
 //!
 //! This module never prints: warnings go to the caller's `diag` callback, results are values.
 
+pub mod close;
 pub mod wire;
 
 use std::fmt;
@@ -364,13 +365,44 @@ fn before_or_read(before: Option<Record>, store: &Store, job_id: &str) -> Result
     }
 }
 
-/// `mam publish` (CORE 6.3, 6.4, 6.5). The caller prints the outcome and arms the timer.
+/// The size `data` has in an event: its compact JSON bytes. Never more than the `--data` text it
+/// was parsed from, so the CLI's check on that text implies the library's.
+pub fn data_len(data: &Map<String, Value>) -> usize {
+    serde_json::to_vec(data).map_or(usize::MAX, |v| v.len())
+}
+
+/// `mam publish` (CORE 6.3, 6.4, 6.5) with the `--data` limit of the CLI (`MAX_DATA`). The caller
+/// prints the outcome and arms the timer.
 pub fn publish(
     store: &Store,
     settings: &Settings,
     req: &Request,
     diag: &mut dyn FnMut(String),
 ) -> Result<Outcome, PublishError> {
+    publish_with_limit(store, settings, req, MAX_DATA, diag)
+}
+
+/// `publish` for a caller whose events carry more data than an agent's `--data` may: the remote
+/// runner sends up to 256 KiB of report text (A12). Nothing is decided or written when the message
+/// or `data` is over its limit.
+pub fn publish_with_limit(
+    store: &Store,
+    settings: &Settings,
+    req: &Request,
+    max_data: usize,
+    diag: &mut dyn FnMut(String),
+) -> Result<Outcome, PublishError> {
+    if req.message.len() > MAX_MESSAGE {
+        return Err(PublishError::Record(format!(
+            "job {}: message of {} bytes is more than {MAX_MESSAGE}",
+            req.job_id,
+            req.message.len()
+        )));
+    }
+    let n = data_len(&req.data);
+    if n > max_data {
+        return Err(PublishError::Record(format!("job {}: data of {n} bytes is more than {max_data}", req.job_id)));
+    }
     let rec = store.read_existing(&req.job_id)?;
     let events = events_log_path(&store.registry, &req.job_id);
     if req.event.is_terminal() {
@@ -658,6 +690,30 @@ mod tests {
             assert_eq!(e.is_terminal(), crate::registry::is_terminal(name));
         }
         assert!(Event::parse("beat").is_none());
+    }
+
+    #[test]
+    fn data_over_the_callers_limit_is_refused_before_the_record_is_read() {
+        let store = Store::new("/nonexistent/mam/jobs".into(), "/nonexistent/mam/logs".into());
+        let ctx = Ctx::with_env([("MQTT_PORT", "1")], Path::new("/"));
+        let settings = Settings::from_ctx(&ctx).unwrap();
+        let mut data = Map::new();
+        data.insert("report".into(), "x".repeat(MAX_DATA).into());
+        let req = Request {
+            job_id: "j1".into(),
+            event: Event::Completed,
+            message: String::new(),
+            data,
+            attempt: None,
+            dispatch_token: None,
+            no_state: false,
+        };
+        let mut diag = |_: String| {};
+        let e = publish(&store, &settings, &req, &mut diag).unwrap_err().to_string();
+        assert_eq!(e, format!("job j1: data of {} bytes is more than {MAX_DATA}", MAX_DATA + 13));
+        // A larger limit passes the check and gets as far as the (missing) record.
+        let e = publish_with_limit(&store, &settings, &req, 4 * MAX_DATA, &mut diag).unwrap_err().to_string();
+        assert!(e.contains("j1") && !e.contains("data of"), "{e}");
     }
 
     #[test]

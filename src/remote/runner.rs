@@ -1,8 +1,9 @@
 //! The runner (`mam remote run`, CORE 9.3; A12, A21): a reader thread keeps one subscription to
 //! `<root>/jobs/+/dispatch/+`, filters what arrives and queues admitted dispatches in arrival order
 //! (at most 100); the calling thread takes them one at a time, drops the stale ones, mirrors the
-//! job through the engine, runs `sh -c CMD` in its own session and process group, reports `started`
-//! and the terminal event, and clears the attempt's retained dispatch.
+//! job through the engine, reports `started` and arms the heartbeat timer on the runner's own pid,
+//! runs `sh -c CMD` in its own session and process group, reports the terminal event, and clears
+//! the attempt's retained dispatch. Events go through the publish library, the one publish path.
 //!
 //! Owns: the queue, the process-group escalation (TERM, grace, KILL, and only then the `error`
 //! event), the report tail (A12). It never prints (lines go to the caller's `Log`), never puts the
@@ -23,10 +24,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use super::dispatch::{self, Dispatch, Judged};
-use super::report::{report_event, Reported};
 use crate::cli::show_path;
 use crate::clock;
-use crate::mqtt::{self, Client, Message, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
+use crate::heartbeat::timer::{self, StartSpec, TimerError};
+use crate::mqtt::{self, Client, Message, MqttError, Persistent, RetryPolicy, Role, Stop};
+use crate::publish::{self, Event, Outcome, Settings};
 use crate::registry::engine::{Authority, Decision, Kind, Request};
 use crate::registry::store::Store;
 use crate::sys;
@@ -35,6 +37,10 @@ use crate::sys;
 pub const QUEUE_LIMIT: usize = 100;
 /// A12: the most of MAM_REPORT_FILE a terminal event carries.
 pub const MAX_REPORT: usize = 256 * 1024;
+/// The `data` limit the runner gives the publish library: the report of A12 once JSON-escaped, with
+/// room for the envelope under the embedded broker's 1 MiB packet limit. A report whose escaped
+/// form is larger still is cut further (`report_data`). The CLI's `--data` keeps its 64 KiB.
+pub const MAX_EVENT_DATA: usize = 768 * 1024;
 /// How long the runner waits for a KILLed group to be gone before reporting anyway.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(50);
@@ -51,14 +57,18 @@ pub struct Runner {
     pub session: String,
     pub exec: String,
     pub store: Store,
-    pub cfg: MqttConfig,
+    /// The broker (its `mqtt`), the wire budget, the drain and `MAM_ENGINE_CAS`, as `mam publish`
+    /// reads them.
+    pub settings: Settings,
+    /// What every job's heartbeat timer is started with (executable, environment without the
+    /// dispatch secret, cwd, drain); the job, interval, watched pid and lifetime are filled in.
+    pub timer: StartSpec,
     pub secret: Vec<u8>,
     /// `--timeout`: used when a dispatch's `timeout_sec` is 0 (CORE 9.1, default 3600 s).
     pub default_timeout: Duration,
     pub once: bool,
     /// TERM-to-KILL grace (CORE 9.3: 5 s; `MAM_RUNNER_GRACE_MS` shortens it in tests).
     pub grace: Duration,
-    pub cas: bool,
     /// The environment for `CMD` (the caller's child environment).
     pub child_env: Vec<(OsString, OsString)>,
 }
@@ -204,8 +214,8 @@ fn read_loop(shared: &Arc<Shared>, r: &Runner, log: &Log) {
         let sh = shared.clone();
         Stop::from_fn(move || sys::pending_signal().is_some() || sh.shutdown.load(Ordering::SeqCst))
     };
-    let filter = format!("{}/jobs/+/dispatch/+", r.cfg.topic_root);
-    let mut conn = Persistent::new(r.cfg.clone(), Role::Rmt, stop.clone());
+    let filter = format!("{}/jobs/+/dispatch/+", r.settings.mqtt.topic_root);
+    let mut conn = Persistent::new(r.settings.mqtt.clone(), Role::Rmt, stop.clone());
     let subscribed = mqtt::with_retry(
         &RetryPolicy::standard("subscribe"),
         &stop,
@@ -292,10 +302,10 @@ enum End {
 fn serve(r: &Runner, d: &Dispatch, log: &Log) -> Served {
     let id = d.job_id.as_str();
     // CORE 9.3 step 3: mirror admission, one engine transaction, before any other write.
-    let broker = serde_json::to_value(r.cfg.broker_block()).unwrap_or(Value::Null);
+    let broker = serde_json::to_value(r.settings.mqtt.broker_block()).unwrap_or(Value::Null);
     let mut req = Request::new(Kind::Mirror, Authority::Agent, id);
     req.record = Some(d.mirror_record(broker, &r.store.registry, &r.secret));
-    req.cas = r.cas;
+    req.cas = r.settings.cas;
     match r.store.apply(&req, clock::now_ms()) {
         Ok(o) => {
             if let Some(w) = o.audit_error {
@@ -334,10 +344,11 @@ fn serve(r: &Runner, d: &Dispatch, log: &Log) -> Served {
     // A report left by an earlier attempt must not be sent as this attempt's.
     let _ = fs::remove_file(&report);
 
-    publish(r, log, id, "started", Map::new());
-    arm_heartbeat(r, d);
-
     let timeout = if d.timeout_sec > 0 { Duration::from_secs(d.timeout_sec) } else { r.default_timeout };
+    if send_event(r, log, d, Event::Started, Map::new()) {
+        arm_heartbeat(r, d, timeout, log);
+    }
+
     let end = if sys::pending_signal().is_some() {
         End::Interrupted(None)
     } else {
@@ -370,13 +381,10 @@ fn serve(r: &Runner, d: &Dispatch, log: &Log) -> Served {
         }
     };
     if let Ok(bytes) = fs::read(&report) {
-        let (text, cut) = report_tail(&bytes, MAX_REPORT);
-        data.insert("report".into(), text.into());
-        if let Some(n) = cut {
-            data.insert("report_truncated".into(), n.into());
-        }
+        report_data(&mut data, &bytes, MAX_EVENT_DATA);
     }
-    publish(r, log, id, event, data);
+    let event = Event::parse(event).unwrap_or(Event::Error);
+    send_event(r, log, d, event, data);
     log(&format!("DONE rc={rc} job={id}"));
     clear_dispatch(r, d, log);
     Served::Ran { interrupted }
@@ -387,11 +395,55 @@ fn exit_code(st: &ExitStatus) -> i64 {
     st.code().map_or_else(|| 128 + i64::from(st.signal().unwrap_or(0)), i64::from)
 }
 
-/// TODO(merge): CORE 9.3 step 4 publishes `started --heartbeat N` watching the runner's own pid.
-/// The timer (`start_timer`, CORE 7.3) is written on the publish/heartbeat branch; once merged,
-/// arm it here for `d.job_id` with N = `d.heartbeat_sec` and watch pid `std::process::id()`
-/// (acceptance test M7 depends on it).
-fn arm_heartbeat(_r: &Runner, _d: &Dispatch) {}
+/// A12 inside the event limit: the report's last `MAX_REPORT` bytes, cut further (halving) while
+/// the JSON-escaped `data` would exceed `max_data`, with `report_truncated` when anything was cut.
+pub fn report_data(data: &mut Map<String, Value>, bytes: &[u8], max_data: usize) {
+    let mut limit = MAX_REPORT;
+    loop {
+        let (text, cut) = report_tail(bytes, limit);
+        data.insert("report".into(), text.into());
+        match cut {
+            Some(n) => data.insert("report_truncated".into(), n.into()),
+            None => data.remove("report_truncated"),
+        };
+        if publish::data_len(data) <= max_data || limit == 0 {
+            return;
+        }
+        limit /= 2;
+    }
+}
+
+/// CORE 9.3 step 4: the `--heartbeat N` half of `started`. The timer beats every N s for this
+/// attempt and watches the runner's own pid, so a runner killed with SIGKILL stops beating within
+/// N+1 s (M7). Its lifetime is the job's timeout plus its idle window (CORE 7.1).
+fn arm_heartbeat(r: &Runner, d: &Dispatch, timeout: Duration, log: &Log) {
+    let id = d.job_id.as_str();
+    let interval = match u32::try_from(d.heartbeat_sec) {
+        Ok(n) if n > 0 => n,
+        _ => {
+            log(&format!("WARNING: job {id}: heartbeat_sec {} is not usable; no heartbeat timer", d.heartbeat_sec));
+            return;
+        }
+    };
+    let mut spec = r.timer.clone();
+    spec.attempt = Some(d.attempt);
+    spec.dispatch_token = Some(d.dispatch_token.clone());
+    spec.interval = interval;
+    spec.watch_pid = std::process::id() as i32;
+    spec.lifetime = timer::default_lifetime(timeout.as_secs().max(1), d.idle_timeout_sec);
+    match timer::start_timer(&r.store, id, &spec) {
+        Ok(started) => {
+            if let Some(w) = started.replaced.as_ref().and_then(|s| timer::stopped_warning(s, spec.drain)) {
+                log(&w);
+            }
+            log(&format!("heartbeat armed job={id} pid={} interval={interval}s", started.pid));
+        }
+        Err(TimerError::AttemptEnded { why, .. }) => {
+            log(&format!("WARNING: job {id}: heartbeat timer not armed: attempt ended ({why})"))
+        }
+        Err(e) => log(&format!("WARNING: job {id}: heartbeat timer not started ({e})")),
+    }
+}
 
 /// `sh -c CMD` in its own session and process group, stdin /dev/null, output appended to
 /// `<logs>/<job_id>/exec.log`, and the job's variables (CORE 9.3 step 5). The dispatch secret is
@@ -472,17 +524,50 @@ fn stop_group(child: &mut Child, pgid: i32, grace: Duration) -> ExitStatus {
     }
 }
 
-/// Reports one event through `report_event` and logs `published <event> job=<id>`.
-fn publish(r: &Runner, log: &Log, id: &str, event: &str, data: Map<String, Value>) {
+/// Reports one event for the dispatch's attempt through the publish library, as `mam publish
+/// --job-id <id> --event <event> --attempt A --dispatch-token T --data <data>` would (with the
+/// runner's larger data limit), and logs `published <event> job=<id> seq=<n>`. True when the event
+/// is recorded for this attempt (new or a repeat), so a timer may be armed after `started`.
+fn send_event(r: &Runner, log: &Log, d: &Dispatch, event: Event, data: Map<String, Value>) -> bool {
+    let (id, name) = (d.job_id.as_str(), event.name());
+    let req = publish::Request {
+        job_id: id.to_string(),
+        event,
+        message: String::new(),
+        data,
+        attempt: Some(d.attempt),
+        dispatch_token: Some(d.dispatch_token.clone()),
+        no_state: false,
+    };
     let mut warn = |w: String| log(&w);
-    match report_event(&r.store, &r.cfg, id, event, data, r.cas, &mut warn) {
-        Ok(Reported::Published { seq }) => log(&format!("published {event} job={id} seq={seq}")),
-        Ok(Reported::WireFailed { seq, error }) => {
-            log(&format!("WARNING: {event} of job {id} recorded (seq={seq}) but not published: {error}"))
+    match publish::publish_with_limit(&r.store, &r.settings, &req, MAX_EVENT_DATA, &mut warn) {
+        Ok(Outcome::Published { seq, report }) => {
+            if let Some(why) = &report.state_skipped {
+                log(&format!("WARNING: state not published: {why}"));
+            }
+            match &report.error {
+                None => log(&format!("published {name} job={id} seq={seq}")),
+                Some(e) => log(&format!("WARNING: {name} of job {id} recorded (seq={seq}) but not published: {e}")),
+            }
+            true
         }
-        Ok(Reported::Idempotent { status }) => log(&format!("already {status}; nothing new to publish job={id}")),
-        Ok(Reported::Refused { reason }) => log(&format!("REFUSED: {id}: {event} ({reason})")),
-        Err(e) => log(&format!("ERROR: {event} of job {id}: {e}")),
+        Ok(Outcome::Repeat { status, resent }) => {
+            log(&format!("already {status}; nothing new to publish job={id}"));
+            if let Some((seq, rep)) = resent {
+                if let Some(e) = &rep.error {
+                    log(&format!("WARNING: {name} of job {id} seq={seq} (resent) not published: {e}"));
+                }
+            }
+            true
+        }
+        Ok(Outcome::Refused { reason }) => {
+            log(&format!("REFUSED: {id}: {name} ({reason})"));
+            false
+        }
+        Err(e) => {
+            log(&format!("ERROR: {name} of job {id}: {e}"));
+            false
+        }
     }
 }
 
@@ -494,7 +579,7 @@ fn clear_dispatch(r: &Runner, d: &Dispatch, log: &Log) {
         &Stop::never(),
         |w| log(&w),
         |_| {
-            let mut c = Client::connect(&r.cfg, Role::Rmt, &Stop::never())?;
+            let mut c = Client::connect(&r.settings.mqtt, Role::Rmt, &Stop::never())?;
             c.publish(&Message::new(topic.clone(), Vec::new(), 1, true))?;
             c.disconnect();
             Ok(())
@@ -545,6 +630,25 @@ mod tests {
         assert_eq!(ids, ["a", "b", "c"]);
         let Enqueued::Queued { dropped: Some(x) } = enqueue(&mut q, d("e", now), now, 3) else { panic!() };
         assert_eq!(x.job_id, "a", "no stale entry: the oldest goes");
+    }
+
+    #[test]
+    fn a12_report_data_fits_the_event_limit() {
+        let mut data = Map::new();
+        data.insert("rc".into(), 1.into());
+        report_data(&mut data, b"ok\n", MAX_EVENT_DATA);
+        assert_eq!((data["report"].as_str(), data.get("report_truncated")), (Some("ok\n"), None));
+        // Control characters escape to six bytes each: 256 KiB of them is cut until it fits.
+        let ctl = vec![1u8; 300 * 1024];
+        report_data(&mut data, &ctl, MAX_EVENT_DATA);
+        assert!(publish::data_len(&data) <= MAX_EVENT_DATA);
+        let kept = data["report"].as_str().unwrap().len();
+        assert!((64 * 1024..MAX_REPORT).contains(&kept), "{kept}");
+        assert_eq!(data["report_truncated"].as_u64(), Some((ctl.len() - kept) as u64));
+        assert_eq!(data["rc"], 1);
+        // Plain text keeps the whole 256 KiB tail, well over the CLI's 64 KiB.
+        report_data(&mut data, &vec![b'x'; 300 * 1024], MAX_EVENT_DATA);
+        assert_eq!(data["report"].as_str().unwrap().len(), MAX_REPORT);
     }
 
     #[test]

@@ -7,10 +7,8 @@
 //! changed under the lock only when the same incarnation is still there, so a session created or
 //! resumed meanwhile is never marked exited by a list taken before it existed. Never prints.
 //!
-//! `mam reconcile` without `--subscribe` (src/cmd/reconcile.rs, owned by the daemon work) is:
-//! `let r = session::reconcile::reconcile_once(ctx).map_err(|e| e.failure("reconcile"))?;` then
-//! `ctx.say` each of `r.lines()` and return `Ok(r.rc())` (0, or 3 when a server's state was unknown;
-//! a sessions file that is not JSON is rc 2 through `failure`).
+//! `mam reconcile` without `--subscribe` (src/cmd/reconcile.rs) prints `lines()` and exits with
+//! `rc()` (0, or 3 when a server's state was unknown; a sessions file that is not JSON is rc 2).
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,6 @@
 //! `stop` (ORCH 2.5): cancel the session's open `task` jobs through the transition engine (operator
-//! `set cancelled`, reason `session stopped`), close its pane and confirm the agent is no longer
+//! `set cancelled`, reason `session stopped`; each then has its timer stopped and its closed state
+//! published, as after any operator close, A4), close its pane and confirm the agent is no longer
 //! listed, purge the conversation when asked (after the stop: the live agent is itself a holder),
 //! and mark the row `stopped`.
 //!
@@ -15,6 +16,7 @@ use crate::clock;
 use crate::ctx::Ctx;
 use crate::pane::{self, ListOutcome};
 use crate::paths;
+use crate::publish::close;
 use crate::registry::engine::{Authority, Decision, Kind, Request};
 use crate::registry::store::Store;
 use crate::registry::{is_terminal, record::Record};
@@ -91,6 +93,8 @@ pub fn cancel_jobs(ctx: &Ctx, store: &Store, name: &str, notes: &mut Notes) -> R
         let mut req = Request::new(Kind::Set, Authority::Operator, &id).with_status("cancelled");
         req.reason = Some("session stopped".into());
         req.cas = ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0");
+        // A4: the closed state carries a fresh seq taken in this same write.
+        req.alloc_seq = true;
         match store.apply(&req, clock::now_ms()) {
             Ok(out) => {
                 if let Some(w) = &out.audit_error {
@@ -114,12 +118,12 @@ pub fn cancel_jobs(ctx: &Ctx, store: &Store, name: &str, notes: &mut Notes) -> R
     Ok(done)
 }
 
-/// CLOSE HOOK, NOT DONE: after an applied operator close, A4 publishes a signed retained `state`
-/// (terminal status, fresh seq, `last_event: "closed"`) and CORE 7.4 stops the job's heartbeat
-/// timer with a drain. Both live as private hooks in `cmd/registry.rs` (`publish_close`,
-/// `stop_timer`) until the publish/heartbeat work makes them library calls; call them from here then
-/// (a failed publish is a WARNING in `notes`). Runs after L1 is released.
-fn after_cancel(_ctx: &Ctx, _store: &Store, _record: &Record, _notes: &mut Notes) {}
+/// After an applied cancel, as after any operator close: CORE 7.4 stops the job's heartbeat timer
+/// with a drain, then A4 publishes the signed retained `closed` state (a failure is a WARNING in
+/// `notes`). Runs after L1 is released.
+fn after_cancel(ctx: &Ctx, store: &Store, record: &Record, notes: &mut Notes) {
+    close::after_close(ctx, store, record, true, &mut |line| notes.raw(line));
+}
 
 /// Closes the row's pane and confirms the agent is gone (2.5 step 5).
 fn close_and_confirm(ctx: &Ctx, row: &Row, notes: &mut Notes) -> Result<(), SessionError> {

@@ -643,9 +643,13 @@ fn idle_timeout_ends_the_daemon_without_messages() {
 fn reconcile_subscribe_execs_the_control_root_daemon() {
     let td = TestDir::new("rec");
     let guard = LeakGuard::new(&[td.ws()]);
-    let r = td.mam().args(["reconcile"]).run();
+    // Daemon flags without --subscribe are a usage error; plain `reconcile` is the one-shot
+    // session reconcile (tests/it/session.rs), which starts no daemon.
+    let r = td.mam().args(["reconcile", "--idle-timeout", "2"]).run();
     r.expect_rc(2);
-    eqnice!("ERROR: mam reconcile: one-shot reconcile is not yet available; use --subscribe\n", r.stderr());
+    eqnice!("ERROR: mam reconcile: --idle-timeout and --registry-dir need --subscribe\n", r.stderr());
+    td.mam().args(["reconcile"]).run().expect_rc(0);
+    assert!(select_daemons(&td.ws()).is_empty());
 
     let broker = start_target(Target::Embedded, &td).unwrap();
     let env = broker_env(broker.port());

@@ -174,7 +174,7 @@ fn h2b_terminal_races_a_beat_held_at_connack() {
 }
 
 /// A fake agent: bash running `script` with argv[0] = `argv0` (the A18 forms).
-fn fake_agent(td: &TestDir, argv0: &str, name: &str, script: &str, port: u16) -> Bg {
+pub(crate) fn fake_agent(td: &TestDir, argv0: &str, name: &str, script: &str, port: u16) -> Bg {
     let path = td.write(name, script);
     let c = td
         .command("bash")
@@ -214,6 +214,15 @@ fn h3_h12_timer_watches_the_nearest_agent_and_ends_with_it() {
         assert!(hb_log(&td, &id).contains(&format!("watched process {} is gone", agent.pid())));
         assert!(pidfile(&td, &id).is_none(), "the exit cleanup removed its own pidfile");
         drop(agent);
+    }
+}
+
+#[test]
+fn h3_killed_agent_makes_watch_unresponsive_after_k_n() {
+    // N=1, K=3: the watch ends with rc 11 between 3 and 4.5 s after the last beat it could see.
+    for &t in TARGETS {
+        let Some(ms) = crate::liveness::agent_sigkill_once("h3watch", t) else { continue };
+        assert!((3000..=4500).contains(&ms), "{t:?}: rc 11 came {ms} ms after the last beat");
     }
 }
 

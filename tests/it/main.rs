@@ -10,6 +10,7 @@ mod daemon;
 mod envfile;
 mod heartbeat;
 mod jobs;
+mod liveness;
 mod mqtt;
 mod pane;
 mod paths;

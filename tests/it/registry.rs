@@ -297,7 +297,8 @@ fn r5_invalid_status_leaves_the_record_byte_identical() {
 fn r6_set_completed_twice_is_rc0_already() {
     let td = TestDir::new("r6");
     register(&td, "r6job", &[]);
-    let r = td.mam().args(["registry", "status", "r6job", "--set", "completed"]).run();
+    // --no-publish throughout: no broker here, and the A4 close state is tested in publish.rs.
+    let r = td.mam().args(["registry", "status", "r6job", "--set", "completed", "--no-publish"]).run();
     assert_eq!(r.expect_rc(0).stdout(), "r6job pending -> completed\n");
     let r = td.mam().args(["registry", "status", "r6job", "--set", "completed"]).run();
     assert_eq!(r.expect_rc(0).stdout(), "r6job already completed\n");
@@ -314,7 +315,7 @@ fn r7_submit_loop_redispatches_and_refuses_the_same_iteration() {
     let td = TestDir::new("r7");
     let r = td.mam().args(["registry", "submit", "--type", "loop", "--session", "w1", "--job-id", "r7job"]).run();
     assert_eq!(r.expect_rc(0).stdout(), "r7job attempt=1 iteration=1\n");
-    td.mam().args(["registry", "status", "r7job", "--set", "completed"]).run().expect_rc(0);
+    td.mam().args(["registry", "status", "r7job", "--set", "completed", "--no-publish"]).run().expect_rc(0);
     let old = record(&td, "r7job");
     let r = td
         .mam()
@@ -349,7 +350,10 @@ fn r8_finalize_over_completed_applies_but_agent_failed_is_refused() {
     assert_eq!(show(&d), "applied pending->completed");
     let d = s.apply(&agent(Kind::Terminal, "r8job").with_status("failed"), now()).unwrap().decision;
     assert_eq!(show(&d), "refused conflicting_terminal");
-    let r = td.mam().args(["registry", "finalize", "r8job", "--status", "failed", "--reason", "review"]).run();
+    let r = td
+        .mam()
+        .args(["registry", "finalize", "r8job", "--status", "failed", "--reason", "review", "--no-publish"])
+        .run();
     assert_eq!(r.expect_rc(0).stdout(), "r8job completed -> failed\n");
     let rec = record(&td, "r8job");
     assert_eq!((rec["status"].as_str(), rec["reason"].as_str()), (Some("failed"), Some("review")));
@@ -512,7 +516,7 @@ fn x10_expire_before_and_after_the_deadline() {
     // Move the deadline into the past (deadline_at is operator metadata, not a reserved key).
     let past = mam::clock::format_ts(now() - 1000);
     td.mam().args(["registry", "set-meta", "x10job", &format!("deadline_at={past}")]).run().expect_rc(0);
-    let r = td.mam().args(["registry", "expire", "x10job"]).run();
+    let r = td.mam().args(["registry", "expire", "x10job", "--no-publish"]).run();
     assert_eq!(r.expect_rc(0).stdout(), "x10job pending -> deadline_timeout\n");
     let rec = record(&td, "x10job");
     assert_eq!((rec["status"].as_str(), rec["reason"].as_str()), (Some("deadline_timeout"), Some("deadline")));
@@ -820,7 +824,14 @@ fn secrets_never_reach_registry_files_and_modes_are_private() {
             .run()
             .expect_rc(0);
     }
-    td.mam().args(["registry", "status", "s1", "--set", "completed"]).env("MQTT_PASSWORD", &pw).run().expect_rc(0);
+    // The close tries the wire with the password (no broker here): one attempt (budget 1 s), and
+    // nothing of it may reach a file either.
+    td.mam()
+        .args(["registry", "status", "s1", "--set", "completed"])
+        .env("MQTT_PASSWORD", &pw)
+        .env("MAM_PUBLISH_BUDGET_S", "1")
+        .run()
+        .expect_rc(0);
     td.mam()
         .args(["registry", "submit", "--type", "task", "--session", "w1", "--job-id", "s2"])
         .env("MQTT_PASSWORD", &pw)

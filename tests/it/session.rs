@@ -69,6 +69,9 @@ impl S {
             ("MAM_TMUX_STABLE_MS".into(), "200".into()),
             ("MAM_STARTUP_DIALOG_SETTLE_MS".into(), "50".into()),
             ("MAM_FAKE_AGENT_SCRIPT".into(), td.path("agent.script").into()),
+            // `stop` and `finalize` publish a close state (A4); with no broker here one attempt is
+            // enough (a failure is a WARNING), instead of 3 s of retries per job.
+            ("MAM_PUBLISH_BUDGET_S".into(), "1".into()),
         ];
         let mut tmux = None;
         match kind {
@@ -540,6 +543,43 @@ fn o2_8_7_stop_cancels_open_task_jobs_in_the_rows_registry() {
 }
 
 #[test]
+fn stop_closes_a_running_job_on_the_wire_and_stops_its_timer() {
+    let h = S::fake("stopclose");
+    let cfg = mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() };
+    let b = mam::broker::start(cfg).unwrap();
+    let port = b.addr().port().to_string();
+    h.create(&["--name", "s1"]).run().expect_rc(0);
+    let id = format!("t{}", rand_hex(4));
+    let _g = TimerGuard(id.clone());
+    h.mam(["registry", "register", "--job-id", &id, "--session", "s1", "--type", "task", "--heartbeat-sec", "1"])
+        .env("MQTT_PORT", &port)
+        .run()
+        .expect_rc(0);
+    h.mam(["publish", "--job-id", &id, "--event", "started", "--heartbeat", "1", "--watch-pid", "0"])
+        .env("MQTT_PORT", &port)
+        .run()
+        .expect_rc(0);
+    wait_until("the job's timer", Duration::from_secs(10), || timer_pids(&id).len() == 1);
+    let r = h.mam(["stop", "s1"]).env("MQTT_PORT", &port).run();
+    r.expect_rc(0);
+    assert_eq!(kv(&r.stdout(), "CANCELLED"), id);
+    assert!(!r.stderr().contains("WARNING"), "{}", r.stderr());
+    // CORE 7.4: the timer is gone when stop returns, pidfile included.
+    assert!(timer_pids(&id).is_empty(), "the timer outlived the cancel");
+    let reg = h.td.ws().join(".mam/jobs");
+    assert!(!reg.join(format!("{id}.heartbeat.pid")).exists());
+    // A4: the retained state is the signed closed state with the seq the cancel allocated.
+    let rec = h.job_status(&reg, &id);
+    assert_eq!(rec["status"], "cancelled");
+    let state = b.retained(&format!("mam/jobs/{id}/state")).expect("a retained state");
+    let v: Value = serde_json::from_slice(&state).unwrap();
+    assert_eq!((v["status"].as_str(), v["last_event"].as_str()), (Some("cancelled"), Some("closed")), "{v}");
+    assert_eq!(v["seq"], rec["last_seq"]);
+    assert!(mam::sign::verify(rec["auth_token"].as_str().unwrap().as_bytes(), &v));
+    b.shutdown();
+}
+
+#[test]
 fn o2_8_8_status_finds_a_job_only_in_the_rows_registry() {
     let h = S::fake("o2_8_8");
     let reg = h.td.path("rowjobs");
@@ -694,6 +734,45 @@ fn o2_8_11_reconcile_noserver_and_unknown() {
     // status against the down server: `gone`, exit 0, still no bootstrap.
     h.mam(["status"]).run().expect_rc(0);
     assert_eq!(h.mock_state()["running"], false);
+}
+
+#[test]
+fn reconcile_cli_and_shim_run_the_one_shot_reconcile() {
+    let h = S::herdr("rec1", json!({"running": true}));
+    h.create(&["--name", "a1"]).run().expect_rc(0);
+    h.create(&["--name", "a2"]).run().expect_rc(0);
+    let mut st = h.mock_state();
+    st["agents"].as_array_mut().unwrap().retain(|a| a["name"] != "a2");
+    h.td.write("mock-state.json", st.to_string());
+    let r = h.mam(["reconcile"]).run();
+    r.expect_rc(0);
+    eqnice!(
+        "server herdr/multi-agent-mux: confirmed, 1 agent(s) listed\nsession a2: running -> exited (agent not listed)\n",
+        r.stdout()
+    );
+    assert_eq!(h.row("a2")["status"], "exited");
+    assert_eq!(h.row("a1")["herdr_confirmed"], true);
+    // Through the legacy shim, with the server's state unknown: rc 3, rows unchanged.
+    let mut st = h.mock_state();
+    st["inject"] = json!({"agent_list": "garbage"});
+    h.td.write("mock-state.json", st.to_string());
+    let shim = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("shims/reconcile.sh");
+    let mut cmd = h.td.command(shim).env("MAM_BIN", mam_bin());
+    for (k, v) in &h.env {
+        cmd = cmd.env(k, v);
+    }
+    let r = cmd.run();
+    r.expect_rc(3);
+    assert!(r.stdout().starts_with("server herdr/multi-agent-mux: state unknown ("), "{}", r.stdout());
+    assert_eq!(h.row("a1")["status"], "running");
+    assert_eq!(h.row("a1")["herdr_confirmed"], false);
+    assert_eq!(h.mock_state()["running"], true);
+    assert!(h.argvs().iter().all(|a| a.last().map(String::as_str) != Some("server")), "nothing bootstrapped");
+    // A sessions file that is not JSON: REFUSED, rc 2.
+    fs::write(h.file(), "herdr_sessions: []\n").unwrap();
+    let r = h.mam(["reconcile"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().starts_with("REFUSED: reconcile: "), "{}", r.stderr());
 }
 
 // ---------------------------------------------------------------------------------------------
