@@ -110,7 +110,6 @@ enum Sub {
     PublishCmd { id: String },
 }
 
-
 #[derive(Debug)]
 struct Args {
     registry_dir: Option<PathBuf>,
