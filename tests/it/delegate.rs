@@ -783,3 +783,50 @@ fn demo_script_passes() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Onboarding (ORCH 2.3 step 8, 2.8 test 10): `create` delegates it and returns once `started` is in.
+
+#[test]
+fn create_onboards_and_returns_once_started() {
+    let Some(h) = H::new("dj_onboard", Target::Embedded) else { return };
+    let sp = h.td.write("ob.script", "work_s=1\n");
+    let r = h
+        .mam()
+        .args(["create", "claude", "--name", "ob1", "--", "test-double", "agent"])
+        .env("MAM_FAKE_AGENT_SCRIPT", &sp)
+        .env("MAM_HEARTBEAT_SEC", "1")
+        .env("MAM_ACK_TIMEOUT_S", "10")
+        .run();
+    r.expect_rc(0);
+    let pane = r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string();
+    h.agents.borrow_mut().push(h.agent_pid(&pane));
+    let job = r.stdout().lines().find_map(|l| l.strip_prefix("ONBOARD_JOB=")).unwrap().to_string();
+    // create returned at `started`; the job runs on and completes on its own.
+    assert!(r.stdout().lines().count() >= 2, "{}", r.stdout());
+    h.wait_status(&job, "completed", Duration::from_secs(20));
+    assert!(fs::read_to_string(h.registry().join(&job).join("report.md")).is_ok_and(|t| !t.is_empty()));
+    assert!(watch_pids(&job).is_empty(), "no subscriber outlives create");
+}
+
+#[test]
+fn o2_8_10_onboarding_without_started_within_t_rolls_back() {
+    let Some(h) = H::new("dj_onboard_fail", Target::Embedded) else { return };
+    let sp = h.td.write("ob.script", "never_start=1\n");
+    let r = h
+        .mam()
+        .args(["create", "claude", "--name", "ob2", "--", "test-double", "agent"])
+        .env("MAM_FAKE_AGENT_SCRIPT", &sp)
+        .env("MAM_ACK_TIMEOUT_S", "2")
+        .run();
+    r.expect_rc(1);
+    assert!(r.stderr().contains("onboarding of ob2 failed"), "{}", r.stderr());
+    let doc = fs::read_to_string(h.root.join(".mam/agent_sessions.json")).unwrap_or_default();
+    assert!(!doc.contains("\"ob2\""), "the row was removed: {doc}");
+    let panes: Vec<_> = fs::read_dir(h.td.path("panes/panes")).into_iter().flatten().flatten().collect();
+    assert!(panes.is_empty(), "the pane was closed: {panes:?}");
+    let jobs = job_ids_in(&h.registry());
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(h.record(&jobs[0])["status"], "agent_blocked");
+    assert!(watch_pids(&jobs[0]).is_empty());
+}
