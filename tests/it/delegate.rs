@@ -830,3 +830,59 @@ fn o2_8_10_onboarding_without_started_within_t_rolls_back() {
     assert_eq!(h.record(&jobs[0])["status"], "agent_blocked");
     assert!(watch_pids(&jobs[0]).is_empty());
 }
+
+// ---------------------------------------------------------------------------------------------
+// The other verdicts of 3.5 and the interrupt.
+
+/// A13: `--deadline-source wall-clock` closes a job past its deadline as `wall_clock_timeout` (exit 4).
+#[test]
+fn a13_wall_clock_deadline_source() {
+    let Some(h) = H::new("dj_wall", Target::Embedded) else { return };
+    h.create("w1", "work_s=60\n");
+    let task = h.task("t\n");
+    let extra = ["--heartbeat", "1", "--heartbeat-misses", "3", "--timeout", "2", "--deadline-source", "wall-clock"];
+    let r = h.delegate("w1", &task, &extra).run();
+    r.expect_rc(4);
+    let (jid, status, _) = last_line(&r.stdout());
+    assert_eq!(status, "wall_clock_timeout");
+    assert!(timer_pids(&jid).is_empty(), "the close stopped the timer");
+}
+
+/// An agent that runs the error command: `error`, exit 1. A `completed` without a report file: exit
+/// 1, `completed without report`, the status stays `completed`.
+#[test]
+fn error_and_completed_without_report_exit_1() {
+    let Some(h) = H::new("dj_error", Target::Embedded) else { return };
+    h.create("w1", "verdict=error\n");
+    let task = h.task("t\n");
+    let r = h.delegate("w1", &task, FAST).run();
+    r.expect_rc(1);
+    assert_eq!(last_line(&r.stdout()).1, "error");
+
+    h.create("w2", "work_s=0.2\n");
+    // The report path is a directory, so the agent cannot write its report.
+    let jid = format!("j{}", rand_hex(4));
+    fs::create_dir_all(h.registry().join(&jid).join("report.md")).unwrap();
+    let r = h.delegate("w2", &task, FAST).args(["--job-id", &jid]).run();
+    r.expect_rc(1);
+    assert_eq!(last_line(&r.stdout()), (jid.clone(), "completed".into(), h.registry().join(&jid).join("report.md")));
+    assert!(r.stderr().contains("completed without report"), "{}", r.stderr());
+}
+
+/// SIGTERM to delegate-job: exit 143, the subscriber reaped, the job left open for the daemon (A15).
+#[test]
+fn interrupt_reaps_the_subscriber_and_leaves_the_job_open() {
+    let Some(h) = H::new("dj_sigterm", Target::Embedded) else { return };
+    h.create("w1", "work_s=30\n");
+    let task = h.task("t\n");
+    let mut bg = h.delegate("w1", &task, FAST).spawn_bg(&h.td, "dj");
+    let jid = h.wait_job();
+    h.wait_status(&jid, "running", Duration::from_secs(20));
+    wait_until("the subscriber", Duration::from_secs(10), || !watch_pids(&jid).is_empty());
+    bg.signal(15);
+    let (rc, _) = bg.wait(Duration::from_secs(5));
+    assert_eq!(rc, 143, "{}", bg.stderr());
+    assert_eq!(last_line(&bg.stdout()).1, "running");
+    assert!(watch_pids(&jid).is_empty());
+    assert_eq!(h.record(&jid)["status"], "running");
+}
