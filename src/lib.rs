@@ -10,6 +10,7 @@ pub mod clock;
 pub mod cmd;
 pub mod ctx;
 pub mod daemon;
+pub mod delegate;
 pub mod envfile;
 pub mod heartbeat;
 pub mod knob;

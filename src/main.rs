@@ -31,7 +31,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("status", "show agent sessions and their jobs", true),
     ("monitor", "start, stop or show the control root's subscriber daemon", true),
     ("session", "sessions file maintenance: import-yaml (legacy YAML to JSON, once)", true),
-    ("delegate-job", "hand a job to an agent and wait for its verdict and report", false),
+    ("delegate-job", "hand a job to an agent and wait for its verdict and report", true),
     ("bench", "benchmarks against the anchors of docs/PERFORMANCE.md", false),
 ];
 
@@ -84,6 +84,7 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "status" => cmd::status::run(ctx, args),
         "monitor" => cmd::monitor::run(ctx, args),
         "session" => cmd::session::run(ctx, args),
+        "delegate-job" => cmd::delegate_job::run(ctx, args),
         _ => not_yet(ctx, name, args),
     }
 }

@@ -468,3 +468,29 @@ pub fn proc_rss_kib(pid: i32) -> io::Result<u64> {
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no VmRSS in /proc status"))
 }
+
+// ---------------------------------------------------------------------------------------------
+// delegate (issue 7): the wrapper's subscriber child must not outlive the wrapper, also when the
+// wrapper is killed with SIGKILL and cannot reap it.
+
+/// Makes the child receive `sig` when the thread that spawned it exits (Linux `PR_SET_PDEATHSIG`;
+/// elsewhere a no-op, and the caller's own reaping is the only guarantee).
+pub fn set_parent_death_signal(cmd: &mut Command, sig: i32) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (cmd, sig);
+    }
+}

@@ -3,6 +3,7 @@
 pub mod broker;
 pub mod create;
 pub mod daemon;
+pub mod delegate_job;
 pub mod env;
 pub mod heartbeat;
 pub mod jobs;

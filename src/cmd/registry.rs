@@ -67,28 +67,31 @@ Exit codes: 0 ok (also an idempotent repeat), 1 runtime error (unknown job, inva
 missing secret), 2 usage, 4 refused by the transition engine.
 ";
 
-#[derive(Debug, Default)]
-struct Timing {
-    timeout: Option<u32>,
-    heartbeat_sec: Option<u32>,
-    heartbeat_misses: Option<u32>,
-    ack_timeout: Option<u32>,
-    idle_timeout: Option<u32>,
+/// The timing flags of `register`/`submit` (absent: the env default, CORE 4.1).
+#[derive(Debug, Default, Clone)]
+pub struct Timing {
+    pub timeout: Option<u32>,
+    pub heartbeat_sec: Option<u32>,
+    pub heartbeat_misses: Option<u32>,
+    pub ack_timeout: Option<u32>,
+    pub idle_timeout: Option<u32>,
 }
 
-#[derive(Debug, Default)]
-struct NewJob {
-    session: Option<String>,
-    job_id: Option<String>,
-    job_type: Option<String>,
-    transport: Option<String>,
-    timing: Timing,
-    brief_path: Option<PathBuf>,
-    report_path: Option<PathBuf>,
-    parent: Option<String>,
-    orchestrator: Option<String>,
-    iteration: Option<u32>,
-    json: bool,
+/// A job to register or re-dispatch: the flags of `register`/`submit` (also the library input of
+/// `submit_job`, which `delegate-job` uses).
+#[derive(Debug, Default, Clone)]
+pub struct NewJob {
+    pub session: Option<String>,
+    pub job_id: Option<String>,
+    pub job_type: Option<String>,
+    pub transport: Option<String>,
+    pub timing: Timing,
+    pub brief_path: Option<PathBuf>,
+    pub report_path: Option<PathBuf>,
+    pub parent: Option<String>,
+    pub orchestrator: Option<String>,
+    pub iteration: Option<u32>,
+    pub json: bool,
 }
 
 #[derive(Debug)]
@@ -104,13 +107,6 @@ enum Sub {
     SetMeta { id: String, fields: Map<String, Value>, expected_attempt: Option<u64> },
     Scrub { dry_run: bool },
     PublishCmd { id: String },
-}
-
-#[derive(Debug, Default)]
-struct Close {
-    reason: Option<String>,
-    expected_attempt: Option<u64>,
-    no_publish: bool,
 }
 
 #[derive(Debug)]
@@ -476,7 +472,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             }
         }
         Sub::Scrub { dry_run } => scrub(ctx, &store, dry_run),
-        Sub::PublishCmd { id } => publish_cmd(ctx, &store, &resolved, &id),
+        Sub::PublishCmd { id } => publish_cmd(ctx, &store, &id),
     }
 }
 
@@ -647,28 +643,43 @@ fn register(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
     }
 }
 
-fn submit(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
+/// The library form of `submit`: registers `job` when its id is new (or absent), else re-dispatches
+/// it (attempt+1, new tokens; the old attempt's timer is then stopped with a drain). Returns the
+/// engine's outcome and the WARNING lines of the timer stop; refusals are in the outcome.
+pub fn submit_job(ctx: &Ctx, store: &Store, job: &NewJob) -> Result<(Outcome, Vec<String>), Failure> {
     let existing = match &job.job_id {
         Some(id) => store.read(id).map_err(store_failure)?,
         None => None,
     };
     let out = match existing {
         None => {
-            let (id, out) = register_new(ctx, store, &job)?;
+            let (id, out) = register_new(ctx, store, job)?;
             match out.decision {
                 // Someone registered it between our read and our request: re-dispatch instead.
                 Decision::Refused { ref reason } if reason == "exists" && job.job_id.is_some() => {
                     let rec = store.read_existing(&id).map_err(store_failure)?;
-                    redispatch(ctx, store, &job, &id, &rec)?
+                    redispatch(ctx, store, job, &id, &rec)?
                 }
                 _ => out,
             }
         }
         Some(rec) => {
             let id = job.job_id.clone().unwrap_or_default();
-            redispatch(ctx, store, &job, &id, &rec)?
+            redispatch(ctx, store, job, &id, &rec)?
         }
     };
+    let mut warnings = Vec::new();
+    if let Decision::Applied(a) = &out.decision {
+        if a.from.is_some() {
+            let id = a.record.str("job_id").unwrap_or_default().to_string();
+            warnings = stop_timer_quiet(ctx, store, &id);
+        }
+    }
+    Ok((out, warnings))
+}
+
+fn submit(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
+    let (out, warnings) = submit_job(ctx, store, &job)?;
     let id = out.record().and_then(|r| r.str("job_id")).unwrap_or_default().to_string();
     match &out.decision {
         Decision::Applied(a) => {
@@ -678,8 +689,8 @@ fn submit(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
                 r.u64("attempt").unwrap_or(0),
                 r.u64("iteration").unwrap_or(0)
             ));
-            if a.from.is_some() {
-                close::stop_job_timer(ctx, store, &id, &mut |l| ctx.diag(&l));
+            for w in &warnings {
+                ctx.diag(w);
             }
             Ok(0)
         }
@@ -756,21 +767,14 @@ fn redispatch(ctx: &Ctx, store: &Store, job: &NewJob, id: &str, rec: &Record) ->
 
 /// `status --set`, `finalize` and `expire`: operator closes (A4).
 fn close_job(ctx: &Ctx, store: &Store, id: &str, kind: Kind, target: Option<String>, c: Close) -> Result<i32, Failure> {
-    let mut req = operator(ctx, kind.clone(), id);
-    req.target_status = target.clone();
-    req.reason = c.reason;
-    req.expected_attempt = c.expected_attempt;
-    // A4: a close that will be published takes its fresh seq in the same write.
-    let closes = matches!(kind, Kind::Expire | Kind::Finalize) || target.as_deref().is_some_and(registry::is_terminal);
-    req.alloc_seq = closes && !c.no_publish;
-    let out = apply(ctx, store, &req)?;
+    let closed = operator_close(ctx, store, id, kind.clone(), target.as_deref(), &c)?;
+    for w in &closed.warnings {
+        ctx.diag(w);
+    }
+    let out = closed.outcome;
     match &out.decision {
         Decision::Applied(a) => {
             ctx.say(&format!("{id} {} -> {}", a.from.as_deref().unwrap_or(""), a.to));
-            if registry::is_terminal(&a.to) {
-                // CORE 7.4 then A4, unless --no-publish.
-                close::after_close(ctx, store, &a.record, !c.no_publish, &mut |l| ctx.diag(&l));
-            }
             Ok(0)
         }
         Decision::Idempotent { status } => {
@@ -788,6 +792,63 @@ fn close_job(ctx: &Ctx, store: &Store, id: &str, kind: Kind, target: Option<Stri
         }
         Decision::Invalid(_) | Decision::UnknownJob => Ok(1),
     }
+}
+
+/// What `operator_close` did: the engine's outcome and the WARNING lines (audit, timer, publish)
+/// for the caller to print. The exit code never depends on a warning (A4).
+#[derive(Debug)]
+pub struct Closed {
+    pub outcome: Outcome,
+    pub warnings: Vec<String>,
+}
+
+/// The options of an operator close (`--reason`, `--expected-attempt`, `--no-publish`).
+#[derive(Debug, Default, Clone)]
+pub struct Close {
+    pub reason: Option<String>,
+    pub expected_attempt: Option<u64>,
+    pub no_publish: bool,
+}
+
+/// The library form of `status --set`, `finalize` and `expire` (A4, CORE 7.4): one operator request
+/// through the engine; when it applied a terminal status, the job's heartbeat timer is stopped with a
+/// drain and the signed retained close state is published (unless `no_publish`). Never prints.
+/// `delegate-job` closes its jobs through this very function.
+pub fn operator_close(
+    ctx: &Ctx,
+    store: &Store,
+    id: &str,
+    kind: Kind,
+    target: Option<&str>,
+    c: &Close,
+) -> Result<Closed, Failure> {
+    let mut req = operator(ctx, kind.clone(), id);
+    req.target_status = target.map(str::to_string);
+    req.reason = c.reason.clone();
+    req.expected_attempt = c.expected_attempt;
+    // A4: a close that will be published takes its fresh seq in the same write.
+    let closes = matches!(kind, Kind::Expire | Kind::Finalize) || target.is_some_and(registry::is_terminal);
+    req.alloc_seq = closes && !c.no_publish;
+    let out = store.apply(&req, clock::now_ms()).map_err(store_failure)?;
+    let mut warnings = Vec::new();
+    if let Some(w) = &out.audit_error {
+        warnings.push(format!("WARNING: {w}"));
+    }
+    if let Decision::Applied(a) = &out.decision {
+        if registry::is_terminal(&a.to) {
+            // CORE 7.4 then A4, unless --no-publish: the one implementation in publish::close.
+            close::after_close(ctx, store, &a.record, !c.no_publish, &mut |l| warnings.push(l));
+        }
+    }
+    Ok(Closed { outcome: out, warnings })
+}
+
+/// CORE 4.2 / 7.4: stop the job's heartbeat timer with a drain after an applied re-dispatch; returns
+/// the warning lines. Runs after L1 is released (it takes L2 and may sleep).
+fn stop_timer_quiet(ctx: &Ctx, store: &Store, job_id: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    close::stop_job_timer(ctx, store, job_id, &mut |l| out.push(l));
+    out
 }
 
 fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String>, json: bool) -> Result<i32, Failure> {
@@ -868,29 +929,41 @@ fn scrub(ctx: &Ctx, store: &Store, dry_run: bool) -> Result<i32, Failure> {
 
 /// CORE 4.5: `DELEGATE_JOB_LOGS_DIR=<q logs> <q abs-mam> publish --registry-dir <q registry>
 /// --job-id <id> --attempt <a> --dispatch-token <t> --event`.
-fn publish_cmd(ctx: &Ctx, store: &Store, resolved: &paths::Resolved, id: &str) -> Result<i32, Failure> {
-    use std::os::unix::ffi::OsStrExt;
+fn publish_cmd(ctx: &Ctx, store: &Store, id: &str) -> Result<i32, Failure> {
     let rec = store.read_existing(id).map_err(store_failure)?;
-    let mam = match ctx.path_var("MAM_BIN") {
-        Some(p) => sys::absolutize(ctx.cwd(), &p),
-        None => {
-            std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find the mam executable ({e})")))?
-        }
-    };
+    let mut line = publish_cmd_line(ctx, store, &rec)?;
+    line.push(b'\n');
+    ctx.say_raw(&line);
+    Ok(0)
+}
+
+/// The mam executable a command line for an agent names: `MAM_BIN` (absolute), else this binary.
+pub fn mam_exe(ctx: &Ctx) -> Result<PathBuf, Failure> {
+    match ctx.path_var("MAM_BIN") {
+        Some(p) => Ok(sys::absolutize(ctx.cwd(), &p)),
+        None => std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find the mam executable ({e})"))),
+    }
+}
+
+/// The publish-cmd line of `rec` (CORE 4.5) without a trailing newline; the caller appends the event
+/// and its options. Every path is quoted, so the line runs unchanged from any cwd (ORCH 0.3).
+pub fn publish_cmd_line(ctx: &Ctx, store: &Store, rec: &Record) -> Result<Vec<u8>, Failure> {
+    use std::os::unix::ffi::OsStrExt;
+    let id = rec.str("job_id").unwrap_or_default();
+    let mam = mam_exe(ctx)?;
     let attempt = rec.attempt().ok_or_else(|| Failure::runtime(format!("job {id}: record has no attempt")))?;
     let token = rec
         .str("dispatch_token")
         .filter(|t| t.bytes().all(|b| b.is_ascii_hexdigit()) && !t.is_empty())
         .ok_or_else(|| Failure::runtime(format!("job {id}: record has no valid dispatch_token")))?;
     let mut line = b"DELEGATE_JOB_LOGS_DIR=".to_vec();
-    line.extend(cli::shell_quote_bytes(resolved.logs.as_os_str().as_bytes()));
+    line.extend(cli::shell_quote_bytes(store.logs.as_os_str().as_bytes()));
     line.push(b' ');
     line.extend(cli::shell_quote_bytes(mam.as_os_str().as_bytes()));
     line.extend_from_slice(b" publish --registry-dir ");
-    line.extend(cli::shell_quote_bytes(resolved.registry.as_os_str().as_bytes()));
-    line.extend_from_slice(format!(" --job-id {id} --attempt {attempt} --dispatch-token {token} --event\n").as_bytes());
-    ctx.say_raw(&line);
-    Ok(0)
+    line.extend(cli::shell_quote_bytes(store.registry.as_os_str().as_bytes()));
+    line.extend_from_slice(format!(" --job-id {id} --attempt {attempt} --dispatch-token {token} --event").as_bytes());
+    Ok(line)
 }
 
 #[cfg(test)]

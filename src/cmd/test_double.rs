@@ -485,12 +485,13 @@ pub fn brief_report_path(text: &str) -> Option<PathBuf> {
 pub fn prompt_brief(prompt: &str) -> (Option<PathBuf>, Option<String>) {
     let job = prompt.split_whitespace().skip_while(|w| *w != "Job").nth(1).map(|w| w.trim_end_matches(':').to_string());
     let words: Vec<&str> = prompt.split_whitespace().collect();
-    let named = prompt
-        .find("read and follow ")
-        .map(|i| &prompt[i + "read and follow ".len()..])
-        .and_then(|r| r.split_whitespace().next())
-        .map(|w| PathBuf::from(w.trim_end_matches('.')));
-    let brief = named.filter(|p| p.is_file()).or_else(|| {
+    let after = prompt.find("read and follow ").map(|i| &prompt[i + "read and follow ".len()..]);
+    // The whole path up to ". Run first:" (a path may hold spaces), else the first word.
+    let whole = after
+        .map(|r| r.split_once(". Run first:").map_or(r, |(p, _)| p))
+        .map(|p| PathBuf::from(p.trim().trim_end_matches('.')));
+    let named = after.and_then(|r| r.split_whitespace().next()).map(|w| PathBuf::from(w.trim_end_matches('.')));
+    let brief = whole.filter(|p| p.is_file()).or_else(|| named.filter(|p| p.is_file())).or_else(|| {
         words
             .iter()
             .map(|w| PathBuf::from(w.trim_end_matches(['.', ',', ';'])))

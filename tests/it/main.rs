@@ -7,6 +7,7 @@ mod support;
 mod broker;
 mod cli;
 mod daemon;
+mod delegate;
 mod envfile;
 mod heartbeat;
 mod jobs;

@@ -625,22 +625,28 @@ fn o2_8_9_daemon_step_under_the_opt_out() {
 }
 
 #[test]
-fn create_onboards_by_default_through_the_hook() {
-    // ONBOARDING HOOK: until delegate-job lands, --onboard (the default) notes the skip and succeeds.
+fn create_onboards_by_default_through_delegate_job() {
+    // 2.3 step 8: --onboard (the default) delegates the onboarding job and returns once the agent's
+    // own `started` is in (delegate-job's own tests cover the job; see tests/it/delegate.rs).
     let h = S::fake("onboard_hook");
-    let r = h.mam(["create", "claude", "--", "test-double", "agent"]).run();
+    let r = h.mam(["create", "claude", "--", "test-double", "agent"]).env("MAM_ACK_TIMEOUT_S", "10").run();
     r.expect_rc(0);
-    assert!(
-        r.stderr().lines().any(|l| l == "NOTE: onboarding skipped: delegate-job is not available in this build"),
-        "{}",
-        r.stderr()
-    );
-    assert!(!r.stdout().contains("ONBOARD_JOB="));
-    assert!(h.row("claude-01").get("onboard_job").is_none());
+    let job = r.stdout().lines().find_map(|l| l.strip_prefix("ONBOARD_JOB=")).map(str::to_string);
+    let job = job.unwrap_or_else(|| panic!("no ONBOARD_JOB= line: {}\n{}", r.stdout(), r.stderr()));
+    assert_eq!(h.row("claude-01")["onboard_job"], job.as_str());
+    let rec: Value =
+        serde_json::from_slice(&fs::read(h.td.ws().join(".mam/jobs").join(format!("{job}.json"))).unwrap()).unwrap();
+    assert_eq!((rec["agent_session"].as_str(), rec["type"].as_str()), (Some("claude-01"), Some("task")));
+    assert!(rec["status"] == "running" || rec["status"] == "completed", "{rec}");
+    let brief = fs::read_to_string(h.td.ws().join(".mam/jobs").join(&job).join("brief.md")).unwrap();
+    assert!(brief.contains("Onboarding of session claude-01"), "{brief}");
     let r = h.mam(["create", "claude", "--onboard", "--no-onboard", "--", "test-double", "agent"]).run();
     r.expect_rc(0);
-    assert!(!r.stderr().contains("onboarding"), "the last flag wins: {}", r.stderr());
+    assert!(!r.stdout().contains("ONBOARD_JOB="), "the last flag wins: {}", r.stdout());
     h.mam(["stop", "claude-01", "claude-02"]).run().expect_rc(0);
+    for pid in timer_pids(&job) {
+        let _ = mam::sys::kill(pid, 9);
+    }
 }
 
 #[test]

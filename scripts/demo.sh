@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# The main job, end to end (ORCH 3): an embedded broker, fake agents in REAL tmux panes, and three
+# delegations judged from evidence on disk and on the wire:
+#   1. an agent that works and completes with a report       -> completed (exit 0)
+#   2. an agent that crashes mid-work (its heartbeat stops)  -> deadline_timeout/unresponsive after ~K x N (exit 4)
+#   3. an agent that never runs the start command            -> agent_blocked after T (exit 3)
+# with N=1 s, K=3, T=5 s. Each verdict is printed as it happens, then `mam jobs`.
+#
+# Unattended (no terminal needed), under a minute, leaves nothing behind (trap EXIT: the private tmux
+# server, the broker, the delegate-job processes, the heartbeat timers, the temp directory). Exit 0 only
+# when every verdict is the expected one.
+#
+# Usage: scripts/demo.sh [--agent KIND] [--keep]
+#   --agent KIND  job 1 goes to a real agent of KIND (claude, codex ...) when it is installed; jobs 2 and
+#                 3 always use the fake agent (a real agent cannot be told to crash or to ignore a prompt)
+#   --keep        keep the temp directory (its path is printed)
+# Env: MAM_BIN (use this mam binary; else the script builds one with cargo), TMPDIR.
+set -u -o pipefail
+
+N=1 K=3 T=5
+AGENT=fake KEEP=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --agent) AGENT=${2:?--agent needs a kind}; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "ERROR: demo: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+t0=$(date +%s.%N)
+say() { printf '[%5.1fs] %s\n' "$(echo "$(date +%s.%N) - $t0" | bc)" "$*"; }
+die() { say "FAIL: $*"; exit 1; }
+
+# --- set-up: tools and the binary -------------------------------------------------------------------
+command -v bc >/dev/null || { echo "ERROR: demo: bc is required" >&2; exit 1; }
+if ! command -v tmux >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing tmux (apt-get)..."
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux; } >/dev/null ||
+            { echo "ERROR: demo: cannot install tmux" >&2; exit 1; }
+    else
+        echo "ERROR: demo: tmux is required (install it, or run as root with apt-get)" >&2; exit 1
+    fi
+fi
+if [ -n "${MAM_BIN:-}" ]; then
+    mam=$MAM_BIN
+else
+    echo "building mam (cargo build)..."
+    (cd "$here" && cargo build --quiet) || { echo "ERROR: demo: cargo build failed" >&2; exit 1; }
+    mam=$here/target/debug/mam
+fi
+[ -x "$mam" ] || { echo "ERROR: demo: no mam binary at $mam" >&2; exit 1; }
+mam=$(cd "$(dirname "$mam")" && pwd)/$(basename "$mam")
+
+# --- a private world --------------------------------------------------------------------------------
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/mam-demo.XXXXXX")
+ws=$tmp/ws
+mkdir -p "$ws/.mam" "$tmp/bin" "$tmp/home" "$tmp/out"
+sock=mam-demo-$$-$RANDOM
+broker_pid='' pids=()
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+    tmux -L "$sock" kill-server 2>/dev/null
+    rm -f "${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)/$sock"
+    # Timers watch their agent and end within N s of its death; stop any that is still there.
+    for f in "$ws"/.mam/jobs/*.heartbeat.pid; do
+        [ -e "$f" ] || continue
+        j=$(basename "$f" .heartbeat.pid)
+        "$mam" heartbeat stop --job-id "$j" --registry-dir "$ws/.mam/jobs" >/dev/null 2>&1
+    done
+    [ -n "$broker_pid" ] && kill -TERM "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
+    if [ "$KEEP" = 1 ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# The environment of every mam call (and, through the tmux server, of every pane).
+export HOME=$tmp/home WORKSPACE_ROOT=$ws MAM_ENV_FILE=$tmp/absent.env MAM_BIN=$mam
+export MAM_PANE_BACKEND=tmux MAM_TMUX_SOCKET=$sock MAM_NO_SUBSCRIBER_DAEMON=1
+export PATH=$tmp/bin:$PATH
+export MAM_TMUX_STABLE_MS=300 MAM_SKS_QUIESCE_GAP_MS=300 SKS_DELIVERY_GRACE_S=1
+unset AGENT_SESSIONS_YAML MAM_JOBS_DIR DELEGATE_JOB_LOGS_DIR MQTT_BROKER MQTT_HOST MQTT_TLS MQTT_USERNAME \
+    MQTT_PASSWORD MQTT_CA_FILE MQTT_TOPIC_ROOT TMUX
+
+# --- the broker --------------------------------------------------------------------------------------
+"$mam" broker --port 0 >"$tmp/out/broker.out" 2>"$tmp/out/broker.err" &
+broker_pid=$!
+for _ in $(seq 100); do grep -q 'listening on' "$tmp/out/broker.out" && break; sleep 0.05; done
+port=$(sed -n 's/^mam broker listening on .*:\([0-9][0-9]*\)$/\1/p' "$tmp/out/broker.out")
+[ -n "$port" ] || die "the broker did not start: $(cat "$tmp/out/broker.err")"
+export MQTT_PORT=$port
+say "embedded broker on 127.0.0.1:$port; control root $ws; tmux socket $sock"
+
+# --- the agents --------------------------------------------------------------------------------------
+# `claude` on PATH is the fake agent with argv[0] claude (A18), driven by the script named as its first
+# argument (a tmux pane inherits the server's environment, not the creator's, so the script travels in argv).
+cat >"$tmp/bin/claude" <<EOF
+#!/usr/bin/env bash
+export MAM_FAKE_AGENT_SCRIPT="\$1"
+shift
+exec -a claude '$mam' test-double agent "\$@"
+EOF
+chmod +x "$tmp/bin/claude"
+printf 'work_s=2\nreport_text=All done: the task was read and answered.\n' >"$tmp/ok.script"
+printf 'crash_after_s=2\nwork_s=60\n' >"$tmp/crash.script"
+printf 'never_start=1\n' >"$tmp/never.script"
+
+create() { # name kind [args...]
+    local name=$1 kind=$2
+    shift 2
+    (cd "$ws" && "$mam" create "$kind" --name "$name" --no-onboard -- "$@") >"$tmp/out/create-$name.out" 2>&1 ||
+        die "create $name: $(tail -n 3 "$tmp/out/create-$name.out")"
+    say "session $name ($kind) in tmux pane $(sed -n 's/.*PANE=\([^ ]*\).*/\1/p' "$tmp/out/create-$name.out")"
+}
+ok_session=worker-ok
+if [ "$AGENT" != fake ]; then
+    command -v "$AGENT" >/dev/null || die "--agent $AGENT: not installed"
+    create "$ok_session" "$AGENT"
+else
+    create "$ok_session" claude "$tmp/ok.script"
+fi
+create worker-crash claude "$tmp/crash.script"
+create worker-silent claude "$tmp/never.script"
+
+# --- the three delegations, in parallel ---------------------------------------------------------------
+printf 'Write a two-line report saying hello, then run the success command.\n' >"$tmp/task.md"
+declare -A want_status want_rc launched
+delegate() { # label session status rc
+    local label=$1 session=$2
+    want_status[$label]=$3 want_rc[$label]=$4
+    launched[$label]=$(date +%s.%N)
+    (cd "$ws" && exec "$mam" delegate-job --session "$session" --brief-file "$tmp/task.md" \
+        --heartbeat $N --heartbeat-misses $K --ack-timeout $T --timeout 120) \
+        >"$tmp/out/$label.out" 2>"$tmp/out/$label.err" &
+    pids+=($!)
+    echo $! >"$tmp/out/$label.pid"
+}
+delegate completes "$ok_session" completed 0
+delegate crashes worker-crash deadline_timeout 4
+delegate never-starts worker-silent agent_blocked 3
+say "delegated 3 jobs (N=${N}s K=$K T=${T}s): completes, crashes, never-starts"
+
+ts_s() { date -d "$1" +%s.%N; } # UTC record timestamp -> epoch seconds
+field() { "$mam" registry show "$1" --registry-dir "$ws/.mam/jobs" | sed -n "s/^  \"$2\": \"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p"; }
+
+fails=0 ndone=0
+declare -A done_=([none]=1)
+deadline=$(($(date +%s) + 50))
+while [ "$ndone" -lt 3 ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "jobs still running after 50 s"
+    for label in completes crashes never-starts; do
+        [ -n "${done_[$label]:-}" ] && continue
+        pid=$(cat "$tmp/out/$label.pid")
+        kill -0 "$pid" 2>/dev/null && continue
+        wait "$pid"
+        rc=$?
+        done_[$label]=1 ndone=$((ndone + 1))
+        last=$(tail -n 1 "$tmp/out/$label.out")
+        jid=$(sed -n 's/^JOB_ID=\([^ ]*\) .*/\1/p' <<<"$last")
+        status=$(sed -n 's/.* STATUS=\([^ ]*\) .*/\1/p' <<<"$last")
+        took=$(echo "$(date +%s.%N) - ${launched[$label]}" | bc)
+        reason=$([ -n "$jid" ] && field "$jid" reason)
+        [ "$reason" = null ] && reason=
+        verdict="job $jid ($label): $status${reason:+ ($reason)}, exit $rc, after $(printf '%.1f' "$took") s"
+        if [ "$status" = "${want_status[$label]}" ] && [ "$rc" = "${want_rc[$label]}" ]; then
+            say "OK   $verdict"
+        else
+            say "BAD  $verdict; expected ${want_status[$label]}, exit ${want_rc[$label]}"
+            sed 's/^/       /' "$tmp/out/$label.err"
+            fails=$((fails + 1))
+        fi
+        case "$label" in
+        completes)
+            report=$(sed -n 's/.* REPORT=\(.*\)$/\1/p' <<<"$last")
+            [ -s "$report" ] && say "     report $report: $(head -n 1 "$report")" ||
+                { say "BAD  no report at $report"; fails=$((fails + 1)); }
+            claimed=$(field "$jid" claimed_at)
+            [ -n "$claimed" ] && say "     started $(printf '%.2f' "$(echo "$(ts_s "$claimed") - ${launched[$label]}" | bc)") s after delegate-job began"
+            ;;
+        crashes)
+            [ "$reason" = unresponsive ] || { say "BAD  reason '$reason', expected unresponsive"; fails=$((fails + 1)); }
+            ev=$ws/.mam/jobs/$jid/events.log
+            first=$(head -n 1 "$ev" | sed -n 's/.*"ts":"\([^"]*\)".*/\1/p')
+            lastbeat=$(tail -n 1 "$ev" | sed -n 's/.*"ts":"\([^"]*\)".*/\1/p')
+            fin=$(field "$jid" finished_at)
+            if [ -n "$first" ] && [ -n "$fin" ]; then
+                crash=$(echo "$(ts_s "$first") + 2" | bc) # crash_after_s=2 after the prompt (= started)
+                r1=$(echo "($(ts_s "$fin") - $crash) / ($K * $N)" | bc -l)
+                r2=$(echo "($(ts_s "$fin") - $(ts_s "$lastbeat")) / ($K * $N)" | bc -l)
+                say "     crash -> verdict $(printf '%.2f' "$r1") x K*N; last beat -> verdict $(printf '%.2f' "$r2") x K*N"
+            fi
+            ;;
+        esac
+    done
+    sleep 0.1
+done
+
+say "mam jobs:"
+(cd "$ws" && "$mam" jobs) | sed 's/^/       /'
+if [ "$fails" -ne 0 ]; then
+    say "FAIL: $fails verdict(s) not as expected"
+    exit 1
+fi
+say "PASS: every verdict as expected"

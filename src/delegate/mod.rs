@@ -1,0 +1,830 @@
+//! delegate-job (ORCH 3; A4, A9-A15, A24): hand one job to one session and know, from evidence on
+//! disk and on the wire and never from pane appearance, whether it started, stays alive, finished or
+//! died; then collect its report.
+//!
+//! The flow: preflight of the session (nothing registered on refusal), registration through the
+//! registry library (`watcher_pid` recorded, A15), the brief (`brief`), the subscriber started before
+//! the injection (`subscriber`, A9), the one-line injection through `pane::send_keys_safe` (or the
+//! signed dispatch of `mam remote dispatch` for `remote:` sessions), the wait for `started` within T
+//! and the wait loop (`wait`, pure), and every close as an operator `set` through
+//! `cmd::registry::operator_close`, which also stops the heartbeat timer and publishes the A4 state.
+//!
+//! Architecture Invariant: the brief's text never appears in any argv (only the one-line prompt with
+//! the job id, the brief's path and the start command, A24). This module never prints: diagnostics
+//! go to the caller's `diag`, the outcome is a value.
+
+pub mod brief;
+pub mod subscriber;
+pub mod wait;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::cli::{one_line, show_path, Failure};
+use crate::clock;
+use crate::cmd::registry::{self as registry_cmd, Close, NewJob, Timing};
+use crate::ctx::Ctx;
+use crate::knob;
+use crate::pane::{self, JobRef, Knobs, ListOutcome, SksOutcome};
+use crate::paths;
+use crate::registry::engine::{Authority, Decision, Kind, Request as EngineRequest};
+use crate::registry::record::Record;
+use crate::registry::store::Store;
+use crate::registry::{is_terminal, TYPES};
+use crate::remote::dispatch::MAX_BRIEF as MAX_REMOTE_BRIEF;
+use crate::session::{self, reconcile::row_target, Row};
+use crate::sys;
+use crate::watch::tail::Tail;
+
+use subscriber::{Spec, Subscriber};
+use wait::{parse_log_line, parse_sub_line, proves_start, Due, Judge, SubLine};
+
+/// The largest task text a local brief takes (decided): it is read by an agent, not a program.
+pub const MAX_TASK: usize = 1024 * 1024;
+/// One pass of the wait loop at most; a pass also wakes early on a subscriber line.
+const PASS: Duration = Duration::from_millis(200);
+/// A subscriber that ended early is started again at most this often (3.4: re-probe the broker).
+const RESPAWN_GAP: Duration = Duration::from_secs(2);
+/// Budget of the closing publish (A4): the record is final before it, so a dead broker must not hold
+/// the wrapper for the full one-shot budget.
+const CLOSE_PUBLISH_BUDGET_S: &str = "5";
+/// Watch budgets when the job has no deadline (`--timeout 0`): ten years, never reached.
+const NO_DEADLINE_S: u64 = 315_360_000;
+/// Longest wait for `mam remote dispatch`.
+const DISPATCH_LIMIT: Duration = Duration::from_secs(60);
+
+/// Which limit the deadline is (A13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeadlineSource {
+    #[default]
+    Job,
+    WallClock,
+}
+
+/// A validated delegation.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// A local session name, or `remote:<name>`.
+    pub session: String,
+    /// The task text (the `--brief-file` content), UTF-8 and non-empty.
+    pub task: String,
+    /// `--timeout` in seconds; 0 means no deadline (A31).
+    pub timeout_s: u32,
+    pub heartbeat_sec: u32,
+    pub heartbeat_misses: u32,
+    pub ack_timeout_s: u32,
+    /// `--idle-timeout`; `None` or 0 means K x N (A31).
+    pub idle_timeout_s: Option<u32>,
+    pub registry_dir: Option<PathBuf>,
+    pub job_type: String,
+    /// `--job-id`: re-dispatch (or register under) this id.
+    pub job_id: Option<String>,
+    pub parent: Option<String>,
+    pub deadline_source: DeadlineSource,
+    /// A loop's context block, placed before the task (3.3).
+    pub context: Option<String>,
+    /// Return as soon as `started` is in (onboarding, ORCH 2.3 step 8): the job runs on under the
+    /// daemon's watch (A15).
+    pub until_started: bool,
+}
+
+impl Request {
+    /// The defaults of 3.1 for a session and a task (env knobs are the caller's business).
+    pub fn new(session: &str, task: &str) -> Request {
+        Request {
+            session: session.to_string(),
+            task: task.to_string(),
+            timeout_s: 1800,
+            heartbeat_sec: 30,
+            heartbeat_misses: 4,
+            ack_timeout_s: 300,
+            idle_timeout_s: None,
+            registry_dir: None,
+            job_type: "task".into(),
+            job_id: None,
+            parent: None,
+            deadline_source: DeadlineSource::Job,
+            context: None,
+            until_started: false,
+        }
+    }
+}
+
+/// How a registered delegation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub job_id: String,
+    /// The record's status at the end (non-terminal only for `until_started` or an interrupt).
+    pub status: String,
+    pub report: PathBuf,
+    /// The exit code of 3.5.
+    pub rc: i32,
+    /// Milliseconds from registration to the first proof of `started`, when seen.
+    pub started_after_ms: Option<u64>,
+}
+
+/// The exit code of 3.5 for a terminal status (`completed` with a report; A7 `failed` like `error`).
+pub fn exit_code(status: &str, report_ok: bool) -> i32 {
+    match status {
+        "completed" if report_ok => 0,
+        "completed" | "error" | "failed" => 1,
+        "agent_blocked" => 3,
+        "deadline_timeout" | "wall_clock_timeout" => 4,
+        "broker_unavailable" => 5,
+        "cancelled" => 6,
+        _ => 1,
+    }
+}
+
+/// Where the job goes.
+enum Target {
+    Local { name: String, backend: String, server: String },
+    Remote,
+}
+
+/// A context that never bootstraps a pane server (the agent's server is running, or the job is not
+/// deliverable).
+fn no_autostart(ctx: &Ctx) -> Ctx {
+    let mut c = ctx.clone();
+    c.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
+    c
+}
+
+fn refuse(msg: impl std::fmt::Display) -> Failure {
+    Failure::new(2, format!("REFUSED: delegate-job: {}; nothing registered", one_line(&msg.to_string())))
+}
+
+/// 3.2 step 4: `remote:NAME` needs no preflight; a local session must have a `running` row whose
+/// agent is listed on its server.
+fn preflight(ctx: &Ctx, resolved: &paths::Resolved, session: &str) -> Result<Target, Failure> {
+    if let Some(name) = session.strip_prefix("remote:") {
+        if name.is_empty() || !clock::valid_session(session) {
+            return Err(refuse(format!("invalid remote session '{session}'")));
+        }
+        return Ok(Target::Remote);
+    }
+    if !pane::valid_name(session) {
+        return Err(refuse(format!(
+            "invalid session name '{session}' (expected [a-z][a-z0-9_-]{{0,31}} or remote:NAME)"
+        )));
+    }
+    let doc = session::load(&resolved.sessions).map_err(|e| match e {
+        session::SessionError::NotJson { .. } => e.failure("delegate-job"),
+        other => Failure::runtime(format!("delegate-job: {other}")),
+    })?;
+    let Some(row) = doc.row(session) else {
+        return Err(refuse(format!("unknown session '{session}' (no row in {})", show_path(&resolved.sessions))));
+    };
+    if row.remote() {
+        return Err(refuse(format!("session {session} is a remote row; address it as remote:{session}")));
+    }
+    if !row.running() {
+        return Err(refuse(format!("session {session} is {}, not running", row.status)));
+    }
+    let quiet = no_autostart(ctx);
+    let Some((backend, server)) = row_target(&quiet, row) else {
+        return Err(refuse(format!("session {session}: cannot tell its pane backend")));
+    };
+    listed(&quiet, row, &backend, &server)?;
+    Ok(Target::Local { name: session.to_string(), backend, server })
+}
+
+fn listed(ctx: &Ctx, row: &Row, backend: &str, server: &str) -> Result<(), Failure> {
+    let b = pane::open_named(ctx, backend, Some(server))?;
+    match b.list_agents() {
+        ListOutcome::Confirmed(list) if list.iter().any(|a| a.name == row.name) => Ok(()),
+        ListOutcome::Confirmed(_) | ListOutcome::NoServer => {
+            Err(refuse(format!("the agent of session {} is not listed on {backend} server {server}", row.name)))
+        }
+        ListOutcome::Unknown(d) => {
+            Err(refuse(format!("state of {backend} server {server} unknown ({d}); session {} not confirmed", row.name)))
+        }
+    }
+}
+
+/// The whole of 3.2-3.5. `Err` is a failure before anything was registered (rc 1 or 2); once the job
+/// is registered every path ends in `Finished` (the subscriber reaped, the job closed when due).
+pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finished, Failure> {
+    if !TYPES.contains(&req.job_type.as_str()) {
+        return Err(Failure::usage(format!("--type: invalid type '{}'", one_line(&req.job_type))));
+    }
+    let resolved = paths::resolve(ctx, req.registry_dir.as_deref());
+    let store = Store::from_resolved(&resolved);
+    let target = preflight(ctx, &resolved, &req.session)?;
+    let remote = matches!(target, Target::Remote);
+    if remote && req.task.len() + 8192 > MAX_REMOTE_BRIEF {
+        return Err(refuse(format!("the task is {} bytes; a remote brief carries at most 760 KiB", req.task.len())));
+    }
+
+    // 5. Register (a generated id that collides is drawn again).
+    let mut tries = 0;
+    let rec = loop {
+        let id = match &req.job_id {
+            Some(id) => id.clone(),
+            None => clock::new_job_id().map_err(|e| Failure::runtime(format!("cannot draw a job id ({e})")))?,
+        };
+        let job = new_job(req, &resolved, &id, remote);
+        let (out, warnings) = registry_cmd::submit_job(ctx, &store, &job)?;
+        warnings.iter().for_each(|w| diag(w));
+        match out.decision {
+            Decision::Applied(a) => break a.record,
+            Decision::Refused { reason } if reason == "exists" && req.job_id.is_none() && tries < 5 => tries += 1,
+            Decision::Refused { reason } => {
+                return Err(Failure::new(2, format!("REFUSED: delegate-job: job {id}: {reason}; nothing dispatched")))
+            }
+            Decision::Idempotent { status } => {
+                return Err(Failure::new(2, format!("REFUSED: delegate-job: job {id} is already {status}")))
+            }
+            Decision::Invalid(m) => return Err(Failure::runtime(format!("delegate-job: job {id}: {m}"))),
+            Decision::UnknownJob => return Err(Failure::runtime(format!("delegate-job: job {id}: unknown job"))),
+        }
+    };
+    let start = Instant::now();
+    let mut d = Delegation::new(ctx, req, store, rec, start);
+    let finished = d.drive(&target, diag);
+    Ok(finished)
+}
+
+fn new_job(req: &Request, resolved: &paths::Resolved, id: &str, remote: bool) -> NewJob {
+    let dir = resolved.job_dir(id);
+    NewJob {
+        session: Some(req.session.clone()),
+        job_id: Some(id.to_string()),
+        job_type: Some(req.job_type.clone()),
+        transport: Some(if remote { "remote" } else { "local" }.into()),
+        timing: Timing {
+            timeout: Some(req.timeout_s),
+            heartbeat_sec: Some(req.heartbeat_sec),
+            heartbeat_misses: Some(req.heartbeat_misses),
+            ack_timeout: Some(req.ack_timeout_s),
+            idle_timeout: Some(req.idle_timeout_s.unwrap_or(0)),
+        },
+        brief_path: Some(dir.join("brief.md")),
+        report_path: Some(dir.join("report.md")),
+        parent: req.parent.clone(),
+        orchestrator: None,
+        iteration: None,
+        json: false,
+    }
+}
+
+/// How the wait ended.
+enum End {
+    /// The record reached a terminal status of this attempt.
+    Terminal,
+    /// `until_started`: the agent's `started` is in.
+    Started,
+    /// SIGINT/SIGTERM: the job stays open (the daemon closes it when nobody waits, A15).
+    Signal(i32),
+}
+
+/// One registered job being driven to its end.
+struct Delegation<'a> {
+    ctx: &'a Ctx,
+    req: &'a Request,
+    store: Store,
+    job_id: String,
+    attempt: u64,
+    token: String,
+    brief_path: PathBuf,
+    report_path: PathBuf,
+    start: Instant,
+    judge: Judge,
+    event_hw: u64,
+    state_hw: u64,
+    sub: Option<Subscriber>,
+    sub_spawned: Instant,
+    sub_warned: bool,
+    tail: Tail,
+}
+
+impl<'a> Delegation<'a> {
+    fn new(ctx: &'a Ctx, req: &'a Request, store: Store, rec: Record, start: Instant) -> Delegation<'a> {
+        let job_id = rec.str("job_id").unwrap_or_default().to_string();
+        let dir = store.registry.join(&job_id);
+        let idle_s = rec
+            .u64("idle_timeout_sec")
+            .filter(|&s| s > 0)
+            .unwrap_or(u64::from(req.heartbeat_sec) * u64::from(req.heartbeat_misses));
+        let deadline_ms = (req.timeout_s > 0).then(|| u64::from(req.timeout_s) * 1000);
+        Delegation {
+            ctx,
+            req,
+            attempt: rec.attempt().unwrap_or(1),
+            token: rec.str("dispatch_token").unwrap_or_default().to_string(),
+            brief_path: rec.str("brief_path").map_or_else(|| dir.join("brief.md"), PathBuf::from),
+            report_path: rec.str("report_path").map_or_else(|| dir.join("report.md"), PathBuf::from),
+            tail: Tail::new(&dir.join("events.log")),
+            judge: Judge::new(deadline_ms, u64::from(req.ack_timeout_s) * 1000, idle_s * 1000),
+            event_hw: 0,
+            state_hw: 0,
+            sub: None,
+            sub_spawned: start,
+            sub_warned: false,
+            store,
+            job_id,
+            start,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn finished(&self, status: &str, rc: i32) -> Finished {
+        Finished {
+            job_id: self.job_id.clone(),
+            status: status.to_string(),
+            report: self.report_path.clone(),
+            rc,
+            started_after_ms: self.judge.started_ms(),
+        }
+    }
+
+    fn drive(&mut self, target: &Target, diag: &mut dyn FnMut(&str)) -> Finished {
+        // A15: the wrapper's pid, so the daemon knows somebody waits for this job.
+        self.set_meta(diag);
+        if let Err(e) = self.write_brief(target) {
+            return self.close_now("error", &format!("brief not written: {e}"), 1, diag);
+        }
+        if let Err(e) = self.spawn_subscriber() {
+            return self.close_now("error", &format!("cannot start the subscriber: {e}"), 1, diag);
+        }
+        let remote = matches!(target, Target::Remote);
+        let injected = match target {
+            Target::Local { name, backend, server } => self.inject(name, backend, server, diag),
+            Target::Remote => self.dispatch(diag),
+        };
+        if let Err(f) = injected {
+            self.reap();
+            return f;
+        }
+        self.judge.injected(self.now());
+        let end = self.wait(diag);
+        self.reap();
+        match end {
+            End::Signal(sig) => {
+                let status = self.record_status();
+                diag(&format!(
+                    "NOTE: job {}: delegate-job interrupted by {}; the job stays {status} (the daemon closes it once it \
+                     goes silent)",
+                    self.job_id,
+                    sys::signal_name(sig)
+                ));
+                self.finished(&status, 128 + sig)
+            }
+            End::Started => self.finished(&self.record_status(), 0),
+            End::Terminal => self.collect(remote, diag),
+        }
+    }
+
+    fn set_meta(&self, diag: &mut dyn FnMut(&str)) {
+        let mut req = EngineRequest::new(Kind::Metadata, Authority::Operator, &self.job_id);
+        req.fields.insert("watcher_pid".into(), Value::from(std::process::id()));
+        req.expected_attempt = Some(self.attempt);
+        req.cas = cas(self.ctx);
+        match self.store.apply(&req, clock::now_ms()) {
+            Ok(o) => {
+                if let Some(w) = o.audit_error {
+                    diag(&format!("WARNING: {w}"));
+                }
+            }
+            Err(e) => diag(&format!("WARNING: job {}: watcher_pid not recorded ({e})", self.job_id)),
+        }
+    }
+
+    fn write_brief(&self, target: &Target) -> Result<(), String> {
+        let rec = self.store.read_existing(&self.job_id).map_err(|e| e.to_string())?;
+        let deadline = rec.str("deadline_at").map(str::to_string);
+        let report = self.report_path.to_str().ok_or("the report path is not UTF-8")?;
+        let idle_s = self.judge.idle_ms / 1000;
+        let h = brief::Header {
+            job_id: &self.job_id,
+            session: &self.req.session,
+            job_type: &self.req.job_type,
+            attempt: self.attempt,
+            parent: self.req.parent.as_deref(),
+            deadline: deadline.as_deref(),
+            heartbeat_sec: u64::from(self.req.heartbeat_sec),
+            heartbeat_misses: u64::from(self.req.heartbeat_misses),
+            ack_timeout_sec: u64::from(self.req.ack_timeout_s),
+            idle_timeout_sec: idle_s,
+            report_path: report,
+        };
+        let text = match target {
+            Target::Remote => brief::remote(&h, self.req.context.as_deref(), &self.req.task),
+            Target::Local { .. } => {
+                let c = brief::Commands::from_prefix(&self.prefix(&rec)?, u64::from(self.req.heartbeat_sec));
+                brief::local(&h, self.req.context.as_deref(), &self.req.task, &c)
+            }
+        };
+        if matches!(target, Target::Remote) && text.len() > MAX_REMOTE_BRIEF {
+            return Err(format!("the remote brief is {} bytes (at most {MAX_REMOTE_BRIEF})", text.len()));
+        }
+        let dir = self.store.registry.join(&self.job_id);
+        sys::create_dir_all(&dir).map_err(|e| format!("{}: {e}", show_path(&dir)))?;
+        // A re-dispatch must not find the previous attempt's report and call it this one's.
+        if self.attempt > 1 && self.report_path.exists() {
+            let old = dir.join(format!("report.attempt{}.md", self.attempt - 1));
+            fs::rename(&self.report_path, &old).map_err(|e| format!("{}: {e}", show_path(&self.report_path)))?;
+        }
+        sys::atomic_write(&self.brief_path, text.as_bytes())
+            .map_err(|e| format!("{}: {e}", show_path(&self.brief_path)))
+    }
+
+    /// The publish-cmd prefix (CORE 4.5) as text.
+    fn prefix(&self, rec: &Record) -> Result<String, String> {
+        let bytes = registry_cmd::publish_cmd_line(self.ctx, &self.store, rec).map_err(|f| f.line)?;
+        String::from_utf8(bytes).map_err(|_| "a path of the publish command is not UTF-8".to_string())
+    }
+
+    fn remaining_s(&self) -> Option<u64> {
+        self.judge.deadline_ms.map(|d| d.saturating_sub(self.now()).div_ceil(1000))
+    }
+
+    fn spawn_subscriber(&mut self) -> Result<(), String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find the mam binary: {e}"))?;
+        let rem = self.remaining_s().map(|r| r.max(1));
+        let spec = Spec {
+            exe,
+            env: self.ctx.child_env(),
+            job_id: self.job_id.clone(),
+            registry: self.store.registry.clone(),
+            logs: self.store.logs.clone(),
+            // A9: the remaining wall clock to the deadline; the wrapper judges T itself.
+            ack_timeout_s: rem.unwrap_or(NO_DEADLINE_S),
+            // The wrapper judges idleness from both sources; watch must not end first.
+            idle_timeout_s: rem.unwrap_or(NO_DEADLINE_S),
+            timeout_s: rem.map(|r| r + 5),
+            remote: self.req.session.starts_with("remote:"),
+        };
+        self.sub = Some(Subscriber::spawn(&spec).map_err(|e| e.to_string())?);
+        self.sub_spawned = Instant::now();
+        Ok(())
+    }
+
+    fn reap(&mut self) {
+        if let Some(mut s) = self.sub.take() {
+            s.reap();
+        }
+    }
+
+    /// 3.2 step 8: the one-line prompt through `send_keys_safe`, every wait cut by the deadline.
+    fn inject(&mut self, name: &str, backend: &str, server: &str, diag: &mut dyn FnMut(&str)) -> Result<(), Finished> {
+        let quiet = no_autostart(self.ctx);
+        let b = match pane::open_named(&quiet, backend, Some(server)) {
+            Ok(b) => b,
+            Err(f) => return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.line), 3, diag)),
+        };
+        let mut k = match Knobs::from_ctx(self.ctx) {
+            Ok(k) => k,
+            Err(f) => return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.line), 3, diag)),
+        };
+        if let Some(ms) = self.judge.deadline_ms.map(|d| d.saturating_sub(self.now())) {
+            k.idle_wait_ms = k.idle_wait_ms.min(ms);
+            k.grace_ms = k.grace_ms.min(ms);
+            k.quiesce_max_ms = k.quiesce_max_ms.min(ms);
+        }
+        let brief = self.brief_path.to_string_lossy().into_owned();
+        let rec = self.store.read_existing(&self.job_id).ok();
+        let start_line = rec
+            .as_ref()
+            .and_then(|r| self.prefix(r).ok())
+            .map(|p| brief::Commands::from_prefix(&p, u64::from(self.req.heartbeat_sec)).start);
+        let mut text = brief::prompt(&self.job_id, &brief, start_line.as_deref());
+        if text.len() > pane::MAX_PROMPT {
+            text = brief::prompt(&self.job_id, &brief, None);
+        }
+        let job = JobRef {
+            registry: self.store.registry.clone(),
+            job_id: self.job_id.clone(),
+            token: Some(self.token.clone()),
+        };
+        let out = pane::send_keys_safe(b.as_ref(), name, &text, Some(&job), &k);
+        match out {
+            SksOutcome::NotSubmitted(why) => {
+                Err(self.close_now("agent_blocked", &format!("not submitted: {why}"), 3, diag))
+            }
+            SksOutcome::Delivered(how) => {
+                diag(&format!("NOTE: job {}: prompt delivered to {name} ({how})", self.job_id));
+                Ok(())
+            }
+            SksOutcome::Unconfirmed(why) => {
+                diag(&format!("NOTE: job {}: {why}; waiting for started", self.job_id));
+                Ok(())
+            }
+        }
+    }
+
+    /// 3.6: the signed retained dispatch through `mam remote dispatch` (the brief travels inside it,
+    /// read from the brief file; it never appears in an argv).
+    fn dispatch(&mut self, diag: &mut dyn FnMut(&str)) -> Result<(), Finished> {
+        let reg = self.store.registry.to_string_lossy().into_owned();
+        let limit = self.judge.deadline_ms.map_or(DISPATCH_LIMIT, |d| {
+            Duration::from_millis(d.saturating_sub(self.now()).max(1000)).min(DISPATCH_LIMIT)
+        });
+        let mut child_ctx = self.ctx.clone();
+        child_ctx.set_var("DELEGATE_JOB_LOGS_DIR", Some(self.store.logs.as_os_str()));
+        match session::run_self(
+            &child_ctx,
+            &["remote", "dispatch", "--job-id", &self.job_id, "--registry-dir", &reg],
+            limit,
+        ) {
+            Ok(out) if out.rc == 0 => {
+                diag(&format!("NOTE: job {}: dispatched to {}", self.job_id, self.req.session));
+                Ok(())
+            }
+            Ok(out) => {
+                let last = out.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+                let why = format!("dispatch failed (mam remote dispatch exit {}: {})", out.rc, one_line(&last));
+                Err(if out.rc == 3 {
+                    self.close_now("broker_unavailable", &why, 5, diag)
+                } else {
+                    self.close_now("error", &why, 1, diag)
+                })
+            }
+            Err(e) => Err(self.close_now("error", &format!("dispatch failed ({e})"), 1, diag)),
+        }
+    }
+
+    /// 3.2 step 9 and 3.4: one pass at most every `PASS`, waking early on a subscriber line; every
+    /// pass reads the clock, the subscriber, events.log and the record, then judges.
+    fn wait(&mut self, diag: &mut dyn FnMut(&str)) -> End {
+        loop {
+            if let Some(sig) = sys::pending_signal() {
+                return End::Signal(sig);
+            }
+            self.read_subscriber(diag);
+            self.read_events_log(diag);
+            match self.read_record() {
+                Some(rec) if rec.attempt() != Some(self.attempt) => {
+                    diag(&format!(
+                        "WARNING: job {}: re-dispatched as attempt {} by someone else; no longer waiting",
+                        self.job_id,
+                        rec.attempt().unwrap_or(0)
+                    ));
+                    return End::Terminal;
+                }
+                Some(rec) if is_terminal(rec.status()) => {
+                    self.saw_start(&format!("record {}", rec.status()), diag);
+                    return End::Terminal;
+                }
+                Some(rec) if rec.status() == "running" && rec.str("dispatch_token") == Some(&self.token) => {
+                    self.saw_start("record running", diag);
+                }
+                _ => {}
+            }
+            if self.req.until_started && self.judge.is_started() {
+                return End::Started;
+            }
+            let now = self.now();
+            if let Some(due) = self.judge.due(now) {
+                self.close_due(&due, diag);
+                return End::Terminal;
+            }
+            let sleep = Duration::from_millis(self.judge.next_check(now) - now).min(PASS);
+            match self.sub.as_mut() {
+                Some(s) => {
+                    if let Some(line) = s.next_line(sleep) {
+                        self.on_sub_line(&line, diag);
+                    }
+                }
+                None => sys::sleep(sleep),
+            }
+        }
+    }
+
+    fn saw_start(&mut self, what: &str, diag: &mut dyn FnMut(&str)) {
+        if !self.judge.is_started() {
+            let now = self.now();
+            self.judge.started(now);
+            diag(&format!("NOTE: job {}: started after {:.1} s ({what})", self.job_id, now as f64 / 1000.0));
+        }
+    }
+
+    fn read_subscriber(&mut self, diag: &mut dyn FnMut(&str)) {
+        let mut lines = Vec::new();
+        if let Some(s) = self.sub.as_mut() {
+            while let Some(l) = s.next_line(Duration::ZERO) {
+                lines.push(l);
+            }
+        }
+        for l in lines {
+            self.on_sub_line(&l, diag);
+        }
+        let Some(s) = self.sub.as_mut() else { return };
+        let Some(rc) = s.exited() else { return };
+        // Drain what it wrote before it ended.
+        let mut rest = Vec::new();
+        while let Some(l) = s.next_line(Duration::ZERO) {
+            rest.push(l);
+        }
+        let tail = s.stderr_tail();
+        for l in rest {
+            self.on_sub_line(&l, diag);
+        }
+        if rc == 3 {
+            // The initial connect failed: the broker is down from the subscriber's point of view.
+            self.judge.broker_down(self.now());
+        }
+        if !self.sub_warned && rc != 0 && rc != 10 {
+            self.sub_warned = true;
+            diag(&format!(
+                "WARNING: job {}: subscriber exited {rc} ({}); re-probing the broker every {} s",
+                self.job_id,
+                one_line(&tail),
+                RESPAWN_GAP.as_secs()
+            ));
+        }
+        if self.sub_spawned.elapsed() >= RESPAWN_GAP {
+            self.reap();
+            if let Err(e) = self.spawn_subscriber() {
+                diag(&format!("WARNING: job {}: cannot restart the subscriber ({e})", self.job_id));
+            }
+        }
+    }
+
+    fn on_sub_line(&mut self, line: &str, diag: &mut dyn FnMut(&str)) {
+        let token8 = self.token.get(..8).unwrap_or(&self.token).to_string();
+        let Some(l) = parse_sub_line(line, self.attempt, &token8) else { return };
+        let now = self.now();
+        match l {
+            SubLine::Accepted { seq, event } => {
+                if seq > self.event_hw {
+                    self.event_hw = seq;
+                    self.judge.evidence(now);
+                }
+                if proves_start(&event) {
+                    self.saw_start(&format!("wire {event}"), diag);
+                }
+            }
+            SubLine::AcceptedState { seq, status } => {
+                if seq > self.event_hw.max(self.state_hw) {
+                    self.judge.evidence(now);
+                }
+                self.state_hw = self.state_hw.max(seq);
+                if proves_start(&status) {
+                    self.saw_start(&format!("wire state {status}"), diag);
+                }
+            }
+            SubLine::Advanced { status } if proves_start(&status) => self.saw_start(&format!("wire {status}"), diag),
+            SubLine::BrokerDown => {
+                if !self.judge.is_broker_down() {
+                    diag(&format!("NOTE: job {}: broker down; following events.log", self.job_id));
+                }
+                self.judge.broker_down(now);
+            }
+            SubLine::BrokerUp | SubLine::Subscribed => {
+                if self.judge.is_broker_down() {
+                    diag(&format!("NOTE: job {}: broker up", self.job_id));
+                }
+                self.judge.broker_up();
+            }
+            _ => {}
+        }
+    }
+
+    fn read_events_log(&mut self, diag: &mut dyn FnMut(&str)) {
+        let lines = match self.tail.poll() {
+            Ok(l) => l,
+            Err(e) => {
+                if !self.sub_warned {
+                    diag(&format!("WARNING: {}: cannot read ({e})", show_path(self.tail.path())));
+                }
+                return;
+            }
+        };
+        for l in lines {
+            let Some((seq, event)) = parse_log_line(&l, self.attempt, &self.token) else { continue };
+            if seq > self.event_hw {
+                self.event_hw = seq;
+                self.judge.evidence(self.now());
+            }
+            if proves_start(&event) {
+                self.saw_start(&format!("events.log {event}"), diag);
+            }
+        }
+    }
+
+    fn read_record(&self) -> Option<Record> {
+        self.store.read(&self.job_id).ok().flatten()
+    }
+
+    fn record_status(&self) -> String {
+        self.read_record().map_or_else(|| "unknown".into(), |r| r.status().to_string())
+    }
+
+    fn close_due(&mut self, due: &Due, diag: &mut dyn FnMut(&str)) {
+        let (status, reason) = due.status_reason(self.req.deadline_source == DeadlineSource::WallClock);
+        let msg = match due {
+            Due::AgentBlocked { .. } => reason.clone(),
+            Due::Deadline => format!("deadline of {} s reached", self.req.timeout_s),
+            Due::Unresponsive => {
+                format!("no event for {} s after the last evidence (unresponsive)", self.judge.idle_ms / 1000)
+            }
+            Due::BrokerUnavailable => {
+                format!("broker unreachable and no event on disk for {} s", self.judge.idle_ms / 1000)
+            }
+        };
+        self.close(status, &reason, diag);
+        diag(&format!("ERROR: job {}: {msg}; closed {status}", self.job_id));
+    }
+
+    /// Closes the job now (a failure on the way to the wait) and returns its end.
+    fn close_now(&mut self, status: &str, reason: &str, rc: i32, diag: &mut dyn FnMut(&str)) -> Finished {
+        self.reap();
+        self.close(status, reason, diag);
+        diag(&format!("ERROR: job {}: {reason}; closed {status}", self.job_id));
+        let actual = self.record_status();
+        if actual == status {
+            self.finished(&actual, rc)
+        } else {
+            let report_ok = report_ok(&self.report_path);
+            self.finished(&actual, exit_code(&actual, report_ok))
+        }
+    }
+
+    /// Operator `set` through the registry library (A4: timer stopped, close state published), with
+    /// the attempt as CAS so a re-dispatched job is never closed by the old wrapper. A refusal means
+    /// the job reached another terminal status first; the record tells which.
+    fn close(&mut self, status: &str, reason: &str, diag: &mut dyn FnMut(&str)) {
+        let mut ctx = self.ctx.clone();
+        if ctx.var_nonempty("MAM_PUBLISH_BUDGET_S").is_none() {
+            ctx.set_var("MAM_PUBLISH_BUDGET_S", Some(CLOSE_PUBLISH_BUDGET_S.as_ref()));
+        }
+        let c = Close { reason: Some(reason.to_string()), expected_attempt: Some(self.attempt), no_publish: false };
+        match registry_cmd::operator_close(&ctx, &self.store, &self.job_id, Kind::Set, Some(status), &c) {
+            Ok(closed) => {
+                closed.warnings.iter().for_each(|w| diag(w));
+                if let Decision::Refused { reason } = closed.outcome.decision {
+                    diag(&format!("NOTE: job {}: close as {status} refused ({reason})", self.job_id));
+                }
+            }
+            Err(f) => diag(&f.line),
+        }
+    }
+
+    /// 3.5: the record's status decides; `completed` needs a non-empty report.
+    fn collect(&mut self, remote: bool, diag: &mut dyn FnMut(&str)) -> Finished {
+        let status = self.record_status();
+        let ok = report_ok(&self.report_path);
+        if status == "completed" && !ok && remote {
+            // A12: the report arrives with the terminal event; give the writer a moment.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline && !report_ok(&self.report_path) {
+                sys::sleep(Duration::from_millis(50));
+            }
+        }
+        let ok = report_ok(&self.report_path);
+        if status == "completed" && !ok {
+            diag(&format!("ERROR: job {}: completed without report ({})", self.job_id, show_path(&self.report_path)));
+        }
+        self.finished(&status, exit_code(&status, ok))
+    }
+}
+
+fn report_ok(p: &Path) -> bool {
+    fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0)
+}
+
+fn cas(ctx: &Ctx) -> bool {
+    ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0")
+}
+
+/// The env knobs of 3.1 for a request built by another flow (onboarding): `MAM_DELEGATE_TIMEOUT_S`,
+/// `MAM_HEARTBEAT_SEC`, `MAM_HEARTBEAT_MISSES`, `MAM_ACK_TIMEOUT_S`, `MAM_PARENT_JOB_ID`.
+pub fn request_from_env(ctx: &Ctx, session: &str, task: &str) -> Result<Request, Failure> {
+    let mut r = Request::new(session, task);
+    r.timeout_s = knob::env_or(ctx, "MAM_DELEGATE_TIMEOUT_S", 0, 1800)?;
+    r.heartbeat_sec = knob::env_or(ctx, "MAM_HEARTBEAT_SEC", 1, 30)?;
+    r.heartbeat_misses = knob::env_or(ctx, "MAM_HEARTBEAT_MISSES", 1, 4)?;
+    r.ack_timeout_s = knob::env_or(ctx, "MAM_ACK_TIMEOUT_S", 1, 300)?;
+    if let Some(p) = ctx.var_nonempty("MAM_PARENT_JOB_ID") {
+        if !clock::valid_job_id(&p) {
+            return Err(Failure::usage("MAM_PARENT_JOB_ID: invalid job id"));
+        }
+        r.parent = Some(p);
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_of_3_5() {
+        assert_eq!(exit_code("completed", true), 0);
+        assert_eq!(exit_code("completed", false), 1);
+        assert_eq!(exit_code("failed", true), 1);
+        assert_eq!(exit_code("error", true), 1);
+        assert_eq!(exit_code("agent_blocked", false), 3);
+        assert_eq!(exit_code("deadline_timeout", false), 4);
+        assert_eq!(exit_code("wall_clock_timeout", false), 4);
+        assert_eq!(exit_code("broker_unavailable", false), 5);
+        assert_eq!(exit_code("cancelled", false), 6);
+    }
+}
