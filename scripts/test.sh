@@ -34,6 +34,8 @@ for v in $(compgen -e | grep '^MQTT_' || true); do unset "$v"; done
 # processes only (other runs on the machine have their own base).
 MAM_TEST_TMP=$(mktemp -d "${TMPDIR:-/tmp}/mam-t.XXXXXX")
 export MAM_TEST_TMP
+# mktemp makes it 0700; the tests that run as uid 65534 (E10, read-only registry) must traverse it.
+chmod 755 "$MAM_TEST_TMP"
 tmux_before="$MAM_TEST_TMP/tmux-servers-before"
 scripts/leak_check.sh --tmux-servers >"$tmux_before"
 trap 'rc=$?; [ "$rc" -eq 0 ] && rm -rf "$MAM_TEST_TMP"; exit "$rc"' EXIT
