@@ -85,6 +85,13 @@ trap 'exit 143' TERM
 # The environment of every mam call (and, through the tmux server, of every pane).
 export HOME=$tmp/home WORKSPACE_ROOT=$ws MAM_ENV_FILE=$tmp/absent.env MAM_BIN=$mam
 export MAM_PANE_BACKEND=tmux MAM_TMUX_SOCKET=$sock MAM_NO_SUBSCRIBER_DAEMON=1
+real_agent=''
+if [ "$AGENT" != fake ]; then
+    real_agent=$(command -v "$AGENT") || die "--agent $AGENT: not installed"
+fi
+# The fake agents' kind: claude, unless the real agent is a claude (then codex).
+fake=claude
+[ "$AGENT" = claude ] && fake=codex
 export PATH=$tmp/bin:$PATH
 export MAM_TMUX_STABLE_MS=300 MAM_SKS_QUIESCE_GAP_MS=300 SKS_DELIVERY_GRACE_S=1
 unset AGENT_SESSIONS_YAML MAM_JOBS_DIR DELEGATE_JOB_LOGS_DIR MQTT_BROKER MQTT_HOST MQTT_TLS MQTT_USERNAME \
@@ -100,15 +107,15 @@ export MQTT_PORT=$port
 say "embedded broker on 127.0.0.1:$port; control root $ws; tmux socket $sock"
 
 # --- the agents --------------------------------------------------------------------------------------
-# `claude` on PATH is the fake agent with argv[0] claude (A18), driven by the script named as its first
+# `$fake` on PATH is the fake agent with argv[0] $fake (A18), driven by the script named as its first
 # argument (a tmux pane inherits the server's environment, not the creator's, so the script travels in argv).
-cat >"$tmp/bin/claude" <<EOF
+cat >"$tmp/bin/$fake" <<EOF
 #!/usr/bin/env bash
 export MAM_FAKE_AGENT_SCRIPT="\$1"
 shift
-exec -a claude '$mam' test-double agent "\$@"
+exec -a $fake '$mam' test-double agent "\$@"
 EOF
-chmod +x "$tmp/bin/claude"
+chmod +x "$tmp/bin/$fake"
 printf 'work_s=2\nreport_text=All done: the task was read and answered.\n' >"$tmp/ok.script"
 printf 'crash_after_s=2\nwork_s=60\n' >"$tmp/crash.script"
 printf 'never_start=1\n' >"$tmp/never.script"
@@ -121,31 +128,36 @@ create() { # name kind [args...]
     say "session $name ($kind) in tmux pane $(sed -n 's/.*PANE=\([^ ]*\).*/\1/p' "$tmp/out/create-$name.out")"
 }
 ok_session=worker-ok
-if [ "$AGENT" != fake ]; then
-    command -v "$AGENT" >/dev/null || die "--agent $AGENT: not installed"
+if [ -n "$real_agent" ]; then
     create "$ok_session" "$AGENT"
 else
-    create "$ok_session" claude "$tmp/ok.script"
+    create "$ok_session" $fake "$tmp/ok.script"
 fi
-create worker-crash claude "$tmp/crash.script"
-create worker-silent claude "$tmp/never.script"
+create worker-crash $fake "$tmp/crash.script"
+create worker-silent $fake "$tmp/never.script"
 
 # --- the three delegations, in parallel ---------------------------------------------------------------
 printf 'Write a two-line report saying hello, then run the success command.\n' >"$tmp/task.md"
 declare -A want_status want_rc launched
-delegate() { # label session status rc
+delegate() { # label session status rc [knobs...]
     local label=$1 session=$2
     want_status[$label]=$3 want_rc[$label]=$4
+    shift 4
     launched[$label]=$(date +%s.%N)
-    (cd "$ws" && exec "$mam" delegate-job --session "$session" --brief-file "$tmp/task.md" \
-        --heartbeat $N --heartbeat-misses $K --ack-timeout $T --timeout 120) \
+    (cd "$ws" && exec "$mam" delegate-job --session "$session" --brief-file "$tmp/task.md" "$@") \
         >"$tmp/out/$label.out" 2>"$tmp/out/$label.err" &
     pids+=($!)
     echo $! >"$tmp/out/$label.pid"
 }
-delegate completes "$ok_session" completed 0
-delegate crashes worker-crash deadline_timeout 4
-delegate never-starts worker-silent agent_blocked 3
+fast=(--heartbeat $N --heartbeat-misses $K --ack-timeout $T --timeout 120)
+if [ -n "$real_agent" ]; then
+    # A real agent reads its brief at its own pace: the default N, K and T, ten minutes in all.
+    delegate completes "$ok_session" completed 0 --timeout 600
+else
+    delegate completes "$ok_session" completed 0 "${fast[@]}"
+fi
+delegate crashes worker-crash deadline_timeout 4 "${fast[@]}"
+delegate never-starts worker-silent agent_blocked 3 "${fast[@]}"
 say "delegated 3 jobs (N=${N}s K=$K T=${T}s): completes, crashes, never-starts"
 
 ts_s() { date -d "$1" +%s.%N; } # UTC record timestamp -> epoch seconds
@@ -153,9 +165,11 @@ field() { "$mam" registry show "$1" --registry-dir "$ws/.mam/jobs" | sed -n "s/^
 
 fails=0 ndone=0
 declare -A done_=([none]=1)
-deadline=$(($(date +%s) + 50))
+limit=50
+[ -n "$real_agent" ] && limit=620
+deadline=$(($(date +%s) + limit))
 while [ "$ndone" -lt 3 ]; do
-    [ "$(date +%s)" -lt "$deadline" ] || die "jobs still running after 50 s"
+    [ "$(date +%s)" -lt "$deadline" ] || die "jobs still running after $limit s"
     for label in completes crashes never-starts; do
         [ -n "${done_[$label]:-}" ] && continue
         pid=$(cat "$tmp/out/$label.pid")

@@ -729,15 +729,17 @@ impl<'a> Delegation<'a> {
                 format!("broker unreachable and no event on disk for {} s", self.judge.idle_ms / 1000)
             }
         };
-        self.close(status, &reason, diag);
-        diag(&format!("ERROR: job {}: {msg}; closed {status}", self.job_id));
+        if self.close(status, &reason, diag) {
+            diag(&format!("ERROR: job {}: {msg}; closed {status}", self.job_id));
+        }
     }
 
     /// Closes the job now (a failure on the way to the wait) and returns its end.
     fn close_now(&mut self, status: &str, reason: &str, rc: i32, diag: &mut dyn FnMut(&str)) -> Finished {
         self.reap();
-        self.close(status, reason, diag);
-        diag(&format!("ERROR: job {}: {reason}; closed {status}", self.job_id));
+        if self.close(status, reason, diag) {
+            diag(&format!("ERROR: job {}: {reason}; closed {status}", self.job_id));
+        }
         let actual = self.record_status();
         if actual == status {
             self.finished(&actual, rc)
@@ -749,8 +751,8 @@ impl<'a> Delegation<'a> {
 
     /// Operator `set` through the registry library (A4: timer stopped, close state published), with
     /// the attempt as CAS so a re-dispatched job is never closed by the old wrapper. A refusal means
-    /// the job reached another terminal status first; the record tells which.
-    fn close(&mut self, status: &str, reason: &str, diag: &mut dyn FnMut(&str)) {
+    /// the job reached another terminal status first; the record tells which. True when applied.
+    fn close(&mut self, status: &str, reason: &str, diag: &mut dyn FnMut(&str)) -> bool {
         let mut ctx = self.ctx.clone();
         if ctx.var_nonempty("MAM_PUBLISH_BUDGET_S").is_none() {
             ctx.set_var("MAM_PUBLISH_BUDGET_S", Some(CLOSE_PUBLISH_BUDGET_S.as_ref()));
@@ -759,11 +761,19 @@ impl<'a> Delegation<'a> {
         match registry_cmd::operator_close(&ctx, &self.store, &self.job_id, Kind::Set, Some(status), &c) {
             Ok(closed) => {
                 closed.warnings.iter().for_each(|w| diag(w));
-                if let Decision::Refused { reason } = closed.outcome.decision {
-                    diag(&format!("NOTE: job {}: close as {status} refused ({reason})", self.job_id));
+                match closed.outcome.decision {
+                    Decision::Applied(_) => true,
+                    Decision::Refused { reason } => {
+                        diag(&format!("NOTE: job {}: close as {status} refused ({reason})", self.job_id));
+                        false
+                    }
+                    _ => false,
                 }
             }
-            Err(f) => diag(&f.line),
+            Err(f) => {
+                diag(&f.line);
+                false
+            }
         }
     }
 
