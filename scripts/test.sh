@@ -33,6 +33,8 @@ for v in $(compgen -e | grep '^MQTT_' || true); do unset "$v"; done
 # Every test directory of this run lives under one fresh base, so the leak guard judges this run's
 # processes only (other runs on the machine have their own base).
 MAM_TEST_TMP=$(mktemp -d "${TMPDIR:-/tmp}/mam-t.XXXXXX")
+# mktemp makes it 0700; tests that run a command as nobody (A31) must traverse it like /tmp.
+chmod 755 "$MAM_TEST_TMP"
 export MAM_TEST_TMP
 # mktemp makes it 0700; the tests that run as uid 65534 (E10, read-only registry) must traverse it.
 chmod 755 "$MAM_TEST_TMP"
