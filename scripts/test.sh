@@ -36,8 +36,6 @@ MAM_TEST_TMP=$(mktemp -d "${TMPDIR:-/tmp}/mam-t.XXXXXX")
 # mktemp makes it 0700; tests that run a command as nobody (A31) must traverse it like /tmp.
 chmod 755 "$MAM_TEST_TMP"
 export MAM_TEST_TMP
-# mktemp makes it 0700; the tests that run as uid 65534 (E10, read-only registry) must traverse it.
-chmod 755 "$MAM_TEST_TMP"
 tmux_before="$MAM_TEST_TMP/tmux-servers-before"
 scripts/leak_check.sh --tmux-servers >"$tmux_before"
 trap 'rc=$?; [ "$rc" -eq 0 ] && rm -rf "$MAM_TEST_TMP"; exit "$rc"' EXIT
