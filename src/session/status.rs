@@ -132,30 +132,58 @@ fn registries(ctx: &Ctx, row: &Row) -> Vec<Store> {
         .collect()
 }
 
+/// One record as status needs it.
+#[derive(Debug, Clone)]
+struct Lite {
+    id: String,
+    session: Option<String>,
+    status: String,
+    job_type: String,
+}
+
+/// Every record of each registry, read once per `status` run however many rows share the registry
+/// (100 rows over 10,000 records would otherwise be a million record reads).
+type Cache = BTreeMap<PathBuf, Vec<Lite>>;
+
+fn records<'c>(cache: &'c mut Cache, store: &Store) -> &'c [Lite] {
+    cache.entry(store.registry.clone()).or_insert_with(|| {
+        let Ok(ids) = store.job_ids() else { return Vec::new() };
+        ids.into_iter()
+            .filter_map(|id| {
+                let rec = store.read(&id).ok()??;
+                Some(Lite {
+                    session: rec.str("agent_session").map(str::to_string),
+                    status: rec.status().to_string(),
+                    job_type: rec.str("type").unwrap_or("task").to_string(),
+                    id,
+                })
+            })
+            .collect()
+    })
+}
+
 /// The jobs shown for a row: its open jobs, plus its onboarding job whatever its status.
-fn jobs_of(ctx: &Ctx, row: &Row) -> Vec<JobLine> {
+fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache) -> Vec<JobLine> {
     let mut found: BTreeMap<String, JobLine> = BTreeMap::new();
     let stores = registries(ctx, row);
     for store in &stores {
-        let Ok(ids) = store.job_ids() else { continue };
-        for id in ids {
-            if found.contains_key(&id) {
+        for rec in records(cache, store) {
+            if found.contains_key(&rec.id) {
                 continue;
             }
-            let Ok(Some(rec)) = store.read(&id) else { continue };
-            let onboarding = row.onboard_job.as_deref() == Some(id.as_str());
-            if rec.str("agent_session") != Some(row.name.as_str()) && !onboarding {
+            let onboarding = row.onboard_job.as_deref() == Some(rec.id.as_str());
+            if rec.session.as_deref() != Some(row.name.as_str()) && !onboarding {
                 continue;
             }
-            if is_terminal(rec.status()) && !onboarding {
+            if is_terminal(&rec.status) && !onboarding {
                 continue;
             }
             found.insert(
-                id.clone(),
+                rec.id.clone(),
                 JobLine {
-                    id,
-                    job_type: rec.str("type").unwrap_or("task").to_string(),
-                    status: rec.status().to_string(),
+                    id: rec.id.clone(),
+                    job_type: rec.job_type.clone(),
+                    status: rec.status.clone(),
                     registry: store.registry.clone(),
                 },
             );
@@ -202,6 +230,7 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
     };
     let mut lists: BTreeMap<(String, String), ServerState> = BTreeMap::new();
     let mut report = Report::default();
+    let mut cache = Cache::new();
     for row in rows {
         let (backend, server, liveness) = if row.remote() {
             ("remote".to_string(), "-".to_string(), "unknown")
@@ -225,7 +254,7 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
                 }
             }
         };
-        let jobs = jobs_of(&ctx, &row);
+        let jobs = jobs_of(&ctx, &row, &mut cache);
         report.rows.push(RowStatus { row, backend, server, liveness, jobs });
     }
     Ok(report)
