@@ -184,6 +184,17 @@ pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&st
                     Err(e) => log(&format!("job {}: {why}: {e}", c.job_id)),
                 }
                 if let Some((rec, seq)) = &c.applied {
+                    // CORE 7.4 before A4: no beat of the closed attempt may follow the closed state.
+                    // The default drain (MAM_HEARTBEAT_DRAIN_S's 1 s): the daemon has no caller env.
+                    let drain = std::time::Duration::from_secs(1);
+                    match crate::heartbeat::timer::stop_timer(&cfg.store, &c.job_id, drain) {
+                        Ok(s) => {
+                            if let Some(w) = crate::heartbeat::timer::stopped_warning(&s, drain) {
+                                log(&format!("job {}: {w}", c.job_id));
+                            }
+                        }
+                        Err(e) => log(&format!("job {}: cannot stop the heartbeat timer ({e})", c.job_id)),
+                    }
                     if let Some(line) = publish_close(cfg, &mut conn, connected, rec, *seq) {
                         log(&format!("job {}: {line}", c.job_id));
                     }

@@ -763,3 +763,37 @@ fn concurrent_ensures_agree_on_one_daemon() {
     td.mam().args(["daemon", "stop"]).run().expect_rc(0);
     guard.finish();
 }
+
+/// An A15 close stops the job's heartbeat timer first (CORE 7.4), so no beat of the closed attempt
+/// follows the closed state; the watched agent process itself is left alone.
+#[test]
+fn a15_close_stops_the_jobs_timer() {
+    let td = TestDir::new("a15t");
+    let guard = LeakGuard::new(&[td.ws()]);
+    let broker = start_target(Target::Embedded, &td).unwrap();
+    let mut env = broker_env(broker.port());
+    let mut agent = Command::new("sleep").arg("60").spawn().unwrap();
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    // N = 8 s: a timer left alone would only notice the close at its next beat, 8 s away.
+    let id = register_job(&td, &env, &["--timeout", "2", "--heartbeat-sec", "8"]);
+    let _timers = TimerGuard(id.clone());
+    td.mam().args(["registry", "set-meta", &id, &format!("watcher_pid:={dead}")]).run().expect_rc(0);
+    let mut publish = td.mam().args(["publish", "--job-id", &id, "--event", "started", "--heartbeat", "8"]);
+    publish = publish.args(["--watch-pid", &agent.id().to_string()]);
+    for (k, v) in &env {
+        publish = publish.env(k, v);
+    }
+    publish.run().expect_rc(0);
+    wait_until("the timer to run", Duration::from_secs(5), || !timer_pids(&id).is_empty());
+    env.push(("MAM_DAEMON_SWEEP_S", "1".into()));
+    let d = start_daemon(&td, &env, &[], "a15t");
+    wait_status(&td, &id, "deadline_timeout", Duration::from_secs(15));
+    wait_until("the timer to be stopped", Duration::from_secs(3), || timer_pids(&id).is_empty());
+    assert!(agent.try_wait().unwrap().is_none(), "the agent process was signalled");
+    let _ = agent.kill();
+    let _ = agent.wait();
+    drop(d);
+    guard.finish();
+}
