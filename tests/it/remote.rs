@@ -548,3 +548,37 @@ fn m7_a_killed_runners_timer_stops_within_n_plus_1_s() {
     let hb_log = fs::read_to_string(runner_logs(&w).join(&id).join("heartbeat.log")).unwrap_or_default();
     assert!(hb_log.contains(&format!("watched process {} is gone", run.pid())), "{hb_log}");
 }
+
+/// Two runners with separate registry dirs and random session names on one broker: each runs its
+/// own job only, and neither mirrors the other's.
+#[test]
+fn two_runners_on_one_broker_serve_only_their_own_sessions() {
+    for &t in TARGETS {
+        let Some(w) = World::new("two", t) else { continue };
+        let (s1, s2) = (format!("r{}", rand_hex(4)), format!("r{}", rand_hex(4)));
+        let regs = [w.td.path("runner-one/jobs"), w.td.path("runner-two/jobs")];
+        let mut runners: Vec<Background> = [&s1, &s2]
+            .iter()
+            .zip(&regs)
+            .map(|(s, reg)| {
+                let mut r = w
+                    .mam()
+                    .args(["remote", "run", "--session", s, "--exec", "true", "--once"])
+                    .args(["--registry-dir", reg.to_str().unwrap()])
+                    .spawn_bg(&w.td, "runner-pair");
+                r.wait_stdout("subscribed topic=", Duration::from_secs(10));
+                r
+            })
+            .collect();
+        let (j1, j2) = (remote_job(&w, &s1, &[]), remote_job(&w, &s2, &[]));
+        dispatch(&w, &j1, &[]);
+        dispatch(&w, &j2, &[]);
+        for r in runners.iter_mut() {
+            assert_eq!(r.wait(Duration::from_secs(15)).0, 0, "{}{}", r.stdout(), r.stderr());
+        }
+        let has = |reg: &std::path::Path, id: &str| reg.join(format!("{id}.json")).exists();
+        assert!(has(&regs[0], &j1) && !has(&regs[0], &j2), "{t:?}: runner one mirrored the wrong jobs");
+        assert!(has(&regs[1], &j2) && !has(&regs[1], &j1), "{t:?}: runner two mirrored the wrong jobs");
+        assert!(!runners[0].stdout().contains(&j2) && !runners[1].stdout().contains(&j1));
+    }
+}
