@@ -525,6 +525,39 @@ fn terminal(
     out
 }
 
+/// Steps 5-7 of CORE 6.3 for event bytes already on disk: send the event and the state over one
+/// connection, then audit `published`. Used by a new event and by a repeat's resend alike.
+#[allow(clippy::too_many_arguments)] // the send's inputs; a struct would only rename them
+fn send_and_audit(
+    store: &Store,
+    settings: &Settings,
+    req: &Request,
+    rec: &Record,
+    job: &Job,
+    seq: u64,
+    bytes: &[u8],
+    budget: Option<Duration>,
+    diag: &mut dyn FnMut(String),
+) -> WireReport {
+    let (cfg, warning) = settings.mqtt_for(rec);
+    if let Some(w) = warning {
+        diag(w);
+    }
+    let msg = job.event_message(bytes);
+    let shot = Shot {
+        cfg: &cfg,
+        job,
+        event: Some(&msg),
+        last_event: req.event.name(),
+        seq,
+        with_state: !req.no_state,
+        budget,
+    };
+    let report = send_one_shot(settings, store, &shot, diag);
+    audit_published(store, job, req.event.name(), seq, &report, diag);
+    report
+}
+
 /// Steps 4-7 of CORE 6.3 for a freshly allocated seq: sign, append, send, audit.
 #[allow(clippy::too_many_arguments)] // the steps' inputs; a struct would only rename them
 fn emit(
@@ -544,22 +577,7 @@ fn emit(
         EventFields { event: req.event.name(), seq, ts: &ts, heartbeat: false, message: &req.message, data: &req.data };
     let bytes = job.event_bytes(&fields).map_err(|e| PublishError::Record(format!("cannot sign the event: {e}")))?;
     append_event(events, &bytes)?;
-    let (cfg, warning) = settings.mqtt_for(rec);
-    if let Some(w) = warning {
-        diag(w);
-    }
-    let msg = job.event_message(&bytes);
-    let shot = Shot {
-        cfg: &cfg,
-        job: &job,
-        event: Some(&msg),
-        last_event: req.event.name(),
-        seq,
-        with_state: !req.no_state,
-        budget,
-    };
-    let report = send_one_shot(settings, store, &shot, diag);
-    audit_published(store, &job, req.event.name(), seq, &report, diag);
+    let report = send_and_audit(store, settings, req, rec, &job, seq, &bytes, budget, diag);
     Ok(Outcome::Published { seq, report })
 }
 
@@ -617,22 +635,7 @@ fn repeat(
     if audit_confirms(&store.logs, &job.job_id, seq) {
         return Ok(Outcome::Repeat { status, resent: None });
     }
-    let (cfg, warning) = settings.mqtt_for(rec);
-    if let Some(w) = warning {
-        diag(w);
-    }
-    let msg = job.event_message(&bytes);
-    let shot = Shot {
-        cfg: &cfg,
-        job: &job,
-        event: Some(&msg),
-        last_event: req.event.name(),
-        seq,
-        with_state: !req.no_state,
-        budget,
-    };
-    let report = send_one_shot(settings, store, &shot, diag);
-    audit_published(store, &job, req.event.name(), seq, &report, diag);
+    let report = send_and_audit(store, settings, req, rec, &job, seq, &bytes, budget, diag);
     Ok(Outcome::Repeat { status, resent: Some((seq, report)) })
 }
 
