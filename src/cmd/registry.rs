@@ -7,7 +7,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
@@ -16,8 +16,8 @@ use crate::knob;
 use crate::mqtt::MqttConfig;
 use crate::paths;
 use crate::publish::close;
-use crate::registry::engine::{self, Authority, Decision, Kind, Request, Tokens};
-use crate::registry::record::Record;
+use crate::registry::engine::{Authority, Decision, Kind, Request, Tokens};
+use crate::registry::record::{NewRecord, Record};
 use crate::registry::store::{Outcome, Store, StoreError};
 use crate::registry::{self, remote_auth_token, valid_status};
 use crate::sys;
@@ -555,46 +555,30 @@ fn initial_record(ctx: &Ctx, job: &NewJob, id: &str, now: u64) -> Result<Map<Str
     } else {
         random("auth_token", clock::new_auth_token())?
     };
-    let ts = clock::format_ts(now);
-    let path_or_null = |p: &Option<PathBuf>| p.as_ref().map(|p| Value::from(abs_path(ctx, p))).unwrap_or(Value::Null);
-    let v = json!({
-        "schema": 1,
-        "job_id": id,
-        "type": job.job_type.clone().unwrap_or_else(|| "task".into()),
-        "attempt": 1,
-        "iteration": job.iteration.map(u64::from).unwrap_or(1),
-        "dispatch_token": token,
-        "auth_token": auth,
-        "agent_session": job.session.clone().unwrap_or_default(),
-        "transport": transport,
-        "status": "pending",
-        "reason": null,
-        "heartbeat_sec": n,
-        "heartbeat_misses": k,
-        "ack_timeout_sec": ack,
-        "idle_timeout_sec": idle,
-        "idle_timeout_explicit": explicit,
-        "timeout_sec": timeout,
-        "deadline_at": engine::deadline_at(now, timeout),
-        "broker": broker,
-        "topic_prefix": topic_prefix,
-        "created_at": ts,
-        "updated_at": ts,
-        "dispatched_at": ts,
-        "claimed_at": null,
-        "finished_at": null,
-        "last_seq": 0,
-        "last_event": null,
-        "last_event_at": null,
-        "heartbeat_at": null,
-        "barrier_attempt": null,
-        "transition_seq": 0,
-        "brief_path": path_or_null(&job.brief_path),
-        "report_path": path_or_null(&job.report_path),
-        "parent_job_id": job.parent,
-        "orchestrator_uuid": job.orchestrator,
-    });
-    Ok(v.as_object().cloned().unwrap_or_default())
+    let abs = |p: &Option<PathBuf>| p.as_ref().map(|p| abs_path(ctx, p));
+    let rec = NewRecord {
+        job_id: id.to_string(),
+        job_type: job.job_type.clone().unwrap_or_else(|| "task".into()),
+        attempt: 1,
+        iteration: job.iteration.map(u64::from).unwrap_or(1),
+        dispatch_token: token,
+        auth_token: auth,
+        agent_session: job.session.clone().unwrap_or_default(),
+        transport,
+        heartbeat_sec: u64::from(n),
+        heartbeat_misses: u64::from(k),
+        ack_timeout_sec: u64::from(ack),
+        idle_timeout_sec: idle,
+        idle_timeout_explicit: explicit,
+        timeout_sec: timeout,
+        broker,
+        topic_prefix,
+        brief_path: abs(&job.brief_path),
+        report_path: abs(&job.report_path),
+        parent_job_id: job.parent.clone(),
+        orchestrator_uuid: job.orchestrator.clone(),
+    };
+    Ok(rec.fields(now))
 }
 
 /// Registers a new job; with no `--job-id`, a generated id that collides is drawn again.

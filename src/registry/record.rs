@@ -12,6 +12,81 @@ pub struct Record {
     pub fields: Map<String, Value>,
 }
 
+/// What a caller decides about a new record (CORE 4.1, A5); `fields` fills in everything else
+/// (pending status, zeroed counters, null lifecycle timestamps). The one place the record's shape is
+/// written out, for `registry register` and for a runner's mirror (CORE 9.3) alike.
+#[derive(Debug, Clone)]
+pub struct NewRecord {
+    pub job_id: String,
+    pub job_type: String,
+    pub attempt: u64,
+    pub iteration: u64,
+    pub dispatch_token: String,
+    pub auth_token: String,
+    pub agent_session: String,
+    pub transport: String,
+    pub heartbeat_sec: u64,
+    pub heartbeat_misses: u64,
+    pub ack_timeout_sec: u64,
+    pub idle_timeout_sec: u64,
+    pub idle_timeout_explicit: bool,
+    pub timeout_sec: u64,
+    pub broker: Value,
+    pub topic_prefix: String,
+    pub brief_path: Option<String>,
+    pub report_path: Option<String>,
+    pub parent_job_id: Option<String>,
+    pub orchestrator_uuid: Option<String>,
+}
+
+impl NewRecord {
+    /// The full §4.1 field set, dispatched at `dispatched_ms` (also created and updated then).
+    pub fn fields(self, dispatched_ms: u64) -> Map<String, Value> {
+        let ts = crate::clock::format_ts(dispatched_ms);
+        let v = serde_json::json!({
+            "schema": 1,
+            "job_id": self.job_id,
+            "type": self.job_type,
+            "attempt": self.attempt,
+            "iteration": self.iteration,
+            "dispatch_token": self.dispatch_token,
+            "auth_token": self.auth_token,
+            "agent_session": self.agent_session,
+            "transport": self.transport,
+            "status": "pending",
+            "reason": null,
+            "heartbeat_sec": self.heartbeat_sec,
+            "heartbeat_misses": self.heartbeat_misses,
+            "ack_timeout_sec": self.ack_timeout_sec,
+            "idle_timeout_sec": self.idle_timeout_sec,
+            "idle_timeout_explicit": self.idle_timeout_explicit,
+            "timeout_sec": self.timeout_sec,
+            "deadline_at": super::engine::deadline_at(dispatched_ms, self.timeout_sec),
+            "broker": self.broker,
+            "topic_prefix": self.topic_prefix,
+            "created_at": ts,
+            "updated_at": ts,
+            "dispatched_at": ts,
+            "claimed_at": null,
+            "finished_at": null,
+            "last_seq": 0,
+            "last_event": null,
+            "last_event_at": null,
+            "heartbeat_at": null,
+            "barrier_attempt": null,
+            "transition_seq": 0,
+            "brief_path": self.brief_path,
+            "report_path": self.report_path,
+            "parent_job_id": self.parent_job_id,
+            "orchestrator_uuid": self.orchestrator_uuid,
+        });
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
+    }
+}
+
 /// Why bytes are not a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParseError {

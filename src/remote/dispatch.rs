@@ -7,8 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::clock;
-use crate::registry::engine;
-use crate::registry::record::Record;
+use crate::registry::record::{NewRecord, Record};
 use crate::registry::remote_auth_token;
 use crate::sign;
 
@@ -162,49 +161,30 @@ impl Dispatch {
     /// The record a runner admits (CORE 9.3 step 3, A5): the orchestrator's identity and timings,
     /// the derived auth token, the runner's broker block and paths.
     pub fn mirror_record(&self, broker: Value, registry: &std::path::Path, secret: &[u8]) -> Map<String, Value> {
-        let ts = clock::format_ts(self.issued_at_ms);
         let dir = registry.join(&self.job_id);
-        let v = json!({
-            "schema": 1,
-            "job_id": self.job_id,
-            "type": self.job_type,
-            "attempt": self.attempt,
-            "iteration": self.iteration,
-            "dispatch_token": self.dispatch_token,
-            "auth_token": remote_auth_token(secret, &self.job_id, self.attempt, &self.dispatch_token),
-            "agent_session": self.agent_session,
-            "transport": "remote",
-            "status": "pending",
-            "reason": null,
-            "heartbeat_sec": self.heartbeat_sec,
-            "heartbeat_misses": self.heartbeat_misses,
-            "ack_timeout_sec": self.ack_timeout_sec,
-            "idle_timeout_sec": self.idle_timeout_sec,
-            "idle_timeout_explicit": self.idle_timeout_sec != self.heartbeat_sec * self.heartbeat_misses,
-            "timeout_sec": self.timeout_sec,
-            "deadline_at": engine::deadline_at(self.issued_at_ms, self.timeout_sec),
-            "broker": broker,
-            "topic_prefix": self.topic_prefix,
-            "created_at": ts,
-            "updated_at": ts,
-            "dispatched_at": ts,
-            "claimed_at": null,
-            "finished_at": null,
-            "last_seq": 0,
-            "last_event": null,
-            "last_event_at": null,
-            "heartbeat_at": null,
-            "barrier_attempt": null,
-            "transition_seq": 0,
-            "brief_path": dir.join("brief.md").to_string_lossy(),
-            "report_path": dir.join("report.md").to_string_lossy(),
-            "parent_job_id": self.parent_job_id,
-            "orchestrator_uuid": self.orchestrator_uuid,
-        });
-        match v {
-            Value::Object(m) => m,
-            _ => unreachable!("json! object"),
+        NewRecord {
+            job_id: self.job_id.clone(),
+            job_type: self.job_type.clone(),
+            attempt: self.attempt,
+            iteration: self.iteration,
+            dispatch_token: self.dispatch_token.clone(),
+            auth_token: remote_auth_token(secret, &self.job_id, self.attempt, &self.dispatch_token),
+            agent_session: self.agent_session.clone(),
+            transport: "remote".into(),
+            heartbeat_sec: self.heartbeat_sec,
+            heartbeat_misses: self.heartbeat_misses,
+            ack_timeout_sec: self.ack_timeout_sec,
+            idle_timeout_sec: self.idle_timeout_sec,
+            idle_timeout_explicit: self.idle_timeout_sec != self.heartbeat_sec * self.heartbeat_misses,
+            timeout_sec: self.timeout_sec,
+            broker,
+            topic_prefix: self.topic_prefix.clone(),
+            brief_path: Some(dir.join("brief.md").to_string_lossy().into_owned()),
+            report_path: Some(dir.join("report.md").to_string_lossy().into_owned()),
+            parent_job_id: self.parent_job_id.clone(),
+            orchestrator_uuid: self.orchestrator_uuid.clone(),
         }
+        .fields(self.issued_at_ms)
     }
 }
 
