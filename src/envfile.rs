@@ -10,8 +10,8 @@ use std::fs;
 use std::io;
 use std::path::PathBuf;
 
-use crate::cli::show_path;
 use crate::ctx::Ctx;
+use crate::text::show_path;
 
 /// Why a present file could not be loaded; the legacy names are part of the output (CORE 1.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

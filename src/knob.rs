@@ -6,8 +6,9 @@
 
 use std::ffi::OsStr;
 
-use crate::cli::{one_line, Failure};
+use crate::cli::Failure;
 use crate::ctx::Ctx;
+use crate::text::one_line;
 
 /// The grammar alone: `Some(n)` for a valid decimal u32, else `None`.
 pub fn parse_u32(s: &str) -> Option<u32> {

@@ -23,4 +23,5 @@ pub mod remote;
 pub mod session;
 pub mod sign;
 pub mod sys;
+pub mod text;
 pub mod watch;

@@ -91,7 +91,7 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
 
 fn not_yet(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failure> {
     let Some((_, summary, _)) = COMMANDS.iter().find(|(n, _, _)| *n == name) else {
-        return Err(Failure::usage(format!("unknown command '{}' (see mam --help)", mam::cli::one_line(name))));
+        return Err(Failure::usage(format!("unknown command '{}' (see mam --help)", mam::text::one_line(name))));
     };
     if args.iter().any(|a| a == "--help" || a == "-h") {
         ctx.say(&format!("Usage: mam {name} ...\n\n{summary}.\n\nNot yet available in this build: exits 2."));

@@ -25,7 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::cli::one_line;
+use crate::text::one_line;
 use codec::Packet;
 
 /// Where broker log lines go besides the in-memory ring: called once per line, from any thread.

@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::broker::{self, BrokerConfig};
 use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
+use crate::text;
 use crate::{knob, sys};
 
 pub const USAGE: &str = "
@@ -65,7 +66,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 a.bind = v
                     .trim()
                     .parse()
-                    .map_err(|_| Failure::usage(format!("--bind: invalid IP address '{}'", cli::one_line(&v))))?;
+                    .map_err(|_| Failure::usage(format!("--bind: invalid IP address '{}'", text::one_line(&v))))?;
             }
             Long("port") => {
                 let raw = p.value()?;
@@ -94,10 +95,10 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
 
 fn read_password(path: &std::path::Path) -> Result<String, Failure> {
     let bytes = std::fs::read(path).map_err(|e| {
-        Failure::runtime(format!("{}: cannot read password file ({:?})", cli::show_path(path), e.kind()))
+        Failure::runtime(format!("{}: cannot read password file ({:?})", text::show_path(path), e.kind()))
     })?;
     let mut s = String::from_utf8(bytes)
-        .map_err(|_| Failure::runtime(format!("{}: password file is not UTF-8", cli::show_path(path))))?;
+        .map_err(|_| Failure::runtime(format!("{}: password file is not UTF-8", text::show_path(path))))?;
     if s.ends_with('\n') {
         s.pop();
         if s.ends_with('\r') {
@@ -144,7 +145,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         record: false,
         ..BrokerConfig::default()
     };
-    let handle = broker::start(cfg).map_err(|e| Failure::runtime(cli::one_line(&e.to_string())))?;
+    let handle = broker::start(cfg).map_err(|e| Failure::runtime(text::one_line(&e.to_string())))?;
     let addr = handle.addr();
     ctx.say(&format!("mam broker listening on {addr}"));
     while sys::pending_signal().is_none() {

@@ -21,6 +21,7 @@ use crate::mqtt::{MqttConfig, Stop};
 use crate::paths;
 use crate::registry::store::Store;
 use crate::sys;
+use crate::text;
 
 pub const USAGE: &str = "
 Usage: mam daemon run --workspace DIR [--registry-dir D] [--logs-dir D] [--idle-timeout S] [--interval S]
@@ -98,7 +99,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                     _ => {
                         return Err(Failure::usage(format!(
                             "daemon: unknown subcommand '{}' (expected run, ensure, status or stop)",
-                            cli::one_line(&v.to_string_lossy())
+                            text::one_line(&v.to_string_lossy())
                         )))
                     }
                 })
@@ -208,7 +209,7 @@ fn run_daemon(ctx: &mut Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure>
         Err(e) => {
             return Err(Failure::runtime(format!(
                 "{}: cannot take the monitor lock ({e})",
-                cli::show_path(&lock::lock_path(workspace))
+                text::show_path(&lock::lock_path(workspace))
             )))
         }
     };
@@ -227,9 +228,9 @@ fn run_daemon(ctx: &mut Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure>
     log(&format!(
         "started pid={} workspace={} registry={} logs={}",
         std::process::id(),
-        cli::show_path(&cfg.workspace),
-        cli::show_path(&cfg.store.registry),
-        cli::show_path(&cfg.store.logs)
+        text::show_path(&cfg.workspace),
+        text::show_path(&cfg.store.registry),
+        text::show_path(&cfg.store.logs)
     ));
     daemon::run(&cfg, &held, Stop::never(), &mut log);
     drop(held);
@@ -250,7 +251,7 @@ fn already_running(workspace: &Path, mut pid: Option<i32>) -> Failure {
 
 fn ensure(ctx: &Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure> {
     if !workspace.is_dir() {
-        return Err(Failure::runtime(format!("{}: workspace directory does not exist", cli::show_path(workspace))));
+        return Err(Failure::runtime(format!("{}: workspace directory does not exist", text::show_path(workspace))));
     }
     // CORE 10.1: under the opt-out the NOTE is always printed; a running daemon is still reported.
     if ctx.var("MAM_NO_SUBSCRIBER_DAEMON").as_deref() == Some("1") {
@@ -269,7 +270,7 @@ fn ensure(ctx: &Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure> {
     let log_path = lock::log_path(workspace);
     let log_file = sys::create_dir_all(&workspace.join(".mam"))
         .and_then(|_| OpenOptions::new().append(true).create(true).mode(0o600).open(&log_path))
-        .map_err(|e| Failure::runtime(format!("{}: cannot open ({e})", cli::show_path(&log_path))))?;
+        .map_err(|e| Failure::runtime(format!("{}: cannot open ({e})", text::show_path(&log_path))))?;
     let log_err =
         log_file.try_clone().map_err(|e| Failure::runtime(format!("cannot duplicate log descriptor ({e})")))?;
     let mut cmd = Command::new(&exe);
@@ -300,7 +301,7 @@ fn ensure(ctx: &Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure> {
             if status.code() != Some(rc::LOCKED) {
                 return Err(Failure::runtime(format!(
                     "the daemon exited at start ({status}); see {}",
-                    cli::show_path(&log_path)
+                    text::show_path(&log_path)
                 )));
             }
         }
@@ -316,7 +317,7 @@ fn ensure(ctx: &Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure> {
 
 fn stop(ctx: &Ctx, workspace: &Path) -> Result<i32, Failure> {
     let Some(info) = lock::read_info(workspace).filter(|i| lock::is_daemon_for(i, workspace)) else {
-        ctx.diag(&format!("NOTE: no daemon running for {}", cli::show_path(workspace)));
+        ctx.diag(&format!("NOTE: no daemon running for {}", text::show_path(workspace)));
         return Ok(0);
     };
     sys::kill(info.pid, libc::SIGTERM)

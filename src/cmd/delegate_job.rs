@@ -13,6 +13,7 @@ use crate::ctx::Ctx;
 use crate::delegate::{self, DeadlineSource, Request, MAX_TASK};
 use crate::knob;
 use crate::sys;
+use crate::text;
 
 pub const USAGE: &str = "
 Usage: mam delegate-job --session NAME|remote:NAME --brief-file PATH [options]
@@ -77,7 +78,7 @@ fn job_id_flag(flag: &str, v: OsString) -> Result<String, Failure> {
     if clock::valid_job_id(&v) {
         Ok(v)
     } else {
-        Err(Failure::usage(format!("{flag}: invalid job id '{}'", cli::one_line(&v))))
+        Err(Failure::usage(format!("{flag}: invalid job id '{}'", text::one_line(&v))))
     }
 }
 
@@ -101,7 +102,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 if !crate::registry::TYPES.contains(&v.as_str()) {
                     return Err(Failure::usage(format!(
                         "--type: invalid type '{}' (expected task, loop or discuss)",
-                        cli::one_line(&v)
+                        text::one_line(&v)
                     )));
                 }
                 a.job_type = Some(v);
@@ -115,7 +116,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                     other => {
                         return Err(Failure::usage(format!(
                             "--deadline-source: invalid value '{}' (expected job or wall-clock)",
-                            cli::one_line(other)
+                            text::one_line(other)
                         )))
                     }
                 }
@@ -136,7 +137,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
 /// Every refusal is rc 2 naming the file; nothing is registered.
 fn read_task(ctx: &Ctx, path: &std::path::Path) -> Result<String, Failure> {
     let abs = sys::absolutize(ctx.cwd(), path);
-    let shown = cli::show_path(&abs);
+    let shown = text::show_path(&abs);
     let refuse = |why: String| Failure::usage(format!("--brief-file {shown}: {why}; nothing registered"));
     let f = std::fs::File::open(&abs).map_err(|e| refuse(format!("cannot read ({e})")))?;
     let meta = f.metadata().map_err(|e| refuse(format!("cannot read ({e})")))?;

@@ -3,8 +3,10 @@
 
 use std::ffi::OsString;
 
-use crate::cli::{self, show_path, Failure, Parsed};
+use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
+use crate::text;
+use crate::text::show_path;
 use crate::{envfile, knob};
 
 pub const USAGE: &str = "
@@ -74,7 +76,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             }
             let mut out = String::new();
             for (k, v) in envfile::applicable(ctx, &parsed) {
-                out.push_str(&format!("export {k}={}\n", cli::shell_quote(&v)));
+                out.push_str(&format!("export {k}={}\n", text::shell_quote(&v)));
             }
             ctx.say_raw(out.as_bytes());
         }

@@ -18,6 +18,7 @@ use crate::paths;
 use crate::publish::Settings;
 use crate::registry::store::Store;
 use crate::sys;
+use crate::text;
 
 pub const USAGE: &str = "
 Usage: mam heartbeat start --job-id ID [--interval N] [--watch-pid PID] [--lifetime S] [--registry-dir D]
@@ -98,7 +99,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                     _ => {
                         return Err(Failure::usage(format!(
                             "heartbeat: unknown subcommand '{}' (expected start, stop, status or run)",
-                            cli::one_line(&v.to_string_lossy())
+                            text::one_line(&v.to_string_lossy())
                         )))
                     }
                 });
@@ -107,7 +108,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Long("job-id") => {
                 let v = cli::utf8("--job-id", p.value()?)?;
                 if !clock::valid_job_id(&v) {
-                    return Err(Failure::usage(format!("--job-id: invalid job id '{}'", cli::one_line(&v))));
+                    return Err(Failure::usage(format!("--job-id: invalid job id '{}'", text::one_line(&v))));
                 }
                 job_id = Some(v);
                 "--job-id"
@@ -134,7 +135,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 let ms = raw.to_str().and_then(knob::parse_decimal_ms).ok_or_else(|| {
                     Failure::usage(format!(
                         "--drain: invalid value '{}' (expected seconds, e.g. 1 or 0.5)",
-                        cli::one_line(&raw.to_string_lossy())
+                        text::one_line(&raw.to_string_lossy())
                     ))
                 })?;
                 a.drain = Some(std::time::Duration::from_millis(ms));

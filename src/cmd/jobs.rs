@@ -22,6 +22,7 @@ use crate::paths;
 use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::sys;
+use crate::text;
 
 pub const USAGE: &str = "
 Usage: mam jobs [--registry-dir D] [--json] [--follow]
@@ -169,10 +170,10 @@ pub fn rows(store: &Store) -> Result<(Vec<Row>, Vec<String>), Failure> {
         match fs::read(&path) {
             Ok(bytes) => match slim(&bytes) {
                 Some(r) => out.push(row(&r, &store.registry)),
-                None => warnings.push(format!("WARNING: {}: not a valid job record; skipped", cli::show_path(&path))),
+                None => warnings.push(format!("WARNING: {}: not a valid job record; skipped", text::show_path(&path))),
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // removed since the listing
-            Err(e) => warnings.push(format!("WARNING: {}: cannot read record ({e}); skipped", cli::show_path(&path))),
+            Err(e) => warnings.push(format!("WARNING: {}: cannot read record ({e}); skipped", text::show_path(&path))),
         }
     }
     out.sort_by(|a, b| (&a.created_at, &a.job_id).cmp(&(&b.created_at, &b.job_id)));
@@ -197,10 +198,10 @@ pub fn table(rows: &[Row], now_ms: u64) -> String {
         vec![["JOB", "STATUS", "ATTEMPT", "SESSION", "EVIDENCE", "HEARTBEAT"].map(String::from)];
     for r in rows {
         cells.push([
-            cli::one_line(&r.job_id),
-            cli::one_line(&r.status),
+            text::one_line(&r.job_id),
+            text::one_line(&r.status),
             r.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
-            if r.session.is_empty() { "-".into() } else { cli::one_line(&r.session) },
+            if r.session.is_empty() { "-".into() } else { text::one_line(&r.session) },
             age(r.evidence_ms, now_ms),
             age(r.heartbeat_ms, now_ms),
         ]);
@@ -266,7 +267,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             let v = to_json(&rows, now);
             ctx.say(&if a.follow { v.to_string() } else { serde_json::to_string_pretty(&v).unwrap_or_default() });
         } else if a.follow {
-            let head = format!("mam jobs  {}  {}\n", cli::show_path(&store.registry), clock::format_ts(now));
+            let head = format!("mam jobs  {}  {}\n", text::show_path(&store.registry), clock::format_ts(now));
             ctx.say_raw(format!("\x1b[H\x1b[2J{head}{}", table(&rows, now)).as_bytes());
         } else {
             ctx.say_raw(table(&rows, now).as_bytes());

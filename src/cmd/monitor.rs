@@ -9,6 +9,7 @@ use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
 use crate::paths;
 use crate::session::run_self;
+use crate::text;
 
 pub const USAGE: &str = "
 Usage: mam monitor [start | stop | status]
@@ -38,7 +39,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<&'static str>, Failure> {
                     _ => {
                         return Err(Failure::usage(format!(
                             "monitor: unknown verb '{}' (start, stop, status)",
-                            cli::one_line(&v.to_string_lossy())
+                            text::one_line(&v.to_string_lossy())
                         )))
                     }
                 })

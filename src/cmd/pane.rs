@@ -5,9 +5,10 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::cli::{self, one_line, show_path, Failure, Parsed};
+use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
 use crate::pane::{self, Knobs, ListOutcome, PlaceRequest};
+use crate::text::{one_line, show_path};
 
 pub const USAGE: &str = "
 Usage: mam pane ls [--server S] [--json]

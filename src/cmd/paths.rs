@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
 use crate::paths;
+use crate::text;
 
 pub const USAGE: &str = "
 Usage: mam paths [--registry-dir D] [--json | --control-plane-json | --control-plane-prefix]
@@ -95,7 +96,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         }
         Format::Prefix => {
             let words: Vec<String> =
-                r.binding().iter().map(|(k, p)| format!("{k}={}", cli::shell_quote(&s(p)))).collect();
+                r.binding().iter().map(|(k, p)| format!("{k}={}", text::shell_quote(&s(p)))).collect();
             ctx.say(&words.join(" "));
         }
     }

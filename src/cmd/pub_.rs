@@ -12,6 +12,7 @@ use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
 use crate::knob;
 use crate::mqtt::{self, codec, Client, Message, MqttConfig, MqttError, RetryPolicy, Role, Stop};
+use crate::text;
 
 pub const USAGE: &str = "
 Usage: mam pub -t TOPIC (-m MSG | -f FILE | -s | -n) [-q 0|1] [-r] [-h HOST] [-p PORT]
@@ -62,7 +63,7 @@ pub(crate) fn parse_qos(v: &OsString) -> Result<u8, Failure> {
         Some("1") => Ok(1),
         _ => Err(Failure::usage(format!(
             "-q: invalid value '{}' (expected 0 or 1)",
-            cli::one_line(&v.to_string_lossy())
+            text::one_line(&v.to_string_lossy())
         ))),
     }
 }
@@ -142,7 +143,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let payload = match a.payload {
         Payload::Message(m) => m,
         Payload::File(f) => std::fs::read(&f)
-            .map_err(|e| Failure::runtime(format!("{}: cannot read ({})", cli::show_path(&f), e.kind())))?,
+            .map_err(|e| Failure::runtime(format!("{}: cannot read ({})", text::show_path(&f), e.kind())))?,
         Payload::Stdin => {
             let mut v = Vec::new();
             std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut v)

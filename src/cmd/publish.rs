@@ -16,6 +16,7 @@ use crate::paths;
 use crate::publish::{self, Event, Outcome, Settings, WireReport};
 use crate::registry::store::Store;
 use crate::sign;
+use crate::text;
 
 pub const USAGE: &str = "
 Usage: mam publish --job-id ID --event started|progress|completed|failed|error [--message TEXT]
@@ -138,7 +139,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
 }
 
 fn short(v: &str) -> String {
-    let s = cli::one_line(v);
+    let s = text::one_line(v);
     if s.chars().count() > 80 {
         s.chars().take(80).collect::<String>() + "..."
     } else {
@@ -153,7 +154,7 @@ fn parse_data(raw: OsString) -> Result<Map<String, Value>, Failure> {
         return Err(Failure::usage(format!("--data: {} bytes is more than {}", v.len(), publish::MAX_DATA)));
     }
     let parsed: Value = serde_json::from_str(&v)
-        .map_err(|e| Failure::usage(format!("--data: invalid JSON ({})", cli::one_line(&e.to_string()))))?;
+        .map_err(|e| Failure::usage(format!("--data: invalid JSON ({})", text::one_line(&e.to_string()))))?;
     let Value::Object(m) = parsed else {
         return Err(Failure::usage("--data: must be a JSON object"));
     };

@@ -21,6 +21,7 @@ use crate::registry::record::{NewRecord, Record};
 use crate::registry::store::{Outcome, Store, StoreError};
 use crate::registry::{self, remote_auth_token, valid_status};
 use crate::sys;
+use crate::text;
 
 pub const USAGE: &str = "
 Usage: mam registry <subcommand> [--registry-dir D] [args...]
@@ -133,7 +134,7 @@ fn job_id_arg(flag: &str, v: &str) -> Result<String, Failure> {
     if clock::valid_job_id(v) {
         Ok(v.to_string())
     } else {
-        let mut shown = cli::one_line(v);
+        let mut shown = text::one_line(v);
         if shown.chars().count() > 80 {
             shown = shown.chars().take(80).collect::<String>() + "...";
         }
@@ -204,7 +205,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 if !clock::valid_session(&v) {
                     return Err(Failure::usage(format!(
                         "--session: invalid session '{}' (expected ^[A-Za-z0-9][A-Za-z0-9._:-]{{0,127}}$)",
-                        cli::one_line(&v)
+                        text::one_line(&v)
                     )));
                 }
                 // `list --session` filters; register/submit set.
@@ -220,7 +221,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 if !registry::TYPES.contains(&v.as_str()) {
                     return Err(Failure::usage(format!(
                         "--type: invalid type '{}' (expected task, loop or discuss)",
-                        cli::one_line(&v)
+                        text::one_line(&v)
                     )));
                 }
                 r.job.job_type = Some(v);
@@ -231,7 +232,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 if v != "local" && v != "remote" {
                     return Err(Failure::usage(format!(
                         "--transport: invalid transport '{}' (expected local or remote)",
-                        cli::one_line(&v)
+                        text::one_line(&v)
                     )));
                 }
                 r.job.transport = Some(v);
@@ -278,7 +279,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 if v.is_empty() || v.len() > 128 || !v.bytes().all(|b| b.is_ascii_graphic()) {
                     return Err(Failure::usage(format!(
                         "--orchestrator: invalid value '{}' (expected 1-128 printable ASCII characters)",
-                        cli::one_line(&v)
+                        text::one_line(&v)
                     )));
                 }
                 r.job.orchestrator = Some(v);
@@ -332,7 +333,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         return Err(Failure::usage("registry: missing subcommand (see mam registry --help)"));
     };
     let Some(ok) = allowed(&sub) else {
-        return Err(Failure::usage(format!("registry: unknown subcommand '{}'", cli::one_line(&sub))));
+        return Err(Failure::usage(format!("registry: unknown subcommand '{}'", text::one_line(&sub))));
     };
     if let Some(bad) = r.seen.iter().find(|f| !ok.contains(f)) {
         return Err(Failure::usage(format!("registry {sub}: unexpected option {bad}")));
@@ -350,7 +351,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     let mut fields = Map::new();
     for extra in pos {
         if sub != "set-meta" {
-            return Err(Failure::usage(format!("registry {sub}: unexpected argument '{}'", cli::one_line(&extra))));
+            return Err(Failure::usage(format!("registry {sub}: unexpected argument '{}'", text::one_line(&extra))));
         }
         let (k, v) = meta_pair(&extra)?;
         fields.insert(k, v);
@@ -403,7 +404,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
 
 /// `KEY=VALUE` (a string) or `KEY:=JSON` (any JSON value). Keys are `[A-Za-z_][A-Za-z0-9_.-]*`.
 fn meta_pair(s: &str) -> Result<(String, Value), Failure> {
-    let bad = || Failure::usage(format!("set-meta: expected KEY=VALUE or KEY:=JSON, got '{}'", cli::one_line(s)));
+    let bad = || Failure::usage(format!("set-meta: expected KEY=VALUE or KEY:=JSON, got '{}'", text::one_line(s)));
     let (k, v) = s.split_once('=').ok_or_else(bad)?;
     let (key, json) = match k.strip_suffix(':') {
         Some(key) => (key, true),
@@ -417,8 +418,9 @@ fn meta_pair(s: &str) -> Result<(String, Value), Failure> {
         return Err(bad());
     }
     let value = if json {
-        serde_json::from_str(v)
-            .map_err(|e| Failure::usage(format!("set-meta: {key}: invalid JSON ({})", cli::one_line(&e.to_string()))))?
+        serde_json::from_str(v).map_err(|e| {
+            Failure::usage(format!("set-meta: {key}: invalid JSON ({})", text::one_line(&e.to_string())))
+        })?
     } else {
         Value::String(v.to_string())
     };
@@ -840,7 +842,7 @@ fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String
         if !valid_status(s) {
             return Err(Failure::runtime(format!(
                 "invalid status '{}' (expected one of: {})",
-                cli::one_line(s),
+                text::one_line(s),
                 registry::status_list()
             )));
         }
@@ -866,7 +868,7 @@ fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String
     }
     for r in &recs {
         let text = |k: &str| match r.get(k) {
-            Some(Value::String(s)) => cli::one_line(s),
+            Some(Value::String(s)) => text::one_line(s),
             Some(Value::Null) | None => String::new(),
             Some(v) => v.to_string(),
         };
@@ -941,11 +943,11 @@ pub fn publish_cmd_line(ctx: &Ctx, store: &Store, rec: &Record) -> Result<Vec<u8
         .filter(|t| t.bytes().all(|b| b.is_ascii_hexdigit()) && !t.is_empty())
         .ok_or_else(|| Failure::runtime(format!("job {id}: record has no valid dispatch_token")))?;
     let mut line = b"DELEGATE_JOB_LOGS_DIR=".to_vec();
-    line.extend(cli::shell_quote_bytes(store.logs.as_os_str().as_bytes()));
+    line.extend(text::shell_quote_bytes(store.logs.as_os_str().as_bytes()));
     line.push(b' ');
-    line.extend(cli::shell_quote_bytes(mam.as_os_str().as_bytes()));
+    line.extend(text::shell_quote_bytes(mam.as_os_str().as_bytes()));
     line.extend_from_slice(b" publish --registry-dir ");
-    line.extend(cli::shell_quote_bytes(store.registry.as_os_str().as_bytes()));
+    line.extend(text::shell_quote_bytes(store.registry.as_os_str().as_bytes()));
     line.extend_from_slice(format!(" --job-id {id} --attempt {attempt} --dispatch-token {token} --event").as_bytes());
     Ok(line)
 }

@@ -21,6 +21,7 @@ use crate::registry::store::Store;
 use crate::remote::dispatch;
 use crate::remote::runner::{self, Runner, RunnerError};
 use crate::sys;
+use crate::text;
 
 pub const USAGE: &str = "
 Usage: mam remote dispatch --job-id ID [--registry-dir D] [--brief-file F]
@@ -82,7 +83,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Long("job-id") => {
                 let v = cli::utf8("--job-id", p.value()?)?;
                 if !clock::valid_job_id(&v) {
-                    return Err(Failure::usage(format!("--job-id: invalid job id '{}'", cli::one_line(&v))));
+                    return Err(Failure::usage(format!("--job-id: invalid job id '{}'", text::one_line(&v))));
                 }
                 seen.push("--job-id");
                 job_id = Some(v);
@@ -95,7 +96,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 let v = cli::utf8("--session", p.value()?)?;
                 let name = v.strip_prefix("remote:").unwrap_or(&v).to_string();
                 if !clock::valid_session(&format!("remote:{name}")) || name.is_empty() {
-                    return Err(Failure::usage(format!("--session: invalid session name '{}'", cli::one_line(&v))));
+                    return Err(Failure::usage(format!("--session: invalid session name '{}'", text::one_line(&v))));
                 }
                 seen.push("--session");
                 session = Some(name);
@@ -123,7 +124,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         Some(other) => {
             return Err(Failure::usage(format!(
                 "remote: unknown subcommand '{}' (expected dispatch or run)",
-                cli::one_line(other)
+                text::one_line(other)
             )))
         }
         None => return Err(Failure::usage("remote: a subcommand is required (dispatch or run)")),
@@ -177,7 +178,7 @@ fn dispatch_job(
     if transport != "remote" || !session.starts_with("remote:") {
         return Err(Failure::runtime(format!(
             "job {job_id} is not a remote job (transport={transport}, agent_session={})",
-            cli::one_line(session)
+            text::one_line(session)
         )));
     }
     let brief_path = match brief_file {
@@ -191,17 +192,17 @@ fn dispatch_job(
     let brief = match &brief_path {
         Some(p) => {
             let bytes = std::fs::read(p)
-                .map_err(|e| Failure::runtime(format!("{}: cannot read the brief ({e})", cli::show_path(p))))?;
+                .map_err(|e| Failure::runtime(format!("{}: cannot read the brief ({e})", text::show_path(p))))?;
             if bytes.len() > dispatch::MAX_BRIEF {
                 return Err(Failure::usage(format!(
                     "{}: the brief is {} bytes; a dispatch carries at most {} (768 KiB)",
-                    cli::show_path(p),
+                    text::show_path(p),
                     bytes.len(),
                     dispatch::MAX_BRIEF
                 )));
             }
             String::from_utf8(bytes)
-                .map_err(|_| Failure::runtime(format!("{}: the brief is not UTF-8", cli::show_path(p))))?
+                .map_err(|_| Failure::runtime(format!("{}: the brief is not UTF-8", text::show_path(p))))?
         }
         None => String::new(),
     };

@@ -5,12 +5,14 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::cli::{self, show_path, Failure, Parsed};
+use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
 use crate::paths;
 use crate::session::yaml::{import, Imported};
 use crate::session::{Notes, SessionError};
 use crate::sys;
+use crate::text;
+use crate::text::show_path;
 
 pub const USAGE: &str = "
 Usage: mam session import-yaml [FILE]
@@ -46,7 +48,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     }
     match verb.as_deref() {
         Some("import-yaml") => Ok(Parsed::Run(a)),
-        Some(other) => Err(Failure::usage(format!("session: unknown verb '{}' (import-yaml)", cli::one_line(other)))),
+        Some(other) => Err(Failure::usage(format!("session: unknown verb '{}' (import-yaml)", text::one_line(other)))),
         None => Err(Failure::usage("session: give a verb (import-yaml)")),
     }
 }

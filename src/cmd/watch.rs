@@ -20,6 +20,7 @@ use crate::mqtt::MqttConfig;
 use crate::paths;
 use crate::registry::store::Store;
 use crate::sys;
+use crate::text;
 use crate::watch::accept::Silence;
 use crate::watch::follow::{self, Job, Output, Settings, Verdict};
 
@@ -88,7 +89,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Long("job-id") => {
                 let v = cli::utf8("--job-id", p.value()?)?;
                 if !clock::valid_job_id(&v) {
-                    return Err(Failure::usage(format!("--job-id: invalid job id '{}'", cli::one_line(&v))));
+                    return Err(Failure::usage(format!("--job-id: invalid job id '{}'", text::one_line(&v))));
                 }
                 job_id = Some(v);
             }

@@ -95,7 +95,7 @@ impl Mirror {
         let rec = match self.store.read(id) {
             Ok(Some(r)) => r,
             Ok(None) => return Vec::new(),
-            Err(e) => return vec![format!("{e}; message on {} ignored", crate::cli::one_line(topic))],
+            Err(e) => return vec![format!("{e}; message on {} ignored", crate::text::one_line(topic))],
         };
         let Some(ident) = identity(&rec) else { return Vec::new() };
         let attempt = ident.attempt;
@@ -250,8 +250,8 @@ fn write_report(rec: &Record, id: &str, payload: &[u8]) -> Option<String> {
     }
     .and_then(|_| sys::atomic_write(path, report.as_bytes()));
     Some(match result {
-        Ok(()) => format!("job {id}: report written to {}", crate::cli::show_path(path)),
-        Err(e) => format!("job {id}: cannot write report {} ({e})", crate::cli::show_path(path)),
+        Ok(()) => format!("job {id}: report written to {}", crate::text::show_path(path)),
+        Err(e) => format!("job {id}: cannot write report {} ({e})", crate::text::show_path(path)),
     })
 }
 

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::cli::{one_line, show_path, Failure};
+use crate::cli::Failure;
 use crate::clock;
 use crate::cmd::registry::{self as registry_cmd, Close, NewJob, Timing};
 use crate::ctx::Ctx;
@@ -37,6 +37,7 @@ use crate::registry::{is_terminal, TYPES};
 use crate::remote::dispatch::MAX_BRIEF as MAX_REMOTE_BRIEF;
 use crate::session::{self, reconcile::row_target, Row};
 use crate::sys;
+use crate::text::{one_line, show_path};
 use crate::watch::tail::Tail;
 
 use subscriber::{Spec, Subscriber};

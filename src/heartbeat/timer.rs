@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map};
 
 use super::timer_proc::{self, is_our_timer, lifecycle_lock_path, pidfile_path, Pidfile, Stopped};
-use crate::cli::{show_path, Failure};
+use crate::cli::Failure;
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::knob;
@@ -31,6 +31,7 @@ use crate::registry::engine::{Authority, Decision, Kind, Request};
 use crate::registry::is_terminal;
 use crate::registry::store::{Store, StoreError};
 use crate::sys::{self, Flock, LockMode};
+use crate::text::show_path;
 
 /// Longest sleep slice of the timer loop (A17: SIGTERM is honoured within 100 ms).
 pub const SLICE: Duration = Duration::from_millis(100);

@@ -234,7 +234,7 @@ impl Client {
                         phase: "puback",
                         what: format!(
                             "sent no PUBACK for '{}' within {}s",
-                            crate::cli::one_line(&msg.topic),
+                            crate::text::one_line(&msg.topic),
                             self.budget.as_secs()
                         ),
                     })
@@ -269,7 +269,7 @@ impl Client {
                         phase: "suback",
                         what: format!(
                             "sent no SUBACK for '{}' within {}s",
-                            crate::cli::one_line(&filters.join(" ")),
+                            crate::text::one_line(&filters.join(" ")),
                             self.budget.as_secs()
                         ),
                     })

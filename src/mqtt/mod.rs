@@ -183,11 +183,13 @@ impl fmt::Display for MqttError {
                 write!(f, "TLS shim for {addr} ended before the handshake ({detail})")
             }
             MqttError::OpensslNotFound { program } => {
-                write!(f, "TLS needs openssl but '{}' was not found (set MAM_OPENSSL)", crate::cli::one_line(program))
+                write!(f, "TLS needs openssl but '{}' was not found (set MAM_OPENSSL)", crate::text::one_line(program))
             }
-            MqttError::Encode { topic, err } => write!(f, "cannot publish to '{}': {err}", crate::cli::one_line(topic)),
+            MqttError::Encode { topic, err } => {
+                write!(f, "cannot publish to '{}': {err}", crate::text::one_line(topic))
+            }
             MqttError::SubackRefused { filter } => {
-                write!(f, "broker refused the subscription to '{}' (SUBACK 0x80)", crate::cli::one_line(filter))
+                write!(f, "broker refused the subscription to '{}' (SUBACK 0x80)", crate::text::one_line(filter))
             }
             MqttError::Protocol { addr, detail } => write!(f, "protocol error from broker {addr}: {detail}"),
             MqttError::Stopped => f.write_str("stopped"),

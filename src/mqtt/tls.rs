@@ -260,7 +260,7 @@ fn push_line(tail: &Mutex<VecDeque<String>>, line: &[u8]) {
     if t.len() == TAIL_LINES {
         t.pop_front();
     }
-    t.push_back(crate::cli::one_line(String::from_utf8_lossy(line).trim_end_matches('\r')));
+    t.push_back(crate::text::one_line(String::from_utf8_lossy(line).trim_end_matches('\r')));
 }
 
 /// A `verify error` line, or `Verify return code: N` with N != 0 (CORE 3.4).

@@ -17,9 +17,10 @@ use super::{
     canon, Accepted, Agent, Backend, Created, Dir, Knobs, ListOutcome, PaneError, PaneInfo, PaneResult, PromptOutcome,
     Status, Workspace,
 };
-use crate::cli::{show_path, Failure};
+use crate::cli::Failure;
 use crate::ctx::Ctx;
 use crate::sys::{self, Flock, LockMode};
+use crate::text::show_path;
 
 /// The fake backend over one directory.
 pub struct Fake {

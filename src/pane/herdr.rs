@@ -15,9 +15,9 @@ use super::{
     canon, is_shell, no_autostart, run_capture, server_env, Accepted, Agent, Backend, Created, Dir, Knobs, ListOutcome,
     PaneError, PaneInfo, PaneResult, PromptOutcome, Status, Workspace,
 };
-use crate::cli::{one_line, show_path};
 use crate::ctx::Ctx;
 use crate::sys;
+use crate::text::{one_line, show_path};
 
 /// Default server for new sessions (1.1).
 pub const DEFAULT_SESSION: &str = "multi-agent-mux";

@@ -325,7 +325,7 @@ pub fn backend_name(ctx: &Ctx) -> Result<&'static str, Failure> {
         Some("fake") => Ok("fake"),
         Some(other) => Err(Failure::usage(format!(
             "MAM_PANE_BACKEND: unknown backend '{}' (herdr, tmux or fake)",
-            crate::cli::one_line(other)
+            crate::text::one_line(other)
         ))),
         None if on_path(ctx, "herdr").is_some() => Ok("herdr"),
         None => Ok("tmux"),
@@ -345,7 +345,7 @@ pub fn open_named(ctx: &Ctx, name: &str, server: Option<&str>) -> Result<Box<dyn
         "herdr" => Box::new(herdr::Herdr::new(ctx, server, knobs)),
         "tmux" => Box::new(tmux::Tmux::new(ctx, server, knobs)),
         "fake" => Box::new(fake::Fake::new(ctx, server, knobs)?),
-        other => return Err(Failure::usage(format!("unknown pane backend '{}'", crate::cli::one_line(other)))),
+        other => return Err(Failure::usage(format!("unknown pane backend '{}'", crate::text::one_line(other)))),
     })
 }
 
@@ -495,7 +495,7 @@ pub fn place_and_start(b: &dyn Backend, req: &PlaceRequest, knobs: &Knobs) -> Re
     if !valid_name(&req.name) {
         return Err(early(PaneError::Usage(format!(
             "invalid session name '{}' (expected [a-z][a-z0-9_-]{{0,31}})",
-            crate::cli::one_line(&req.name)
+            crate::text::one_line(&req.name)
         ))));
     }
     b.ensure_server().map_err(early)?;

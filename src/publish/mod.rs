@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use crate::cli::{show_path, Failure};
+use crate::cli::Failure;
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::heartbeat::timer;
@@ -31,6 +31,7 @@ use crate::registry::engine::{Authority, Decision, Kind, Request as EngineReques
 use crate::registry::record::Record;
 use crate::registry::store::{Store, StoreError};
 use crate::sys::{self, Flock, LockMode};
+use crate::text::show_path;
 
 use wire::{EventFields, Job, Progress};
 

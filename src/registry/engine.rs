@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value};
 
-use super::record::Record;
+use super::record::{self, Record};
 use super::{is_terminal, remote_auth_token, status_list, valid_status};
 use crate::clock::{format_ts, parse_ts};
 
@@ -194,7 +194,7 @@ pub enum Decision {
 pub fn precheck_static(req: &Request) -> Option<String> {
     if let Some(s) = &req.target_status {
         if !valid_status(s) {
-            return Some(format!("invalid status '{}' (expected one of: {})", crate::cli::one_line(s), status_list()));
+            return Some(format!("invalid status '{}' (expected one of: {})", crate::text::one_line(s), status_list()));
         }
     }
     if let Some(k) = req.fields.keys().find(|k| RESERVED.contains(&k.as_str())) {
@@ -478,7 +478,7 @@ fn redispatch(new: &mut Record, rec: &Record, req: &Request, now: u64) -> Result
     }
     new.set("dispatched_at", format_ts(now));
     let timeout = new.u64("timeout_sec").unwrap_or(0);
-    new.set("deadline_at", deadline_at(now, timeout));
+    new.set("deadline_at", record::deadline_at(now, timeout));
     if new.get("idle_timeout_explicit") != Some(&Value::Bool(true)) {
         // A changed N or K re-derives a non-explicit idle timeout (CORE 4.1).
         let n = new.u64("heartbeat_sec").unwrap_or(30);
@@ -486,15 +486,6 @@ fn redispatch(new: &mut Record, rec: &Record, req: &Request, now: u64) -> Result
         new.set("idle_timeout_sec", n * k);
     }
     Ok(())
-}
-
-/// `deadline_at` for a wall-clock budget: `dispatched_at + timeout_sec`, or null when 0 (none).
-pub fn deadline_at(dispatched_ms: u64, timeout_sec: u64) -> Value {
-    if timeout_sec == 0 {
-        Value::Null
-    } else {
-        Value::String(format_ts(dispatched_ms + timeout_sec * 1000))
-    }
 }
 
 /// `register` (or a first `mirror`) on a missing record: the caller's initial record, pending.

@@ -61,7 +61,7 @@ impl NewRecord {
             "idle_timeout_sec": self.idle_timeout_sec,
             "idle_timeout_explicit": self.idle_timeout_explicit,
             "timeout_sec": self.timeout_sec,
-            "deadline_at": super::engine::deadline_at(dispatched_ms, self.timeout_sec),
+            "deadline_at": deadline_at(dispatched_ms, self.timeout_sec),
             "broker": self.broker,
             "topic_prefix": self.topic_prefix,
             "created_at": ts,
@@ -112,7 +112,7 @@ impl Record {
         match serde_json::from_slice::<Value>(bytes) {
             Ok(Value::Object(fields)) => Ok(Record { fields }),
             Ok(_) => Err(ParseError::NotObject),
-            Err(e) => Err(ParseError::NotJson(crate::cli::one_line(&e.to_string()))),
+            Err(e) => Err(ParseError::NotJson(crate::text::one_line(&e.to_string()))),
         }
     }
 
@@ -179,6 +179,15 @@ impl Record {
 fn scrub(fields: &mut Map<String, Value>) {
     if let Some(Value::Object(b)) = fields.get_mut("broker") {
         b.shift_remove("password");
+    }
+}
+
+/// `deadline_at` for a wall-clock budget: `dispatched_at + timeout_sec`, or null when 0 (none).
+pub fn deadline_at(dispatched_ms: u64, timeout_sec: u64) -> Value {
+    if timeout_sec == 0 {
+        Value::Null
+    } else {
+        Value::String(crate::clock::format_ts(dispatched_ms + timeout_sec * 1000))
     }
 }
 

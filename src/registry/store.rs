@@ -19,10 +19,10 @@ use std::path::{Path, PathBuf};
 use super::audit;
 use super::engine::{self, Decision, Kind, Request};
 use super::record::Record;
-use crate::cli::show_path;
 use crate::clock;
 use crate::paths::Resolved;
 use crate::sys::{self, Flock, LockMode};
+use crate::text::show_path;
 
 /// A registry and its audit-log root (both absolute, from `paths::resolve`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +133,7 @@ impl Store {
             return Err(StoreError::Invalid(msg));
         }
         if !clock::valid_job_id(&req.job_id) {
-            return Err(StoreError::Invalid(format!("invalid job id '{}'", crate::cli::one_line(&req.job_id))));
+            return Err(StoreError::Invalid(format!("invalid job id '{}'", crate::text::one_line(&req.job_id))));
         }
         let path = self.record_path(&req.job_id);
         // Pre-check 4 without creating anything: a request that cannot create a record on a job that

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use super::dispatch::{self, Dispatch, Judged};
-use crate::cli::show_path;
 use crate::clock;
 use crate::heartbeat::timer::{self, StartSpec, TimerError};
 use crate::mqtt::{self, Client, Message, MqttError, Persistent, RetryPolicy, Role, Stop};
@@ -32,6 +31,7 @@ use crate::publish::{self, Event, Outcome, Settings};
 use crate::registry::engine::{Authority, Decision, Kind, Request};
 use crate::registry::store::Store;
 use crate::sys;
+use crate::text::show_path;
 
 /// A21: the queue bound.
 pub const QUEUE_LIMIT: usize = 100;

@@ -10,12 +10,12 @@ use super::{
     caller_binding, command_line, default_name, ensure_daemon, forward_env, load, rollback_text, same_dir, update,
     verified_rollback, Notes, PaneRef, Row, SessionError, KINDS,
 };
-use crate::cli::show_path;
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::pane::{self, Backend, Knobs, PaneError, PlaceFailure, PlaceRequest, Placed};
 use crate::paths;
 use crate::sys;
+use crate::text::show_path;
 
 /// Validated arguments of `mam create`.
 #[derive(Debug, Clone, Default)]
@@ -47,7 +47,7 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes) -> Result<Vec<String
     if !KINDS.contains(&a.kind.as_str()) {
         return Err(SessionError::Refused(format!(
             "unknown agent kind '{}' (known: {})",
-            crate::cli::one_line(&a.kind),
+            crate::text::one_line(&a.kind),
             KINDS.join(", ")
         )));
     }
@@ -66,7 +66,7 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes) -> Result<Vec<String
     if !pane::valid_name(&name) {
         return Err(SessionError::Refused(format!(
             "invalid session name '{}' (expected [a-z][a-z0-9_-]{{0,31}})",
-            crate::cli::one_line(&name)
+            crate::text::one_line(&name)
         )));
     }
     if doc.row(&name).is_some_and(Row::running) {

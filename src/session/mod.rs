@@ -24,11 +24,12 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::cli::{one_line, show_path, Failure};
+use crate::cli::Failure;
 use crate::ctx::Ctx;
 use crate::pane::{self, Backend, ListOutcome, Placed};
 use crate::paths::{self, Resolved};
 use crate::sys::{self, Flock, LockMode};
+use crate::text::{one_line, show_path};
 
 // ---------------------------------------------------------------------------------------------
 // Errors and diagnostics
@@ -367,7 +368,7 @@ pub fn command_line(kind: &str, args: &[String]) -> String {
         if plain {
             s.push_str(a);
         } else {
-            s.push_str(&crate::cli::shell_quote(a));
+            s.push_str(&crate::text::shell_quote(a));
         }
     }
     s

@@ -12,12 +12,12 @@ use super::{
     caller_binding, command_line, ensure_daemon, forward_env, load, resume_args, rollback_text, same_dir, update,
     verified_rollback, Notes, PaneRef, SessionError, BINDING_VARS,
 };
-use crate::cli::{one_line, show_path};
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::pane::{self, Knobs, ListOutcome, PlaceRequest};
 use crate::paths;
 use crate::sys;
+use crate::text::{one_line, show_path};
 
 /// Validated arguments of `mam resume`.
 #[derive(Debug, Clone, Default)]

@@ -222,8 +222,8 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
         Some(n) => vec![doc.row(n).cloned().ok_or_else(|| {
             SessionError::Refused(format!(
                 "unknown session '{}' (no row in {})",
-                crate::cli::one_line(n),
-                crate::cli::show_path(&file)
+                crate::text::one_line(n),
+                crate::text::show_path(&file)
             ))
         })?],
         None => doc.herdr_sessions.clone(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::reconcile::row_target;
 use super::{load, run_self, update, Notes, Row, SessionError};
-use crate::cli::{one_line, show_path, Failure};
+use crate::cli::Failure;
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::pane::{self, ListOutcome};
@@ -21,6 +21,7 @@ use crate::registry::engine::{Authority, Decision, Kind, Request};
 use crate::registry::store::Store;
 use crate::registry::{is_terminal, record::Record};
 use crate::sys;
+use crate::text::{one_line, show_path};
 
 /// Validated arguments of `mam stop`.
 #[derive(Debug, Clone, Default)]

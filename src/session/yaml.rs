@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Number, Value};
 
 use super::{SessionError, Sessions};
-use crate::cli::show_path;
+use crate::text::show_path;
 
 /// One meaningful line: its 1-based number, indentation and text without comment.
 #[derive(Debug, Clone)]
@@ -181,7 +181,7 @@ fn scalar(s: &str, no: usize) -> Result<Value, String> {
         return unescape(body).map(Value::String).ok_or_else(|| format!("line {no}: unsupported escape"));
     }
     if s.starts_with(['&', '*', '!', '|', '>', '%', '@', '`']) {
-        return Err(format!("line {no}: unsupported YAML construct '{}'", crate::cli::one_line(s)));
+        return Err(format!("line {no}: unsupported YAML construct '{}'", crate::text::one_line(s)));
     }
     if s == "{}" {
         return Ok(Value::Object(Map::new()));

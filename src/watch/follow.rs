@@ -17,7 +17,6 @@ use serde_json::{json, Value};
 
 use super::accept::{Acceptor, Budgets, Identity, Outcome, Silence};
 use super::tail::Tail;
-use crate::cli::show_path;
 use crate::clock;
 use crate::mqtt::{self, BrokerBlock, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
 use crate::registry::audit;
@@ -25,6 +24,7 @@ use crate::registry::engine::{Authority, Decision, Kind, Request};
 use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::sys;
+use crate::text::show_path;
 
 /// The first reconnect wait and the cap of the doubling backoff (CORE 8.3).
 pub const BACKOFF_FIRST: Duration = Duration::from_secs(1);

@@ -642,7 +642,7 @@ fn publish_cmd_is_one_quoted_line() {
     let r =
         td.mam().args(["registry", "publish-cmd", "pc1", "--registry-dir", reg_s]).env("MAM_BIN", "/opt/m m/mam").run();
     let rec: Value = serde_json::from_slice(&fs::read(reg.join("pc1.json")).unwrap()).unwrap();
-    let q = |s: &str| mam::cli::shell_quote(s);
+    let q = |s: &str| mam::text::shell_quote(s);
     let logs = td.path("a b/it's/delegate_job_logs");
     let want = format!(
         "DELEGATE_JOB_LOGS_DIR={} {} publish --registry-dir {} --job-id pc1 --attempt 1 --dispatch-token {} --event\n",
