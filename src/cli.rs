@@ -8,6 +8,7 @@ use std::fmt;
 
 use crate::ctx::Ctx;
 use crate::envfile;
+use crate::knob::ConfigError;
 use crate::text::one_line;
 
 /// Exit codes (CORE 0.2).
@@ -52,6 +53,12 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.line)
+    }
+}
+
+impl From<ConfigError> for Failure {
+    fn from(e: ConfigError) -> Failure {
+        Failure::usage(e)
     }
 }
 

@@ -5,10 +5,38 @@
 //! var counts as absent. Env values are never echoed (they may come from the env file).
 
 use std::ffi::OsStr;
+use std::fmt;
 
-use crate::cli::Failure;
 use crate::ctx::Ctx;
 use crate::text::one_line;
+
+/// A flag or variable with a value outside its grammar. `cmd` renders it as `ERROR: <this>` with
+/// exit 2. Only a flag's value is echoed: an env value may come from the env file and is never shown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// `--flag` or `VARIABLE`.
+    pub name: String,
+    /// The offending value, for flags only.
+    pub value: Option<String>,
+    /// What was expected, e.g. `a decimal integer >= 1`.
+    pub expected: String,
+}
+
+impl ConfigError {
+    /// A variable's bad value (not echoed).
+    pub fn var(name: &str, expected: impl Into<String>) -> ConfigError {
+        ConfigError { name: name.into(), value: None, expected: expected.into() }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "{}: invalid value '{}' (expected {})", self.name, one_line(v), self.expected),
+            None => write!(f, "{}: invalid value (expected {})", self.name, self.expected),
+        }
+    }
+}
 
 /// The grammar alone: `Some(n)` for a valid decimal u32, else `None`.
 pub fn parse_u32(s: &str) -> Option<u32> {
@@ -45,31 +73,31 @@ pub fn parse_decimal_ms(s: &str) -> Option<u64> {
     Some(ms)
 }
 
-/// A flag's value: rc 2 `ERROR: --flag: invalid value '<v>' (expected a decimal integer >= min)`.
-pub fn flag(name: &str, raw: &OsStr, min: u32) -> Result<u32, Failure> {
-    let text = raw.to_string_lossy();
+/// A flag's value: `--flag: invalid value '<v>' (expected a decimal integer >= min)`.
+pub fn flag(name: &str, raw: &OsStr, min: u32) -> Result<u32, ConfigError> {
     match raw.to_str().and_then(parse_u32) {
         Some(n) if n >= min => Ok(n),
-        _ => Err(Failure::usage(format!(
-            "{name}: invalid value '{}' (expected a decimal integer >= {min})",
-            one_line(&text)
-        ))),
+        _ => Err(ConfigError {
+            name: name.into(),
+            value: Some(raw.to_string_lossy().into_owned()),
+            expected: format!("a decimal integer >= {min}"),
+        }),
     }
 }
 
-/// An env var's value: absent or empty gives `None`; invalid is rc 2 naming the variable only.
-pub fn env(ctx: &Ctx, name: &str, min: u32) -> Result<Option<u32>, Failure> {
+/// An env var's value: absent or empty gives `None`; invalid names the variable only.
+pub fn env(ctx: &Ctx, name: &str, min: u32) -> Result<Option<u32>, ConfigError> {
     let Some(v) = ctx.var_nonempty(name) else {
         return Ok(None);
     };
     match parse_u32(&v) {
         Some(n) if n >= min => Ok(Some(n)),
-        _ => Err(Failure::usage(format!("{name}: invalid value (expected a decimal integer >= {min})"))),
+        _ => Err(ConfigError::var(name, format!("a decimal integer >= {min}"))),
     }
 }
 
 /// `env`, with a default when absent.
-pub fn env_or(ctx: &Ctx, name: &str, min: u32, default: u32) -> Result<u32, Failure> {
+pub fn env_or(ctx: &Ctx, name: &str, min: u32, default: u32) -> Result<u32, ConfigError> {
     Ok(env(ctx, name, min)?.unwrap_or(default))
 }
 
@@ -101,8 +129,7 @@ mod tests {
     #[test]
     fn flag_message_names_flag_and_value() {
         let e = flag("--heartbeat", OsStr::new(""), 1).unwrap_err();
-        assert_eq!(e.rc, 2);
-        assert_eq!(e.line, "ERROR: --heartbeat: invalid value '' (expected a decimal integer >= 1)");
+        assert_eq!(e.to_string(), "--heartbeat: invalid value '' (expected a decimal integer >= 1)");
         assert_eq!(flag("--heartbeat", OsStr::new(" 5 "), 1).unwrap(), 5);
         assert!(flag("--heartbeat", OsStr::new("0"), 1).is_err());
     }

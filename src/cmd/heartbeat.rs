@@ -11,14 +11,15 @@ use std::sync::Arc;
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
 use crate::ctx::Ctx;
-use crate::heartbeat::timer::{self, RunArgs, StartSpec, TimerError};
+use crate::heartbeat::arm::{self, Arm};
+use crate::heartbeat::timer::{self, RunArgs, TimerError};
 use crate::heartbeat::timer_proc::Stopped;
 use crate::knob;
 use crate::paths;
-use crate::publish::Settings;
 use crate::registry::store::Store;
 use crate::sys;
 use crate::text;
+use crate::wire::{self, Settings};
 
 pub const USAGE: &str = "
 Usage: mam heartbeat start --job-id ID [--interval N] [--watch-pid PID] [--lifetime S] [--registry-dir D]
@@ -182,32 +183,6 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     Ok(Parsed::Run(a))
 }
 
-/// The `start_timer` inputs shared by `heartbeat start` and `publish --heartbeat`.
-pub(crate) fn spec(
-    ctx: &Ctx,
-    settings: &Settings,
-    attempt: Option<u64>,
-    dispatch_token: Option<String>,
-    interval: u32,
-    watch_pid: i32,
-    lifetime: u64,
-) -> Result<StartSpec, Failure> {
-    let exe = std::env::current_exe()
-        .map_err(|e| Failure::runtime(format!("cannot find the mam executable to run the timer ({e})")))?;
-    Ok(StartSpec {
-        attempt,
-        dispatch_token,
-        interval,
-        watch_pid,
-        lifetime,
-        drain: settings.drain,
-        exe,
-        env: ctx.child_env(),
-        cwd: ctx.cwd().to_path_buf(),
-        fault: timer::fault_from_ctx(ctx),
-    })
-}
-
 /// Entry point.
 pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
@@ -228,7 +203,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         Sub::Stop => {
             let drain = match a.drain {
                 Some(d) => d,
-                None => timer::drain_from_ctx(ctx)?,
+                None => wire::drain_from_ctx(ctx)?,
             };
             let s = timer::stop_timer(&store, &a.job_id, drain).map_err(Failure::runtime)?;
             if let Some(w) = timer::stopped_warning(&s, drain) {
@@ -273,20 +248,13 @@ fn start(ctx: &Ctx, store: &Store, settings: &Settings, a: &Args) -> Result<i32,
             None => rec.u64("heartbeat_sec").and_then(|n| u32::try_from(n).ok()).filter(|n| *n >= 1).unwrap_or(30),
         },
     };
-    let lifetime = a.lifetime.unwrap_or_else(|| {
-        timer::default_lifetime(rec.u64("timeout_sec").unwrap_or(0), rec.u64("idle_timeout_sec").unwrap_or(0))
-    });
-    let watch_pid = match a.watch_pid {
-        Some(p) => p,
-        None => super::publish::default_watch_pid(ctx, lifetime),
-    };
-    let spec = spec(ctx, settings, None, None, interval, watch_pid, lifetime)?;
-    match timer::start_timer(store, &a.job_id, &spec) {
-        Ok(started) => {
-            if let Some(w) = started.replaced.as_ref().and_then(|s| timer::stopped_warning(s, settings.drain)) {
-                ctx.diag(&w);
+    let req = Arm { interval, watch_pid: a.watch_pid, lifetime: a.lifetime, ..Arm::default() };
+    match arm::arm(ctx, store, settings, &a.job_id, &rec, req) {
+        Ok(armed) => {
+            for w in &armed.warnings {
+                ctx.diag(w);
             }
-            ctx.say(&started.pid.to_string());
+            ctx.say(&armed.started.pid.to_string());
             Ok(0)
         }
         Err(e @ TimerError::AttemptEnded { .. }) => Err(Failure::refused(e)),

@@ -10,13 +10,15 @@ use serde_json::{Map, Value};
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
 use crate::ctx::Ctx;
-use crate::heartbeat::{timer, timer_proc};
+use crate::heartbeat::arm::{self, Arm};
+use crate::heartbeat::timer::{self, TimerError};
 use crate::knob;
 use crate::paths;
-use crate::publish::{self, Event, Outcome, Settings, WireReport};
+use crate::publish::{self, Event, Outcome, WireReport};
 use crate::registry::store::Store;
 use crate::sign;
 use crate::text;
+use crate::wire::Settings;
 
 pub const USAGE: &str = "
 Usage: mam publish --job-id ID --event started|progress|completed|failed|error [--message TEXT]
@@ -227,39 +229,25 @@ fn arm_timer(ctx: &Ctx, store: &Store, settings: &Settings, a: &Args, n: u32) ->
     if let Some(m) = rec.u64("heartbeat_sec").filter(|m| *m != u64::from(n)) {
         ctx.diag(&format!("WARNING: --heartbeat {n} differs from the job's heartbeat_sec {m}; the record keeps {m}"));
     }
-    let lifetime =
-        timer::default_lifetime(rec.u64("timeout_sec").unwrap_or(0), rec.u64("idle_timeout_sec").unwrap_or(0));
-    let watch_pid = match a.watch_pid {
-        Some(p) => p,
-        None => default_watch_pid(ctx, lifetime),
+    let req = Arm {
+        attempt: a.req.attempt,
+        dispatch_token: a.req.dispatch_token.clone(),
+        interval: n,
+        watch_pid: a.watch_pid,
+        lifetime: None,
     };
-    let spec =
-        super::heartbeat::spec(ctx, settings, a.req.attempt, a.req.dispatch_token.clone(), n, watch_pid, lifetime)?;
-    match timer::start_timer(store, &a.req.job_id, &spec) {
-        Ok(started) => {
-            if let Some(w) = started.replaced.as_ref().and_then(|s| timer::stopped_warning(s, settings.drain)) {
-                ctx.diag(&w);
+    match arm::arm(ctx, store, settings, &a.req.job_id, &rec, req) {
+        Ok(armed) => {
+            for w in &armed.warnings {
+                ctx.diag(w);
             }
             Ok(())
         }
-        Err(timer::TimerError::AttemptEnded { why, .. }) => {
+        Err(TimerError::AttemptEnded { why, .. }) => {
             ctx.diag(&format!("WARNING: heartbeat timer not armed: attempt ended ({why})"));
             Ok(())
         }
         Err(e) => Err(Failure::runtime(format!("heartbeat timer not started: {e}"))),
-    }
-}
-
-/// CORE 7.6: the nearest agent-CLI ancestor of this process, or none with a WARNING.
-pub(crate) fn default_watch_pid(ctx: &Ctx, lifetime: u64) -> i32 {
-    match timer_proc::nearest_agent_ancestor(std::process::id() as i32) {
-        Some(p) => p,
-        None => {
-            ctx.diag(&format!(
-                "WARNING: no agent CLI among this process's ancestors; the timer watches nothing and ends after {lifetime}s"
-            ));
-            0
-        }
     }
 }
 

@@ -13,15 +13,16 @@ use std::time::Duration;
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
 use crate::ctx::Ctx;
+use crate::heartbeat::arm;
 use crate::knob;
 use crate::mqtt::{self, Client, Message, MqttConfig, RetryPolicy, Role, Stop};
 use crate::paths;
-use crate::publish::Settings;
 use crate::registry::store::Store;
 use crate::remote::dispatch;
 use crate::remote::runner::{self, Runner, RunnerError};
 use crate::sys;
 use crate::text;
+use crate::wire::Settings;
 
 pub const USAGE: &str = "
 Usage: mam remote dispatch --job-id ID [--registry-dir D] [--brief-file F]
@@ -254,7 +255,7 @@ fn serve(
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let grace_ms = knob::env_or(ctx, "MAM_RUNNER_GRACE_MS", 1, 5000)?;
     let settings = Settings::from_ctx(ctx)?;
-    let mut timer = super::heartbeat::spec(ctx, &settings, None, None, 1, 0, 0)?;
+    let mut timer = arm::base_spec(ctx, &settings).map_err(Failure::runtime)?;
     // The timer signs with the job's auth token; the dispatch secret stays with the runner.
     timer.env.retain(|(k, _)| k != "MAM_DISPATCH_SECRET");
     let r = Runner {

@@ -19,19 +19,17 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map};
 
 use super::timer_proc::{self, is_our_timer, lifecycle_lock_path, pidfile_path, Pidfile, Stopped};
-use crate::cli::Failure;
 use crate::clock;
 use crate::ctx::Ctx;
-use crate::knob;
+use crate::joblog::{append_event, events_log_path, prepare_events_log};
 use crate::mqtt::{with_retry, Message, MqttConfig, Persistent, RetryPolicy, Role, Stop};
-use crate::publish::wire::{self, EventFields, Job, Progress};
-use crate::publish::{append_event, events_log_path, prepare_events_log, Settings};
 use crate::registry::audit;
 use crate::registry::engine::{Authority, Decision, Kind, Request};
 use crate::registry::is_terminal;
 use crate::registry::store::{Store, StoreError};
 use crate::sys::{self, Flock, LockMode};
 use crate::text::show_path;
+use crate::wire::{self, EventFields, Job, Progress, Settings};
 
 /// Longest sleep slice of the timer loop (A17: SIGTERM is honoured within 100 ms).
 pub const SLICE: Duration = Duration::from_millis(100);
@@ -39,16 +37,6 @@ pub const SLICE: Duration = Duration::from_millis(100);
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Default lifetime without a job timeout (CORE 7.1, decided).
 pub const DEFAULT_LIFETIME_S: u64 = 86_400;
-
-/// `MAM_HEARTBEAT_DRAIN_S` (default 1; `digits` or `digits.digits`, CORE 1.6).
-pub fn drain_from_ctx(ctx: &Ctx) -> Result<Duration, Failure> {
-    match ctx.var_nonempty("MAM_HEARTBEAT_DRAIN_S") {
-        None => Ok(Duration::from_secs(1)),
-        Some(v) => knob::parse_decimal_ms(&v)
-            .map(Duration::from_millis)
-            .ok_or_else(|| Failure::usage("MAM_HEARTBEAT_DRAIN_S: invalid value (expected seconds, e.g. 1 or 0.5)")),
-    }
-}
 
 /// The fault-injection point named by `MAM_FAULT_INJECT`, only in builds with `fault-inject`.
 pub fn fault_from_ctx(ctx: &Ctx) -> Option<String> {
@@ -609,13 +597,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lifetime_default_and_drain_grammar() {
+    fn lifetime_default_and_drain_warning() {
         assert_eq!(default_lifetime(0, 120), DEFAULT_LIFETIME_S);
         assert_eq!(default_lifetime(600, 120), 720);
-        let ctx = |v: &str| Ctx::with_env([("MAM_HEARTBEAT_DRAIN_S", v)], Path::new("/"));
-        assert_eq!(drain_from_ctx(&ctx("0.25")).unwrap(), Duration::from_millis(250));
-        assert_eq!(drain_from_ctx(&ctx("")).unwrap(), Duration::from_secs(1));
-        assert_eq!(drain_from_ctx(&ctx("-1")).unwrap_err().rc, 2);
         assert_eq!(
             stopped_warning(&Stopped::Killed { pid: 7 }, Duration::from_millis(1500)).unwrap(),
             "WARNING: heartbeat timer 7 did not drain in 1.5s; killed"

@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cli::Failure;
 use crate::ctx::Ctx;
-use crate::knob;
+use crate::knob::{self, ConfigError};
 
 /// Variables that must not reach the TLS shim's environment (A2: secrets stay in this process).
 const SECRET_VARS: &[&str] = &["MQTT_PASSWORD", "MAM_DISPATCH_SECRET"];
@@ -69,23 +68,21 @@ pub fn parse_bool(v: &str) -> Option<bool> {
 }
 
 impl MqttConfig {
-    /// Reads CORE 3.1's variables from `ctx` (call after `cli::load_env`). Invalid values are rc 2
-    /// naming the variable, never its value (it may come from the env file).
-    pub fn from_ctx(ctx: &Ctx) -> Result<MqttConfig, Failure> {
+    /// Reads CORE 3.1's variables from `ctx` (call after `cli::load_env`). Invalid values name the
+    /// variable, never its value (it may come from the env file).
+    pub fn from_ctx(ctx: &Ctx) -> Result<MqttConfig, ConfigError> {
         let tls = match ctx.var("MQTT_TLS") {
             None => false,
-            Some(v) => parse_bool(&v)
-                .ok_or_else(|| Failure::usage("MQTT_TLS: invalid value (expected 1/true/yes/on or 0/false/no/off)"))?,
+            Some(v) => parse_bool(&v).ok_or_else(|| ConfigError::var("MQTT_TLS", "1/true/yes/on or 0/false/no/off"))?,
         };
         let port = match knob::env(ctx, "MQTT_PORT", 1)? {
             None => default_port(tls),
-            Some(p) => u16::try_from(p)
-                .map_err(|_| Failure::usage("MQTT_PORT: invalid value (expected a decimal integer 1-65535)"))?,
+            Some(p) => u16::try_from(p).map_err(|_| ConfigError::var("MQTT_PORT", "a decimal integer 1-65535"))?,
         };
         let connect_s = knob::env_or(ctx, "MAM_MQTT_CONNECT_TIMEOUT_S", 1, 10)?;
         let keepalive = knob::env_or(ctx, "MAM_MQTT_KEEPALIVE_S", 1, 60)?;
         let keepalive_s = u16::try_from(keepalive)
-            .map_err(|_| Failure::usage("MAM_MQTT_KEEPALIVE_S: invalid value (expected a decimal integer 1-65535)"))?;
+            .map_err(|_| ConfigError::var("MAM_MQTT_KEEPALIVE_S", "a decimal integer 1-65535"))?;
         let child_env = ctx.child_env().into_iter().filter(|(k, _)| !SECRET_VARS.iter().any(|s| k == *s)).collect();
         Ok(MqttConfig {
             host: ctx.var_nonempty("MQTT_BROKER").unwrap_or_else(|| "127.0.0.1".into()),
@@ -317,9 +314,8 @@ mod tests {
             ("MAM_MQTT_CONNECT_TIMEOUT_S", "0"),
         ] {
             let e = MqttConfig::from_ctx(&ctx(&[(k, v)])).unwrap_err();
-            assert_eq!(e.rc, 2, "{k}={v}");
-            assert!(e.line.contains(k), "{}", e.line);
-            assert!(!e.line.contains(&format!("'{v}'")), "{}", e.line);
+            assert_eq!(e.name, k, "{k}={v}");
+            assert!(e.value.is_none() && !e.to_string().contains(&format!("'{v}'")), "{e}");
         }
     }
 

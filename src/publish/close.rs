@@ -9,19 +9,20 @@
 
 use std::time::Duration;
 
-use super::{close_state, Settings};
+use super::close_state;
 use crate::ctx::Ctx;
 use crate::heartbeat::timer;
 use crate::registry::record::Record;
 use crate::registry::store::Store;
+use crate::wire::{self, Settings};
 
 /// CORE 7.4: stop the job's timer with the drain of `MAM_HEARTBEAT_DRAIN_S` (1 s when that is
 /// invalid, with a warning). Also used after an applied re-dispatch.
 pub fn stop_job_timer(ctx: &Ctx, store: &Store, job_id: &str, diag: &mut dyn FnMut(String)) {
-    let drain = match timer::drain_from_ctx(ctx) {
+    let drain = match wire::drain_from_ctx(ctx) {
         Ok(d) => d,
         Err(f) => {
-            diag(format!("WARNING: {}; using 1s", f.line.trim_start_matches("ERROR: ")));
+            diag(format!("WARNING: {f}; using 1s"));
             Duration::from_secs(1)
         }
     };
@@ -41,7 +42,7 @@ pub fn publish_closed(ctx: &Ctx, store: &Store, record: &Record, diag: &mut dyn 
     let settings = match Settings::from_ctx(ctx) {
         Ok(s) => s,
         Err(f) => {
-            diag(format!("WARNING: close state not published ({})", f.line.trim_start_matches("ERROR: ")));
+            diag(format!("WARNING: close state not published ({f})"));
             return;
         }
     };

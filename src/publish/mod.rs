@@ -10,37 +10,35 @@
 //! This module never prints: warnings go to the caller's `diag` callback, results are values.
 
 pub mod close;
-pub mod wire;
 
 use std::fmt;
-use std::fs::{self, OpenOptions};
+use std::fs::{self};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use crate::cli::Failure;
 use crate::clock;
-use crate::ctx::Ctx;
 use crate::heartbeat::timer;
-use crate::knob;
-use crate::mqtt::{with_retry, BrokerBlock, Client, Message, MqttConfig, MqttError, RetryPolicy, Role, Stop};
+use crate::joblog::{
+    append_event, events_log_path, inflight_exclusive, inflight_lock_path, inflight_shared, latest_event_line,
+    prepare_events_log, JoblogError,
+};
+use crate::mqtt::{with_retry, Client, Message, MqttConfig, MqttError, Role, Stop};
 use crate::registry::audit;
 use crate::registry::engine::{Authority, Decision, Kind, Request as EngineRequest};
 use crate::registry::record::Record;
 use crate::registry::store::{Store, StoreError};
-use crate::sys::{self, Flock, LockMode};
 use crate::text::show_path;
 
-use wire::{EventFields, Job, Progress};
+use crate::wire::{self, EventFields, Job, Progress, Settings};
 
 /// `--message` limit (CORE 6.1).
 pub const MAX_MESSAGE: usize = 4096;
 /// `--data` limit (CORE 6.1, decided 64 KiB).
 pub const MAX_DATA: usize = 64 * 1024;
 /// How often the terminal retries the exclusive in-flight lock (CORE 6.4 step 4).
-pub const INFLIGHT_POLL: Duration = Duration::from_millis(50);
 /// What the terminal waits beyond the one-shot budget (A8).
 pub const INFLIGHT_GRACE: Duration = Duration::from_secs(5);
 
@@ -96,45 +94,6 @@ pub struct Request {
     pub no_state: bool,
 }
 
-/// The knobs a publish reads from the environment (after the env file).
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub mqtt: MqttConfig,
-    /// A8's `MAM_PUBLISH_BUDGET_S`: the wire budget of a non-terminal one-shot.
-    pub budget: Duration,
-    /// `MAM_HEARTBEAT_DRAIN_S`.
-    pub drain: Duration,
-    /// `MAM_ENGINE_CAS` is not the literal `0`.
-    pub cas: bool,
-    /// Retry waits (CORE 3.3: 1 s then 2 s).
-    pub delays: Vec<Duration>,
-}
-
-impl Settings {
-    pub fn from_ctx(ctx: &Ctx) -> Result<Settings, Failure> {
-        Ok(Settings {
-            mqtt: MqttConfig::from_ctx(ctx)?,
-            budget: Duration::from_secs(knob::env_or(ctx, "MAM_PUBLISH_BUDGET_S", 1, 20)?.into()),
-            drain: timer::drain_from_ctx(ctx)?,
-            cas: ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0"),
-            delays: RetryPolicy::standard("publish").delays,
-        })
-    }
-
-    /// The connection settings for a record's broker block (CORE 3.1): the block's broker, and the
-    /// password only when it is the environment's broker. Returns the warning when withheld.
-    pub fn mqtt_for(&self, rec: &Record) -> (MqttConfig, Option<String>) {
-        match rec.get("broker").and_then(|b| serde_json::from_value::<BrokerBlock>(b.clone()).ok()) {
-            Some(block) => self.mqtt.for_block(&block),
-            None => (self.mqtt.clone(), None),
-        }
-    }
-
-    fn policy(&self, budget: Option<Duration>) -> RetryPolicy {
-        RetryPolicy { delays: self.delays.clone(), budget, what: "publish" }
-    }
-}
-
 /// What the wire part of a publish achieved, for the audit entry and the exit code.
 #[derive(Debug, Clone, Default)]
 pub struct WireReport {
@@ -183,77 +142,15 @@ impl fmt::Display for PublishError {
     }
 }
 
+impl From<JoblogError> for PublishError {
+    fn from(e: JoblogError) -> PublishError {
+        PublishError::Io { what: e.what, path: e.path, err: e.err }
+    }
+}
+
 impl From<StoreError> for PublishError {
     fn from(e: StoreError) -> PublishError {
         PublishError::Store(e)
-    }
-}
-
-/// `<registry>/<job_id>/events.log`.
-pub fn events_log_path(registry: &Path, job_id: &str) -> PathBuf {
-    registry.join(job_id).join("events.log")
-}
-
-/// `<registry>/<job_id>.publish.lock` (L3).
-pub fn inflight_lock_path(registry: &Path, job_id: &str) -> PathBuf {
-    registry.join(format!("{job_id}.publish.lock"))
-}
-
-/// Creates the job directory and opens events.log for appending, so an events.log that cannot take
-/// a line (a directory, a read-only registry) fails before the engine changes anything.
-pub fn prepare_events_log(path: &Path) -> Result<(), PublishError> {
-    if let Some(dir) = path.parent() {
-        sys::create_dir_all(dir).map_err(|err| PublishError::Io {
-            what: "cannot create job directory",
-            path: dir.to_path_buf(),
-            err,
-        })?;
-    }
-    use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new().append(true).create(true).mode(0o600).open(path).map(drop).map_err(|err| PublishError::Io {
-        what: "cannot open events.log for appending",
-        path: path.to_path_buf(),
-        err,
-    })
-}
-
-/// Appends one signed payload as a line under L4 (one write(2) on an O_APPEND descriptor).
-pub fn append_event(path: &Path, payload: &[u8]) -> Result<(), PublishError> {
-    let mut line = Vec::with_capacity(payload.len() + 1);
-    line.extend_from_slice(payload);
-    line.push(b'\n');
-    sys::append_locked(path, &line).map_err(|err| PublishError::Io {
-        what: "cannot append to events.log",
-        path: path.to_path_buf(),
-        err,
-    })
-}
-
-/// L3 shared, blocking (CORE 6.3 step 2).
-pub fn inflight_shared(registry: &Path, job_id: &str) -> Result<Flock, PublishError> {
-    let path = inflight_lock_path(registry, job_id);
-    sys::create_dir_all(registry).map_err(|err| PublishError::Io {
-        what: "cannot create registry directory",
-        path: registry.to_path_buf(),
-        err,
-    })?;
-    Flock::lock_path(&path, LockMode::Shared).map_err(|err| PublishError::Io { what: "cannot lock", path, err })
-}
-
-/// L3 exclusive, polling `LOCK_NB` every 50 ms for up to `limit` (CORE 6.4 step 4, A8). `Ok(None)`
-/// when the limit passed with the lock still busy.
-pub fn inflight_exclusive(registry: &Path, job_id: &str, limit: Duration) -> io::Result<Option<Flock>> {
-    let path = inflight_lock_path(registry, job_id);
-    let deadline = Instant::now() + limit;
-    loop {
-        let f = sys::open_lock_file(&path)?;
-        if let Some(l) = Flock::try_acquire(f, LockMode::Exclusive)? {
-            return Ok(Some(l));
-        }
-        if Instant::now() >= deadline {
-            return Ok(None);
-        }
-        sys::sleep(INFLIGHT_POLL.min(deadline.saturating_duration_since(Instant::now())));
     }
 }
 
@@ -582,25 +479,6 @@ fn emit(
     Ok(Outcome::Published { seq, report })
 }
 
-/// The latest events.log line of `attempt` and `event`: its seq and bytes.
-pub fn latest_event_line(events: &Path, attempt: u64, event: &str) -> io::Result<Option<(u64, Vec<u8>)>> {
-    let text = match fs::read(events) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let mut found = None;
-    for line in text.split(|&b| b == b'\n') {
-        let Ok(v) = serde_json::from_slice::<Value>(line) else { continue };
-        if v["kind"] == "event" && v["attempt"].as_u64() == Some(attempt) && v["event"] == event {
-            if let Some(seq) = v["seq"].as_u64() {
-                found = Some((seq, line.to_vec()));
-            }
-        }
-    }
-    Ok(found)
-}
-
 /// True when the job's audit has `published: true` for `seq`.
 pub fn audit_confirms(logs: &Path, job_id: &str, seq: u64) -> bool {
     let Ok(text) = fs::read(audit::job_dir(logs, job_id).join("audit.jsonl")) else {
@@ -685,6 +563,7 @@ pub fn close_state(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ctx::Ctx;
 
     #[test]
     fn events_parse_and_classify() {

@@ -27,11 +27,12 @@ use super::dispatch::{self, Dispatch, Judged};
 use crate::clock;
 use crate::heartbeat::timer::{self, StartSpec, TimerError};
 use crate::mqtt::{self, Client, Message, MqttError, Persistent, RetryPolicy, Role, Stop};
-use crate::publish::{self, Event, Outcome, Settings};
+use crate::publish::{self, Event, Outcome};
 use crate::registry::engine::{Authority, Decision, Kind, Request};
 use crate::registry::store::Store;
 use crate::sys;
 use crate::text::show_path;
+use crate::wire::Settings;
 
 /// A21: the queue bound.
 pub const QUEUE_LIMIT: usize = 100;

@@ -1,17 +1,21 @@
 //! The wire half shared by every job publisher (CORE 6.2, 6.3 step 5, 7.5, A4, A8): the signed event
 //! and state payloads and their topics, the pre-state re-check, and "send the event, then re-check
 //! the record and send a freshly built state" over one connection. `mam publish`, the heartbeat
-//! timer's wire thread and the operator close of A4 all go through here.
+//! timer's wire thread and the operator close of A4 all go through here, with the `Settings` they
+//! read from the environment.
 //!
 //! It never writes a record or a log file and never prints. State bytes are built anew for every
 //! send (A8); event bytes are built once by the caller and reused on every attempt.
 
 use std::fmt;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 
 use crate::clock;
-use crate::mqtt::{Client, Message, MqttError};
+use crate::ctx::Ctx;
+use crate::knob::{self, ConfigError};
+use crate::mqtt::{BrokerBlock, Client, Message, MqttConfig, MqttError, RetryPolicy};
 use crate::registry::is_terminal;
 use crate::registry::record::Record;
 use crate::registry::store::Store;
@@ -222,9 +226,67 @@ pub fn send_event_then_state(
     }
 }
 
+/// The knobs a publish reads from the environment (after the env file).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub mqtt: MqttConfig,
+    /// A8's `MAM_PUBLISH_BUDGET_S`: the wire budget of a non-terminal one-shot.
+    pub budget: Duration,
+    /// `MAM_HEARTBEAT_DRAIN_S`.
+    pub drain: Duration,
+    /// `MAM_ENGINE_CAS` is not the literal `0`.
+    pub cas: bool,
+    /// Retry waits (CORE 3.3: 1 s then 2 s).
+    pub delays: Vec<Duration>,
+}
+
+impl Settings {
+    pub fn from_ctx(ctx: &Ctx) -> Result<Settings, ConfigError> {
+        Ok(Settings {
+            mqtt: MqttConfig::from_ctx(ctx)?,
+            budget: Duration::from_secs(knob::env_or(ctx, "MAM_PUBLISH_BUDGET_S", 1, 20)?.into()),
+            drain: drain_from_ctx(ctx)?,
+            cas: ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0"),
+            delays: RetryPolicy::standard("publish").delays,
+        })
+    }
+
+    /// The connection settings for a record's broker block (CORE 3.1): the block's broker, and the
+    /// password only when it is the environment's broker. Returns the warning when withheld.
+    pub fn mqtt_for(&self, rec: &Record) -> (MqttConfig, Option<String>) {
+        match rec.get("broker").and_then(|b| serde_json::from_value::<BrokerBlock>(b.clone()).ok()) {
+            Some(block) => self.mqtt.for_block(&block),
+            None => (self.mqtt.clone(), None),
+        }
+    }
+
+    pub fn policy(&self, budget: Option<Duration>) -> RetryPolicy {
+        RetryPolicy { delays: self.delays.clone(), budget, what: "publish" }
+    }
+}
+
+/// `MAM_HEARTBEAT_DRAIN_S` (default 1; `digits` or `digits.digits`, CORE 1.6).
+pub fn drain_from_ctx(ctx: &Ctx) -> Result<Duration, ConfigError> {
+    match ctx.var_nonempty("MAM_HEARTBEAT_DRAIN_S") {
+        None => Ok(Duration::from_secs(1)),
+        Some(v) => knob::parse_decimal_ms(&v)
+            .map(Duration::from_millis)
+            .ok_or_else(|| ConfigError::var("MAM_HEARTBEAT_DRAIN_S", "seconds, e.g. 1 or 0.5")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drain_grammar() {
+        let ctx = |v: &str| Ctx::with_env([("MAM_HEARTBEAT_DRAIN_S", v)], std::path::Path::new("/"));
+        assert_eq!(drain_from_ctx(&ctx("0.25")).unwrap(), Duration::from_millis(250));
+        assert_eq!(drain_from_ctx(&ctx("")).unwrap(), Duration::from_secs(1));
+        let e = drain_from_ctx(&ctx("-1")).unwrap_err();
+        assert_eq!(e.to_string(), "MAM_HEARTBEAT_DRAIN_S: invalid value (expected seconds, e.g. 1 or 0.5)");
+    }
     use serde_json::json;
 
     fn rec() -> Record {
