@@ -7,10 +7,12 @@
 
 use std::time::{Duration, Instant};
 
+use super::codec::Incoming;
 use super::codec::{self, Decoder, Frame, Inbox, Keepalive, KeepaliveAction, Message, PidGen};
 use super::config::{self, Identity, MqttConfig, Role};
+use super::error::MqttError;
+use super::stop::Stop;
 use super::transport::Transport;
-use super::{Incoming, MqttError, Stop};
 
 /// Longest single blocking read, so stop flags are honoured (CORE 3.2).
 pub const READ_SLICE: Duration = Duration::from_millis(200);

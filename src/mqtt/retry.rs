@@ -6,7 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{MqttError, Stop};
+use super::error::MqttError;
+use super::stop::Stop;
 use crate::sys;
 
 /// How many attempts, the waits between them, and the total budget.

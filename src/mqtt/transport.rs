@@ -9,8 +9,8 @@ use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::config::MqttConfig;
+use super::error::MqttError;
 use super::tls::TlsShim;
-use super::MqttError;
 use crate::sys;
 
 /// An open connection to the broker.

@@ -1,0 +1,152 @@
+//! `MqttError`: everything that can go wrong on the wire, each message naming the broker address and
+//! the phase, topic or filter, never a secret, with CORE 3.3's retryable classification.
+
+use std::fmt;
+use std::io;
+
+use super::codec;
+use crate::text::one_line;
+
+/// Everything that can go wrong on the wire. Messages are one line, name the broker address and the
+/// topic or filter, and never contain a secret. `retryable` is CORE 3.3's classification.
+#[derive(Debug)]
+pub enum MqttError {
+    /// TCP connect failed (refused, reset, unreachable, ...).
+    Tcp {
+        addr: String,
+        source: io::Error,
+    },
+    /// Name resolution failed; `temporary` for EAI_AGAIN.
+    Resolve {
+        addr: String,
+        detail: String,
+        temporary: bool,
+    },
+    /// The connect deadline expired; `phase` is where (connect or connack).
+    NoConnack {
+        addr: String,
+        phase: &'static str,
+    },
+    ClosedBeforeConnack {
+        addr: String,
+    },
+    ConnackRefused {
+        addr: String,
+        code: u8,
+    },
+    /// A PUBACK, SUBACK or PINGRESP did not arrive in time.
+    Timeout {
+        addr: String,
+        phase: &'static str,
+        what: String,
+    },
+    /// The connection broke after CONNACK.
+    Lost {
+        addr: String,
+        during: &'static str,
+        detail: String,
+    },
+    /// A persistent connection found dropped; it is re-established by the next operation.
+    NotConnected {
+        addr: String,
+    },
+    TlsVerify {
+        addr: String,
+        line: String,
+    },
+    /// The TLS shim ended before the handshake completed, without a verification error.
+    TlsExited {
+        addr: String,
+        detail: String,
+    },
+    OpensslNotFound {
+        program: String,
+    },
+    Encode {
+        topic: String,
+        err: codec::EncodeError,
+    },
+    SubackRefused {
+        filter: String,
+    },
+    /// The broker sent something that is not valid MQTT for a client.
+    Protocol {
+        addr: String,
+        detail: String,
+    },
+    /// The caller's stop condition fired.
+    Stopped,
+    Internal(String),
+}
+
+impl MqttError {
+    /// CORE 3.3: which failures another attempt may cure.
+    pub fn retryable(&self) -> bool {
+        match self {
+            MqttError::Tcp { source, .. } => is_retryable_io(source),
+            MqttError::Resolve { temporary, .. } => *temporary,
+            MqttError::NoConnack { .. } | MqttError::ClosedBeforeConnack { .. } => true,
+            MqttError::ConnackRefused { code, .. } => *code == 3,
+            MqttError::Timeout { .. }
+            | MqttError::Lost { .. }
+            | MqttError::NotConnected { .. }
+            | MqttError::TlsExited { .. } => true,
+            MqttError::TlsVerify { .. }
+            | MqttError::OpensslNotFound { .. }
+            | MqttError::Encode { .. }
+            | MqttError::SubackRefused { .. }
+            | MqttError::Protocol { .. }
+            | MqttError::Stopped
+            | MqttError::Internal(_) => false,
+        }
+    }
+}
+
+fn is_retryable_io(e: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionRefused | ConnectionReset | ConnectionAborted | TimedOut | HostUnreachable | NetworkUnreachable
+    ) || matches!(e.raw_os_error(), Some(libc::EHOSTUNREACH | libc::ENETUNREACH | libc::ENETDOWN | libc::EHOSTDOWN))
+}
+
+impl fmt::Display for MqttError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MqttError::Tcp { addr, source } => write!(f, "cannot connect to broker {addr}: {source}"),
+            MqttError::Resolve { addr, detail, .. } => write!(f, "cannot resolve broker {addr}: {detail}"),
+            MqttError::NoConnack { addr, phase } => {
+                write!(f, "no CONNACK from broker {addr} (connect timeout expired in {phase})")
+            }
+            MqttError::ClosedBeforeConnack { addr } => write!(f, "broker {addr} closed the connection before CONNACK"),
+            MqttError::ConnackRefused { addr, code } => {
+                write!(f, "broker {addr} refused the connection: CONNACK {code} ({})", codec::connack_reason(*code))
+            }
+            MqttError::Timeout { addr, phase, what } => write!(f, "{phase} timeout: broker {addr} {what}"),
+            MqttError::Lost { addr, during, detail } => {
+                write!(f, "connection to broker {addr} lost during {during} ({detail})")
+            }
+            MqttError::NotConnected { addr } => {
+                write!(f, "not connected to broker {addr} (connection dropped; reconnecting)")
+            }
+            MqttError::TlsVerify { addr, line } => write!(f, "TLS verification failed for {addr}: {line}"),
+            MqttError::TlsExited { addr, detail } => {
+                write!(f, "TLS shim for {addr} ended before the handshake ({detail})")
+            }
+            MqttError::OpensslNotFound { program } => {
+                write!(f, "TLS needs openssl but '{}' was not found (set MAM_OPENSSL)", one_line(program))
+            }
+            MqttError::Encode { topic, err } => {
+                write!(f, "cannot publish to '{}': {err}", one_line(topic))
+            }
+            MqttError::SubackRefused { filter } => {
+                write!(f, "broker refused the subscription to '{}' (SUBACK 0x80)", one_line(filter))
+            }
+            MqttError::Protocol { addr, detail } => write!(f, "protocol error from broker {addr}: {detail}"),
+            MqttError::Stopped => f.write_str("stopped"),
+            MqttError::Internal(m) => write!(f, "internal error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for MqttError {}
