@@ -13,14 +13,12 @@ use crate::cli::{self, Failure, Parsed};
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::knob;
-use crate::mqtt::MqttConfig;
 use crate::paths;
-use crate::publish::close;
-use crate::registry::engine::{Authority, Decision, Kind, Request, Tokens};
-use crate::registry::record::{NewRecord, Record};
-use crate::registry::store::{Outcome, Store, StoreError};
-use crate::registry::{self, remote_auth_token, valid_status};
-use crate::sys;
+use crate::registry::engine::{Kind, Request};
+use crate::registry::ops::{self, Close, NewJob, OpsError};
+use crate::registry::record::Record;
+use crate::registry::store::{Decided, Outcome, Store, StoreError};
+use crate::registry::{self, valid_status};
 use crate::text;
 
 pub const USAGE: &str = "
@@ -68,37 +66,10 @@ Exit codes: 0 ok (also an idempotent repeat), 1 runtime error (unknown job, inva
 missing secret), 2 usage, 4 refused by the transition engine.
 ";
 
-/// The timing flags of `register`/`submit` (absent: the env default, CORE 4.1).
-#[derive(Debug, Default, Clone)]
-pub struct Timing {
-    pub timeout: Option<u32>,
-    pub heartbeat_sec: Option<u32>,
-    pub heartbeat_misses: Option<u32>,
-    pub ack_timeout: Option<u32>,
-    pub idle_timeout: Option<u32>,
-}
-
-/// A job to register or re-dispatch: the flags of `register`/`submit` (also the library input of
-/// `submit_job`, which `delegate-job` uses).
-#[derive(Debug, Default, Clone)]
-pub struct NewJob {
-    pub session: Option<String>,
-    pub job_id: Option<String>,
-    pub job_type: Option<String>,
-    pub transport: Option<String>,
-    pub timing: Timing,
-    pub brief_path: Option<PathBuf>,
-    pub report_path: Option<PathBuf>,
-    pub parent: Option<String>,
-    pub orchestrator: Option<String>,
-    pub iteration: Option<u32>,
-    pub json: bool,
-}
-
 #[derive(Debug)]
 enum Sub {
     Paths,
-    Register(NewJob),
+    Register { job: NewJob, json: bool },
     Submit(NewJob),
     Show { id: String },
     List { status: Option<String>, session: Option<String>, json: bool },
@@ -128,6 +99,7 @@ struct Raw {
     set: Option<String>,
     close: Close,
     dry_run: bool,
+    json: bool,
 }
 
 fn job_id_arg(flag: &str, v: &str) -> Result<String, Failure> {
@@ -286,7 +258,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 "--orchestrator"
             }
             Long("json") => {
-                r.job.json = true;
+                r.json = true;
                 "--json"
             }
             Long("status") => {
@@ -365,7 +337,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 return Err(Failure::usage(format!("registry {sub}: --session is required")));
             }
             if sub == "register" {
-                Sub::Register(r.job)
+                Sub::Register { job: r.job, json: r.json }
             } else {
                 if r.job.job_type.is_none() {
                     return Err(Failure::usage("registry submit: --type is required"));
@@ -373,7 +345,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 Sub::Submit(r.job)
             }
         }
-        "list" => Sub::List { status: r.status, session: r.job.session, json: r.job.json },
+        "list" => Sub::List { status: r.status, session: r.job.session, json: r.json },
         "status" => {
             if r.set.is_none() && (r.close.reason.is_some() || r.close.expected_attempt.is_some() || r.close.no_publish)
             {
@@ -442,7 +414,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             ctx.say(&format!("logs={}", resolved.logs.to_string_lossy()));
             Ok(0)
         }
-        Sub::Register(job) => register(ctx, &store, job),
+        Sub::Register { job, json } => register(ctx, &store, job, json),
         Sub::Submit(job) => submit(ctx, &store, job),
         Sub::Show { id } => {
             let rec = store.read_existing(&id).map_err(store_failure)?;
@@ -459,17 +431,17 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         Sub::Finalize { id, status, close } => close_job(ctx, &store, &id, Kind::Finalize, Some(status), close),
         Sub::Expire { id, close } => close_job(ctx, &store, &id, Kind::Expire, None, close),
         Sub::SetMeta { id, fields, expected_attempt } => {
-            let mut req = operator(ctx, Kind::Metadata, &id);
+            let mut req = ops::operator(ctx, Kind::Metadata, &id);
             req.fields = fields;
             req.expected_attempt = expected_attempt;
             let out = apply(ctx, &store, &req)?;
             match &out.decision {
-                Decision::Applied(a) => {
+                Decided::Applied(a) => {
                     let keys: Vec<&str> = req.fields.keys().map(String::as_str).collect();
                     ctx.say(&format!("{id} updated {} transition_seq={}", keys.join(","), a.transition_seq));
                     Ok(0)
                 }
-                Decision::Refused { reason } => Err(Failure::refused(format!("{id}: {reason}"))),
+                Decided::Refused { reason } => Err(Failure::refused(format!("{id}: {reason}"))),
                 _ => Ok(0),
             }
         }
@@ -482,193 +454,56 @@ fn store_failure(e: StoreError) -> Failure {
     Failure::runtime(e)
 }
 
-fn pretty(v: &Value) -> String {
-    serde_json::to_string_pretty(v).expect("a JSON value always serialises")
-}
-
-fn cas_enabled(ctx: &Ctx) -> bool {
-    ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0")
-}
-
-fn operator(ctx: &Ctx, kind: Kind, id: &str) -> Request {
-    let mut r = Request::new(kind, Authority::Operator, id);
-    r.cas = cas_enabled(ctx);
-    r
+fn ops_failure(e: OpsError) -> Failure {
+    match e {
+        OpsError::Config(c) => c.into(),
+        e => Failure::runtime(e),
+    }
 }
 
 /// Runs one request, printing a WARNING when the audit could not be written (the rc stays).
 fn apply(ctx: &Ctx, store: &Store, req: &Request) -> Result<Outcome, Failure> {
-    let out = store.apply(req, clock::now_ms()).map_err(store_failure)?;
-    if let Some(w) = &out.audit_error {
-        ctx.diag(&format!("WARNING: {w}"));
-    }
+    let out = ops::apply(store, req).map_err(ops_failure)?;
+    audit_warning(ctx, &out);
     Ok(out)
 }
 
-/// The record's broker block (CORE 3.1) from the effective MQTT configuration. Never a password.
-fn broker_block(ctx: &Ctx) -> Result<Value, Failure> {
-    let block = MqttConfig::from_ctx(ctx)?.broker_block();
-    Ok(serde_json::to_value(block).expect("a broker block always serialises"))
-}
-
-fn dispatch_secret(ctx: &Ctx) -> Option<Vec<u8>> {
-    ctx.var_nonempty("MAM_DISPATCH_SECRET").map(String::into_bytes)
-}
-
-fn missing_secret() -> Failure {
-    Failure::runtime("MAM_DISPATCH_SECRET is required for transport remote")
-}
-
-fn random(what: &str, r: std::io::Result<String>) -> Result<String, Failure> {
-    r.map_err(|e| Failure::runtime(format!("cannot get random bytes for {what} ({e})")))
-}
-
-fn abs_path(ctx: &Ctx, p: &std::path::Path) -> String {
-    sys::absolutize(ctx.cwd(), p).to_string_lossy().into_owned()
-}
-
-/// The initial record of a new job (CORE 4.1, A5).
-fn initial_record(ctx: &Ctx, job: &NewJob, id: &str, now: u64) -> Result<Map<String, Value>, Failure> {
-    let t = &job.timing;
-    let n = match t.heartbeat_sec {
-        Some(v) => v,
-        None => knob::env_or(ctx, "MAM_HEARTBEAT_SEC", 1, 30)?,
-    };
-    let k = match t.heartbeat_misses {
-        Some(v) => v,
-        None => knob::env_or(ctx, "MAM_HEARTBEAT_MISSES", 1, 4)?,
-    };
-    let ack = match t.ack_timeout {
-        Some(v) => v,
-        None => knob::env_or(ctx, "MAM_ACK_TIMEOUT_S", 1, 300)?,
-    };
-    // A31: `--idle-timeout 0` means K x N outside the daemon.
-    let (idle, explicit) = match t.idle_timeout {
-        Some(v) if v > 0 => (u64::from(v), true),
-        _ => (u64::from(n) * u64::from(k), false),
-    };
-    let timeout = u64::from(t.timeout.unwrap_or(0));
-    let broker = broker_block(ctx)?;
-    let topic_prefix = format!("{}/jobs/{id}", broker["topic_root"].as_str().unwrap_or("mam"));
-    let transport = job.transport.clone().unwrap_or_else(|| "local".into());
-    let token = random("dispatch_token", clock::new_dispatch_token())?;
-    let auth = if transport == "remote" {
-        remote_auth_token(&dispatch_secret(ctx).ok_or_else(missing_secret)?, id, 1, &token)
-    } else {
-        random("auth_token", clock::new_auth_token())?
-    };
-    let abs = |p: &Option<PathBuf>| p.as_ref().map(|p| abs_path(ctx, p));
-    let rec = NewRecord {
-        job_id: id.to_string(),
-        job_type: job.job_type.clone().unwrap_or_else(|| "task".into()),
-        attempt: 1,
-        iteration: job.iteration.map(u64::from).unwrap_or(1),
-        dispatch_token: token,
-        auth_token: auth,
-        agent_session: job.session.clone().unwrap_or_default(),
-        transport,
-        heartbeat_sec: u64::from(n),
-        heartbeat_misses: u64::from(k),
-        ack_timeout_sec: u64::from(ack),
-        idle_timeout_sec: idle,
-        idle_timeout_explicit: explicit,
-        timeout_sec: timeout,
-        broker,
-        topic_prefix,
-        brief_path: abs(&job.brief_path),
-        report_path: abs(&job.report_path),
-        parent_job_id: job.parent.clone(),
-        orchestrator_uuid: job.orchestrator.clone(),
-    };
-    Ok(rec.fields(now))
-}
-
-/// Registers a new job; with no `--job-id`, a generated id that collides is drawn again.
-fn register_new(ctx: &Ctx, store: &Store, job: &NewJob) -> Result<(String, Outcome), Failure> {
-    if job.transport.as_deref() == Some("remote") && dispatch_secret(ctx).is_none() {
-        return Err(missing_secret());
-    }
-    let mut tries = 0;
-    loop {
-        let id = match &job.job_id {
-            Some(id) => id.clone(),
-            None => random("job id", clock::new_job_id())?,
-        };
-        let now = clock::now_ms();
-        let mut req = operator(ctx, Kind::Register, &id);
-        req.record = Some(initial_record(ctx, job, &id, now)?);
-        let out = store.apply(&req, now).map_err(store_failure)?;
-        if let Some(w) = &out.audit_error {
-            ctx.diag(&format!("WARNING: {w}"));
-        }
-        tries += 1;
-        if job.job_id.is_none() && matches!(out.decision, Decision::Refused { .. }) && tries < 5 {
-            continue;
-        }
-        return Ok((id, out));
+fn audit_warning(ctx: &Ctx, out: &Outcome) {
+    if let Some(w) = &out.audit_error {
+        ctx.diag(&format!("WARNING: {w}"));
     }
 }
 
-fn register(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
-    let (id, out) = register_new(ctx, store, &job)?;
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).expect("a JSON value always serialises")
+}
+
+fn register(ctx: &Ctx, store: &Store, job: NewJob, json: bool) -> Result<i32, Failure> {
+    let (id, out) = ops::register_new(ctx, store, &job).map_err(ops_failure)?;
+    audit_warning(ctx, &out);
     match &out.decision {
-        Decision::Applied(a) => {
-            if job.json {
+        Decided::Applied(a) => {
+            if json {
                 ctx.say(&pretty(&a.record.redacted()));
             } else {
                 ctx.say(&id);
             }
             Ok(0)
         }
-        Decision::Refused { reason } => Err(Failure::refused(format!("{id}: {reason}"))),
-        Decision::Idempotent { status } => {
+        Decided::Refused { reason } => Err(Failure::refused(format!("{id}: {reason}"))),
+        Decided::Idempotent { status } => {
             ctx.say(&format!("{id} already {status}"));
             Ok(0)
         }
-        Decision::Invalid(_) | Decision::UnknownJob => Ok(1),
     }
-}
-
-/// The library form of `submit`: registers `job` when its id is new (or absent), else re-dispatches
-/// it (attempt+1, new tokens; the old attempt's timer is then stopped with a drain). Returns the
-/// engine's outcome and the WARNING lines of the timer stop; refusals are in the outcome.
-pub fn submit_job(ctx: &Ctx, store: &Store, job: &NewJob) -> Result<(Outcome, Vec<String>), Failure> {
-    let existing = match &job.job_id {
-        Some(id) => store.read(id).map_err(store_failure)?,
-        None => None,
-    };
-    let out = match existing {
-        None => {
-            let (id, out) = register_new(ctx, store, job)?;
-            match out.decision {
-                // Someone registered it between our read and our request: re-dispatch instead.
-                Decision::Refused { ref reason } if reason == "exists" && job.job_id.is_some() => {
-                    let rec = store.read_existing(&id).map_err(store_failure)?;
-                    redispatch(ctx, store, job, &id, &rec)?
-                }
-                _ => out,
-            }
-        }
-        Some(rec) => {
-            let id = job.job_id.clone().unwrap_or_default();
-            redispatch(ctx, store, job, &id, &rec)?
-        }
-    };
-    let mut warnings = Vec::new();
-    if let Decision::Applied(a) = &out.decision {
-        if a.from.is_some() {
-            let id = a.record.str("job_id").unwrap_or_default().to_string();
-            warnings = stop_timer_quiet(ctx, store, &id);
-        }
-    }
-    Ok((out, warnings))
 }
 
 fn submit(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
-    let (out, warnings) = submit_job(ctx, store, &job)?;
+    let (out, warnings) = ops::submit_job(ctx, store, &job).map_err(ops_failure)?;
+    audit_warning(ctx, &out);
     let id = out.record().and_then(|r| r.str("job_id")).unwrap_or_default().to_string();
     match &out.decision {
-        Decision::Applied(a) => {
+        Decided::Applied(a) => {
             let r = &a.record;
             ctx.say(&format!(
                 "{id} attempt={} iteration={}",
@@ -680,94 +515,31 @@ fn submit(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
             }
             Ok(0)
         }
-        Decision::Refused { reason } => Err(Failure::refused(format!("{id}: {reason}"))),
-        Decision::Idempotent { status } => {
+        Decided::Refused { reason } => Err(Failure::refused(format!("{id}: {reason}"))),
+        Decided::Idempotent { status } => {
             ctx.say(&format!("{id} already {status}"));
             Ok(0)
         }
-        Decision::Invalid(_) | Decision::UnknownJob => Ok(1),
     }
-}
-
-fn redispatch(ctx: &Ctx, store: &Store, job: &NewJob, id: &str, rec: &Record) -> Result<Outcome, Failure> {
-    if let (Some(want), Some(have)) = (job.job_type.as_deref(), rec.str("type")) {
-        if want != have {
-            return Err(Failure::runtime(format!("job {id} has type '{have}', not '{want}'")));
-        }
-    }
-    let remote = job.transport.as_deref() == Some("remote") || rec.str("transport") == Some("remote");
-    let secret = dispatch_secret(ctx);
-    if remote && secret.is_none() {
-        return Err(missing_secret());
-    }
-    let mut req = operator(ctx, Kind::Redispatch, id);
-    req.iteration = job.iteration.map(u64::from);
-    req.tokens = Some(Tokens {
-        dispatch_token: random("dispatch_token", clock::new_dispatch_token())?,
-        local_auth_token: random("auth_token", clock::new_auth_token())?,
-        dispatch_secret: secret,
-    });
-    // Only what the caller gave explicitly changes on a re-dispatch (env defaults do not).
-    let f = &mut req.fields;
-    let t = &job.timing;
-    if let Some(s) = &job.session {
-        f.insert("agent_session".into(), s.clone().into());
-    }
-    if let Some(tr) = &job.transport {
-        f.insert("transport".into(), tr.clone().into());
-    }
-    for (k, v) in [
-        ("heartbeat_sec", t.heartbeat_sec),
-        ("heartbeat_misses", t.heartbeat_misses),
-        ("ack_timeout_sec", t.ack_timeout),
-        ("timeout_sec", t.timeout),
-    ] {
-        if let Some(v) = v {
-            f.insert(k.into(), v.into());
-        }
-    }
-    match t.idle_timeout {
-        Some(0) => {
-            f.insert("idle_timeout_explicit".into(), false.into());
-        }
-        Some(v) => {
-            f.insert("idle_timeout_sec".into(), v.into());
-            f.insert("idle_timeout_explicit".into(), true.into());
-        }
-        None => {}
-    }
-    if let Some(p) = &job.brief_path {
-        f.insert("brief_path".into(), abs_path(ctx, p).into());
-    }
-    if let Some(p) = &job.report_path {
-        f.insert("report_path".into(), abs_path(ctx, p).into());
-    }
-    if let Some(p) = &job.parent {
-        f.insert("parent_job_id".into(), p.clone().into());
-    }
-    if let Some(o) = &job.orchestrator {
-        f.insert("orchestrator_uuid".into(), o.clone().into());
-    }
-    apply(ctx, store, &req)
 }
 
 /// `status --set`, `finalize` and `expire`: operator closes (A4).
 fn close_job(ctx: &Ctx, store: &Store, id: &str, kind: Kind, target: Option<String>, c: Close) -> Result<i32, Failure> {
-    let closed = operator_close(ctx, store, id, kind.clone(), target.as_deref(), &c)?;
+    let closed = ops::operator_close(ctx, store, id, kind.clone(), target.as_deref(), &c).map_err(ops_failure)?;
     for w in &closed.warnings {
         ctx.diag(w);
     }
     let out = closed.outcome;
     match &out.decision {
-        Decision::Applied(a) => {
+        Decided::Applied(a) => {
             ctx.say(&format!("{id} {} -> {}", a.from.as_deref().unwrap_or(""), a.to));
             Ok(0)
         }
-        Decision::Idempotent { status } => {
+        Decided::Idempotent { status } => {
             ctx.say(&format!("{id} already {status}"));
             Ok(0)
         }
-        Decision::Refused { reason } => {
+        Decided::Refused { reason } => {
             let current = out.before.as_ref().map(|r| r.status().to_string()).unwrap_or_default();
             match (kind, target) {
                 (Kind::Set, Some(s)) => {
@@ -776,65 +548,7 @@ fn close_job(ctx: &Ctx, store: &Store, id: &str, kind: Kind, target: Option<Stri
                 _ => Err(Failure::refused(format!("{id}: {reason}"))),
             }
         }
-        Decision::Invalid(_) | Decision::UnknownJob => Ok(1),
     }
-}
-
-/// What `operator_close` did: the engine's outcome and the WARNING lines (audit, timer, publish)
-/// for the caller to print. The exit code never depends on a warning (A4).
-#[derive(Debug)]
-pub struct Closed {
-    pub outcome: Outcome,
-    pub warnings: Vec<String>,
-}
-
-/// The options of an operator close (`--reason`, `--expected-attempt`, `--no-publish`).
-#[derive(Debug, Default, Clone)]
-pub struct Close {
-    pub reason: Option<String>,
-    pub expected_attempt: Option<u64>,
-    pub no_publish: bool,
-}
-
-/// The library form of `status --set`, `finalize` and `expire` (A4, CORE 7.4): one operator request
-/// through the engine; when it applied a terminal status, the job's heartbeat timer is stopped with a
-/// drain and the signed retained close state is published (unless `no_publish`). Never prints.
-/// `delegate-job` closes its jobs through this very function.
-pub fn operator_close(
-    ctx: &Ctx,
-    store: &Store,
-    id: &str,
-    kind: Kind,
-    target: Option<&str>,
-    c: &Close,
-) -> Result<Closed, Failure> {
-    let mut req = operator(ctx, kind.clone(), id);
-    req.target_status = target.map(str::to_string);
-    req.reason = c.reason.clone();
-    req.expected_attempt = c.expected_attempt;
-    // A4: a close that will be published takes its fresh seq in the same write.
-    let closes = matches!(kind, Kind::Expire | Kind::Finalize) || target.is_some_and(registry::is_terminal);
-    req.alloc_seq = closes && !c.no_publish;
-    let out = store.apply(&req, clock::now_ms()).map_err(store_failure)?;
-    let mut warnings = Vec::new();
-    if let Some(w) = &out.audit_error {
-        warnings.push(format!("WARNING: {w}"));
-    }
-    if let Decision::Applied(a) = &out.decision {
-        if registry::is_terminal(&a.to) {
-            // CORE 7.4 then A4, unless --no-publish: the one implementation in publish::close.
-            close::after_close(ctx, store, &a.record, !c.no_publish, &mut |l| warnings.push(l));
-        }
-    }
-    Ok(Closed { outcome: out, warnings })
-}
-
-/// CORE 4.2 / 7.4: stop the job's heartbeat timer with a drain after an applied re-dispatch; returns
-/// the warning lines. Runs after L1 is released (it takes L2 and may sleep).
-fn stop_timer_quiet(ctx: &Ctx, store: &Store, job_id: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    close::stop_job_timer(ctx, store, job_id, &mut |l| out.push(l));
-    out
 }
 
 fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String>, json: bool) -> Result<i32, Failure> {
@@ -904,8 +618,8 @@ fn scrub(ctx: &Ctx, store: &Store, dry_run: bool) -> Result<i32, Failure> {
     let mut n = 0;
     for id in &selected {
         // One L1 transaction per record, never one lock for the whole registry (CORE 4.2).
-        let out = apply(ctx, store, &operator(ctx, Kind::Scrub, id))?;
-        if let Decision::Applied(_) = out.decision {
+        let out = apply(ctx, store, &ops::operator(ctx, Kind::Scrub, id))?;
+        if let Decided::Applied(_) = out.decision {
             n += 1;
         }
     }
@@ -917,39 +631,10 @@ fn scrub(ctx: &Ctx, store: &Store, dry_run: bool) -> Result<i32, Failure> {
 /// --job-id <id> --attempt <a> --dispatch-token <t> --event`.
 fn publish_cmd(ctx: &Ctx, store: &Store, id: &str) -> Result<i32, Failure> {
     let rec = store.read_existing(id).map_err(store_failure)?;
-    let mut line = publish_cmd_line(ctx, store, &rec)?;
+    let mut line = ops::publish_cmd_line(ctx, store, &rec).map_err(ops_failure)?;
     line.push(b'\n');
     ctx.say_raw(&line);
     Ok(0)
-}
-
-/// The mam executable a command line for an agent names: `MAM_BIN` (absolute), else this binary.
-pub fn mam_exe(ctx: &Ctx) -> Result<PathBuf, Failure> {
-    match ctx.path_var("MAM_BIN") {
-        Some(p) => Ok(sys::absolutize(ctx.cwd(), &p)),
-        None => std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find the mam executable ({e})"))),
-    }
-}
-
-/// The publish-cmd line of `rec` (CORE 4.5) without a trailing newline; the caller appends the event
-/// and its options. Every path is quoted, so the line runs unchanged from any cwd (ORCH 0.3).
-pub fn publish_cmd_line(ctx: &Ctx, store: &Store, rec: &Record) -> Result<Vec<u8>, Failure> {
-    use std::os::unix::ffi::OsStrExt;
-    let id = rec.str("job_id").unwrap_or_default();
-    let mam = mam_exe(ctx)?;
-    let attempt = rec.attempt().ok_or_else(|| Failure::runtime(format!("job {id}: record has no attempt")))?;
-    let token = rec
-        .str("dispatch_token")
-        .filter(|t| t.bytes().all(|b| b.is_ascii_hexdigit()) && !t.is_empty())
-        .ok_or_else(|| Failure::runtime(format!("job {id}: record has no valid dispatch_token")))?;
-    let mut line = b"DELEGATE_JOB_LOGS_DIR=".to_vec();
-    line.extend(text::shell_quote_bytes(store.logs.as_os_str().as_bytes()));
-    line.push(b' ');
-    line.extend(text::shell_quote_bytes(mam.as_os_str().as_bytes()));
-    line.extend_from_slice(b" publish --registry-dir ");
-    line.extend(text::shell_quote_bytes(store.registry.as_os_str().as_bytes()));
-    line.extend_from_slice(format!(" --job-id {id} --attempt {attempt} --dispatch-token {token} --event").as_bytes());
-    Ok(line)
 }
 
 #[cfg(test)]

@@ -14,10 +14,10 @@ use serde_json::{json, Value};
 
 use super::sweep::TerminalCache;
 use crate::registry::audit;
-use crate::registry::engine::{Authority, Decision, Kind, Request};
+use crate::registry::engine::{Authority, Kind, Request};
 use crate::registry::is_terminal;
 use crate::registry::record::Record;
-use crate::registry::store::Store;
+use crate::registry::store::{Decided, Store};
 use crate::sys;
 use crate::watch::accept::{Acceptor, Identity, Outcome};
 
@@ -167,17 +167,15 @@ impl Mirror {
                     lines.push(format!("job {id}: {w}"));
                 }
                 match o.decision {
-                    Decision::Applied(a) => {
+                    Decided::Applied(a) => {
                         lines.push(format!("job {id}: {what}: {} -> {}", a.from.clone().unwrap_or_default(), a.to));
                         if is_terminal(&a.to) {
                             self.acceptors.remove(id);
                         }
                         applied = Some(a.to);
                     }
-                    Decision::Idempotent { status } => lines.push(format!("job {id}: {what}: already {status}")),
-                    Decision::Refused { reason } => lines.push(format!("job {id}: {what}: refused ({reason})")),
-                    Decision::Invalid(m) => lines.push(format!("job {id}: {what}: invalid ({m})")),
-                    Decision::UnknownJob => lines.push(format!("job {id}: {what}: unknown job")),
+                    Decided::Idempotent { status } => lines.push(format!("job {id}: {what}: already {status}")),
+                    Decided::Refused { reason } => lines.push(format!("job {id}: {what}: refused ({reason})")),
                 }
             }
             Err(e) => lines.push(format!("job {id}: {what}: {e}")),

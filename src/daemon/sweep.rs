@@ -12,10 +12,10 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::clock::parse_ts;
-use crate::registry::engine::{Authority, Decision, Kind, Request};
+use crate::registry::engine::{Authority, Kind, Request};
 use crate::registry::is_terminal;
 use crate::registry::record::Record;
-use crate::registry::store::Store;
+use crate::registry::store::{Decided, Store};
 use crate::sys;
 
 /// The grace added to the idle window before the daemon closes a silent job (A15).
@@ -162,14 +162,12 @@ pub fn sweep(store: &Store, cache: &mut TerminalCache, cas: bool, now_ms: u64) -
         let mut applied = None;
         let result = match store.apply(&req, now_ms) {
             Ok(o) => match o.decision {
-                Decision::Applied(a) => {
+                Decided::Applied(a) => {
                     applied = a.seq.map(|seq| (a.record.clone(), seq));
                     Ok(a.to)
                 }
-                Decision::Idempotent { status } => Ok(status),
-                Decision::Refused { reason } => Err(format!("refused ({reason})")),
-                Decision::Invalid(m) => Err(m),
-                Decision::UnknownJob => Err("unknown job".into()),
+                Decided::Idempotent { status } => Ok(status),
+                Decided::Refused { reason } => Err(format!("refused ({reason})")),
             },
             Err(e) => Err(e.to_string()),
         };

@@ -7,7 +7,7 @@
 //! the injection (`subscriber`, A9), the one-line injection through `pane::send_keys_safe` (or the
 //! signed dispatch of `mam remote dispatch` for `remote:` sessions), the wait for `started` within T
 //! and the wait loop (`wait`, pure), and every close as an operator `set` through
-//! `cmd::registry::operator_close`, which also stops the heartbeat timer and publishes the A4 state.
+//! `registry::ops::operator_close`, which also stops the heartbeat timer and publishes the A4 state.
 //!
 //! Architecture Invariant: the brief's text never appears in any argv (only the one-line prompt with
 //! the job id, the brief's path and the start command, A24). This module never prints: diagnostics
@@ -25,14 +25,14 @@ use serde_json::Value;
 
 use crate::cli::Failure;
 use crate::clock;
-use crate::cmd::registry::{self as registry_cmd, Close, NewJob, Timing};
 use crate::ctx::Ctx;
 use crate::knob;
 use crate::pane::{self, JobRef, Knobs, ListOutcome, SksOutcome};
 use crate::paths;
-use crate::registry::engine::{Authority, Decision, Kind, Request as EngineRequest};
+use crate::registry::engine::{Authority, Kind, Request as EngineRequest};
+use crate::registry::ops::{self, Close, NewJob, Timing};
 use crate::registry::record::Record;
-use crate::registry::store::Store;
+use crate::registry::store::{Decided, Store};
 use crate::registry::{is_terminal, TYPES};
 use crate::remote::dispatch::MAX_BRIEF as MAX_REMOTE_BRIEF;
 use crate::session::{self, reconcile::row_target, Row};
@@ -228,19 +228,23 @@ pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finis
             None => clock::new_job_id().map_err(|e| Failure::runtime(format!("cannot draw a job id ({e})")))?,
         };
         let job = new_job(req, &resolved, &id, remote);
-        let (out, warnings) = registry_cmd::submit_job(ctx, &store, &job)?;
+        // A generated id only ever registers: a collision draws again, never re-dispatches an old job.
+        let (out, warnings) = match &req.job_id {
+            Some(_) => ops::submit_job(ctx, &store, &job),
+            None => ops::register_new(ctx, &store, &job).map(|(_, out)| (out, Vec::new())),
+        }
+        .map_err(Failure::runtime)?;
+        out.audit_error.iter().for_each(|w| diag(&format!("WARNING: {w}")));
         warnings.iter().for_each(|w| diag(w));
         match out.decision {
-            Decision::Applied(a) => break a.record,
-            Decision::Refused { reason } if reason == "exists" && req.job_id.is_none() && tries < 5 => tries += 1,
-            Decision::Refused { reason } => {
+            Decided::Applied(a) => break a.record,
+            Decided::Refused { reason } if reason == "exists" && req.job_id.is_none() && tries < 5 => tries += 1,
+            Decided::Refused { reason } => {
                 return Err(Failure::new(2, format!("REFUSED: delegate-job: job {id}: {reason}; nothing dispatched")))
             }
-            Decision::Idempotent { status } => {
+            Decided::Idempotent { status } => {
                 return Err(Failure::new(2, format!("REFUSED: delegate-job: job {id} is already {status}")))
             }
-            Decision::Invalid(m) => return Err(Failure::runtime(format!("delegate-job: job {id}: {m}"))),
-            Decision::UnknownJob => return Err(Failure::runtime(format!("delegate-job: job {id}: unknown job"))),
         }
     };
     let start = Instant::now();
@@ -268,7 +272,6 @@ fn new_job(req: &Request, resolved: &paths::Resolved, id: &str, remote: bool) ->
         parent: req.parent.clone(),
         orchestrator: None,
         iteration: None,
-        json: false,
     }
 }
 
@@ -438,7 +441,7 @@ impl<'a> Delegation<'a> {
 
     /// The publish-cmd prefix (CORE 4.5) as text.
     fn prefix(&self, rec: &Record) -> Result<String, String> {
-        let bytes = registry_cmd::publish_cmd_line(self.ctx, &self.store, rec).map_err(|f| f.line)?;
+        let bytes = ops::publish_cmd_line(self.ctx, &self.store, rec).map_err(|e| e.to_string())?;
         String::from_utf8(bytes).map_err(|_| "a path of the publish command is not UTF-8".to_string())
     }
 
@@ -759,12 +762,12 @@ impl<'a> Delegation<'a> {
             ctx.set_var("MAM_PUBLISH_BUDGET_S", Some(CLOSE_PUBLISH_BUDGET_S.as_ref()));
         }
         let c = Close { reason: Some(reason.to_string()), expected_attempt: Some(self.attempt), no_publish: false };
-        match registry_cmd::operator_close(&ctx, &self.store, &self.job_id, Kind::Set, Some(status), &c) {
+        match ops::operator_close(&ctx, &self.store, &self.job_id, Kind::Set, Some(status), &c) {
             Ok(closed) => {
                 closed.warnings.iter().for_each(|w| diag(w));
                 match closed.outcome.decision {
-                    Decision::Applied(_) => true,
-                    Decision::Refused { reason } => {
+                    Decided::Applied(_) => true,
+                    Decided::Refused { reason } => {
                         diag(&format!("NOTE: job {}: close as {status} refused ({reason})", self.job_id));
                         false
                     }
@@ -772,7 +775,7 @@ impl<'a> Delegation<'a> {
                 }
             }
             Err(f) => {
-                diag(&f.line);
+                diag(&format!("ERROR: job {}: close as {status} failed ({f})", self.job_id));
                 false
             }
         }

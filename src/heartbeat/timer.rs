@@ -24,9 +24,9 @@ use crate::ctx::Ctx;
 use crate::joblog::{append_event, events_log_path, prepare_events_log};
 use crate::mqtt::{with_retry, Message, MqttConfig, Persistent, RetryPolicy, Role, Stop};
 use crate::registry::audit;
-use crate::registry::engine::{Authority, Decision, Kind, Request};
+use crate::registry::engine::{Authority, Kind, Request};
 use crate::registry::is_terminal;
-use crate::registry::store::{Store, StoreError};
+use crate::registry::store::{Decided, Store, StoreError};
 use crate::sys::{self, Flock, LockMode};
 use crate::text::show_path;
 use crate::wire::{self, EventFields, Job, Progress, Settings};
@@ -494,11 +494,9 @@ fn beat(store: &Store, a: &RunArgs, job: &Job, events: &Path, slot: &Slot, log: 
     let now = clock::now_ms();
     let seq = match store.apply(&r, now) {
         Ok(out) => match out.decision {
-            Decision::Applied(ap) => ap.seq?,
-            Decision::Refused { reason } => return Some(format!("beat refused: {reason}")),
-            Decision::Idempotent { .. } => return None,
-            Decision::Invalid(m) => return Some(format!("beat invalid: {m}")),
-            Decision::UnknownJob => return Some("the job record is gone".into()),
+            Decided::Applied(ap) => ap.seq?,
+            Decided::Refused { reason } => return Some(format!("beat refused: {reason}")),
+            Decided::Idempotent { .. } => return None,
         },
         Err(StoreError::UnknownJob { .. }) => return Some("the job record is gone".into()),
         Err(e) => {

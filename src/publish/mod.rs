@@ -27,9 +27,9 @@ use crate::joblog::{
 };
 use crate::mqtt::{with_retry, Client, Message, MqttConfig, MqttError, Role, Stop};
 use crate::registry::audit;
-use crate::registry::engine::{Authority, Decision, Kind, Request as EngineRequest};
+use crate::registry::engine::{Authority, Kind, Request as EngineRequest};
 use crate::registry::record::Record;
-use crate::registry::store::{Store, StoreError};
+use crate::registry::store::{Decided, Store, StoreError};
 use crate::text::show_path;
 
 use crate::wire::{self, EventFields, Job, Progress, Settings};
@@ -248,7 +248,7 @@ fn apply(
     r: &EngineRequest,
     now: u64,
     diag: &mut dyn FnMut(String),
-) -> Result<(Decision, Option<Record>), PublishError> {
+) -> Result<(Decided, Option<Record>), PublishError> {
     let out = store.apply(r, now)?;
     if let Some(w) = &out.audit_error {
         diag(format!("WARNING: {w}"));
@@ -326,24 +326,19 @@ fn non_terminal(
     let now = clock::now_ms();
     let (decision, before) = apply(store, &r, now, diag)?;
     match decision {
-        Decision::Applied(a) => {
+        Decided::Applied(a) => {
             let seq = a.seq.ok_or_else(|| PublishError::Record("engine allocated no seq".into()))?;
             let out = emit(store, settings, req, &a.record, events, seq, now, Some(settings.budget), diag)?;
             drop(l3);
             Ok(out)
         }
-        Decision::Idempotent { status } => {
+        Decided::Idempotent { status } => {
             let before = before_or_read(before, store, &req.job_id)?;
             let out = repeat(store, settings, req, &before, events, status, Some(settings.budget), diag);
             drop(l3);
             out
         }
-        Decision::Refused { reason } => Ok(Outcome::Refused { reason }),
-        Decision::Invalid(m) => Err(PublishError::Record(m)),
-        Decision::UnknownJob => Err(PublishError::Store(StoreError::UnknownJob {
-            job_id: req.job_id.clone(),
-            registry: store.registry.clone(),
-        })),
+        Decided::Refused { reason } => Ok(Outcome::Refused { reason }),
     }
 }
 
@@ -362,14 +357,12 @@ fn terminal(
     b.target_status = Some(status.to_string());
     let (decision, before) = apply(store, &b, clock::now_ms(), diag)?;
     match decision {
-        Decision::Applied(_) => {}
-        Decision::Idempotent { status } => {
+        Decided::Applied(_) => {}
+        Decided::Idempotent { status } => {
             let before = before_or_read(before, store, &req.job_id)?;
             return repeat(store, settings, req, &before, events, status, None, diag);
         }
-        Decision::Refused { reason } => return Ok(Outcome::Refused { reason }),
-        Decision::Invalid(m) => return Err(PublishError::Record(m)),
-        Decision::UnknownJob => return Err(PublishError::Record(format!("unknown job '{}'", req.job_id))),
+        Decided::Refused { reason } => return Ok(Outcome::Refused { reason }),
     }
     // Step 3: stop the timer under L2 (released before L3 is taken).
     match timer::stop_timer(store, &req.job_id, settings.drain) {
@@ -407,17 +400,15 @@ fn terminal(
     let now = clock::now_ms();
     let (decision, before) = apply(store, &t, now, diag)?;
     let out = match decision {
-        Decision::Applied(a) => {
+        Decided::Applied(a) => {
             let seq = a.seq.ok_or_else(|| PublishError::Record("engine allocated no seq".into()))?;
             emit(store, settings, req, &a.record, events, seq, now, None, diag)
         }
-        Decision::Idempotent { status } => {
+        Decided::Idempotent { status } => {
             let before = before_or_read(before, store, &req.job_id)?;
             repeat(store, settings, req, &before, events, status, None, diag)
         }
-        Decision::Refused { reason } => Ok(Outcome::Refused { reason }),
-        Decision::Invalid(m) => Err(PublishError::Record(m)),
-        Decision::UnknownJob => Err(PublishError::Record(format!("unknown job '{}'", req.job_id))),
+        Decided::Refused { reason } => Ok(Outcome::Refused { reason }),
     };
     drop(l3);
     out

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
-use super::engine::{Decision, Kind, Request};
+use super::engine::{Kind, Request};
 use super::record::Record;
+use super::store::Decided;
 use crate::clock::format_ts;
 use crate::sys::{self, Flock, LockMode};
 
@@ -37,13 +38,13 @@ pub fn entry(now_ms: u64, job_id: &str, attempt: Option<u64>, kind: &str, rest: 
 /// The audit entries of one engine decision (CORE 5.5): `registered`, `transition`,
 /// `mirror_admitted`, `scrubbed`, `idempotent`, `refused` or `mirror_refused`. Invalid requests and
 /// unknown jobs write nothing.
-pub fn entries_for(req: &Request, before: Option<&Record>, decision: &Decision, now_ms: u64) -> Vec<Value> {
+pub fn entries_for(req: &Request, before: Option<&Record>, decision: &Decided, now_ms: u64) -> Vec<Value> {
     let rec_attempt = before.and_then(Record::attempt);
     let request = req.kind.name();
     match decision {
         // Beats write no per-beat audit (CORE 7.5, decided); the status mirror still advances.
-        Decision::Applied(_) if req.kind == Kind::Beat => Vec::new(),
-        Decision::Applied(a) => {
+        Decided::Applied(_) if req.kind == Kind::Beat => Vec::new(),
+        Decided::Applied(a) => {
             let attempt = a.record.attempt();
             let kind = match req.kind {
                 Kind::Register => "registered",
@@ -64,10 +65,10 @@ pub fn entries_for(req: &Request, before: Option<&Record>, decision: &Decision, 
             }
             vec![entry(now_ms, &req.job_id, attempt, kind, rest)]
         }
-        Decision::Idempotent { status } => {
+        Decided::Idempotent { status } => {
             vec![entry(now_ms, &req.job_id, rec_attempt, "idempotent", json!({"request": request, "status": status}))]
         }
-        Decision::Refused { reason } => {
+        Decided::Refused { reason } => {
             let kind = if req.kind == Kind::Mirror { "mirror_refused" } else { "refused" };
             let mut rest = json!({
                 "request": request,
@@ -82,7 +83,6 @@ pub fn entries_for(req: &Request, before: Option<&Record>, decision: &Decision, 
             }
             vec![entry(now_ms, &req.job_id, rec_attempt, kind, rest)]
         }
-        Decision::Invalid(_) | Decision::UnknownJob => Vec::new(),
     }
 }
 

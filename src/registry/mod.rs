@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod engine;
+pub mod ops;
 pub mod record;
 pub mod store;
 

@@ -17,7 +17,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::audit;
-use super::engine::{self, Decision, Kind, Request};
+use super::engine::{self, Applied, Decision, Kind, Request};
 use super::record::Record;
 use crate::clock;
 use crate::paths::Resolved;
@@ -57,10 +57,19 @@ impl fmt::Display for StoreError {
     }
 }
 
-/// What `apply` did. `decision` is Applied, Idempotent or Refused (the other two are errors).
+/// What a transaction decided. The engine's other two answers (invalid, unknown job) come back from
+/// `Store::apply` as `StoreError`, so they cannot be matched here.
+#[derive(Debug)]
+pub enum Decided {
+    Applied(Applied),
+    Idempotent { status: String },
+    Refused { reason: String },
+}
+
+/// What `apply` did.
 #[derive(Debug)]
 pub struct Outcome {
-    pub decision: Decision,
+    pub decision: Decided,
     /// The record as read under L1, before the decision.
     pub before: Option<Record>,
     /// The audit flush failed after the decision (the record write, if any, stands).
@@ -71,7 +80,7 @@ impl Outcome {
     /// The record after the request: the new one when applied, else the one read.
     pub fn record(&self) -> Option<&Record> {
         match &self.decision {
-            Decision::Applied(a) => Some(&a.record),
+            Decided::Applied(a) => Some(&a.record),
             _ => self.before.as_ref(),
         }
     }
@@ -174,16 +183,18 @@ impl Store {
             // L1 released here.
         };
 
-        match decision {
+        let decision = match decision {
+            Decision::Applied(a) => Decided::Applied(a),
+            Decision::Idempotent { status } => Decided::Idempotent { status },
+            Decision::Refused { reason } => Decided::Refused { reason },
             Decision::Invalid(msg) => return Err(StoreError::Invalid(msg)),
             Decision::UnknownJob => {
                 return Err(StoreError::UnknownJob { job_id: req.job_id.clone(), registry: self.registry.clone() })
             }
-            _ => {}
-        }
+        };
         let entries = audit::entries_for(req, before.as_ref(), &decision, now_ms);
         let mirror = match &decision {
-            Decision::Applied(a) => Some(audit::mirror_of(&a.record)),
+            Decided::Applied(a) => Some(audit::mirror_of(&a.record)),
             _ => None,
         };
         if let Some(l) = &audit_lock {
@@ -193,7 +204,7 @@ impl Store {
             }
         }
         drop(audit_lock);
-        if let Decision::Applied(_) = decision {
+        if let Decided::Applied(_) = decision {
             clean_stale_temps(&self.registry, &format!("{}.json", req.job_id));
             clean_stale_temps(&audit::job_dir(&self.logs, &req.job_id), "status.json");
         }

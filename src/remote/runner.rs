@@ -28,8 +28,8 @@ use crate::clock;
 use crate::heartbeat::timer::{self, StartSpec, TimerError};
 use crate::mqtt::{self, Client, Message, MqttError, Persistent, RetryPolicy, Role, Stop};
 use crate::publish::{self, Event, Outcome};
-use crate::registry::engine::{Authority, Decision, Kind, Request};
-use crate::registry::store::Store;
+use crate::registry::engine::{Authority, Kind, Request};
+use crate::registry::store::{Decided, Store};
 use crate::sys;
 use crate::text::show_path;
 use crate::wire::Settings;
@@ -313,20 +313,15 @@ fn serve(r: &Runner, d: &Dispatch, log: &Log) -> Served {
                 log(&format!("WARNING: {w}"));
             }
             match o.decision {
-                Decision::Applied(_) => log(&format!("admitted job={id} attempt={}", d.attempt)),
-                Decision::Idempotent { .. } => {
+                Decided::Applied(_) => log(&format!("admitted job={id} attempt={}", d.attempt)),
+                Decided::Idempotent { .. } => {
                     log(&format!("already admitted job={id} attempt={}; not run again", d.attempt));
                     return Served::Skipped;
                 }
-                Decision::Refused { reason } => {
+                Decided::Refused { reason } => {
                     log(&format!("mirror refused job={id} attempt={} ({reason})", d.attempt));
                     return Served::Skipped;
                 }
-                Decision::Invalid(m) => {
-                    log(&format!("ERROR: job {id}: {m}"));
-                    return Served::Skipped;
-                }
-                Decision::UnknownJob => return Served::Skipped,
             }
         }
         Err(e) => {

@@ -17,8 +17,8 @@ use crate::ctx::Ctx;
 use crate::pane::{self, ListOutcome};
 use crate::paths;
 use crate::publish::close;
-use crate::registry::engine::{Authority, Decision, Kind, Request};
-use crate::registry::store::Store;
+use crate::registry::engine::{Authority, Kind, Request};
+use crate::registry::store::{Decided, Store};
 use crate::registry::{is_terminal, record::Record};
 use crate::sys;
 use crate::text::{one_line, show_path};
@@ -102,15 +102,13 @@ pub fn cancel_jobs(ctx: &Ctx, store: &Store, name: &str, notes: &mut Notes) -> R
                     notes.warn(w);
                 }
                 match out.decision {
-                    Decision::Applied(a) => {
+                    Decided::Applied(a) => {
                         after_cancel(ctx, store, &a.record, notes);
                         done.push(id)
                     }
-                    Decision::Idempotent { status } | Decision::Refused { reason: status } => {
+                    Decided::Idempotent { status } | Decided::Refused { reason: status } => {
                         notes.note(format!("job {id} not cancelled ({status})"))
                     }
-                    Decision::Invalid(m) => notes.warn(format!("job {id} not cancelled ({m})")),
-                    Decision::UnknownJob => {}
                 }
             }
             Err(e) => notes.warn(format!("job {id} not cancelled ({e})")),

@@ -20,9 +20,9 @@ use super::tail::Tail;
 use crate::clock;
 use crate::mqtt::{self, BrokerBlock, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
 use crate::registry::audit;
-use crate::registry::engine::{Authority, Decision, Kind, Request};
+use crate::registry::engine::{Authority, Kind, Request};
 use crate::registry::record::Record;
-use crate::registry::store::Store;
+use crate::registry::store::{Decided, Store};
 use crate::sys;
 use crate::text::show_path;
 
@@ -450,7 +450,7 @@ impl Watch<'_> {
                 if let Some(w) = o.audit_error {
                     self.diag(&format!("WARNING: {w}"));
                 }
-                if let Decision::Refused { reason } = o.decision {
+                if let Decided::Refused { reason } = o.decision {
                     let msg = format!("NOTE: mirror {what} refused for job {} ({reason})", self.job.job_id);
                     self.diag(&msg);
                 }

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use mam::registry::engine::{Authority, Decision, Kind, Request};
-use mam::registry::store::Store;
+use mam::registry::engine::{Authority, Kind, Request};
+use mam::registry::store::{Decided, Store};
 use serde_json::Value;
 
 use crate::support::{mam_bin, rand_hex, tree, TestDir};
@@ -60,13 +60,11 @@ fn now() -> u64 {
     mam::clock::now_ms()
 }
 
-fn show(d: &Decision) -> String {
+fn show(d: &Decided) -> String {
     match d {
-        Decision::Applied(a) => format!("applied {}->{}", a.from.as_deref().unwrap_or("none"), a.to),
-        Decision::Idempotent { status } => format!("idempotent {status}"),
-        Decision::Refused { reason } => format!("refused {reason}"),
-        Decision::Invalid(m) => format!("invalid {m}"),
-        Decision::UnknownJob => "unknown".into(),
+        Decided::Applied(a) => format!("applied {}->{}", a.from.as_deref().unwrap_or("none"), a.to),
+        Decided::Idempotent { status } => format!("idempotent {status}"),
+        Decided::Refused { reason } => format!("refused {reason}"),
     }
 }
 
@@ -369,7 +367,7 @@ fn x1_started_twice_is_applied_then_idempotent() {
     let mut claim = agent(Kind::Claim, "x1job");
     claim.alloc_seq = true;
     let out = s.apply(&claim, now()).unwrap();
-    let Decision::Applied(a) = &out.decision else { panic!("{:?}", out.decision) };
+    let Decided::Applied(a) = &out.decision else { panic!("{:?}", out.decision) };
     assert_eq!((a.to.as_str(), a.seq), ("running", Some(1)));
     assert!(record(&td, "x1job")["claimed_at"].is_string());
     let out = s.apply(&claim, now()).unwrap();
