@@ -40,7 +40,7 @@ pub struct NewRecord {
 }
 
 impl NewRecord {
-    /// The full §4.1 field set, dispatched at `dispatched_ms` (also created and updated then).
+    /// The full CORE 4.1 field set, dispatched at `dispatched_ms` (also created and updated then).
     pub fn fields(self, dispatched_ms: u64) -> Map<String, Value> {
         let ts = crate::clock::format_ts(dispatched_ms);
         let v = serde_json::json!({

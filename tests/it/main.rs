@@ -20,5 +20,6 @@ mod registry;
 mod remote;
 mod session;
 mod sign;
+mod spec;
 mod tidy;
 mod watch;
