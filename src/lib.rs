@@ -24,6 +24,7 @@ pub mod remote;
 pub mod session;
 pub mod sign;
 pub mod sys;
+pub mod testdouble;
 pub mod text;
 pub mod watch;
 pub mod wire;

@@ -259,7 +259,7 @@ fn o3_7_1_paths_are_absolute_and_lines_run_anywhere() {
         assert_eq!(rec["brief_path"], reg.join(&jid).join("brief.md").to_str().unwrap());
         assert!(rec["watcher_pid"].as_u64().is_some(), "A15 watcher_pid recorded: {rec}");
         let brief = fs::read_to_string(reg.join(&jid).join("brief.md")).unwrap();
-        let cmds = mam::cmd::test_double::brief_commands(&brief);
+        let cmds = mam::delegate::brief::parse_commands(&brief);
         for (k, line) in &cmds {
             // Absolute, quoted paths: the log root, the binary and the registry.
             assert!(line.contains(&format!("DELEGATE_JOB_LOGS_DIR='{}'", h.logs().display())), "{k}: {line}");
@@ -267,7 +267,7 @@ fn o3_7_1_paths_are_absolute_and_lines_run_anywhere() {
             assert!(line.contains(&format!("--registry-dir '{}'", reg.display())), "{k}: {line}");
         }
         assert!(cmds["start"].ends_with("--event started --heartbeat 1"), "{}", cmds["start"]);
-        assert_eq!(mam::cmd::test_double::brief_report_path(&brief), Some(reg.join(&jid).join("report.md")), "{brief}");
+        assert_eq!(mam::delegate::brief::parse_report_path(&brief), Some(reg.join(&jid).join("report.md")), "{brief}");
         // The publishes of the agent reached this registry and this log root.
         let events: Vec<String> = h.events(&jid).iter().map(|e| e["event"].as_str().unwrap().to_string()).collect();
         assert_eq!(events.first().map(String::as_str), Some("started"), "{events:?}");
