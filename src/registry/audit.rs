@@ -11,9 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
-use super::engine::{Kind, Request};
+use super::engine::{Decided, Kind, Request};
 use super::record::Record;
-use super::store::Decided;
 use crate::clock::format_ts;
 use crate::sys::{self, Flock, LockMode};
 

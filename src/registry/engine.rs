@@ -189,6 +189,15 @@ pub enum Decision {
     UnknownJob,
 }
 
+/// What a transaction decided. The engine's other two answers (invalid, unknown job) come back from
+/// `Store::apply` as `StoreError`, so they cannot be matched here.
+#[derive(Debug)]
+pub enum Decided {
+    Applied(Applied),
+    Idempotent { status: String },
+    Refused { reason: String },
+}
+
 /// Pre-checks 1 and 2, which need no record and run before L1 is taken (also with
 /// `MAM_ENGINE_CAS=0`). Returns the Invalid message.
 pub fn precheck_static(req: &Request) -> Option<String> {

@@ -17,7 +17,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::audit;
-use super::engine::{self, Applied, Decision, Kind, Request};
+pub use super::engine::Decided;
+use super::engine::{self, Decision, Kind, Request};
 use super::record::Record;
 use crate::clock;
 use crate::paths::Resolved;
@@ -55,15 +56,6 @@ impl fmt::Display for StoreError {
             StoreError::Io { what, path, err } => write!(f, "{}: {what} ({err})", show_path(path)),
         }
     }
-}
-
-/// What a transaction decided. The engine's other two answers (invalid, unknown job) come back from
-/// `Store::apply` as `StoreError`, so they cannot be matched here.
-#[derive(Debug)]
-pub enum Decided {
-    Applied(Applied),
-    Idempotent { status: String },
-    Refused { reason: String },
 }
 
 /// What `apply` did.

@@ -158,3 +158,284 @@ fn formatting_is_clean() {
     }
     assert!(out.status.success(), "cargo fmt --check:\n{}", String::from_utf8_lossy(&out.stdout));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Layering: the file-level import graph of src/ (docs/ARCHITECTURE.md "Code map").
+
+/// A source file's module path (`src/registry/ops.rs` -> `["registry", "ops"]`, `mod.rs` and
+/// `lib.rs` name their directory's module).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut segs: Vec<String> = rel.iter().map(|s| s.to_string_lossy().into_owned()).collect();
+    if segs.last().is_some_and(|s| s == "mod" || s == "lib") {
+        segs.pop();
+    }
+    segs
+}
+
+/// The text of a file without comments and string literals (doc comments name paths in prose), split
+/// at its `#[cfg(test)]` module: (code, test code).
+fn code_of(text: &str) -> (String, String) {
+    let mut out = String::with_capacity(text.len());
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'/' && b.get(i + 1) == Some(&b'/') {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+        } else if b[i] == b'"' {
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i += 1;
+            out.push_str("\"\"");
+        } else if b[i] == b'\'' && b.get(i + 2) == Some(&b'\'') {
+            i += 3; // a char literal such as '"' or '{'
+        } else if b[i] == b'\'' && b.get(i + 1) == Some(&b'\\') {
+            i += 2;
+            while i < b.len() && b[i] != b'\'' {
+                i += 1;
+            }
+            i += 1;
+        } else {
+            out.push(b[i] as char);
+            i += 1;
+        }
+    }
+    match out.find("#[cfg(test)]\nmod tests") {
+        Some(at) => (out[..at].to_string(), out[at..].to_string()),
+        None => (out, String::new()),
+    }
+}
+
+/// The paths a use-tree (or an expression path) starting at `s` names: `a::{b, c::d}` gives
+/// `[a, b]` and `[a, c, d]`.
+fn path_tree(s: &str) -> Vec<Vec<String>> {
+    fn tokens(s: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut cs = s.chars().peekable();
+        while let Some(&c) = cs.peek() {
+            if c.is_alphanumeric() || c == '_' {
+                let mut w = String::new();
+                while let Some(&c) = cs.peek().filter(|c| c.is_alphanumeric() || **c == '_') {
+                    w.push(c);
+                    cs.next();
+                }
+                out.push(w);
+            } else if c.is_whitespace() {
+                cs.next();
+            } else if c == ':' {
+                cs.next();
+                if cs.peek() != Some(&':') {
+                    break;
+                }
+                cs.next();
+                out.push("::".into());
+            } else if "{},*".contains(c) {
+                out.push(c.to_string());
+                cs.next();
+            } else {
+                break;
+            }
+        }
+        out
+    }
+    fn tree(t: &[String], i: &mut usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+        let mut segs = prefix;
+        while *i < t.len() {
+            match t[*i].as_str() {
+                "::" | "*" => *i += 1,
+                "as" => *i += 2,
+                "{" => {
+                    *i += 1;
+                    while *i < t.len() && t[*i] != "}" {
+                        tree(t, i, segs.clone(), out);
+                        if *i < t.len() && t[*i] == "," {
+                            *i += 1;
+                        }
+                    }
+                    *i += 1;
+                    out.push(segs);
+                    return;
+                }
+                "," | "}" => break,
+                w => {
+                    // A path ends where the next token is not `::` (an expression path `f(..)`).
+                    segs.push(w.to_string());
+                    *i += 1;
+                    if t.get(*i).map(String::as_str) != Some("::") {
+                        if t.get(*i).map(String::as_str) == Some("as") {
+                            *i += 2;
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        out.push(segs);
+    }
+    let t = tokens(s);
+    let mut out = Vec::new();
+    let mut i = 0;
+    tree(&t, &mut i, Vec::new(), &mut out);
+    out
+}
+
+/// Every `crate::`/`super::` path in `code` (and, in a `mod.rs`, every path through a child module
+/// it declares), resolved to the longest module prefix that is a file of `files`.
+fn imports_of(
+    code: &str,
+    me: &[String],
+    is_mod_file: bool,
+    files: &std::collections::BTreeMap<Vec<String>, PathBuf>,
+) -> std::collections::BTreeSet<PathBuf> {
+    let mut found = std::collections::BTreeSet::new();
+    let mut resolve = |base: Vec<String>, rest: &str| {
+        for segs in path_tree(rest) {
+            let full: Vec<String> = base.iter().cloned().chain(segs).collect();
+            if let Some(f) = (1..=full.len()).rev().find_map(|n| files.get(&full[..n])) {
+                found.insert(f.clone());
+            }
+        }
+    };
+    let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+    let mut roots: Vec<(String, Vec<String>)> = vec![("crate::".into(), Vec::new())];
+    // `super` of a file module is its directory's module; of a `mod.rs`, the module above.
+    let up = if is_mod_file { me.len().saturating_sub(1) } else { me.len().saturating_sub(1) };
+    roots.push(("super::".into(), me[..up].to_vec()));
+    if is_mod_file {
+        for line in code.lines() {
+            let t = line.trim().trim_start_matches("pub ").trim_start_matches("pub(crate) ");
+            if let Some(name) = t.strip_prefix("mod ").and_then(|r| r.strip_suffix(';')) {
+                roots.push((format!("{name}::"), me.iter().cloned().chain([name.to_string()]).collect()));
+            }
+        }
+    }
+    for (root, base) in roots {
+        let mut from = 0;
+        while let Some(at) = code[from..].find(&root) {
+            let at = from + at;
+            from = at + root.len();
+            if ident(code[..at].chars().next_back()) {
+                continue;
+            }
+            let mut b = base.clone();
+            if root != "crate::" && root != "super::" {
+                b.pop(); // the child's name is the first segment of the rest
+                resolve(b, &code[at..]);
+            } else {
+                resolve(b, &code[from..]);
+            }
+        }
+    }
+    found
+}
+
+/// The import graph of the library's files (`main.rs` is the binary and sits above everything).
+fn import_graph(include_tests: bool) -> std::collections::BTreeMap<PathBuf, std::collections::BTreeSet<PathBuf>> {
+    let src = root().join("src");
+    let all: Vec<PathBuf> = rust_files(&src).into_iter().filter(|f| !f.ends_with("src/main.rs")).collect();
+    let files: std::collections::BTreeMap<Vec<String>, PathBuf> =
+        all.iter().map(|f| (module_path(&src, f), f.clone())).filter(|(m, _)| !m.is_empty()).collect();
+    let mut graph = std::collections::BTreeMap::new();
+    for f in &all {
+        let (code, tests) = code_of(&fs::read_to_string(f).unwrap());
+        let me = module_path(&src, f);
+        let is_mod = f.ends_with("mod.rs") || f.ends_with("lib.rs");
+        let mut deps = imports_of(&code, &me, is_mod, &files);
+        if include_tests {
+            // Inside `mod tests`, `super` is the file's own module.
+            let mut inner = me.clone();
+            inner.push("tests".into());
+            deps.extend(imports_of(&tests, &inner, false, &files));
+        }
+        deps.remove(f);
+        graph.insert(
+            f.strip_prefix(root()).unwrap().to_path_buf(),
+            deps.iter().map(|d| d.strip_prefix(root()).unwrap().to_path_buf()).collect(),
+        );
+    }
+    graph
+}
+
+#[test]
+fn library_never_imports_cmd() {
+    // Tests included: a test module importing the command layer is the same inversion.
+    let mut bad = Vec::new();
+    for (file, deps) in import_graph(true) {
+        let lib = !file.starts_with("src/cmd");
+        for d in deps.iter().filter(|d| lib && d.starts_with("src/cmd")) {
+            bad.push(format!("{} imports {}", file.display(), d.display()));
+        }
+    }
+    assert!(bad.is_empty(), "library files import the command layer (the layers run one way):\n{}", bad.join("\n"));
+}
+
+#[test]
+fn no_two_source_files_import_each_other() {
+    // Test modules are leaves (nothing imports them), so they cannot close a circle; they are left out.
+    let graph = import_graph(false);
+    assert!(graph.len() > 40, "the graph found too few files: {graph:?}");
+    assert!(
+        graph[Path::new("src/publish/mod.rs")].contains(Path::new("src/heartbeat/timer.rs")),
+        "the graph misses a known edge (publish -> heartbeat timer): {:?}",
+        graph[Path::new("src/publish/mod.rs")]
+    );
+    // Depth-first search for a back edge; report the circle it closes.
+    fn visit(
+        n: &Path,
+        g: &std::collections::BTreeMap<PathBuf, std::collections::BTreeSet<PathBuf>>,
+        state: &mut std::collections::BTreeMap<PathBuf, u8>,
+        stack: &mut Vec<PathBuf>,
+        circles: &mut Vec<String>,
+    ) {
+        state.insert(n.to_path_buf(), 1);
+        stack.push(n.to_path_buf());
+        for d in g.get(n).into_iter().flatten() {
+            match state.get(d).copied().unwrap_or(0) {
+                0 => visit(d, g, state, stack, circles),
+                1 => {
+                    let at = stack.iter().position(|s| s == d).unwrap();
+                    let mut c: Vec<String> = stack[at..].iter().map(|p| p.display().to_string()).collect();
+                    c.push(d.display().to_string());
+                    circles.push(c.join(" -> "));
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(n.to_path_buf(), 2);
+    }
+    let mut state = std::collections::BTreeMap::new();
+    let mut circles = Vec::new();
+    for n in graph.keys() {
+        if !state.contains_key(n) {
+            visit(n, &graph, &mut state, &mut Vec::new(), &mut circles);
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "source files that import each other, directly or around a loop:\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn the_import_graph_reads_use_trees_and_child_modules() {
+    let p = path_tree("a::{b, c::{d, e as f}, g}::x;");
+    assert!(
+        p.contains(&vec!["a".into(), "b".into()]) && p.contains(&vec!["a".into(), "c".into(), "e".into()]),
+        "{p:?}"
+    );
+    assert_eq!(path_tree("f(x)"), vec![vec!["f".to_string()]]);
+    let (code, tests) = code_of("//! crate::cmd in a doc\nuse crate::x; // crate::y\nlet s = \"crate::z\";\n#[cfg(test)]\nmod tests { use crate::w; }");
+    assert!(
+        code.contains("crate::x")
+            && !code.contains("crate::y")
+            && !code.contains("crate::z")
+            && !code.contains("crate::cmd")
+    );
+    assert!(tests.contains("crate::w"));
+}
