@@ -582,7 +582,8 @@ fn initial_record(ctx: &Ctx, job: &NewJob, id: &str, now: u64) -> Result<Map<Str
 }
 
 /// Registers a new job; with no `--job-id`, a generated id that collides is drawn again.
-fn register_new(ctx: &Ctx, store: &Store, job: &NewJob) -> Result<(String, Outcome), Failure> {
+/// Registers a new job only (never a re-dispatch): an existing `job.job_id` is refused `exists`.
+pub fn register_new(ctx: &Ctx, store: &Store, job: &NewJob) -> Result<(String, Outcome), Failure> {
     if job.transport.as_deref() == Some("remote") && dispatch_secret(ctx).is_none() {
         return Err(missing_secret());
     }
