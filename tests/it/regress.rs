@@ -1,0 +1,65 @@
+//! Regression tests for the bugs of issue 10, each named after the bug it pins.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+/// True while `pid` is a live (non-zombie) process.
+fn alive(pid: i32) -> bool {
+    matches!(mam::sys::proc_start_ticks(pid), Ok((_, false)))
+}
+
+/// Writes an executable shell script at `rel`.
+fn script(td: &TestDir, rel: &str, body: &str) -> std::path::PathBuf {
+    let p = td.write(rel, format!("#!/bin/sh\n{body}"));
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// Reads a pid written by a script, waiting for it.
+fn read_pid(p: &Path) -> i32 {
+    let mut pid = 0;
+    wait_until("a pid file", Duration::from_secs(10), || {
+        pid = std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        pid > 0
+    });
+    pid
+}
+
+#[test]
+fn openssl_probe_that_hangs_fails_within_the_connect_timeout() {
+    let td = TestDir::new("regress-probe");
+    let pids = td.path("probe.pids");
+    // `-help` hangs, in a child that holds the pipes too; a connect must not wait for it.
+    let fake = script(&td, "hung-openssl", &format!("sleep 30 &\necho $$ $! > {}\nwait\n", pids.display()));
+    let port = free_port().to_string();
+    let ctx = mam::ctx::Ctx::with_env(
+        [
+            ("MQTT_TLS", "1"),
+            ("MQTT_BROKER", "127.0.0.1"),
+            ("MQTT_PORT", port.as_str()),
+            ("MAM_MQTT_CONNECT_TIMEOUT_S", "1"),
+            ("MAM_OPENSSL", fake.to_str().unwrap()),
+            ("PATH", "/usr/bin:/bin"),
+        ],
+        Path::new("/"),
+    );
+    let cfg = mam::mqtt::MqttConfig::from_ctx(&ctx).unwrap();
+    let started = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = mam::mqtt::Client::connect(&cfg, mam::mqtt::Role::Pub, &mam::mqtt::Stop::never()).map(|_| ());
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
+    let r = rx.recv_timeout(Duration::from_secs(10)).expect("connect returned within 10 s");
+    let took = started.elapsed();
+    let e = r.expect_err("a hung openssl probe fails the connect");
+    assert!(took < Duration::from_millis(2500), "took {took:?}: {e}");
+    assert!(e.contains("openssl probe"), "the error names the phase: {e}");
+    let text = std::fs::read_to_string(&pids).unwrap();
+    for pid in text.split_whitespace().map(|s| s.parse::<i32>().unwrap()) {
+        wait_until("the probe's processes to end", Duration::from_secs(5), || !alive(pid));
+    }
+}
