@@ -63,3 +63,33 @@ fn openssl_probe_that_hangs_fails_within_the_connect_timeout() {
         wait_until("the probe's processes to end", Duration::from_secs(5), || !alive(pid));
     }
 }
+
+#[test]
+fn kill_refuses_a_planted_pid_of_one() {
+    let td = TestDir::new("regress-kill");
+    // A sentinel of ours that a kill(-1, SIGTERM) would take down.
+    let mut sentinel = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let spid = sentinel.id() as i32;
+    let fake = td.path("fake-panes");
+    for (pane, pid) in [("f000001", "1"), ("f000002", "0"), ("f000003", "-1")] {
+        td.write(&format!("fake-panes/panes/{pane}/pid"), pid);
+        td.write(&format!("fake-panes/panes/{pane}/workspace"), "w000001");
+    }
+    let close = |pane: &str| {
+        td.mam()
+            .args(["pane", "close", "--pane", pane])
+            .env("MAM_PANE_BACKEND", "fake")
+            .env("MAM_FAKE_PANES_DIR", &fake)
+            .run()
+    };
+    let r = close("f000001");
+    assert_ne!(r.rc(), 0, "a pid of 1 is refused\n{}", r.stderr());
+    assert!(r.stderr().contains("refusing to send signal 15 to pid -1"), "{}", r.stderr());
+    assert!(fake.join("panes/f000001").is_dir(), "the refused pane is kept");
+    // 0 and -1 are not live agents: nothing signalled, the pane goes.
+    close("f000002").expect_rc(0);
+    close("f000003").expect_rc(0);
+    assert!(alive(spid), "nothing was signalled");
+    let _ = sentinel.kill();
+    let _ = sentinel.wait();
+}
