@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::cli::{one_line, show_path, Failure};
+use crate::cli::{one_line, show_path, without_error_prefix, Failure};
 use crate::clock;
 use crate::cmd::registry::{self as registry_cmd, Close, NewJob, Timing};
 use crate::ctx::Ctx;
@@ -456,7 +456,7 @@ impl<'a> Delegation<'a> {
 
     /// The publish-cmd prefix (CORE 4.5) as text.
     fn prefix(&self, rec: &Record) -> Result<String, String> {
-        let bytes = registry_cmd::publish_cmd_line(self.ctx, &self.store, rec).map_err(|f| f.line)?;
+        let bytes = registry_cmd::publish_cmd_line(self.ctx, &self.store, rec).map_err(|f| f.message().to_string())?;
         String::from_utf8(bytes).map_err(|_| "a path of the publish command is not UTF-8".to_string())
     }
 
@@ -496,11 +496,15 @@ impl<'a> Delegation<'a> {
         let quiet = no_autostart(self.ctx);
         let b = match pane::open_named(&quiet, backend, Some(server)) {
             Ok(b) => b,
-            Err(f) => return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.line), 3, diag)),
+            Err(f) => {
+                return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.message()), 3, diag))
+            }
         };
         let mut k = match Knobs::from_ctx(self.ctx) {
             Ok(k) => k,
-            Err(f) => return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.line), 3, diag)),
+            Err(f) => {
+                return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.message()), 3, diag))
+            }
         };
         if let Some(ms) = self.judge.deadline_ms.map(|d| d.saturating_sub(self.now())) {
             k.idle_wait_ms = k.idle_wait_ms.min(ms);
@@ -558,7 +562,11 @@ impl<'a> Delegation<'a> {
             }
             Ok(out) => {
                 let last = out.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
-                let why = format!("dispatch failed (mam remote dispatch exit {}: {})", out.rc, one_line(&last));
+                let why = format!(
+                    "dispatch failed (mam remote dispatch exit {}: {})",
+                    out.rc,
+                    one_line(without_error_prefix(&last))
+                );
                 Err(if out.rc == 3 {
                     self.close_now("broker_unavailable", &why, 5, diag)
                 } else {

@@ -93,3 +93,34 @@ fn kill_refuses_a_planted_pid_of_one() {
     let _ = sentinel.kill();
     let _ = sentinel.wait();
 }
+
+#[test]
+fn close_reason_has_no_error_prefix() {
+    let td = TestDir::new("regress-reason");
+    let task = td.write("task.md", "t\n");
+    // A remote job with no broker: `mam remote dispatch` fails with an `ERROR:` line, and the job
+    // closes broker_unavailable with a reason quoting it.
+    let r = td
+        .mam()
+        .args(["delegate-job", "--session", "remote:r1", "--timeout", "60", "--brief-file"])
+        .args([&task])
+        .env("MQTT_PORT", free_port().to_string())
+        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "1")
+        .env("MAM_DISPATCH_SECRET", rand_hex(16))
+        .run();
+    r.expect_rc(5);
+    let ids: Vec<String> = std::fs::read_dir(td.ws().join(".mam/jobs"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().strip_suffix(".json").map(str::to_string))
+        .collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let rec = read_record(&td, &ids[0]);
+    assert_eq!(rec["status"], "broker_unavailable", "{rec}");
+    let text = rec.to_string();
+    assert!(text.contains("dispatch failed ("), "{text}");
+    assert!(!text.contains("ERROR:"), "the close reason carries no ERROR: prefix: {text}");
+    for l in r.stderr().lines() {
+        assert!(!l.get(1..).unwrap_or("").contains("ERROR:"), "one prefix per line: {l}");
+    }
+}
