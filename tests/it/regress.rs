@@ -124,3 +124,53 @@ fn close_reason_has_no_error_prefix() {
         assert!(!l.get(1..).unwrap_or("").contains("ERROR:"), "one prefix per line: {l}");
     }
 }
+
+/// Kills the fake agents' process groups and stops the control root's daemon on drop.
+struct FakeWorld<'a> {
+    td: &'a TestDir,
+}
+
+impl FakeWorld<'_> {
+    fn mam(&self) -> Cmd {
+        self.td
+            .mam()
+            .env("MAM_PANE_BACKEND", "fake")
+            .env("MAM_FAKE_PANES_DIR", self.td.path("panes"))
+            .env("MQTT_PORT", "1")
+            .env("MAM_AGENT_START_TIMEOUT_MS", "20000")
+            .env("MAM_PUBLISH_BUDGET_S", "1")
+    }
+}
+
+impl Drop for FakeWorld<'_> {
+    fn drop(&mut self) {
+        let _ = self.mam().args(["daemon", "stop", "--workspace"]).args([self.td.ws()]).run();
+        for e in std::fs::read_dir(self.td.path("panes/panes")).into_iter().flatten().flatten() {
+            if let Some(pid) = std::fs::read_to_string(e.path().join("pid")).ok().and_then(|s| s.trim().parse().ok()) {
+                let pid: i32 = pid;
+                if pid > 1 {
+                    let _ = mam::sys::kill(-pid, 9);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn create_prints_daemon_pid_of_the_running_daemon() {
+    let td = TestDir::new("regress-daemon-pid");
+    let w = FakeWorld { td: &td };
+    let r = w
+        .mam()
+        .args(["create", "claude", "--name", "s1", "--no-onboard", "--", "test-double", "agent"])
+        .env_remove("MAM_NO_SUBSCRIBER_DAEMON")
+        .run();
+    r.expect_rc(0);
+    let line = r.stdout().lines().find(|l| l.starts_with("DAEMON_PID=")).map(str::to_string);
+    let line = line.unwrap_or_else(|| panic!("no DAEMON_PID= line\n{}--- stderr\n{}", r.stdout(), r.stderr()));
+    let pid: i32 = line["DAEMON_PID=".len()..].parse().unwrap_or_else(|_| panic!("bad line {line:?}"));
+    assert!(alive(pid), "DAEMON_PID={pid} is running");
+    let st = w.mam().args(["daemon", "status", "--workspace"]).args([td.ws()]).run();
+    st.expect_rc(0);
+    assert_eq!(st.stdout().trim(), pid.to_string(), "the printed pid is the control root's daemon");
+}
