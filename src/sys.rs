@@ -227,6 +227,13 @@ pub fn spawn(cmd: &mut Command) -> io::Result<Child> {
     cmd.spawn()
 }
 
+/// Shuts a listening socket down (both directions): a thread blocked in its `accept` returns at
+/// once with an error, and new connections are refused.
+pub fn shutdown_listener(l: &std::net::TcpListener) {
+    // SAFETY: shutdown(2) on a descriptor we own; no memory is passed.
+    let _ = unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+}
+
 /// `TcpStream::connect_timeout`, checked against L1.
 pub fn connect(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     lockcheck("connect");
