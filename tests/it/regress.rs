@@ -174,3 +174,64 @@ fn create_prints_daemon_pid_of_the_running_daemon() {
     st.expect_rc(0);
     assert_eq!(st.stdout().trim(), pid.to_string(), "the printed pid is the control root's daemon");
 }
+
+/// Waits for `child` within `limit` (killed and failed otherwise); returns its exit code.
+fn wait_rc(child: &mut std::process::Child, limit: Duration) -> i32 {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.code().unwrap_or(-1);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("process did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn stdout_write_error_other_than_epipe_fails() {
+    let td = TestDir::new("regress-devfull");
+    register_job(&td, &[], &[]);
+    let mut c = td.mam().args(["registry", "list"]);
+    c.cmd.stdout(std::fs::File::create("/dev/full").unwrap()).stderr(std::process::Stdio::piped());
+    let mut child = c.cmd.spawn().unwrap();
+    let rc = wait_rc(&mut child, Duration::from_secs(30));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(rc, 1, "a full stdout is a runtime failure: {err}");
+    assert!(err.starts_with("ERROR: cannot write to stdout: "), "{err}");
+}
+
+#[test]
+fn stdout_closed_early_ends_sub_cleanly_with_disconnect() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    let td = TestDir::new("regress-epipe");
+    let m = Mosquitto::start(&td, anonymous);
+    let mut c = td.mam().args(["sub", "-t", "epipe/x"]).env("MQTT_PORT", m.port.to_string());
+    c.cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null());
+    let mut child = c.cmd.spawn().unwrap();
+    // The reader goes away before anything is printed.
+    drop(child.stdout.take());
+    let mut id = String::new();
+    wait_until("mam sub to subscribe", Duration::from_secs(10), || {
+        let log = m.log_text();
+        match log.lines().find_map(|l| l.split("Received SUBSCRIBE from ").nth(1)) {
+            Some(i) => {
+                id = i.trim().to_string();
+                true
+            }
+            None => false,
+        }
+    });
+    publish_raw(m.port, "epipe/x", b"hello", false);
+    let rc = wait_rc(&mut child, Duration::from_secs(10));
+    assert_eq!(rc, 0, "a closed pipe ends the command with 0");
+    wait_until("the sub's DISCONNECT", Duration::from_secs(5), || {
+        m.log_text().contains(&format!("Received DISCONNECT from {id}"))
+    });
+}
