@@ -18,16 +18,6 @@ fn script(td: &TestDir, rel: &str, body: &str) -> std::path::PathBuf {
     p
 }
 
-/// Reads a pid written by a script, waiting for it.
-fn read_pid(p: &Path) -> i32 {
-    let mut pid = 0;
-    wait_until("a pid file", Duration::from_secs(10), || {
-        pid = std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
-        pid > 0
-    });
-    pid
-}
-
 #[test]
 fn openssl_probe_that_hangs_fails_within_the_connect_timeout() {
     let td = TestDir::new("regress-probe");
