@@ -50,6 +50,18 @@ impl Failure {
     }
 }
 
+impl Failure {
+    /// The message without its `ERROR: ` prefix, for quoting inside another message (a close reason).
+    pub fn message(&self) -> &str {
+        without_error_prefix(&self.line)
+    }
+}
+
+/// `line` without a leading `ERROR: ` (a child's stderr line quoted inside a close reason).
+pub fn without_error_prefix(line: &str) -> &str {
+    line.strip_prefix("ERROR: ").unwrap_or(line)
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.line)

@@ -55,6 +55,8 @@ pub struct Ctx {
     cwd: PathBuf,
     pub out: Sink,
     pub err: Sink,
+    /// The first stdout write error, shared by clones; later writes are dropped once it is set.
+    out_error: Arc<Mutex<Option<io::Error>>>,
 }
 
 impl Ctx {
@@ -68,6 +70,7 @@ impl Ctx {
             cwd,
             out: Sink::Std,
             err: Sink::Std,
+            out_error: Arc::default(),
         }
     }
 
@@ -85,6 +88,7 @@ impl Ctx {
             cwd: cwd.to_path_buf(),
             out: Sink::Buffer(Arc::default()),
             err: Sink::Buffer(Arc::default()),
+            out_error: Arc::default(),
         }
     }
 
@@ -152,7 +156,9 @@ impl Ctx {
         };
     }
 
-    /// Prints one line on stdout. A closed pipe ends the process with rc 0 (the reader is gone).
+    /// Prints one line on stdout. A write error is remembered (see `out_closed`), never a panic or
+    /// an exit from here: `main` ends the process after the command unwound (a closed pipe rc 0,
+    /// any other error rc 1).
     pub fn say(&self, line: &str) {
         let mut bytes = Vec::with_capacity(line.len() + 1);
         bytes.extend_from_slice(line.as_bytes());
@@ -160,13 +166,32 @@ impl Ctx {
         self.say_raw(&bytes);
     }
 
-    /// Writes bytes on stdout as they are.
+    /// Writes bytes on stdout as they are; nothing more is written after a write error.
     pub fn say_raw(&self, bytes: &[u8]) {
-        if let Err(e) = self.out.write(bytes, true) {
-            if e.kind() == io::ErrorKind::BrokenPipe && matches!(self.out, Sink::Std) {
-                std::process::exit(0);
-            }
+        let mut failed = self.out_error.lock().unwrap_or_else(|e| e.into_inner());
+        if failed.is_some() {
+            return;
         }
+        if let Err(e) = self.out.write(bytes, true) {
+            *failed = Some(e);
+        }
+    }
+
+    /// True once a stdout write failed (the reader is gone, or the device is full): a command that
+    /// keeps printing should end.
+    pub fn out_closed(&self) -> bool {
+        self.out_error.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// True when the stdout write error is a closed pipe (EPIPE).
+    pub fn out_broken_pipe(&self) -> bool {
+        let e = self.out_error.lock().unwrap_or_else(|e| e.into_inner());
+        e.as_ref().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+    }
+
+    /// The stdout write error, if one happened (taken once, by `main`).
+    pub fn take_out_error(&self) -> Option<io::Error> {
+        self.out_error.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// Prints one diagnostic line on stderr (the caller includes the `ERROR: `-style prefix).

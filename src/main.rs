@@ -106,7 +106,7 @@ fn not_yet(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failur
 fn main() {
     let mut argv = std::env::args_os().skip(1);
     let mut ctx = Ctx::from_process();
-    let code = match argv.next() {
+    let mut code = match argv.next() {
         None => {
             eprint!("{}", help());
             rc::USAGE
@@ -122,6 +122,8 @@ fn main() {
             }
             Some(name) => match dispatch(&mut ctx, name, argv.collect()) {
                 Ok(code) => code,
+                // A closed stdout pipe ended the command: the reader is gone, so nothing to report.
+                Err(_) if ctx.out_broken_pipe() => rc::OK,
                 Err(f) => {
                     ctx.diag(&f.line);
                     f.rc
@@ -133,5 +135,17 @@ fn main() {
             }
         },
     };
+    // The command has returned (its children reaped, its connections closed): now the stdout
+    // policy. A closed pipe exits 0; any other write error is a runtime failure.
+    if let Some(e) = ctx.take_out_error() {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            code = rc::OK;
+        } else {
+            ctx.diag(&format!("ERROR: cannot write to stdout: {e}"));
+            if code == rc::OK {
+                code = rc::RUNTIME;
+            }
+        }
+    }
     std::process::exit(code);
 }

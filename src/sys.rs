@@ -227,6 +227,13 @@ pub fn spawn(cmd: &mut Command) -> io::Result<Child> {
     cmd.spawn()
 }
 
+/// Shuts a listening socket down (both directions): a thread blocked in its `accept` returns at
+/// once with an error, and new connections are refused.
+pub fn shutdown_listener(l: &std::net::TcpListener) {
+    // SAFETY: shutdown(2) on a descriptor we own; no memory is passed.
+    let _ = unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+}
+
 /// `TcpStream::connect_timeout`, checked against L1.
 pub fn connect(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     lockcheck("connect");
@@ -286,8 +293,16 @@ pub fn signal_name(sig: i32) -> &'static str {
     }
 }
 
-/// Sends `sig` to `pid` (or to a process group when `pid` is negative).
+/// Sends `sig` to `pid` (or to a process group when `pid` is negative). Pids usually come from
+/// files, so `-1` (every process), `0` (our own group) and `1` (init, or group 1 as `-1`) are refused
+/// with `InvalidInput` naming the pid; only the existence probe (signal 0) may name them.
 pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
+    if (-1..=1).contains(&pid) && sig != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("refusing to send signal {sig} to pid {pid} (not a single process or group above 1)"),
+        ));
+    }
     // SAFETY: kill(2) has no memory-safety preconditions.
     if unsafe { libc::kill(pid, sig) } == 0 {
         Ok(())
@@ -492,5 +507,23 @@ pub fn set_parent_death_signal(cmd: &mut Command, sig: i32) {
     #[cfg(not(target_os = "linux"))]
     {
         let _ = (cmd, sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_refuses_pids_at_most_one_and_group_one() {
+        // SIGCONT: harmless should the refusal ever be missing.
+        for pid in [-1, 0, 1] {
+            let e = kill(pid, libc::SIGCONT).expect_err("refused");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{pid}: {e}");
+            assert!(e.to_string().contains(&format!("pid {pid} ")), "{e}");
+        }
+        // The existence probe still works, and a real pid is signalled.
+        assert!(kill(1, 0).is_ok() || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM));
+        assert!(kill(std::process::id() as i32, libc::SIGCONT).is_ok());
     }
 }

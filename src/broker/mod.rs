@@ -185,6 +185,8 @@ pub struct BrokerHandle {
     shared: Arc<Shared>,
     addr: SocketAddr,
     acceptor: Option<JoinHandle<()>>,
+    /// The listening socket (a clone of the acceptor's), shut down to end a blocked accept.
+    listener: Option<TcpListener>,
 }
 
 /// Binds `cfg.bind` and starts serving; the socket is listening when this returns.
@@ -209,11 +211,12 @@ pub fn start(cfg: BrokerConfig) -> io::Result<BrokerHandle> {
         log_ring: Mutex::new(VecDeque::new()),
     });
     let sh = shared.clone();
+    let listener_copy = listener.try_clone()?;
     let acceptor = thread::Builder::new()
         .name("broker-accept".into())
         .stack_size(READER_STACK)
         .spawn(move || accept_loop(sh, listener))?;
-    Ok(BrokerHandle { shared, addr, acceptor: Some(acceptor) })
+    Ok(BrokerHandle { shared, addr, acceptor: Some(acceptor), listener: Some(listener_copy) })
 }
 
 impl BrokerHandle {
@@ -228,30 +231,43 @@ impl BrokerHandle {
     }
 
     fn stop(&mut self) {
-        let Some(acceptor) = self.acceptor.take() else {
-            return;
-        };
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.stall_cv.notify_all();
-        // Wake the blocking accept with a connection of our own.
         let wake = match self.addr.ip() {
             IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), self.addr.port()),
             IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), self.addr.port()),
             _ => self.addr,
         };
-        let woke = crate::sys::connect(&wake, Duration::from_secs(2)).is_ok();
-        if woke {
-            let _ = acceptor.join();
+        self.stop_with_wake(wake);
+    }
+
+    /// `stop` with the address of the wake-up connect (a test passes one that fails).
+    fn stop_with_wake(&mut self, wake: SocketAddr) {
+        let Some(acceptor) = self.acceptor.take() else {
+            return;
+        };
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.stall_cv.notify_all();
+        // End the blocking accept: shutting the listening socket down makes accept fail at once;
+        // a connection of our own wakes it too where that is not enough. The acceptor is always
+        // joined, so no connection slot can be added after the drain below.
+        if let Some(l) = self.listener.take() {
+            crate::sys::shutdown_listener(&l);
         }
-        let slots: Vec<ConnSlot> = lock(&self.shared.conns).drain().map(|(_, s)| s).collect();
-        for s in &slots {
-            if let Some(st) = &s.stream {
-                let _ = st.shutdown(Shutdown::Both);
+        let _ = crate::sys::connect(&wake, Duration::from_secs(2));
+        let _ = acceptor.join();
+        loop {
+            let slots: Vec<ConnSlot> = lock(&self.shared.conns).drain().map(|(_, s)| s).collect();
+            if slots.is_empty() {
+                break;
             }
-        }
-        for mut s in slots {
-            if let Some(t) = s.thread.take() {
-                let _ = t.join();
+            for s in &slots {
+                if let Some(st) = &s.stream {
+                    let _ = st.shutdown(Shutdown::Both);
+                }
+            }
+            for mut s in slots {
+                if let Some(t) = s.thread.take() {
+                    let _ = t.join();
+                }
             }
         }
     }
@@ -862,4 +878,70 @@ fn overflow_msg(limit: usize) -> String {
 
 fn overflow_text(limit: usize) -> String {
     format!("outbound queue full ({limit} messages) for {} s; disconnecting", OVERFLOW_GRACE.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// True once the server side of `s` is closed (EOF or reset) within 5 s.
+    fn closed_by_server(s: &mut TcpStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 64];
+        !matches!(s.read(&mut b), Ok(n) if n > 0)
+            && !matches!(s.read(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    #[test]
+    fn broker_shutdown_joins_the_acceptor_even_when_the_wake_connect_fails() {
+        let mut h = start(BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() }).unwrap();
+        let addr = h.addr();
+        let mut before: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        wait_slots(&h, 3);
+        // A wake-up connect that fails: a port nobody listens on.
+        let dead = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        h.stop_with_wake(dead);
+        // The listener went with its joined acceptor: a later connect is refused.
+        if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            panic!("connect after shutdown succeeded (acceptor not joined); closed: {}", closed_by_server(&mut s));
+        }
+        for s in &mut before {
+            assert!(closed_by_server(s), "every connection of the broker is closed after shutdown");
+        }
+        assert!(lock(&h.shared.conns).is_empty(), "no connection slot is left");
+    }
+
+    #[test]
+    fn broker_shutdown_closes_connections_accepted_during_the_drain() {
+        let h = start(BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() }).unwrap();
+        let addr = h.addr();
+        let shared = h.shared.clone();
+        // Clients keep connecting while the broker shuts down.
+        let done = Arc::new(AtomicBool::new(false));
+        let d2 = done.clone();
+        let dialer = thread::spawn(move || {
+            let mut v = Vec::new();
+            while !d2.load(Ordering::SeqCst) && v.len() < 200 {
+                if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                    v.push(s);
+                }
+            }
+            v
+        });
+        wait_slots(&h, 1);
+        drop(h);
+        done.store(true, Ordering::SeqCst);
+        for s in &mut dialer.join().unwrap() {
+            assert!(closed_by_server(s), "every connection of the broker is closed after shutdown");
+        }
+        assert!(lock(&shared.conns).is_empty(), "no connection slot is left");
+    }
+
+    fn wait_slots(h: &BrokerHandle, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&h.shared.conns).len() < n {
+            assert!(Instant::now() < deadline, "connections were not accepted");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
 }

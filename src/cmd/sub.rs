@@ -123,6 +123,11 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
                 line.extend_from_slice(&m.payload);
                 line.push(b'\n');
                 ctx.say_raw(&line);
+                if ctx.out_closed() {
+                    // The reader is gone (or stdout failed): disconnect cleanly; main sets the rc.
+                    client.disconnect();
+                    return Ok(0);
+                }
                 received += 1;
             }
             Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => {

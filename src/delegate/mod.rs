@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::cli::Failure;
+use crate::cli::{without_error_prefix, Failure};
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::knob;
@@ -221,23 +221,41 @@ pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finis
     }
 
     // 5. Register (a generated id that collides is drawn again).
+    let rec = register(ctx, &store, req, &resolved, remote, &mut clock::new_job_id, diag)?;
+    let start = Instant::now();
+    let mut d = Delegation::new(ctx, req, store, rec, start);
+    let finished = d.drive(&target, diag);
+    Ok(finished)
+}
+
+/// Step 5: registers the job. A `--job-id` goes through `submit_job` (register or re-dispatch); a
+/// generated id from `next_id` only ever registers: a collision with an existing record draws again.
+fn register(
+    ctx: &Ctx,
+    store: &Store,
+    req: &Request,
+    resolved: &paths::Resolved,
+    remote: bool,
+    next_id: &mut dyn FnMut() -> std::io::Result<String>,
+    diag: &mut dyn FnMut(&str),
+) -> Result<Record, Failure> {
     let mut tries = 0;
-    let rec = loop {
+    loop {
         let id = match &req.job_id {
             Some(id) => id.clone(),
-            None => clock::new_job_id().map_err(|e| Failure::runtime(format!("cannot draw a job id ({e})")))?,
+            None => next_id().map_err(|e| Failure::runtime(format!("cannot draw a job id ({e})")))?,
         };
-        let job = new_job(req, &resolved, &id, remote);
-        // A generated id only ever registers: a collision draws again, never re-dispatches an old job.
-        let (out, warnings) = match &req.job_id {
-            Some(_) => ops::submit_job(ctx, &store, &job),
-            None => ops::register_new(ctx, &store, &job).map(|(_, out)| (out, Vec::new())),
-        }
-        .map_err(Failure::runtime)?;
+        let job = new_job(req, resolved, &id, remote);
+        let out = if req.job_id.is_some() {
+            let (out, warnings) = ops::submit_job(ctx, store, &job).map_err(Failure::runtime)?;
+            warnings.iter().for_each(|w| diag(w));
+            out
+        } else {
+            ops::register_new(ctx, store, &job).map_err(Failure::runtime)?.1
+        };
         out.audit_error.iter().for_each(|w| diag(&format!("WARNING: {w}")));
-        warnings.iter().for_each(|w| diag(w));
         match out.decision {
-            Decided::Applied(a) => break a.record,
+            Decided::Applied(a) => return Ok(a.record),
             Decided::Refused { reason } if reason == "exists" && req.job_id.is_none() && tries < 5 => tries += 1,
             Decided::Refused { reason } => {
                 return Err(Failure::new(2, format!("REFUSED: delegate-job: job {id}: {reason}; nothing dispatched")))
@@ -246,11 +264,7 @@ pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finis
                 return Err(Failure::new(2, format!("REFUSED: delegate-job: job {id} is already {status}")))
             }
         }
-    };
-    let start = Instant::now();
-    let mut d = Delegation::new(ctx, req, store, rec, start);
-    let finished = d.drive(&target, diag);
-    Ok(finished)
+    }
 }
 
 fn new_job(req: &Request, resolved: &paths::Resolved, id: &str, remote: bool) -> NewJob {
@@ -481,11 +495,15 @@ impl<'a> Delegation<'a> {
         let quiet = no_autostart(self.ctx);
         let b = match pane::open_named(&quiet, backend, Some(server)) {
             Ok(b) => b,
-            Err(f) => return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.line), 3, diag)),
+            Err(f) => {
+                return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.message()), 3, diag))
+            }
         };
         let mut k = match Knobs::from_ctx(self.ctx) {
             Ok(k) => k,
-            Err(f) => return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.line), 3, diag)),
+            Err(f) => {
+                return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.message()), 3, diag))
+            }
         };
         if let Some(ms) = self.judge.deadline_ms.map(|d| d.saturating_sub(self.now())) {
             k.idle_wait_ms = k.idle_wait_ms.min(ms);
@@ -543,7 +561,11 @@ impl<'a> Delegation<'a> {
             }
             Ok(out) => {
                 let last = out.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
-                let why = format!("dispatch failed (mam remote dispatch exit {}: {})", out.rc, one_line(&last));
+                let why = format!(
+                    "dispatch failed (mam remote dispatch exit {}: {})",
+                    out.rc,
+                    one_line(without_error_prefix(&last))
+                );
                 Err(if out.rc == 3 {
                     self.close_now("broker_unavailable", &why, 5, diag)
                 } else {
@@ -840,5 +862,28 @@ mod tests {
         assert_eq!(exit_code("wall_clock_timeout", false), 4);
         assert_eq!(exit_code("broker_unavailable", false), 5);
         assert_eq!(exit_code("cancelled", false), 6);
+    }
+    #[test]
+    fn generated_job_id_collision_draws_a_new_id() {
+        let dir = std::env::temp_dir().join(format!("mam-u-collide-{}", sys::random_hex(4).unwrap()));
+        fs::create_dir_all(dir.join(".mam")).unwrap();
+        let ctx = Ctx::with_env([("WORKSPACE_ROOT", dir.as_os_str())], &dir);
+        let resolved = paths::resolve(&ctx, None);
+        let store = Store::from_resolved(&resolved);
+        let req = Request::new("w1", "the task");
+        let mut plant = || Ok("aaaaaaaa".to_string());
+        let planted = register(&ctx, &store, &req, &resolved, false, &mut plant, &mut |_| {}).unwrap();
+        assert_eq!(planted.u64("attempt"), Some(1));
+        let planted_token = planted.str("dispatch_token").unwrap().to_string();
+
+        let mut ids = vec!["bbbbbbbb".to_string(), "aaaaaaaa".to_string()];
+        let mut next = || Ok(ids.pop().unwrap());
+        let rec = register(&ctx, &store, &req, &resolved, false, &mut next, &mut |_| {}).unwrap();
+        assert_eq!(rec.str("job_id"), Some("bbbbbbbb"), "a colliding generated id is drawn again");
+        assert_eq!(rec.u64("attempt"), Some(1));
+        let old = store.read_existing("aaaaaaaa").unwrap();
+        assert_eq!(old.u64("attempt"), Some(1), "the old job was not re-dispatched");
+        assert_eq!(old.str("dispatch_token"), Some(planted_token.as_str()));
+        let _ = fs::remove_dir_all(&dir);
     }
 }

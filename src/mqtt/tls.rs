@@ -25,21 +25,75 @@ const TAIL_LINES: usize = 20;
 pub enum SpawnError {
     NotFound(String),
     Other(String, io::Error),
+    /// `s_client -help` did not finish before the connect deadline.
+    Timeout(String),
 }
 
 /// True when `s_client -help` of `program` lists `-nocommands` (probed once per program and process).
-fn supports_nocommands(program: &OsString, env: &[(OsString, OsString)]) -> Result<bool, SpawnError> {
+/// The probe runs in its own process group under the connect `deadline`: on expiry the group is
+/// killed and reaped and the connect fails in the `openssl probe` phase.
+fn supports_nocommands(
+    program: &OsString,
+    env: &[(OsString, OsString)],
+    deadline: Instant,
+) -> Result<bool, SpawnError> {
+    use std::os::unix::process::CommandExt;
     static PROBED: OnceLock<Mutex<HashMap<OsString, bool>>> = OnceLock::new();
     let map = PROBED.get_or_init(Mutex::default);
     if let Some(v) = map.lock().unwrap_or_else(|e| e.into_inner()).get(program) {
         return Ok(*v);
     }
     let mut cmd = Command::new(program);
-    cmd.args(["s_client", "-help"]).env_clear().envs(env.iter().cloned());
+    cmd.args(["s_client", "-help"]).env_clear().envs(env.iter().cloned()).process_group(0);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = sys::spawn(&mut cmd).map_err(|e| spawn_error(program, e))?;
-    let out = child.wait_with_output().map_err(|e| spawn_error(program, e))?;
-    let text = [out.stdout, out.stderr].concat();
+    let mut child = sys::spawn(&mut cmd).map_err(|e| spawn_error(program, e))?;
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    let readers: Vec<Box<dyn Read + Send>> = [
+        child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let n = readers.len();
+    for mut r in readers {
+        let tx = tx.clone();
+        let _ = std::thread::Builder::new().name("tls-probe".into()).spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            let _ = tx.send(v);
+        });
+    }
+    drop(tx);
+    let mut text = Vec::new();
+    let mut got = 0;
+    let timed_out = loop {
+        if got == n {
+            break false;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            break true;
+        }
+        match rx.recv_timeout(deadline - now) {
+            Ok(v) => {
+                text.extend(v);
+                got += 1;
+            }
+            Err(RecvTimeoutError::Timeout) => break true,
+            Err(RecvTimeoutError::Disconnected) => break false,
+        }
+    };
+    if timed_out {
+        let _ = sys::kill(-(child.id() as i32), libc::SIGKILL);
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(SpawnError::Timeout(program.to_string_lossy().into_owned()));
+    }
+    // Both pipes are at EOF: the probe has exited or is about to; a descendant that keeps running
+    // without the pipes is ended with its group.
+    let _ = sys::kill(-(child.id() as i32), libc::SIGKILL);
+    let _ = child.wait();
     let found = String::from_utf8_lossy(&text).split_whitespace().any(|w| w == "-nocommands");
     map.lock().unwrap_or_else(|e| e.into_inner()).insert(program.clone(), found);
     Ok(found)
@@ -85,8 +139,9 @@ pub struct TlsShim {
 }
 
 impl TlsShim {
-    pub fn spawn(cfg: &MqttConfig) -> Result<TlsShim, SpawnError> {
-        let nocommands = supports_nocommands(&cfg.openssl, &cfg.child_env)?;
+    /// Starts the shim; the `-nocommands` probe is bounded by `deadline` (the connect's).
+    pub fn spawn(cfg: &MqttConfig, deadline: Instant) -> Result<TlsShim, SpawnError> {
+        let nocommands = supports_nocommands(&cfg.openssl, &cfg.child_env, deadline)?;
         let mut cmd = Command::new(&cfg.openssl);
         cmd.args(shim_args(cfg, nocommands)).env_clear().envs(cfg.child_env.iter().cloned());
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());

@@ -23,9 +23,12 @@ impl Transport {
     /// Opens TCP (or starts the TLS shim) before `deadline`.
     pub fn open(cfg: &MqttConfig, deadline: Instant) -> Result<Transport, MqttError> {
         if cfg.tls {
-            return match TlsShim::spawn(cfg) {
+            return match TlsShim::spawn(cfg, deadline) {
                 Ok(s) => Ok(Transport::Tls(Box::new(s))),
                 Err(super::tls::SpawnError::NotFound(program)) => Err(MqttError::OpensslNotFound { program }),
+                Err(super::tls::SpawnError::Timeout(_)) => {
+                    Err(MqttError::NoConnack { addr: cfg.addr(), phase: "openssl probe" })
+                }
                 Err(super::tls::SpawnError::Other(program, e)) => {
                     Err(MqttError::Internal(format!("cannot start TLS shim {program}: {e}")))
                 }

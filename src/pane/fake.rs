@@ -114,10 +114,14 @@ impl Fake {
             .filter(|p| read_trim(&self.pane_dir(p).join("agent")).as_deref() == Some(name))
     }
 
-    fn kill_pane_agent(&self, pane: &str) {
-        let Some(pid) = self.agent_pid(pane) else { return };
+    fn kill_pane_agent(&self, pane: &str) -> PaneResult<()> {
+        let Some(pid) = self.agent_pid(pane) else { return Ok(()) };
         // The agent leads its own session and process group (set_new_session).
-        let _ = sys::kill(-pid, libc::SIGTERM);
+        if let Err(e) = sys::kill(-pid, libc::SIGTERM) {
+            if e.kind() == std::io::ErrorKind::InvalidInput {
+                return Err(PaneError::Failed(format!("fake backend: pane {pane}: {e}")));
+            }
+        }
         let deadline = Instant::now() + Duration::from_secs(2);
         while alive(pid) && Instant::now() < deadline {
             sys::sleep(Duration::from_millis(10));
@@ -125,6 +129,7 @@ impl Fake {
         if alive(pid) {
             let _ = sys::kill(-pid, libc::SIGKILL);
         }
+        Ok(())
     }
 }
 
@@ -329,7 +334,7 @@ impl Backend for Fake {
         if !d.is_dir() {
             return Err(PaneError::Failed(format!("fake backend: no pane {pane}")));
         }
-        self.kill_pane_agent(pane);
+        self.kill_pane_agent(pane)?;
         if let Some(name) = read_trim(&d.join("agent")) {
             if read_trim(&self.dir.join("agents").join(&name)).as_deref() == Some(pane) {
                 let _ = fs::remove_file(self.dir.join("agents").join(&name));

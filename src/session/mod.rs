@@ -545,10 +545,16 @@ pub fn ensure_daemon(ctx: &Ctx, root: &Path, notes: &mut Notes) -> Option<String
     }
 }
 
-/// What of a `daemon ensure` child reaches our output: its `DAEMON_PID=` line and, on success, its
-/// diagnostics (under the opt-out, its one NOTE); on failure one WARNING naming the last line.
+/// What of a `daemon ensure` child reaches our output: the pid it prints (CORE 10.1: a bare pid line)
+/// as our `DAEMON_PID=<pid>` line and, on success, its diagnostics (under the opt-out, its one NOTE);
+/// on failure one WARNING naming the last line.
 pub fn daemon_relay(out: &ChildOut, root: &Path) -> (Option<String>, Vec<String>) {
-    let pid = out.stdout.lines().map(str::trim).find(|l| l.starts_with("DAEMON_PID=")).map(str::to_string);
+    let pid = out
+        .stdout
+        .lines()
+        .map(str::trim)
+        .find_map(|l| l.parse::<u32>().ok().filter(|p| *p > 1))
+        .map(|p| format!("DAEMON_PID={p}"));
     if out.rc == 0 {
         let lines = out.stderr.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect();
         return (pid, lines);
@@ -621,7 +627,8 @@ mod tests {
 
     #[test]
     fn daemon_relay_passes_the_pid_and_warns_on_failure() {
-        let ok = ChildOut { rc: 0, stdout: "DAEMON_PID=42\n".into(), stderr: String::new() };
+        // `mam daemon ensure` prints the bare pid (CORE 10.1).
+        let ok = ChildOut { rc: 0, stdout: "42\n".into(), stderr: String::new() };
         assert_eq!(daemon_relay(&ok, Path::new("/w")), (Some("DAEMON_PID=42".into()), vec![]));
         let opt_out = ChildOut { rc: 0, stdout: String::new(), stderr: "NOTE: opted out\n".into() };
         assert_eq!(daemon_relay(&opt_out, Path::new("/w")), (None, vec!["NOTE: opted out".to_string()]));

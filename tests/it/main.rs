@@ -17,6 +17,7 @@ mod pane;
 mod paths;
 mod publish;
 mod registry;
+mod regress;
 mod remote;
 mod session;
 mod sign;
