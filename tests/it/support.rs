@@ -362,6 +362,76 @@ pub fn loopback_listener() -> (TcpListener, u16) {
     (l, port)
 }
 
+/// What a `FakeBroker` does with each connection it accepts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fake {
+    /// Closes it at once, before any CONNACK: a broker that is down.
+    Close,
+    /// Reads CONNECT and answers with this CONNACK return code, then ignores everything.
+    Connack(u8),
+    /// Keeps it open and never answers.
+    Silent,
+}
+
+/// A loopback listener that misbehaves on purpose; counts connections; held by the test (so no
+/// other test's listener takes the port) and joined on drop.
+pub struct FakeBroker {
+    pub port: u16,
+    accepts: std::sync::Arc<AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeBroker {
+    pub fn start(mode: Fake) -> FakeBroker {
+        use std::io::Read;
+        let (listener, port) = loopback_listener();
+        listener.set_nonblocking(true).unwrap();
+        let accepts = std::sync::Arc::new(AtomicUsize::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (a2, s2) = (accepts.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut open = Vec::new();
+            while !s2.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut s, _)) => {
+                        a2.fetch_add(1, Ordering::SeqCst);
+                        s.set_nonblocking(false).unwrap();
+                        match mode {
+                            Fake::Close => continue, // dropped here
+                            Fake::Connack(code) => {
+                                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                                let mut buf = [0u8; 256];
+                                let _ = s.read(&mut buf);
+                                let _ = s.write_all(&[0x20, 2, 0, code]);
+                            }
+                            Fake::Silent => {}
+                        }
+                        open.push(s);
+                    }
+                    // The server's own accept loop, until the drop: this paces it, it awaits nothing.
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        FakeBroker { port, accepts, stop, thread: Some(thread) }
+    }
+
+    /// Connections accepted so far.
+    pub fn accepts(&self) -> usize {
+        self.accepts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FakeBroker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 pub fn anonymous(port: u16) -> String {
     format!("listener {port} 127.0.0.1\nallow_anonymous true\n")
 }
