@@ -373,10 +373,10 @@ fn d4_sigterm_against_a_silent_listener_is_clean_and_never_polls() {
 fn d5_sigterm_during_a_pass_lets_the_pass_finish() {
     let fx = Fx::bare("d5");
     let td = &fx.td;
-    let ids: Vec<String> = (0..2).map(|_| register_job(&td, &[], &[])).collect();
+    let ids: Vec<String> = (0..2).map(|_| register_job(td, &[], &[])).collect();
     for id in &ids {
-        let rec = read_record(&td, id);
-        append_events_log(&td, id, &signed_event(&rec, "started", 1, false));
+        let rec = read_record(td, id);
+        append_events_log(td, id, &signed_event(&rec, "started", 1, false));
     }
     // Hold the registry lock L1: the pass blocks inside its first engine request.
     let l1 =
@@ -386,12 +386,12 @@ fn d5_sigterm_during_a_pass_lets_the_pass_finish() {
     d.wait_log("poll pass: 2 open job(s)", Duration::from_secs(15));
     d.signal(libc::SIGTERM);
     // The signal is noted, the pass is still blocked: nothing has been mirrored yet.
-    assert!(ids.iter().all(|id| status_of(&td, id) == "pending"));
+    assert!(ids.iter().all(|id| status_of(td, id) == "pending"));
     drop(l1);
     let (st, _) = d.wait_exit(Duration::from_secs(5));
     assert_eq!(st.code(), Some(0), "{}", d.text());
     for id in &ids {
-        assert_eq!(status_of(&td, id), "running", "{id}: the pass did not finish\n{}", d.text());
+        assert_eq!(status_of(td, id), "running", "{id}: the pass did not finish\n{}", d.text());
     }
     let text = d.text();
     let done = text.find("poll pass done").expect("pass done line");
@@ -405,27 +405,27 @@ fn d5_sigterm_during_a_pass_lets_the_pass_finish() {
 fn d5_polling_applies_started_and_terminal_lines_of_the_current_attempt_only() {
     let fx = Fx::bare("d5p");
     let td = &fx.td;
-    let a = register_job(&td, &[], &[]);
-    let b = register_job(&td, &[], &[]);
-    let rec_a = read_record(&td, &a);
-    append_events_log(&td, &a, &signed_event(&rec_a, "started", 1, false));
-    append_events_log(&td, &a, &signed_event(&rec_a, "completed", 2, false));
+    let a = register_job(td, &[], &[]);
+    let b = register_job(td, &[], &[]);
+    let rec_a = read_record(td, &a);
+    append_events_log(td, &a, &signed_event(&rec_a, "started", 1, false));
+    append_events_log(td, &a, &signed_event(&rec_a, "completed", 2, false));
     // b: a started line with a foreign token and one with a bad signature do not count.
-    let rec_b = read_record(&td, &b);
+    let rec_b = read_record(td, &b);
     let mut foreign = rec_b.clone();
     foreign["dispatch_token"] = Value::from("0".repeat(32));
-    append_events_log(&td, &b, &signed_event(&foreign, "started", 1, false));
+    append_events_log(td, &b, &signed_event(&foreign, "started", 1, false));
     let mut forged = rec_b.clone();
     forged["auth_token"] = Value::from("f".repeat(64));
-    append_events_log(&td, &b, &signed_event(&forged, "started", 2, false));
+    append_events_log(td, &b, &signed_event(&forged, "started", 2, false));
     let down = FakeBroker::start(Fake::Close); // a broker that is down
     let mut d = start_daemon(td, &[("MQTT_PORT", down.port.to_string())], &["--interval", "1"], "d5p");
-    wait_status(&td, &a, "completed", Duration::from_secs(15));
+    wait_status(td, &a, "completed", Duration::from_secs(15));
     d.wait_log("poll pass done", Duration::from_secs(5));
-    assert_eq!(status_of(&td, &b), "pending", "{}", d.text());
+    assert_eq!(status_of(td, &b), "pending", "{}", d.text());
     // Evidence arriving later is picked up by a later pass.
-    append_events_log(&td, &b, &signed_event(&rec_b, "started", 3, false));
-    wait_status(&td, &b, "running", Duration::from_secs(5));
+    append_events_log(td, &b, &signed_event(&rec_b, "started", 3, false));
+    wait_status(td, &b, "running", Duration::from_secs(5));
     d.signal(libc::SIGINT);
     let (st, _) = d.wait_exit(Duration::from_secs(5));
     assert_eq!(st.code(), Some(0));
@@ -445,8 +445,8 @@ fn d6_opt_out_spawns_nothing_and_reports_a_running_daemon() {
     assert!(select_daemons(&td.ws()).is_empty());
     assert_eq!(tree(&td.ws()), before, "ensure under the opt-out wrote files");
 
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let d = start_daemon(&td, &broker_env(broker.port()), &[], "d6");
+    let broker = start_target(Target::Embedded, td).unwrap();
+    let d = start_daemon(td, &broker_env(broker.port()), &[], "d6");
     d.wait_log("subscribed ", Duration::from_secs(10));
     let r = td.mam().args(["daemon", "ensure"]).run();
     r.expect_rc(0);

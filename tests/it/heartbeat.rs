@@ -180,11 +180,11 @@ fn h1_beats_every_second_with_valid_sigs_and_rising_seqs() {
             let states: Vec<Value> = wire.iter().map(|p| serde_json::from_str::<Value>(p).unwrap()).collect();
             assert!(states.iter().filter(|v| v["kind"] == "state").all(|v| v["status"] == "running"));
         }
-        let r = h.mam().args(["heartbeat", "stop", "--job-id", &id]).run();
+        let r = h.mam().args(["heartbeat", "stop", "--job-id", id]).run();
         assert_eq!(r.expect_rc(0).stdout(), format!("stopped {}\n", pf.pid));
         assert!(h.timers().is_empty());
         assert!(h.pidfile().is_none());
-        let r = h.mam().args(["heartbeat", "status", "--job-id", &id]).run();
+        let r = h.mam().args(["heartbeat", "status", "--job-id", id]).run();
         assert_eq!(r.expect_rc(0).stdout(), "none\n");
     }
 }
@@ -320,10 +320,10 @@ fn h4_recycled_pid_is_not_signalled() {
         start_ticks: ticks,
         started_at: "x".into(),
     };
-    pf.write(&pidfile_path(&registry(&h.td), &id)).unwrap();
-    let r = h.mam().args(["heartbeat", "status", "--job-id", &id]).run();
+    pf.write(&pidfile_path(&registry(&h.td), id)).unwrap();
+    let r = h.mam().args(["heartbeat", "status", "--job-id", id]).run();
     assert_eq!(r.expect_rc(0).stdout(), "none\n");
-    let r = h.mam().args(["heartbeat", "stop", "--job-id", &id]).run();
+    let r = h.mam().args(["heartbeat", "stop", "--job-id", id]).run();
     assert_eq!(r.expect_rc(0).stdout(), "none\n");
     assert!(sleeper.try_wait().unwrap().is_none(), "the unrelated sleep was signalled");
     assert!(h.pidfile().is_none(), "the stale pidfile is removed");
@@ -369,9 +369,7 @@ fn h6_concurrent_starts_leave_one_tracked_timer() {
     let id = &h.id;
     h.publish("started", &[]).expect_rc(0);
     let starts: Vec<Bg> = (0..8)
-        .map(|_| {
-            Bg::spawn(h.mam().args(["heartbeat", "start", "--job-id", &id, "--interval", "1", "--watch-pid", "0"]))
-        })
+        .map(|_| Bg::spawn(h.mam().args(["heartbeat", "start", "--job-id", id, "--interval", "1", "--watch-pid", "0"])))
         .collect();
     for s in starts {
         let (rc, out, err) = s.finish(Duration::from_secs(60));
@@ -393,7 +391,7 @@ fn h7_start_after_the_barrier_is_refused_and_spawns_nothing() {
     let mut rec = record(&h.td, &h.id);
     rec["barrier_attempt"] = 1.into();
     fs::write(&path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();
-    let r = h.mam().args(["heartbeat", "start", "--job-id", &id, "--watch-pid", "0"]).run();
+    let r = h.mam().args(["heartbeat", "start", "--job-id", id, "--watch-pid", "0"]).run();
     r.expect_rc(4);
     assert_eq!(r.stderr(), format!("REFUSED: {id}: attempt_ended (the terminal barrier is raised)\n"));
     assert!(h.timers().is_empty());
@@ -412,7 +410,7 @@ fn h8_stopping_an_idle_timer_is_quick_with_a_long_drain() {
     h.publish("started", &[]).expect_rc(0);
     let pid = h.start(&[]);
     let t = Instant::now();
-    let r = h.mam().env("MAM_HEARTBEAT_DRAIN_S", "10").args(["heartbeat", "stop", "--job-id", &id]).run();
+    let r = h.mam().env("MAM_HEARTBEAT_DRAIN_S", "10").args(["heartbeat", "stop", "--job-id", id]).run();
     assert_eq!(r.expect_rc(0).stdout(), format!("stopped {pid}\n"));
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     assert_eq!(r.stderr(), "");
@@ -445,7 +443,7 @@ fn h9_pidfile_failure_leaves_no_survivor() {
     let r = h
         .mam()
         .env("MAM_FAULT_INJECT", "heartbeat_pidfile")
-        .args(["heartbeat", "start", "--job-id", &id, "--watch-pid", "0"])
+        .args(["heartbeat", "start", "--job-id", id, "--watch-pid", "0"])
         .run();
     r.expect_rc(1);
     assert!(
@@ -470,7 +468,7 @@ fn h10_spawn_failure_leaves_nothing_and_the_next_start_works() {
     let r = h
         .mam()
         .env("MAM_FAULT_INJECT", "heartbeat_spawn")
-        .args(["heartbeat", "start", "--job-id", &id, "--watch-pid", "0"])
+        .args(["heartbeat", "start", "--job-id", id, "--watch-pid", "0"])
         .run();
     r.expect_rc(1);
     assert!(r.stderr().contains("cannot start the heartbeat timer"), "{}", r.stderr());
@@ -492,14 +490,14 @@ fn h11_lifetime_and_redispatch_end_the_timer() {
     assert!(h.pidfile().is_none());
 
     let pid = h.start(&[]);
-    let r = h.mam().args(["registry", "submit", "--type", "task", "--session", "w1", "--job-id", &id]).run();
+    let r = h.mam().args(["registry", "submit", "--type", "task", "--session", "w1", "--job-id", id]).run();
     assert_eq!(r.expect_rc(0).stdout(), format!("{id} attempt=2 iteration=2\n"));
     assert!(gone(pid), "the redispatch stopped the old attempt's timer");
     assert!(h.timers().is_empty());
 
     // An operator close stops the timer too (CORE 7.4).
     let pid = h.start(&[]);
-    h.mam().args(["registry", "finalize", &id, "--status", "cancelled"]).run().expect_rc(0);
+    h.mam().args(["registry", "finalize", id, "--status", "cancelled"]).run().expect_rc(0);
     assert!(gone(pid), "finalize stopped the timer");
     assert!(h.timers().is_empty());
 }
@@ -531,7 +529,7 @@ fn a16_a17_a_timer_not_named_in_the_pidfile_exits_and_sigterm_is_quick() {
     // A16: a `run` whose pid is not in the pidfile exits at once and beats nothing.
     let r = h
         .mam()
-        .args(["heartbeat", "run", "--job-id", &id, "--attempt", "1"])
+        .args(["heartbeat", "run", "--job-id", id, "--attempt", "1"])
         .args(["--dispatch-token", rec["dispatch_token"].as_str().unwrap()])
         .args(["--interval", "1", "--watch-pid", "0", "--lifetime", "60", "--registry-dir"])
         .args([reg.as_os_str()])
@@ -565,7 +563,7 @@ fn cadence_never_waits_for_the_broker() {
     }
     assert!(h.hb_log().contains("dropped from the wire (kept in events.log)"), "{}", h.hb_log());
     let t = Instant::now();
-    let r = h.mam().args(["heartbeat", "stop", "--job-id", &id]).run();
+    let r = h.mam().args(["heartbeat", "stop", "--job-id", id]).run();
     assert_eq!(r.expect_rc(0).stdout(), format!("stopped {pid}\n"));
     assert!(t.elapsed() < Duration::from_secs(1), "a stalled wire does not delay the stop: {:?}", t.elapsed());
     h.b.release_connack("mam-hb-");
