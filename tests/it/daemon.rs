@@ -4,7 +4,6 @@
 //! any survivor on drop.
 
 use std::fs;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -27,14 +26,9 @@ impl LeakGuard {
     /// Fails if a daemon for any root is still alive once the test is done (after a short grace for
     /// daemons that are exiting).
     fn finish(self) {
-        let deadline = Instant::now() + Duration::from_secs(3);
-        loop {
-            let alive: Vec<i32> = self.roots.iter().flat_map(|r| select_daemons(r)).collect();
-            if alive.is_empty() {
-                return;
-            }
-            assert!(Instant::now() < deadline, "leaked daemons {alive:?} for {:?}", self.roots);
-            std::thread::sleep(Duration::from_millis(20));
+        let alive = || -> Vec<i32> { self.roots.iter().flat_map(|r| select_daemons(r)).collect() };
+        if poll(Duration::from_secs(3), || alive().is_empty().then_some(())).is_none() {
+            panic!("leaked daemons {:?} for {:?}", alive(), self.roots);
         }
     }
 }
@@ -73,10 +67,8 @@ impl Daemon {
     }
 
     fn wait_log(&self, needle: &str, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        while !self.text().contains(needle) {
-            assert!(Instant::now() < deadline, "timed out waiting for {needle:?} in the daemon log:\n{}", self.text());
-            std::thread::sleep(Duration::from_millis(10));
+        if poll(limit, || self.text().contains(needle).then_some(())).is_none() {
+            panic!("timed out after {limit:?} waiting for {needle:?} in the daemon log:\n{}", self.text());
         }
     }
 
@@ -87,15 +79,11 @@ impl Daemon {
     /// Waits for the exit; panics after `limit`. Returns the status and how long it took.
     fn wait_exit(&mut self, limit: Duration) -> (ExitStatus, Duration) {
         let started = Instant::now();
-        let child = self.child.as_mut().unwrap();
-        loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                self.status = Some(st);
-                return (st, started.elapsed());
-            }
-            assert!(started.elapsed() < limit, "daemon did not exit within {limit:?}:\n{}", self.text());
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let Some(st) = exit_within(self.child.as_mut().unwrap(), limit) else {
+            panic!("daemon did not exit within {limit:?}:\n{}", self.text());
+        };
+        self.status = Some(st);
+        (st, started.elapsed())
     }
 }
 
@@ -128,42 +116,6 @@ fn broker_env(port: u16) -> Vec<(&'static str, String)> {
     vec![("MQTT_PORT", port.to_string()), ("MQTT_TOPIC_ROOT", format!("t{}", rand_hex(4)))]
 }
 
-/// A broker that is down: a loopback port whose connections are closed at once (before CONNACK).
-/// Held by the test, so no other test's listener can take the port.
-struct DownBroker {
-    port: u16,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl DownBroker {
-    fn start() -> DownBroker {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        let port = l.local_addr().unwrap().port();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !s.load(std::sync::atomic::Ordering::SeqCst) {
-                match l.accept() {
-                    Ok((c, _)) => drop(c),
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        });
-        DownBroker { port, stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for DownBroker {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 fn status_of(td: &TestDir, id: &str) -> String {
     read_record(td, id)["status"].as_str().unwrap_or("").to_string()
 }
@@ -177,15 +129,111 @@ fn audit_lines(td: &TestDir, id: &str) -> Vec<Value> {
     fs::read_to_string(p).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// The prologue most tests share: a test directory whose workspace the leak guard watches and, unless
+/// `bare`, a broker with the env that names it (`broker_env`: its port and a fresh topic root).
+struct Fx {
+    td: TestDir,
+    guard: LeakGuard,
+    broker: Option<Broker>,
+    /// The env every daemon and `mam` command of the test gets (empty when `bare`).
+    env: Vec<(&'static str, String)>,
+}
+
+impl Fx {
+    /// No broker: the test brings its own (or a down one).
+    fn bare(name: &str) -> Fx {
+        let td = TestDir::new(name);
+        let guard = LeakGuard::new(&[td.ws()]);
+        Fx { td, guard, broker: None, env: Vec::new() }
+    }
+
+    /// With a broker of target `t`; `None` (skipped) when that target is not installed.
+    fn on(name: &str, t: Target) -> Option<Fx> {
+        let mut fx = Fx::bare(name);
+        let broker = start_target(t, &fx.td)?;
+        fx.env = broker_env(broker.port());
+        fx.broker = Some(broker);
+        Some(fx)
+    }
+
+    /// With the embedded broker.
+    fn embedded(name: &str) -> Fx {
+        Fx::on(name, Target::Embedded).unwrap()
+    }
+
+    fn port(&self) -> u16 {
+        self.broker.as_ref().expect("a broker").port()
+    }
+
+    /// The test's topic root (`MQTT_TOPIC_ROOT`).
+    fn root(&self) -> String {
+        self.env.iter().find(|(k, _)| *k == "MQTT_TOPIC_ROOT").expect("a topic root").1.clone()
+    }
+
+    /// A `mam` command with the test's env.
+    fn mam(&self) -> Cmd {
+        let mut c = self.td.mam();
+        for (k, v) in &self.env {
+            c = c.env(k, v);
+        }
+        c
+    }
+
+    /// `mam daemon ensure` with the test's env and the opt-out lifted.
+    fn ensure(&self) -> Cmd {
+        self.mam().env_remove("MAM_NO_SUBSCRIBER_DAEMON").args(["daemon", "ensure"])
+    }
+
+    /// `mam daemon run` for the control root with the test's env.
+    fn daemon(&self, extra: &[&str], name: &str) -> Daemon {
+        start_daemon(&self.td, &self.env, extra, name)
+    }
+
+    /// `daemon`, once it has subscribed.
+    fn subscribed(&self, extra: &[&str], name: &str) -> Daemon {
+        let d = self.daemon(extra, name);
+        d.wait_log("subscribed ", Duration::from_secs(10));
+        d
+    }
+
+    /// Registers a job with the test's env (so its broker block names the test's broker).
+    fn register(&self, extra: &[&str]) -> String {
+        register_job(&self.td, &self.env, extra)
+    }
+
+    /// Publishes `payload` on `<topic root>/jobs/<id>/<leaf>` through the test's broker.
+    fn publish(&self, id: &str, leaf: &str, payload: &[u8], retain: bool) {
+        publish_raw(self.port(), &format!("{}/jobs/{id}/{leaf}", self.root()), payload, retain);
+    }
+
+    fn record(&self, id: &str) -> Value {
+        read_record(&self.td, id)
+    }
+
+    fn status(&self, id: &str) -> String {
+        status_of(&self.td, id)
+    }
+
+    fn wait_status(&self, id: &str, want: &str, limit: Duration) {
+        wait_status(&self.td, id, want, limit);
+    }
+
+    fn audit(&self, id: &str) -> Vec<Value> {
+        audit_lines(&self.td, id)
+    }
+
+    /// The CORE 10.3 leak check (the broker stays up until it is done).
+    fn finish(self) {
+        self.guard.finish();
+    }
+}
+
 #[test]
 fn d1_second_run_is_rc5_and_ensure_prints_the_first_pid() {
     for &t in TARGETS {
-        let td = TestDir::new("d1");
-        let guard = LeakGuard::new(&[td.ws()]);
-        let Some(broker) = start_target(t, &td) else { continue };
-        let env = broker_env(broker.port());
-        let mut first = start_daemon(&td, &env, &[], "first");
-        first.wait_log("subscribed ", Duration::from_secs(10));
+        let Some(fx) = Fx::on("d1", t) else { continue };
+        let td = &fx.td;
+        let mut first = fx.subscribed(&[], "first");
         let pid = first.pid();
 
         // The lock file names the holder (A20), written in place.
@@ -194,8 +242,8 @@ fn d1_second_run_is_rc5_and_ensure_prints_the_first_pid() {
         assert_eq!(info["workspace"], td.ws().to_str().unwrap());
         assert!(info["started_at"].as_str().is_some_and(|s| s.ends_with('Z')));
 
-        let mut second = daemon_cmd(&td, &td.ws(), &env, &[]);
-        second = second.env("MQTT_PORT", broker.port().to_string());
+        let mut second = daemon_cmd(td, &td.ws(), &fx.env, &[]);
+        second = second.env("MQTT_PORT", fx.port().to_string());
         let r = second.run();
         r.expect_rc(5);
         eqnice!(format!("ERROR: daemon already running (pid {pid})\n"), r.stderr());
@@ -222,23 +270,15 @@ fn d1_second_run_is_rc5_and_ensure_prints_the_first_pid() {
         let r = td.mam().args(["daemon", "status", "--workspace"]).args([td.ws()]).run();
         r.expect_rc(0);
         assert_eq!(r.stdout(), "");
-        guard.finish();
+        fx.finish();
     }
 }
 
 #[test]
 fn d1_ensure_starts_one_detached_daemon_with_absolute_paths() {
-    let td = TestDir::new("d1e");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let env = broker_env(broker.port());
-    let ensure = || {
-        let mut c = td.mam().env_remove("MAM_NO_SUBSCRIBER_DAEMON").env("MAM_JOBS_DIR", "rel/jobs");
-        for (k, v) in &env {
-            c = c.env(k, v);
-        }
-        c.args(["daemon", "ensure"]).run()
-    };
+    let fx = Fx::embedded("d1e");
+    let td = &fx.td;
+    let ensure = || fx.ensure().env("MAM_JOBS_DIR", "rel/jobs").run();
     let r = ensure();
     r.expect_rc(0);
     let pid: i32 = r.stdout().trim().parse().unwrap_or_else(|_| panic!("no pid: {r:?}"));
@@ -273,7 +313,7 @@ fn d1_ensure_starts_one_detached_daemon_with_absolute_paths() {
     let r = td.mam().args(["daemon", "stop"]).run();
     r.expect_rc(0);
     assert!(r.stderr().starts_with("NOTE: no daemon running"), "{}", r.stderr());
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
@@ -295,11 +335,9 @@ fn d2_deleting_the_workspace_ends_the_daemon_within_2s() {
 
 #[test]
 fn d3_replacing_monitor_lock_ends_the_daemon_within_2s() {
-    let td = TestDir::new("d3");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let mut d = start_daemon(&td, &broker_env(broker.port()), &[], "d3");
-    d.wait_log("subscribed ", Duration::from_secs(10));
+    let fx = Fx::embedded("d3");
+    let td = &fx.td;
+    let mut d = fx.subscribed(&[], "d3");
     let lock = td.ws().join(".mam/monitor.lock");
     let fresh = td.ws().join(".mam/monitor.lock.new");
     fs::write(&fresh, b"{}").unwrap();
@@ -308,28 +346,19 @@ fn d3_replacing_monitor_lock_ends_the_daemon_within_2s() {
     assert_eq!(st.code(), Some(0), "{}", d.text());
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert!(d.text().contains("daemon: monitor.lock replaced"), "{}", d.text());
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
 fn d4_sigterm_against_a_silent_listener_is_clean_and_never_polls() {
-    let td = TestDir::new("d4");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let mut d = start_daemon(&td, &broker_env(port), &[], "d4");
+    let mut fx = Fx::bare("d4");
+    let silent = FakeBroker::start(Fake::Silent);
+    fx.env = broker_env(silent.port);
+    let mut d = fx.daemon(&[], "d4");
     // The daemon is in its CONNACK wait once its connection is accepted (and never answered).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let _conn = loop {
-        match listener.accept() {
-            Ok((s, _)) => break s,
-            Err(_) => {
-                assert!(Instant::now() < deadline, "the daemon never connected:\n{}", d.text());
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-    };
+    if poll(Duration::from_secs(10), || (silent.accepts() > 0).then_some(())).is_none() {
+        panic!("the daemon never connected:\n{}", d.text());
+    }
     d.signal(libc::SIGTERM);
     let (st, took) = d.wait_exit(Duration::from_secs(5));
     assert_eq!(st.code(), Some(0), "{}", d.text());
@@ -337,77 +366,77 @@ fn d4_sigterm_against_a_silent_listener_is_clean_and_never_polls() {
     let text = d.text();
     assert!(text.contains("daemon: received SIGTERM; stopping"), "{text}");
     assert!(!text.contains("polling") && !text.contains("poll pass"), "fell back to polling:\n{text}");
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
 fn d5_sigterm_during_a_pass_lets_the_pass_finish() {
-    let td = TestDir::new("d5");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let ids: Vec<String> = (0..2).map(|_| register_job(&td, &[], &[])).collect();
+    let fx = Fx::bare("d5");
+    let td = &fx.td;
+    let ids: Vec<String> = (0..2).map(|_| register_job(td, &[], &[])).collect();
     for id in &ids {
-        let rec = read_record(&td, id);
-        append_events_log(&td, id, &signed_event(&rec, "started", 1, false));
+        let rec = read_record(td, id);
+        append_events_log(td, id, &signed_event(&rec, "started", 1, false));
     }
     // Hold the registry lock L1: the pass blocks inside its first engine request.
     let l1 =
         mam::sys::Flock::lock_path(&td.ws().join(".mam/jobs/.registry.lock"), mam::sys::LockMode::Exclusive).unwrap();
-    let down = DownBroker::start();
-    let mut d = start_daemon(&td, &[("MQTT_PORT", down.port.to_string())], &["--interval", "1"], "d5");
+    let down = FakeBroker::start(Fake::Close); // a broker that is down
+    let mut d = start_daemon(td, &[("MQTT_PORT", down.port.to_string())], &["--interval", "1"], "d5");
     d.wait_log("poll pass: 2 open job(s)", Duration::from_secs(15));
     d.signal(libc::SIGTERM);
     // The signal is noted, the pass is still blocked: nothing has been mirrored yet.
-    assert!(ids.iter().all(|id| status_of(&td, id) == "pending"));
+    assert!(ids.iter().all(|id| status_of(td, id) == "pending"));
     drop(l1);
     let (st, _) = d.wait_exit(Duration::from_secs(5));
     assert_eq!(st.code(), Some(0), "{}", d.text());
     for id in &ids {
-        assert_eq!(status_of(&td, id), "running", "{id}: the pass did not finish\n{}", d.text());
+        assert_eq!(status_of(td, id), "running", "{id}: the pass did not finish\n{}", d.text());
     }
     let text = d.text();
     let done = text.find("poll pass done").expect("pass done line");
     let sig = text.find("daemon: received SIGTERM; stopping").expect("signal line");
     assert!(done < sig, "{text}");
     assert_eq!(text.matches("poll pass:").count(), 1, "a second pass ran after the signal:\n{text}");
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
 fn d5_polling_applies_started_and_terminal_lines_of_the_current_attempt_only() {
-    let td = TestDir::new("d5p");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let a = register_job(&td, &[], &[]);
-    let b = register_job(&td, &[], &[]);
-    let rec_a = read_record(&td, &a);
-    append_events_log(&td, &a, &signed_event(&rec_a, "started", 1, false));
-    append_events_log(&td, &a, &signed_event(&rec_a, "completed", 2, false));
+    let fx = Fx::bare("d5p");
+    let td = &fx.td;
+    let a = register_job(td, &[], &[]);
+    let b = register_job(td, &[], &[]);
+    let rec_a = read_record(td, &a);
+    append_events_log(td, &a, &signed_event(&rec_a, "started", 1, false));
+    append_events_log(td, &a, &signed_event(&rec_a, "completed", 2, false));
     // b: a started line with a foreign token and one with a bad signature do not count.
-    let rec_b = read_record(&td, &b);
+    let rec_b = read_record(td, &b);
     let mut foreign = rec_b.clone();
     foreign["dispatch_token"] = Value::from("0".repeat(32));
-    append_events_log(&td, &b, &signed_event(&foreign, "started", 1, false));
+    append_events_log(td, &b, &signed_event(&foreign, "started", 1, false));
     let mut forged = rec_b.clone();
     forged["auth_token"] = Value::from("f".repeat(64));
-    append_events_log(&td, &b, &signed_event(&forged, "started", 2, false));
-    let down = DownBroker::start();
-    let mut d = start_daemon(&td, &[("MQTT_PORT", down.port.to_string())], &["--interval", "1"], "d5p");
-    wait_status(&td, &a, "completed", Duration::from_secs(15));
+    append_events_log(td, &b, &signed_event(&forged, "started", 2, false));
+    let down = FakeBroker::start(Fake::Close); // a broker that is down
+    let mut d = start_daemon(td, &[("MQTT_PORT", down.port.to_string())], &["--interval", "1"], "d5p");
+    wait_status(td, &a, "completed", Duration::from_secs(15));
     d.wait_log("poll pass done", Duration::from_secs(5));
-    assert_eq!(status_of(&td, &b), "pending", "{}", d.text());
+    assert_eq!(status_of(td, &b), "pending", "{}", d.text());
     // Evidence arriving later is picked up by a later pass.
-    append_events_log(&td, &b, &signed_event(&rec_b, "started", 3, false));
-    wait_status(&td, &b, "running", Duration::from_secs(5));
+    append_events_log(td, &b, &signed_event(&rec_b, "started", 3, false));
+    wait_status(td, &b, "running", Duration::from_secs(5));
     d.signal(libc::SIGINT);
     let (st, _) = d.wait_exit(Duration::from_secs(5));
     assert_eq!(st.code(), Some(0));
     assert!(d.text().contains("daemon: received SIGINT; stopping"), "{}", d.text());
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
 fn d6_opt_out_spawns_nothing_and_reports_a_running_daemon() {
-    let td = TestDir::new("d6");
-    let guard = LeakGuard::new(&[td.ws()]);
+    let fx = Fx::bare("d6");
+    let td = &fx.td;
     let before = tree(&td.ws());
     let r = td.mam().args(["daemon", "ensure"]).run(); // the harness sets MAM_NO_SUBSCRIBER_DAEMON=1
     r.expect_rc(0);
@@ -416,8 +445,8 @@ fn d6_opt_out_spawns_nothing_and_reports_a_running_daemon() {
     assert!(select_daemons(&td.ws()).is_empty());
     assert_eq!(tree(&td.ws()), before, "ensure under the opt-out wrote files");
 
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let d = start_daemon(&td, &broker_env(broker.port()), &[], "d6");
+    let broker = start_target(Target::Embedded, td).unwrap();
+    let d = start_daemon(td, &broker_env(broker.port()), &[], "d6");
     d.wait_log("subscribed ", Duration::from_secs(10));
     let r = td.mam().args(["daemon", "ensure"]).run();
     r.expect_rc(0);
@@ -437,7 +466,7 @@ fn d6_opt_out_spawns_nothing_and_reports_a_running_daemon() {
     let pid: i32 = r.stdout().trim().parse().unwrap();
     assert_eq!(select_daemons(&td.ws()), vec![pid]);
     td.mam().args(["daemon", "stop"]).run().expect_rc(0);
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
@@ -484,48 +513,36 @@ fn d7_selector_finds_a_spaced_root_and_nothing_else() {
 #[test]
 fn d8_wire_events_move_the_record_to_running_then_completed() {
     for &t in TARGETS {
-        let td = TestDir::new("d8");
-        let guard = LeakGuard::new(&[td.ws()]);
-        let Some(broker) = start_target(t, &td) else { continue };
-        let env = broker_env(broker.port());
-        let root = env[1].1.clone();
-        let id = register_job(&td, &env, &[]);
+        let Some(fx) = Fx::on("d8", t) else { continue };
+        let id = fx.register(&[]);
         // A second job closed on the wire before the daemon started: the retained state is mirrored.
-        let early = register_job(&td, &env, &[]);
-        let rec_early = read_record(&td, &early);
-        publish_raw(broker.port(), &format!("{root}/jobs/{early}/state"), &signed_state(&rec_early, "failed", 4), true);
+        let early = fx.register(&[]);
+        fx.publish(&early, "state", &signed_state(&fx.record(&early), "failed", 4), true);
 
-        let d = start_daemon(&td, &env, &[], "d8");
-        d.wait_log("subscribed ", Duration::from_secs(10));
-        wait_status(&td, &early, "failed", Duration::from_secs(5));
+        let d = fx.subscribed(&[], "d8");
+        fx.wait_status(&early, "failed", Duration::from_secs(5));
 
-        let rec = read_record(&td, &id);
-        let events = format!("{root}/jobs/{id}/events");
+        let rec = fx.record(&id);
         // Noise first: a forged event and an event for a job this workspace does not have.
         let mut forged = rec.clone();
         forged["auth_token"] = Value::from("e".repeat(64));
-        publish_raw(broker.port(), &events, &signed_event(&forged, "started", 1, false), false);
+        fx.publish(&id, "events", &signed_event(&forged, "started", 1, false), false);
         let mut stranger = rec.clone();
         stranger["job_id"] = Value::from("zz-not-here");
-        publish_raw(
-            broker.port(),
-            &format!("{root}/jobs/zz-not-here/events"),
-            &signed_event(&stranger, "started", 1, false),
-            false,
-        );
+        fx.publish("zz-not-here", "events", &signed_event(&stranger, "started", 1, false), false);
 
-        publish_raw(broker.port(), &events, &signed_event(&rec, "started", 1, false), false);
-        wait_status(&td, &id, "running", Duration::from_secs(5));
-        let r = read_record(&td, &id);
+        fx.publish(&id, "events", &signed_event(&rec, "started", 1, false), false);
+        fx.wait_status(&id, "running", Duration::from_secs(5));
+        let r = fx.record(&id);
         assert!(r["claimed_at"].is_string());
-        publish_raw(broker.port(), &events, &signed_event(&rec, "completed", 2, false), false);
-        wait_status(&td, &id, "completed", Duration::from_secs(5));
+        fx.publish(&id, "events", &signed_event(&rec, "completed", 2, false), false);
+        fx.wait_status(&id, "completed", Duration::from_secs(5));
         // The audit is flushed just after the record write.
         wait_until("the terminal transition in the audit", Duration::from_secs(5), || {
-            audit_lines(&td, &id).iter().any(|e| e["request"] == "terminal")
+            fx.audit(&id).iter().any(|e| e["request"] == "terminal")
         });
 
-        let audit = audit_lines(&td, &id);
+        let audit = fx.audit(&id);
         let dropped: Vec<&Value> = audit.iter().filter(|e| e["kind"] == "dropped").collect();
         assert_eq!(dropped.len(), 1, "{audit:?}");
         assert_eq!(dropped[0]["reason"], "bad_sig");
@@ -535,39 +552,31 @@ fn d8_wire_events_move_the_record_to_running_then_completed() {
             .map(|e| (e["request"].as_str().unwrap(), e["to"].as_str().unwrap()))
             .collect();
         assert_eq!(transitions, [("claim", "running"), ("terminal", "completed")], "{audit:?}");
-        assert!(!td.ws().join(".mam/jobs/zz-not-here.json").exists());
+        assert!(!fx.td.ws().join(".mam/jobs/zz-not-here.json").exists());
         drop(d);
-        guard.finish();
+        fx.finish();
     }
 }
 
 #[test]
 fn d8_a_late_conflicting_event_is_refused_and_audited() {
-    let td = TestDir::new("d8r");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let env = broker_env(broker.port());
-    let root = env[1].1.clone();
-    let id = register_job(&td, &env, &[]);
-    td.mam().args(["registry", "status", &id, "--set", "cancelled", "--no-publish"]).run().expect_rc(0);
-    let d = start_daemon(&td, &env, &[], "d8r");
-    d.wait_log("subscribed ", Duration::from_secs(10));
-    let rec = read_record(&td, &id);
-    publish_raw(broker.port(), &format!("{root}/jobs/{id}/events"), &signed_event(&rec, "completed", 1, false), false);
+    let fx = Fx::embedded("d8r");
+    let id = fx.register(&[]);
+    fx.td.mam().args(["registry", "status", &id, "--set", "cancelled", "--no-publish"]).run().expect_rc(0);
+    let d = fx.subscribed(&[], "d8r");
+    fx.publish(&id, "events", &signed_event(&fx.record(&id), "completed", 1, false), false);
     wait_until("the refusal in the audit", Duration::from_secs(5), || {
-        audit_lines(&td, &id).iter().any(|e| e["kind"] == "refused" && e["reason"] == "conflicting_terminal")
+        fx.audit(&id).iter().any(|e| e["kind"] == "refused" && e["reason"] == "conflicting_terminal")
     });
-    assert_eq!(status_of(&td, &id), "cancelled");
+    assert_eq!(fx.status(&id), "cancelled");
     drop(d);
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
 fn a15_abandoned_jobs_are_closed_and_watched_ones_are_not() {
-    let td = TestDir::new("a15");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let env = broker_env(broker.port());
+    let mut fx = Fx::embedded("a15");
+    let td = &fx.td;
     // A dead pid: a child that has exited and been reaped.
     let mut gone = Command::new("true").spawn().unwrap();
     let dead = gone.id();
@@ -575,15 +584,15 @@ fn a15_abandoned_jobs_are_closed_and_watched_ones_are_not() {
     let me = std::process::id();
 
     // Onboarding-like: a deadline of 1 s, the wrapper that recorded itself is dead.
-    let onboard = register_job(&td, &env, &["--timeout", "1"]);
+    let onboard = fx.register(&["--timeout", "1"]);
     td.mam().args(["registry", "set-meta", &onboard, &format!("watcher_pid:={dead}")]).run().expect_rc(0);
     // Same deadline, but its watcher (this test process) is alive: left to the watcher.
-    let watched = register_job(&td, &env, &["--timeout", "1", "--idle-timeout", "1"]);
+    let watched = fx.register(&["--timeout", "1", "--idle-timeout", "1"]);
     td.mam().args(["registry", "set-meta", &watched, &format!("watcher_pid:={me}")]).run().expect_rc(0);
     // Silent: started, then nothing; idle 1 s and no watcher at all.
-    let silent = register_job(&td, &env, &["--idle-timeout", "1"]);
+    let silent = fx.register(&["--idle-timeout", "1"]);
     let store = mam::registry::store::Store::new(td.ws().join(".mam/jobs"), td.ws().join(".mam/delegate_job_logs"));
-    let rec = read_record(&td, &silent);
+    let rec = fx.record(&silent);
     let mut claim = mam::registry::engine::Request::new(
         mam::registry::engine::Kind::Claim,
         mam::registry::engine::Authority::Agent,
@@ -594,26 +603,25 @@ fn a15_abandoned_jobs_are_closed_and_watched_ones_are_not() {
     store.apply(&claim, mam::clock::now_ms()).unwrap();
     let claimed = Instant::now();
 
-    let mut env = env;
-    env.push(("MAM_DAEMON_SWEEP_S", "1".into()));
-    let d = start_daemon(&td, &env, &[], "a15");
-    wait_status(&td, &onboard, "deadline_timeout", Duration::from_secs(10));
-    assert_eq!(read_record(&td, &onboard)["reason"], "deadline");
-    wait_status(&td, &silent, "deadline_timeout", Duration::from_secs(15));
+    fx.env.push(("MAM_DAEMON_SWEEP_S", "1".into()));
+    let d = fx.daemon(&[], "a15");
+    fx.wait_status(&onboard, "deadline_timeout", Duration::from_secs(10));
+    assert_eq!(fx.record(&onboard)["reason"], "deadline");
+    fx.wait_status(&silent, "deadline_timeout", Duration::from_secs(15));
     let took = claimed.elapsed();
-    assert_eq!(read_record(&td, &silent)["reason"], "unresponsive");
+    assert_eq!(fx.record(&silent)["reason"], "unresponsive");
     assert!(took >= Duration::from_secs(6), "closed before idle + 5 s: {took:?}");
     // The watched job stays the watcher's business.
-    assert_eq!(status_of(&td, &watched), "pending", "{}", d.text());
+    assert_eq!(fx.status(&watched), "pending", "{}", d.text());
     // Closed with operator authority, through the engine.
     wait_until("the operator close in the audit", Duration::from_secs(5), || {
-        audit_lines(&td, &silent)
+        fx.audit(&silent)
             .iter()
             .any(|e| e["kind"] == "transition" && e["request"] == "set" && e["reason"] == "unresponsive")
     });
     // A4: the close is announced as a signed retained state with a fresh seq.
-    let Broker::Embedded(handle) = &broker else { unreachable!() };
-    let closed = read_record(&td, &silent);
+    let Some(Broker::Embedded(handle)) = &fx.broker else { unreachable!() };
+    let closed = fx.record(&silent);
     let topic = format!("{}/state", closed["topic_prefix"].as_str().unwrap());
     wait_until("the retained close state", Duration::from_secs(5), || handle.retained(&topic).is_some());
     let state: Value = serde_json::from_slice(&handle.retained(&topic).unwrap()).unwrap();
@@ -622,37 +630,34 @@ fn a15_abandoned_jobs_are_closed_and_watched_ones_are_not() {
     assert_eq!(state["seq"], closed["last_seq"]);
     assert!(mam::sign::verify(closed["auth_token"].as_str().unwrap().as_bytes(), &state));
     drop(d);
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
 fn idle_timeout_ends_the_daemon_without_messages() {
-    let td = TestDir::new("idle");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let mut d = start_daemon(&td, &broker_env(broker.port()), &["--idle-timeout", "1"], "idle");
-    d.wait_log("subscribed ", Duration::from_secs(10));
+    let fx = Fx::embedded("idle");
+    let mut d = fx.subscribed(&["--idle-timeout", "1"], "idle");
     let (st, took) = d.wait_exit(Duration::from_secs(5));
     assert_eq!(st.code(), Some(0), "{}", d.text());
     assert!(took < Duration::from_millis(1500), "{took:?}");
     assert!(d.text().contains("idle timeout"), "{}", d.text());
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
 fn reconcile_subscribe_execs_the_control_root_daemon() {
-    let td = TestDir::new("rec");
-    let guard = LeakGuard::new(&[td.ws()]);
+    let mut fx = Fx::bare("rec");
     // Daemon flags without --subscribe are a usage error; plain `reconcile` is the one-shot
     // session reconcile (tests/it/session.rs), which starts no daemon.
-    let r = td.mam().args(["reconcile", "--idle-timeout", "2"]).run();
+    let r = fx.td.mam().args(["reconcile", "--idle-timeout", "2"]).run();
     r.expect_rc(2);
     eqnice!("ERROR: mam reconcile: --idle-timeout and --registry-dir need --subscribe\n", r.stderr());
-    td.mam().args(["reconcile"]).run().expect_rc(0);
-    assert!(select_daemons(&td.ws()).is_empty());
+    fx.td.mam().args(["reconcile"]).run().expect_rc(0);
+    assert!(select_daemons(&fx.td.ws()).is_empty());
 
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let env = broker_env(broker.port());
+    let broker = start_target(Target::Embedded, &fx.td).unwrap();
+    fx.env = broker_env(broker.port());
+    let (td, env) = (&fx.td, &fx.env);
     let sub = td.ws().join("sub");
     fs::create_dir_all(&sub).unwrap();
     for via_shim in [false, true] {
@@ -664,7 +669,7 @@ fn reconcile_subscribe_execs_the_control_root_daemon() {
         };
         // From a subdirectory: the control root is the nearest ancestor with .mam.
         cmd = cmd.cwd(&sub).args(["--subscribe", "--idle-timeout", "2"]);
-        for (k, v) in &env {
+        for (k, v) in env {
             cmd = cmd.env(k, v);
         }
         let mut d = Daemon::spawn(cmd, td.path(&format!("rec-{via_shim}.log")));
@@ -675,51 +680,45 @@ fn reconcile_subscribe_execs_the_control_root_daemon() {
         assert_eq!(st.code(), Some(0), "{}", d.text());
         assert!(d.text().contains(&format!("workspace={}", td.ws().display())), "{}", d.text());
     }
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
 fn fallback_switches_back_to_the_broker_and_survives_a_drop() {
-    let td = TestDir::new("back");
-    let guard = LeakGuard::new(&[td.ws()]);
+    let mut fx = Fx::bare("back");
     // A port that was just free; the broker comes up on it once the daemon is polling.
     let port = free_port();
-    let mut env = broker_env(port);
-    let root = env[1].1.clone();
-    env.push(("MAM_DAEMON_BROKER_RETRY_S", "1".into()));
-    let id = register_job(&td, &env, &[]);
-    let d = start_daemon(&td, &env, &["--interval", "1"], "back");
+    fx.env = broker_env(port);
+    let root = fx.root();
+    fx.env.push(("MAM_DAEMON_BROKER_RETRY_S", "1".into()));
+    let id = fx.register(&[]);
+    let d = fx.daemon(&["--interval", "1"], "back");
     d.wait_log("broker unavailable", Duration::from_secs(15));
     let cfg = mam::broker::BrokerConfig { bind: format!("127.0.0.1:{port}").parse().unwrap(), ..Default::default() };
     let broker = mam::broker::start(cfg).expect("bind the freed port");
     d.wait_log("broker up; subscribed", Duration::from_secs(5));
-    let rec = read_record(&td, &id);
+    let rec = fx.record(&id);
     publish_raw(port, &format!("{root}/jobs/{id}/events"), &signed_event(&rec, "started", 1, false), false);
-    wait_status(&td, &id, "running", Duration::from_secs(5));
+    fx.wait_status(&id, "running", Duration::from_secs(5));
 
     // A lost connection is logged and re-established; mirroring continues.
     broker.drop_connections();
     d.wait_log("broker down", Duration::from_secs(5));
     wait_until("the daemon to resubscribe", Duration::from_secs(10), || d.text().matches("broker up").count() >= 2);
     publish_raw(port, &format!("{root}/jobs/{id}/events"), &signed_event(&rec, "completed", 2, false), false);
-    wait_status(&td, &id, "completed", Duration::from_secs(5));
+    fx.wait_status(&id, "completed", Duration::from_secs(5));
     drop(d);
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
 fn a12_a_remote_terminal_event_writes_the_report() {
-    let td = TestDir::new("a12");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let mut env = broker_env(broker.port());
-    let root = env[1].1.clone();
-    env.push(("MAM_DISPATCH_SECRET", rand_hex(16)));
-    let report = td.path("reports/r.md");
-    let id = register_job(&td, &env, &["--transport", "remote", "--report-path", report.to_str().unwrap()]);
-    let d = start_daemon(&td, &env, &[], "a12");
-    d.wait_log("subscribed ", Duration::from_secs(10));
-    let rec = read_record(&td, &id);
+    let mut fx = Fx::embedded("a12");
+    fx.env.push(("MAM_DISPATCH_SECRET", rand_hex(16)));
+    let report = fx.td.path("reports/r.md");
+    let id = fx.register(&["--transport", "remote", "--report-path", report.to_str().unwrap()]);
+    let d = fx.subscribed(&[], "a12");
+    let rec = fx.record(&id);
     let v = serde_json::json!({
         "v": 1, "kind": "event", "job_id": id, "attempt": 1, "dispatch_token": rec["dispatch_token"],
         "agent_session": rec["agent_session"], "event": "completed", "seq": 1, "ts": mam::clock::now_ts(),
@@ -727,73 +726,53 @@ fn a12_a_remote_terminal_event_writes_the_report() {
     });
     let key = rec["auth_token"].as_str().unwrap().as_bytes();
     let payload = serde_json::to_vec(&mam::sign::signed(key, v.as_object().unwrap().clone()).unwrap()).unwrap();
-    publish_raw(broker.port(), &format!("{root}/jobs/{id}/events"), &payload, false);
+    fx.publish(&id, "events", &payload, false);
     wait_until("the report", Duration::from_secs(5), || {
         fs::read_to_string(&report).is_ok_and(|t| t.ends_with("VERDICT: ok\n"))
     });
-    assert_eq!(status_of(&td, &id), "completed");
+    assert_eq!(fx.status(&id), "completed");
     drop(d);
-    guard.finish();
+    fx.finish();
 }
 
 #[test]
 fn concurrent_ensures_agree_on_one_daemon() {
-    let td = TestDir::new("ens4");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let env = broker_env(broker.port());
+    let fx = Fx::embedded("ens4");
     let runs: Vec<Run> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..4)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut c = td.mam().env_remove("MAM_NO_SUBSCRIBER_DAEMON").args(["daemon", "ensure"]);
-                    for (k, v) in &env {
-                        c = c.env(k, v);
-                    }
-                    c.run()
-                })
-            })
-            .collect();
+        let handles: Vec<_> = (0..4).map(|_| s.spawn(|| fx.ensure().run())).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let pids: Vec<String> = runs.iter().map(|r| r.expect_rc(0).stdout()).collect();
     assert!(pids.iter().all(|p| p == &pids[0] && !p.is_empty()), "{pids:?}");
     let pid: i32 = pids[0].trim().parse().unwrap();
-    wait_until("the losers to exit", Duration::from_secs(5), || select_daemons(&td.ws()) == vec![pid]);
-    td.mam().args(["daemon", "stop"]).run().expect_rc(0);
-    guard.finish();
+    wait_until("the losers to exit", Duration::from_secs(5), || select_daemons(&fx.td.ws()) == vec![pid]);
+    fx.td.mam().args(["daemon", "stop"]).run().expect_rc(0);
+    fx.finish();
 }
 
 /// An A15 close stops the job's heartbeat timer first (CORE 7.4), so no beat of the closed attempt
 /// follows the closed state; the watched agent process itself is left alone.
 #[test]
 fn a15_close_stops_the_jobs_timer() {
-    let td = TestDir::new("a15t");
-    let guard = LeakGuard::new(&[td.ws()]);
-    let broker = start_target(Target::Embedded, &td).unwrap();
-    let mut env = broker_env(broker.port());
+    let mut fx = Fx::embedded("a15t");
     let mut agent = Command::new("sleep").arg("60").spawn().unwrap();
     let mut gone = Command::new("true").spawn().unwrap();
     let dead = gone.id();
     gone.wait().unwrap();
     // N = 8 s: a timer left alone would only notice the close at its next beat, 8 s away.
-    let id = register_job(&td, &env, &["--timeout", "2", "--heartbeat-sec", "8"]);
+    let id = fx.register(&["--timeout", "2", "--heartbeat-sec", "8"]);
     let _timers = TimerGuard(id.clone());
-    td.mam().args(["registry", "set-meta", &id, &format!("watcher_pid:={dead}")]).run().expect_rc(0);
-    let mut publish = td.mam().args(["publish", "--job-id", &id, "--event", "started", "--heartbeat", "8"]);
-    publish = publish.args(["--watch-pid", &agent.id().to_string()]);
-    for (k, v) in &env {
-        publish = publish.env(k, v);
-    }
-    publish.run().expect_rc(0);
+    fx.td.mam().args(["registry", "set-meta", &id, &format!("watcher_pid:={dead}")]).run().expect_rc(0);
+    let publish = fx.mam().args(["publish", "--job-id", &id, "--event", "started", "--heartbeat", "8"]);
+    publish.args(["--watch-pid", &agent.id().to_string()]).run().expect_rc(0);
     wait_until("the timer to run", Duration::from_secs(5), || !timer_pids(&id).is_empty());
-    env.push(("MAM_DAEMON_SWEEP_S", "1".into()));
-    let d = start_daemon(&td, &env, &[], "a15t");
-    wait_status(&td, &id, "deadline_timeout", Duration::from_secs(15));
+    fx.env.push(("MAM_DAEMON_SWEEP_S", "1".into()));
+    let d = fx.daemon(&[], "a15t");
+    fx.wait_status(&id, "deadline_timeout", Duration::from_secs(15));
     wait_until("the timer to be stopped", Duration::from_secs(3), || timer_pids(&id).is_empty());
     assert!(agent.try_wait().unwrap().is_none(), "the agent process was signalled");
     let _ = agent.kill();
     let _ = agent.wait();
     drop(d);
-    guard.finish();
+    fx.finish();
 }

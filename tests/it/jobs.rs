@@ -145,17 +145,7 @@ fn jobs_follow_redraws_until_sigterm() {
     assert!(text().contains(&id));
     mam::sys::kill(child.id() as i32, libc::SIGTERM).unwrap();
     let t = Instant::now();
-    let st = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(2) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("mam jobs --follow ignored SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let st = wait_exit("mam jobs --follow after SIGTERM", &mut child, Duration::from_secs(2));
     assert_eq!(st.code(), Some(0));
     assert!(t.elapsed() < Duration::from_secs(1));
 }

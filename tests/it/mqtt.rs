@@ -2,16 +2,15 @@
 //! in-process, and `mam pub` / `mam sub` as processes next to mosquitto_pub / mosquitto_sub.
 //!
 //! Scenarios that any conforming broker must pass loop over `TARGETS`; scenarios that need broker
-//! misbehaviour use a tiny in-test fake listener (CONNACK 4, silence, no PINGRESP) or kill and
-//! restart mosquitto.
+//! misbehaviour use support's fake listener (CONNACK 4, silence, no PINGRESP) or kill and restart
+//! mosquitto.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Read;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mam::ctx::Ctx;
@@ -20,70 +19,6 @@ use mam::mqtt::{
 };
 
 use crate::support::*;
-
-// ---------------------------------------------------------------------------------------------
-// Brokers
-
-/// What the fake listener does after accepting.
-#[derive(Clone, Copy, PartialEq)]
-enum Fake {
-    /// Reads CONNECT and answers with this CONNACK return code, then ignores everything.
-    Connack(u8),
-    /// Accepts and never answers.
-    Silent,
-}
-
-/// A loopback listener that misbehaves on purpose; counts connections; joined on drop.
-struct FakeBroker {
-    port: u16,
-    accepts: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl FakeBroker {
-    fn start(mode: Fake) -> FakeBroker {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let accepts = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (a2, s2) = (Arc::clone(&accepts), Arc::clone(&stop));
-        let thread = std::thread::spawn(move || {
-            let mut open = Vec::new();
-            while !s2.load(Ordering::SeqCst) {
-                match listener.accept() {
-                    Ok((mut s, _)) => {
-                        a2.fetch_add(1, Ordering::SeqCst);
-                        s.set_nonblocking(false).unwrap();
-                        if let Fake::Connack(code) = mode {
-                            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-                            let mut buf = [0u8; 256];
-                            let _ = s.read(&mut buf);
-                            let _ = s.write_all(&[0x20, 2, 0, code]);
-                        }
-                        open.push(s);
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        });
-        FakeBroker { port, accepts, stop, thread: Some(thread) }
-    }
-
-    fn accepts(&self) -> usize {
-        self.accepts.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for FakeBroker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 /// A child process killed and reaped on drop.
 struct ChildGuard(Child);
@@ -98,14 +33,7 @@ impl Drop for ChildGuard {
 impl ChildGuard {
     /// Waits for exit within `limit`; returns rc and stdout.
     fn finish(mut self, limit: Duration) -> (i32, String) {
-        let deadline = Instant::now() + limit;
-        let status = loop {
-            if let Some(st) = self.0.try_wait().unwrap() {
-                break st;
-            }
-            assert!(Instant::now() < deadline, "child did not exit within {limit:?}");
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let status = exit_within(&mut self.0, limit).unwrap_or_else(|| panic!("child did not exit within {limit:?}"));
         let mut out = String::new();
         self.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
         (status.code().unwrap_or(-1), out)
@@ -715,6 +643,7 @@ fn stop_flag_is_seen_within_a_read_slice() {
     let flag = Arc::new(AtomicBool::new(false));
     let f2 = Arc::clone(&flag);
     let setter = std::thread::spawn(move || {
+        // The scenario: the flag is raised 300 ms into the CONNACK wait (a deliberate delay).
         std::thread::sleep(Duration::from_millis(300));
         f2.store(true, Ordering::SeqCst);
     });

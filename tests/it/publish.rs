@@ -139,15 +139,7 @@ impl Bg {
     /// Waits up to `limit` and returns (rc, stdout, stderr).
     pub(crate) fn finish(mut self, limit: Duration) -> (i32, String, String) {
         let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + limit;
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("background mam did not finish within {limit:?}");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        crate::support::wait_exit("the background mam", &mut child, limit);
         let out = child.wait_with_output().unwrap();
         (
             out.status.code().unwrap_or(-1),

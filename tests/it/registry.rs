@@ -15,7 +15,7 @@ use mam::registry::engine::{Authority, Kind, Request};
 use mam::registry::store::{Decided, Store};
 use serde_json::Value;
 
-use crate::support::{mam_bin, rand_hex, tree, TestDir};
+use crate::support::{mam_bin, rand_hex, tree, wait_exit, TestDir};
 
 fn registry(td: &TestDir) -> PathBuf {
     td.ws().join(".mam/jobs")
@@ -936,15 +936,8 @@ fn concurrent_writers_lose_nothing_and_audit_in_order() {
         })
         .collect();
     for mut p in procs {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Some(st) = p.try_wait().unwrap() {
-                assert!(st.success(), "a writer failed");
-                break;
-            }
-            assert!(Instant::now() < deadline, "writers did not finish");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let st = wait_exit("a writer", &mut p, Duration::from_secs(120));
+        assert!(st.success(), "a writer failed");
     }
     let elapsed = started.elapsed();
     stop.store(true, Ordering::SeqCst);

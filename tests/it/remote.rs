@@ -11,7 +11,7 @@ use mam::mqtt::{Client, Message, MqttConfig, Role, Stop};
 use mam::registry::record::Record;
 use serde_json::Value;
 
-use crate::support::{rand_hex, timer_pids, wait_until, Background, Broker, Target, TimerGuard, TARGETS};
+use crate::support::{poll, rand_hex, timer_pids, wait_until, Background, Broker, Target, TimerGuard, TARGETS};
 use crate::watch::World;
 
 /// The runner's side of a world: its own registry and log root.
@@ -229,10 +229,10 @@ fn m4_mirror_admission() {
         let exec = format!("echo \"$MAM_ATTEMPT\" >> '{}'", runs.display());
         let mut run = runner(&w, &session, &exec, &[]);
         let runs_done = |run: &mut Background, n: usize| {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while run.stdout().matches("DONE rc=0").count() < n {
-                assert!(Instant::now() < deadline, "{}{}", run.stdout(), run.stderr());
-                std::thread::sleep(Duration::from_millis(10));
+            if poll(Duration::from_secs(10), || (run.stdout().matches("DONE rc=0").count() >= n).then_some(()))
+                .is_none()
+            {
+                panic!("timed out waiting for {n} x DONE rc=0\n{}{}", run.stdout(), run.stderr());
             }
         };
 

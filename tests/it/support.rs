@@ -150,7 +150,6 @@ impl Cmd {
 }
 
 fn wait_output(mut child: std::process::Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
     // Drain pipes on threads so a chatty child cannot block on a full pipe.
     let mut so = child.stdout.take();
     let mut se = child.stderr.take();
@@ -168,16 +167,10 @@ fn wait_output(mut child: std::process::Child, limit: Duration) -> Output {
         }
         v
     });
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("command did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    let Some(status) = exit_within(&mut child, limit) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("command did not finish within {limit:?}");
     };
     Output { status, stdout: t_out.join().unwrap(), stderr: t_err.join().unwrap() }
 }
@@ -206,13 +199,53 @@ impl Run {
     }
 }
 
+/// How often the deadline helpers look again.
+const POLL: Duration = Duration::from_millis(10);
+
+/// The one polling loop: calls `probe` every 10 ms until it yields a value, or gives up after
+/// `limit` (one last look at the deadline) and returns `None`. For waits whose timeout needs its own
+/// cleanup or message; the others use `wait_for` or `wait_until`.
+pub fn poll<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = probe() {
+            return Some(v);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        std::thread::sleep(POLL.min(deadline - now));
+    }
+}
+
+/// Waits until `probe` yields a value and returns it; fails naming `what` after `limit`.
+pub fn wait_for<T>(what: &str, limit: Duration, probe: impl FnMut() -> Option<T>) -> T {
+    poll(limit, probe).unwrap_or_else(|| panic!("timed out after {limit:?} waiting for {what}"))
+}
+
 /// Waits until `cond` holds, polling every 10 ms, failing after `limit`.
 pub fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for(what, limit, || cond().then_some(()))
+}
+
+/// Waits up to `limit` for `child` to exit; `None` if it is still running (left to the caller).
+pub fn exit_within(child: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    poll(limit, || child.try_wait().unwrap())
+}
+
+/// Waits for `child` to exit within `limit`, naming `what` on timeout (the child is killed then).
+pub fn wait_exit(what: &str, child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    exit_within(child, limit).unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("timed out after {limit:?} waiting for {what} to exit")
+    })
+}
+
+/// A deliberate pause in a scenario (not a synchronisation): sleeps until `at`. Callers say why.
+pub fn pause_until(at: Instant) {
+    std::thread::sleep(at.saturating_duration_since(Instant::now()));
 }
 
 /// True when `tool` is on PATH. When `MAM_REQUIRE_<VAR>=1` (A30) a missing tool fails the test;
@@ -316,8 +349,87 @@ pub fn start_target(t: Target, td: &TestDir) -> Option<Broker> {
     }
 }
 
+/// The one free-port picker: a loopback port that was free a moment ago (another process may take
+/// it before the caller binds it; `Mosquitto::start` retries for that reason).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    loopback_listener().1
+}
+
+/// A listener on a fresh loopback port, held by the caller (for fake brokers that misbehave).
+pub fn loopback_listener() -> (TcpListener, u16) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    (l, port)
+}
+
+/// What a `FakeBroker` does with each connection it accepts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fake {
+    /// Closes it at once, before any CONNACK: a broker that is down.
+    Close,
+    /// Reads CONNECT and answers with this CONNACK return code, then ignores everything.
+    Connack(u8),
+    /// Keeps it open and never answers.
+    Silent,
+}
+
+/// A loopback listener that misbehaves on purpose; counts connections; held by the test (so no
+/// other test's listener takes the port) and joined on drop.
+pub struct FakeBroker {
+    pub port: u16,
+    accepts: std::sync::Arc<AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeBroker {
+    pub fn start(mode: Fake) -> FakeBroker {
+        use std::io::Read;
+        let (listener, port) = loopback_listener();
+        listener.set_nonblocking(true).unwrap();
+        let accepts = std::sync::Arc::new(AtomicUsize::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (a2, s2) = (accepts.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut open = Vec::new();
+            while !s2.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut s, _)) => {
+                        a2.fetch_add(1, Ordering::SeqCst);
+                        s.set_nonblocking(false).unwrap();
+                        match mode {
+                            Fake::Close => continue, // dropped here
+                            Fake::Connack(code) => {
+                                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                                let mut buf = [0u8; 256];
+                                let _ = s.read(&mut buf);
+                                let _ = s.write_all(&[0x20, 2, 0, code]);
+                            }
+                            Fake::Silent => {}
+                        }
+                        open.push(s);
+                    }
+                    // The server's own accept loop, until the drop: this paces it, it awaits nothing.
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        FakeBroker { port, accepts, stop, thread: Some(thread) }
+    }
+
+    /// Connections accepted so far.
+    pub fn accepts(&self) -> usize {
+        self.accepts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FakeBroker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 pub fn anonymous(port: u16) -> String {
@@ -325,7 +437,7 @@ pub fn anonymous(port: u16) -> String {
 }
 
 /// A mosquitto started by the test with a generated config (all logging on, to a file), killed and
-/// reaped on drop.
+/// reaped on drop. The one launcher of mosquitto in the suite.
 pub struct Mosquitto {
     child: Option<Child>,
     pub port: u16,
@@ -334,24 +446,44 @@ pub struct Mosquitto {
 }
 
 impl Mosquitto {
-    /// `listeners(port)` gives the listener and auth lines; the primary port is waited on.
+    /// `listeners(port)` gives the listener and auth lines (any extra config too); the primary port
+    /// is waited on. A port taken between `free_port` and mosquitto's bind makes it exit at once: it
+    /// is tried again on another port.
     pub fn start(td: &TestDir, listeners: impl Fn(u16) -> String) -> Mosquitto {
-        let port = free_port();
-        let n = rand_hex(3);
-        let log = td.path(&format!("mosquitto-{n}.log"));
-        let mut conf = format!("persistence false\nlog_dest file {}\nlog_type all\n", log.display());
-        if mam::sys::getuid() == 0 {
-            // As root mosquitto would drop to the `mosquitto` user and lose access to test files (CORE 3.4).
-            conf.push_str("user root\n");
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let n = rand_hex(3);
+            let log = td.path(&format!("mosquitto-{n}.log"));
+            let mut conf = format!("persistence false\nlog_dest file {}\nlog_type all\n", log.display());
+            if mam::sys::getuid() == 0 {
+                // As root mosquitto would drop to the `mosquitto` user and lose access to test files (CORE 3.4).
+                conf.push_str("user root\n");
+            }
+            conf.push_str(&listeners(port));
+            let conf_path = td.write(&format!("mosquitto-{n}.conf"), conf);
+            let mut m = Mosquitto { child: None, port, conf: conf_path, log };
+            match m.try_launch() {
+                Ok(()) => return m,
+                Err(e) => last = e,
+            }
         }
-        conf.push_str(&listeners(port));
-        let conf_path = td.write(&format!("mosquitto-{n}.conf"), conf);
-        let mut m = Mosquitto { child: None, port, conf: conf_path, log };
-        m.launch();
-        m
+        panic!("mosquitto did not start: {last}");
     }
 
+    /// The primary listener's address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// Starts mosquitto again on the same port and config (after `kill`).
     pub fn launch(&mut self) {
+        if let Err(e) = self.try_launch() {
+            panic!("mosquitto did not start again: {e}");
+        }
+    }
+
+    fn try_launch(&mut self) -> Result<(), String> {
         let child = Command::new("mosquitto")
             .arg("-c")
             .arg(&self.conf)
@@ -362,9 +494,23 @@ impl Mosquitto {
             .expect("spawn mosquitto");
         self.child = Some(child);
         let port = self.port;
-        wait_until("mosquitto to accept connections", Duration::from_secs(10), || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        // Some(true): accepting; Some(false): exited (port taken, bad config).
+        // The exit is checked first: a port taken by another process would accept the connect.
+        let up = poll(Duration::from_secs(10), || {
+            let child = self.child.as_mut().unwrap();
+            if child.try_wait().unwrap().is_some() {
+                return Some(false);
+            }
+            TcpStream::connect(("127.0.0.1", port)).is_ok().then_some(true)
         });
+        match up {
+            Some(true) => Ok(()),
+            other => {
+                self.kill();
+                let why = if other.is_some() { "exited" } else { "not accepting after 10 s" };
+                Err(format!("{why} on port {port}; log:\n{}", self.log_text()))
+            }
+        }
     }
 
     pub fn kill(&mut self) {
@@ -574,26 +720,23 @@ impl Background {
     /// Waits until stdout contains `needle`, failing (with both streams) after `limit` or when the
     /// process exits first.
     pub fn wait_stdout(&mut self, needle: &str, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
+        // Some(true): seen; Some(false): the process exited first; None: timed out.
+        let seen = poll(limit, || {
             if self.stdout().contains(needle) {
-                return;
+                return Some(true);
             }
-            let exited = self.try_status().is_some();
-            if exited || Instant::now() > deadline {
-                // One more look: the line may have landed just before the exit.
-                if self.stdout().contains(needle) {
-                    return;
-                }
-                panic!(
-                    "waiting for {needle:?}: {}\n--- stdout\n{}--- stderr\n{}",
-                    if exited { "process exited" } else { "timed out" },
-                    self.stdout(),
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
+            self.try_status().map(|_| false)
+        });
+        // One more look: the line may have landed just before the exit.
+        if seen == Some(true) || self.stdout().contains(needle) {
+            return;
         }
+        panic!(
+            "waiting for {needle:?}: {}\n--- stdout\n{}--- stderr\n{}",
+            if seen.is_some() { "process exited" } else { "timed out" },
+            self.stdout(),
+            self.stderr()
+        );
     }
 
     fn try_status(&mut self) -> Option<std::process::ExitStatus> {
@@ -613,23 +756,13 @@ impl Background {
     /// Waits for the exit within `limit` (killing it and failing otherwise); returns the exit code
     /// (128 + signal for a signal death) and the instant it was seen.
     pub fn wait(&mut self, limit: Duration) -> (i32, Instant) {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(st) = self.try_status() {
-                use std::os::unix::process::ExitStatusExt;
-                let rc = st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0));
-                return (rc, Instant::now());
-            }
-            if Instant::now() > deadline {
-                self.kill();
-                panic!(
-                    "process did not exit within {limit:?}\n--- stdout\n{}--- stderr\n{}",
-                    self.stdout(),
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let Some(st) = poll(limit, || self.try_status()) else {
+            self.kill();
+            panic!("process did not exit within {limit:?}\n--- stdout\n{}--- stderr\n{}", self.stdout(), self.stderr());
+        };
+        use std::os::unix::process::ExitStatusExt;
+        let rc = st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0));
+        (rc, Instant::now())
     }
 
     pub fn kill(&mut self) {

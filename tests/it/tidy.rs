@@ -148,15 +148,28 @@ fn shims_are_dumb_executable_bash() {
 
 #[test]
 fn formatting_is_clean() {
-    let Ok(out) = std::process::Command::new("cargo").args(["fmt", "--check"]).current_dir(root()).output() else {
-        eprintln!("skipped: cargo not on PATH");
-        return;
+    // A missing rustfmt is a failure, not a skip: an unchecked tree must not pass as a formatted one.
+    let fmt = |args: &[&str]| {
+        std::process::Command::new("cargo")
+            .arg("fmt")
+            .args(args)
+            .current_dir(root())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run `cargo fmt` (is cargo on PATH?): {e}"))
     };
-    if String::from_utf8_lossy(&out.stderr).contains("no such command") {
-        eprintln!("skipped: rustfmt is not installed");
-        return;
-    }
-    assert!(out.status.success(), "cargo fmt --check:\n{}", String::from_utf8_lossy(&out.stdout));
+    let version = fmt(&["--version"]);
+    assert!(
+        version.status.success(),
+        "cannot run rustfmt: `cargo fmt --version` failed (install it with `rustup component add rustfmt`):\n{}",
+        String::from_utf8_lossy(&version.stderr)
+    );
+    let out = fmt(&["--check"]);
+    assert!(
+        out.status.success(),
+        "cargo fmt --check:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ use mam::ctx::Ctx;
 use mam::mqtt::{Client, Message, MqttConfig, Role, Stop};
 use serde_json::{json, Value};
 
-use crate::support::{rand_hex, start_target, Background, Broker, Target, TestDir, TARGETS};
+use crate::support::{pause_until, poll, rand_hex, start_target, Background, Broker, Target, TestDir, TARGETS};
 
 const SECRET_VAR: &str = "MAM_DISPATCH_SECRET";
 
@@ -118,12 +118,19 @@ impl World {
 
 /// Waits until `needle` occurs at least `n` times in the background process's stdout.
 pub fn wait_lines(p: &mut Background, needle: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while p.stdout().matches(needle).count() < n {
-        assert!(!p.exited() || p.stdout().matches(needle).count() >= n, "exited early:\n{}{}", p.stdout(), p.stderr());
-        assert!(Instant::now() < deadline, "waiting for {n} x {needle:?}:\n{}{}", p.stdout(), p.stderr());
-        std::thread::sleep(Duration::from_millis(10));
+    let limit = Duration::from_secs(10);
+    // Some(true): seen n times; Some(false): the process exited first; None: timed out.
+    let seen = poll(limit, || {
+        if p.stdout().matches(needle).count() >= n {
+            return Some(true);
+        }
+        p.exited().then_some(false)
+    });
+    if seen == Some(true) || p.stdout().matches(needle).count() >= n {
+        return;
     }
+    let why = if seen.is_some() { "exited early" } else { "timed out" };
+    panic!("waiting for {n} x {needle:?} ({why} after {limit:?}):\n{}{}", p.stdout(), p.stderr());
 }
 
 /// Produces signed events and states for one job, as `mam publish` would (see the module comment).
@@ -372,10 +379,8 @@ fn w6_stale_state_does_not_renew_but_a_stale_terminal_ends() {
         watch.wait_stdout("accepted seq=5 event=progress", Duration::from_secs(5));
         let accepted = Instant::now();
         // The redelivered snapshot arrives half-way through the 2 s idle window; had it renewed the
-        // window, the verdict would come no earlier than 3 s after the event.
-        while accepted.elapsed() < Duration::from_millis(1000) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // window, the verdict would come no earlier than 3 s after the event (a deliberate pause).
+        pause_until(accepted + Duration::from_millis(1000));
         e.send_state(&e.state(3, "running"));
         let (rc, at) = watch.wait(Duration::from_secs(10));
         assert_eq!(rc, 11, "{t:?}\n{}{}", watch.stdout(), watch.stderr());
@@ -454,25 +459,18 @@ fn w8_broker_restart_reconnects_then_w1_passes() {
     }
 }
 
-/// A listener that accepts TCP connections and never answers (no broker needed).
-fn silent_listener() -> (std::net::TcpListener, u16) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    (l, port)
-}
-
 #[test]
 fn w9_signal_during_connack_wait_exits_within_a_second() {
     for (sig, rc, name) in [(libc::SIGTERM, 143, "SIGTERM"), (libc::SIGINT, 130, "SIGINT")] {
-        let (_listener, port) = silent_listener();
+        // A listener that is never served: the kernel completes the handshake, nothing answers.
+        let (_listener, port) = crate::support::loopback_listener();
         let w = World::without_broker("w9", port);
         let id = w.register(FAST);
         let mut watch =
             w.mam().env("MAM_MQTT_CONNECT_TIMEOUT_S", "30").args(["watch", "--job-id", &id]).spawn_bg(&w.td, "watch");
-        // The spec's scenario: the signal is sent 0.5 s in, while watch waits for a CONNACK.
-        while watch.started.elapsed() < Duration::from_millis(500) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        // The spec's scenario: the signal is sent 0.5 s in, while watch waits for a CONNACK (a
+        // deliberate pause, not a synchronisation).
+        pause_until(watch.started + Duration::from_millis(500));
         assert!(!watch.exited(), "{}", watch.stderr());
         let sent = Instant::now();
         watch.signal(sig);

@@ -1,0 +1,171 @@
+//! The `mam broker` binary: mosquitto's clients against it, auth with a password file, signals and
+//! usage errors (K1, K9).
+
+use super::*;
+
+/// A `mam broker` child: killed and reaped on drop.
+struct BrokerProc {
+    child: Child,
+    addr: SocketAddr,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl BrokerProc {
+    fn start(td: &TestDir, extra: &[&str]) -> BrokerProc {
+        let mut cmd = td.mam().args(["broker", "--port", "0"]).args(extra).cmd;
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            for _ in lines {}
+        });
+        let stderr = child.stderr.take().unwrap();
+        let (etx, erx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = etx.send(l);
+            }
+        });
+        let line = match rx.recv_timeout(WAIT) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("no listening line; stderr: {:?}", erx.try_iter().collect::<Vec<_>>());
+            }
+        };
+        let addr = line.strip_prefix("mam broker listening on ").unwrap_or_else(|| panic!("{line:?}"));
+        BrokerProc { child, addr: addr.parse().unwrap(), stderr: erx }
+    }
+
+    fn port(&self) -> String {
+        self.addr.port().to_string()
+    }
+}
+
+impl Drop for BrokerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run_tool(cmd: &mut Command) -> std::process::Output {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_exit(&format!("{cmd:?}"), &mut child, Duration::from_secs(10));
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn k1_mosquitto_clients_against_mam_broker() {
+    if !have_tool("mosquitto_pub", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    let td = TestDir::new("k1");
+    let b = BrokerProc::start(&td, &[]);
+    let port = b.port();
+    // Retained, QoS 1 (mosquitto_pub exits 0 only after the PUBACK).
+    for (t, m) in [("k1/a/x", "ax"), ("k1/b/x", "bx"), ("k1/b/y", "by")] {
+        let out = run_tool(Command::new("mosquitto_pub").args(["-p", &port, "-q", "1", "-r", "-t", t, "-m", m]));
+        assert!(out.status.success(), "mosquitto_pub: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // A subscriber on `+` and `#` filters: gets the retained ones, then a live one.
+    let mut sub = Command::new("mosquitto_sub")
+        .args(["-p", &port, "-q", "1", "-v", "-t", "k1/+/x", "-t", "k1/b/#", "-C", "4", "-W", "10"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = sub.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut lines: Vec<String> = (0..3).map(|_| rx.recv_timeout(WAIT).expect("retained line")).collect();
+    lines.sort();
+    assert_eq!(lines, vec!["k1/a/x ax", "k1/b/x bx", "k1/b/y by"]);
+    let out = run_tool(Command::new("mosquitto_pub").args(["-p", &port, "-q", "1", "-t", "k1/c/x", "-m", "live"]));
+    assert!(out.status.success());
+    assert_eq!(rx.recv_timeout(WAIT).unwrap(), "k1/c/x live");
+    let st = sub.wait().unwrap();
+    assert!(st.success());
+    // A mosquitto_pub with a wildcard topic is refused by the client itself; a v5 one by us.
+    let out = run_tool(Command::new("mosquitto_pub").args(["-V", "mqttv5", "-p", &port, "-t", "k1/v5", "-m", "x"]));
+    assert!(!out.status.success());
+    let line = b.stderr.recv_timeout(WAIT).unwrap();
+    assert!(line.starts_with("NOTE: broker: ") && line.contains("unsupported protocol level 5"), "{line}");
+}
+
+#[test]
+fn mam_broker_auth_with_password_file_and_sigterm() {
+    if !have_tool("mosquitto_pub", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    let td = TestDir::new("broker-auth");
+    let secret = format!("pw-{}", rand_hex(6));
+    let pwfile = td.write("pw", format!("{secret}\n"));
+    let mut b = BrokerProc::start(&td, &["--username", "mam", "--password-file", pwfile.to_str().unwrap()]);
+    let port = b.port();
+    let ok = run_tool(
+        Command::new("mosquitto_pub").args(["-p", &port, "-u", "mam", "-P", &secret, "-q", "1", "-t", "a", "-m", "x"]),
+    );
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let bad =
+        run_tool(Command::new("mosquitto_pub").args(["-p", &port, "-u", "mam", "-P", "nope", "-t", "a", "-m", "x"]));
+    assert!(!bad.status.success());
+    mam::sys::kill(b.child.id() as i32, 15).unwrap();
+    let status = exit_within(&mut b.child, WAIT).unwrap_or_else(|| panic!("mam broker ignored SIGTERM for {WAIT:?}"));
+    assert_eq!(status.code(), Some(0));
+    let log: Vec<String> = b.stderr.try_iter().collect();
+    assert!(log.iter().any(|l| l.contains("bad username or password")), "{log:?}");
+    assert!(!log.join("\n").contains(&secret));
+}
+
+#[test]
+fn mam_broker_sigint_exits_0() {
+    let td = TestDir::new("broker-int");
+    let mut b = BrokerProc::start(&td, &[]);
+    let _c = Raw::connect(b.addr, "held-open");
+    mam::sys::kill(b.child.id() as i32, 2).unwrap();
+    let status = exit_within(&mut b.child, WAIT).unwrap_or_else(|| panic!("mam broker ignored SIGINT for {WAIT:?}"));
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn k9_cli_refuses_non_loopback_bind_without_allow_remote() {
+    let td = TestDir::new("k9");
+    for addr in ["0.0.0.0", "10.1.2.3", "::"] {
+        let r = td.mam().args(["broker", "--bind", addr, "--port", "0"]).run();
+        r.expect_rc(2);
+        eqnice!("ERROR: refusing to bind non-loopback address without --allow-remote\n", r.stderr());
+        assert_eq!(r.stdout(), "");
+    }
+}
+
+#[test]
+fn cli_usage_errors() {
+    let td = TestDir::new("broker-usage");
+    for args in [
+        &["broker", "--port", "70000"][..],
+        &["broker", "--bind", "localhost"],
+        &["broker", "--username", "u"],
+        &["broker", "--max-packet", "10"],
+        &["broker", "--password", "x"],
+    ] {
+        let r = td.mam().args(args).run();
+        r.expect_rc(2);
+        assert!(r.stderr().starts_with("ERROR: "), "{args:?}: {}", r.stderr());
+    }
+    let r = td.mam().args(["broker", "--username", "u", "--password-file", "/nonexistent/pw"]).run();
+    r.expect_rc(1);
+    assert!(r.stderr().contains("cannot read password file"), "{}", r.stderr());
+    td.mam().args(["broker", "--help"]).run().expect_rc(0);
+}

@@ -1,0 +1,322 @@
+//! Integration tests: the embedded broker (CORE 11.3, K1-K9) over real sockets.
+//!
+//! A small raw-socket client (packets encoded and decoded with mqttrs) drives the in-process broker;
+//! `mosquitto_pub`/`mosquitto_sub` drive the `mam broker` binary (K1); `same_on_both!` runs one
+//! scenario against the embedded broker and a real mosquitto and requires the same transcript.
+//! The client and the shared helpers live here; the tests are grouped by protocol area below.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use mam::broker::{self, BrokerConfig, BrokerHandle};
+use mqttrs::{QoS, SubscribeReturnCodes};
+
+use crate::support::{anonymous, exit_within, have_tool, rand_hex, wait_exit, wait_until, Mosquitto, TestDir};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn cfg() -> BrokerConfig {
+    BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..BrokerConfig::default() }
+}
+
+fn start() -> BrokerHandle {
+    broker::start(cfg()).unwrap()
+}
+
+fn has_log(b: &BrokerHandle, needle: &str) -> bool {
+    b.log_lines().iter().any(|l| l.contains(needle))
+}
+
+fn wait_log(b: &BrokerHandle, needle: &str) {
+    wait_until(&format!("broker log line containing {needle:?}"), WAIT, || has_log(b, needle));
+    let line = b.log_lines().into_iter().find(|l| l.contains(needle)).unwrap();
+    assert!(!line.contains('\n'), "log lines are one line: {line:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A raw MQTT test client
+
+/// A packet from the broker, owned.
+#[derive(Debug, Clone, PartialEq)]
+enum Got {
+    Connack { session_present: bool, code: u8 },
+    Suback(Vec<u8>),
+    Unsuback,
+    Publish { topic: String, payload: Vec<u8>, qos: u8, retain: bool, pid: u16 },
+    Puback(u16),
+    Pingresp,
+    Other(String),
+}
+
+#[derive(Debug, PartialEq)]
+enum Next {
+    Packet(Got),
+    Closed,
+    Timeout,
+}
+
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+    pid: u16,
+}
+
+fn encode(p: &mqttrs::Packet) -> Vec<u8> {
+    let mut buf = vec![0u8; 2 * 1024 * 1024];
+    let n = mqttrs::encode_slice(p, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+fn connect_bytes(id: &str, keep_alive: u16, clean: bool, user: Option<&str>, pass: Option<&[u8]>) -> Vec<u8> {
+    encode(&mqttrs::Packet::Connect(mqttrs::Connect {
+        protocol: mqttrs::Protocol::MQTT311,
+        keep_alive,
+        client_id: id,
+        clean_session: clean,
+        last_will: None,
+        username: user,
+        password: pass,
+    }))
+}
+
+fn qos_of(q: u8) -> QoS {
+    match q {
+        0 => QoS::AtMostOnce,
+        1 => QoS::AtLeastOnce,
+        _ => QoS::ExactlyOnce,
+    }
+}
+
+impl Raw {
+    fn open(addr: SocketAddr) -> Raw {
+        let s = TcpStream::connect_timeout(&addr, WAIT).unwrap();
+        s.set_nodelay(true).unwrap();
+        Raw { s, buf: Vec::new(), pid: 0 }
+    }
+
+    /// Connects with CleanSession=1 and keepalive 60, expecting CONNACK 0.
+    fn connect(addr: SocketAddr, id: &str) -> Raw {
+        let (r, code) = Raw::connect_with(addr, &connect_bytes(id, 60, true, None, None));
+        assert_eq!(code, 0, "CONNACK for {id}");
+        r
+    }
+
+    /// Sends `connect` as the first packet; returns the CONNACK code.
+    fn connect_with(addr: SocketAddr, connect: &[u8]) -> (Raw, u8) {
+        let mut r = Raw::open(addr);
+        r.send(connect);
+        match r.next(WAIT) {
+            Next::Packet(Got::Connack { code, .. }) => (r, code),
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        // A broker that already closed may reset the connection; the reads report it.
+        let _ = self.s.write_all(bytes);
+    }
+
+    fn next_pid(&mut self) -> u16 {
+        self.pid += 1;
+        self.pid
+    }
+
+    /// The next packet within `within`, or Closed / Timeout.
+    fn next(&mut self, within: Duration) -> Next {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(p)) = mqttrs::decode_slice(&self.buf) {
+                let got = match p {
+                    mqttrs::Packet::Connack(c) => {
+                        let code = match c.code {
+                            mqttrs::ConnectReturnCode::Accepted => 0,
+                            mqttrs::ConnectReturnCode::RefusedProtocolVersion => 1,
+                            mqttrs::ConnectReturnCode::RefusedIdentifierRejected => 2,
+                            mqttrs::ConnectReturnCode::ServerUnavailable => 3,
+                            mqttrs::ConnectReturnCode::BadUsernamePassword => 4,
+                            mqttrs::ConnectReturnCode::NotAuthorized => 5,
+                        };
+                        Got::Connack { session_present: c.session_present, code }
+                    }
+                    mqttrs::Packet::Suback(s) => Got::Suback(
+                        s.return_codes
+                            .iter()
+                            .map(|c| match c {
+                                SubscribeReturnCodes::Success(QoS::AtMostOnce) => 0,
+                                SubscribeReturnCodes::Success(QoS::AtLeastOnce) => 1,
+                                SubscribeReturnCodes::Success(QoS::ExactlyOnce) => 2,
+                                SubscribeReturnCodes::Failure => 0x80,
+                            })
+                            .collect(),
+                    ),
+                    mqttrs::Packet::Unsuback(_) => Got::Unsuback,
+                    mqttrs::Packet::Publish(p) => Got::Publish {
+                        topic: p.topic_name.to_string(),
+                        payload: p.payload.to_vec(),
+                        qos: match p.qospid.qos() {
+                            QoS::AtMostOnce => 0,
+                            QoS::AtLeastOnce => 1,
+                            QoS::ExactlyOnce => 2,
+                        },
+                        retain: p.retain,
+                        pid: p.qospid.pid().map(|p| p.get()).unwrap_or(0),
+                    },
+                    mqttrs::Packet::Puback(p) => Got::Puback(p.get()),
+                    mqttrs::Packet::Pingresp => Got::Pingresp,
+                    other => Got::Other(format!("{other:?}")),
+                };
+                let (len, hlen) = header_len(&self.buf);
+                self.buf.drain(..len + hlen);
+                return Next::Packet(got);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Next::Timeout;
+            }
+            self.s.set_read_timeout(Some((deadline - now).max(Duration::from_millis(1)))).unwrap();
+            let mut chunk = [0u8; 65536];
+            match self.s.read(&mut chunk) {
+                Ok(0) => return Next::Closed,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return Next::Timeout
+                }
+                Err(_) => return Next::Closed,
+            }
+        }
+    }
+
+    /// The next packet, which must arrive within the default wait.
+    fn expect(&mut self) -> Got {
+        match self.next(WAIT) {
+            Next::Packet(p) => p,
+            other => panic!("expected a packet, got {other:?}"),
+        }
+    }
+
+    /// The next PUBLISH, acknowledging QoS 1 ones; returns a one-line description.
+    fn expect_publish(&mut self) -> String {
+        match self.expect() {
+            Got::Publish { topic, payload, qos, retain, pid } => {
+                if qos == 1 {
+                    self.send(&encode(&mqttrs::Packet::Puback(mqttrs::Pid::try_from(pid).unwrap())));
+                }
+                format!("publish {topic} {:?} q{qos} r{}", String::from_utf8_lossy(&payload), u8::from(retain))
+            }
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+
+    /// Waits for the broker to close the connection.
+    fn expect_closed(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            match self.next(deadline.saturating_duration_since(Instant::now())) {
+                Next::Closed => return,
+                Next::Timeout => panic!("connection still open after {within:?}"),
+                Next::Packet(_) => {}
+            }
+        }
+    }
+
+    fn subscribe(&mut self, filters: &[(&str, u8)]) -> Vec<u8> {
+        let pid = mqttrs::Pid::try_from(self.next_pid()).unwrap();
+        let topics = filters
+            .iter()
+            .map(|(f, q)| mqttrs::SubscribeTopic { topic_path: f.to_string(), qos: qos_of(*q) })
+            .collect();
+        self.send(&encode(&mqttrs::Packet::Subscribe(mqttrs::Subscribe::new(pid, topics))));
+        match self.expect() {
+            Got::Suback(codes) => codes,
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+    }
+
+    fn unsubscribe(&mut self, filters: &[&str]) {
+        let pid = mqttrs::Pid::try_from(self.next_pid()).unwrap();
+        let topics = filters.iter().map(|f| f.to_string()).collect();
+        self.send(&encode(&mqttrs::Packet::Unsubscribe(mqttrs::Unsubscribe::new(pid, topics))));
+        assert_eq!(self.expect(), Got::Unsuback);
+    }
+
+    /// Publishes; for QoS 1 waits for the matching PUBACK.
+    fn publish(&mut self, topic: &str, payload: &[u8], qos: u8, retain: bool) {
+        let pid = self.next_pid();
+        let qospid = match qos {
+            0 => mqttrs::QosPid::AtMostOnce,
+            1 => mqttrs::QosPid::AtLeastOnce(mqttrs::Pid::try_from(pid).unwrap()),
+            _ => mqttrs::QosPid::ExactlyOnce(mqttrs::Pid::try_from(pid).unwrap()),
+        };
+        let p = mqttrs::Packet::Publish(mqttrs::Publish { dup: false, qospid, retain, topic_name: topic, payload });
+        self.send(&encode(&p));
+        if qos == 1 {
+            match self.expect() {
+                Got::Puback(p) => assert_eq!(p, pid),
+                other => panic!("expected PUBACK, got {other:?}"),
+            }
+        }
+    }
+}
+
+fn header_len(buf: &[u8]) -> (usize, usize) {
+    let mut len = 0usize;
+    for i in 0..4 {
+        let b = buf[1 + i];
+        len |= ((b & 0x7f) as usize) << (7 * i);
+        if b & 0x80 == 0 {
+            return (len, 2 + i);
+        }
+    }
+    unreachable!("checked by mqttrs")
+}
+
+/// Runs `scenario` against the embedded broker (its transcript must equal `want`) and, when
+/// mosquitto is installed, against mosquitto (same transcript).
+macro_rules! same_on_both {
+    ($name:ident, $scenario:expr, $want:expr) => {
+        #[test]
+        fn $name() {
+            let scenario: fn(SocketAddr) -> Vec<String> = $scenario;
+            let b = start();
+            let got = scenario(b.addr()).join("\n");
+            eqnice!($want.join("\n"), got);
+            if have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+                let td = TestDir::new("mosquitto");
+                let m = Mosquitto::start(&td, anonymous);
+                let theirs = scenario(m.addr()).join("\n");
+                eqnice!(theirs, got);
+            }
+        }
+    };
+}
+
+/// A unique topic prefix per scenario run (mosquitto is shared by nothing, but be safe).
+fn prefix() -> String {
+    format!("t{}", rand_hex(3))
+}
+
+/// Reads publishes until the one on `sentinel`; returns the others.
+fn until_sentinel(c: &mut Raw, sentinel: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    loop {
+        let line = c.expect_publish();
+        if line.starts_with(&format!("publish {sentinel} ")) {
+            return out;
+        }
+        out.push(line);
+    }
+}
+
+// The tests, by protocol area (declared after `same_on_both!` so they can use it).
+mod bad_input;
+mod cli;
+mod connect;
+mod keepalive;
+mod lifecycle;
+mod publish;
+mod retain;
+mod subscribe;

@@ -1,0 +1,67 @@
+//! Publishing: QoS 2 refused, the received/retained hooks, a slow subscriber (K3, CORE 11.2).
+
+use super::*;
+
+#[test]
+fn k3_qos2_publish_closes_and_qos2_subscription_is_granted_1() {
+    let b = start();
+    let mut s = Raw::connect(b.addr(), "k3-sub");
+    assert_eq!(s.subscribe(&[("k3/#", 2), ("k3/x", 0)]), vec![1, 0]);
+    let mut c = Raw::connect(b.addr(), "k3-pub");
+    c.publish("k3/a", b"x", 2, false);
+    c.expect_closed(WAIT);
+    wait_log(&b, "QoS 2 is not supported");
+    assert!(b.received().is_empty(), "a refused QoS 2 publish is not routed: {:?}", b.received());
+    // The subscriber (granted 1) still works and gets QoS 1.
+    let mut p = Raw::connect(b.addr(), "k3-pub2");
+    p.publish("k3/a", b"y", 1, false);
+    assert_eq!(s.expect_publish(), "publish k3/a \"y\" q1 r0");
+}
+
+#[test]
+fn hooks_record_received_and_retained() {
+    let b = start();
+    let mut p = Raw::connect(b.addr(), "hk");
+    p.publish("hk/r", b"kept", 1, true);
+    p.publish("hk/n", b"plain", 1, false);
+    assert_eq!(b.retained("hk/r"), Some(b"kept".to_vec()));
+    assert_eq!(b.retained("hk/n"), None);
+    assert_eq!(
+        b.received(),
+        vec![("hk/r".to_string(), b"kept".to_vec(), true), ("hk/n".to_string(), b"plain".to_vec(), false)]
+    );
+    p.publish("hk/r", b"", 1, true);
+    assert_eq!(b.retained("hk/r"), None);
+}
+
+#[test]
+fn slow_subscriber_overflows_and_does_not_stall_others() {
+    let b = broker::start(BrokerConfig { queue_limit: 20, ..cfg() }).unwrap();
+    // A subscriber that never reads: its socket buffers fill, then its queue, then it is dropped.
+    let mut dead = Raw::connect(b.addr(), "dead");
+    dead.subscribe(&[("flood/#", 1)]);
+    let mut live = Raw::connect(b.addr(), "live");
+    live.subscribe(&[("flood/#", 0)]);
+    let reader = std::thread::spawn(move || {
+        let mut n = 0;
+        while n < 400 {
+            match live.next(WAIT) {
+                Next::Packet(Got::Publish { .. }) => n += 1,
+                other => panic!("live subscriber: {other:?} after {n}"),
+            }
+        }
+        n
+    });
+    let mut p = Raw::connect(b.addr(), "flooder");
+    let payload = vec![b'x'; 64 * 1024];
+    let t0 = Instant::now();
+    for i in 0..400 {
+        p.publish(&format!("flood/{i}"), &payload, 1, false);
+    }
+    assert!(t0.elapsed() < Duration::from_secs(20), "publisher stalled: {:?}", t0.elapsed());
+    assert_eq!(reader.join().unwrap(), 400);
+    wait_log(&b, "outbound queue full (20 messages) for 1 s; disconnecting");
+    assert!(has_log(&b, "client dead"));
+    wait_until("the dead subscriber to be gone", WAIT, || !b.clients().contains(&"dead".to_string()));
+    drop(dead);
+}
