@@ -167,18 +167,7 @@ fn create_prints_daemon_pid_of_the_running_daemon() {
 
 /// Waits for `child` within `limit` (killed and failed otherwise); returns its exit code.
 fn wait_rc(child: &mut std::process::Child, limit: Duration) -> i32 {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st.code().unwrap_or(-1);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("process did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_exit("the command to exit", child, limit).code().unwrap_or(-1)
 }
 
 #[test]
