@@ -315,9 +315,8 @@ fn imports_of(
     };
     let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
     let mut roots: Vec<(String, Vec<String>)> = vec![("crate::".into(), Vec::new())];
-    // `super` of a file module is its directory's module; of a `mod.rs`, the module above.
-    let up = if is_mod_file { me.len().saturating_sub(1) } else { me.len().saturating_sub(1) };
-    roots.push(("super::".into(), me[..up].to_vec()));
+    // `super` is the module above this file's module (for `a/mod.rs` and `a/b.rs` alike).
+    roots.push(("super::".into(), me[..me.len().saturating_sub(1)].to_vec()));
     if is_mod_file {
         for line in code.lines() {
             let t = line.trim().trim_start_matches("pub ").trim_start_matches("pub(crate) ");
