@@ -7,9 +7,12 @@ use std::ffi::OsString;
 use std::fmt;
 
 use crate::ctx::Ctx;
+use crate::delegate::DelegateError;
 use crate::envfile;
 use crate::knob::ConfigError;
-use crate::text::one_line;
+use crate::pane::{OpenError, PaneError};
+use crate::session::SessionError;
+use crate::text::{one_line, show_path};
 
 /// Exit codes (CORE 0.2).
 pub mod rc {
@@ -50,18 +53,6 @@ impl Failure {
     }
 }
 
-impl Failure {
-    /// The message without its `ERROR: ` prefix, for quoting inside another message (a close reason).
-    pub fn message(&self) -> &str {
-        without_error_prefix(&self.line)
-    }
-}
-
-/// `line` without a leading `ERROR: ` (a child's stderr line quoted inside a close reason).
-pub fn without_error_prefix(line: &str) -> &str {
-    line.strip_prefix("ERROR: ").unwrap_or(line)
-}
-
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.line)
@@ -71,6 +62,63 @@ impl fmt::Display for Failure {
 impl From<ConfigError> for Failure {
     fn from(e: ConfigError) -> Failure {
         Failure::usage(e)
+    }
+}
+
+impl From<OpenError> for Failure {
+    fn from(e: OpenError) -> Failure {
+        Failure::usage(e)
+    }
+}
+
+impl From<PaneError> for Failure {
+    fn from(e: PaneError) -> Failure {
+        match e {
+            PaneError::Usage(m) => Failure::usage(m),
+            PaneError::NoServer(m) | PaneError::Failed(m) => Failure::runtime(m),
+        }
+    }
+}
+
+/// The one stderr line and exit code of `delegate-job` stopping before a job was registered.
+pub fn delegate_failure(e: DelegateError) -> Failure {
+    match e {
+        DelegateError::Refused(m) => Failure::new(rc::USAGE, format!("REFUSED: delegate-job: {m}; nothing registered")),
+        e @ DelegateError::JobRefused { .. } => {
+            Failure::new(rc::USAGE, format!("REFUSED: delegate-job: {e}; nothing dispatched"))
+        }
+        e @ DelegateError::AlreadyDone { .. } => Failure::new(rc::USAGE, format!("REFUSED: delegate-job: {e}")),
+        DelegateError::Usage(m) => Failure::usage(m),
+        DelegateError::Config(c) => c.into(),
+        DelegateError::Backend(b) => b.into(),
+        DelegateError::Session(s) => session_failure("delegate-job", &s),
+        DelegateError::Failed(m) => Failure::runtime(m),
+    }
+}
+
+/// The one stderr line and exit code of a session command `cmd` that stopped with `e`.
+pub fn session_failure(cmd: &str, e: &SessionError) -> Failure {
+    match e {
+        SessionError::Refused(m) => {
+            Failure::new(rc::USAGE, format!("REFUSED: {cmd}: {}; nothing changed", one_line(m)))
+        }
+        SessionError::NotJson { path, detail } => Failure::new(
+            rc::USAGE,
+            format!(
+                "REFUSED: {cmd}: {} is not a JSON sessions file ({}); convert it once with `mam session import-yaml`",
+                show_path(path),
+                one_line(detail)
+            ),
+        ),
+        SessionError::Failed(m) => Failure::runtime(format!("{cmd}: {}", one_line(m))),
+        SessionError::Config(c) => c.clone().into(),
+        SessionError::Backend(b) => b.clone().into(),
+        SessionError::Pane(p) => p.clone().into(),
+        SessionError::PurgeNeedsYes => {
+            Failure::refused(format!("{cmd}: --purge-conversation needs --yes; nothing changed"))
+        }
+        // 5: ORCH 2.5 and 6.4 give "conversation kept" its own code.
+        e @ SessionError::ConversationKept { .. } => Failure::new(5, format!("REFUSED: {cmd}: {e}")),
     }
 }
 

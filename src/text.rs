@@ -54,6 +54,11 @@ pub fn shell_quote_bytes(b: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `line` without a leading `ERROR: ` (a child's stderr line quoted inside a close reason).
+pub fn without_error_prefix(line: &str) -> &str {
+    line.strip_prefix("ERROR: ").unwrap_or(line)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

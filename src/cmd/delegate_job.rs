@@ -205,7 +205,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let out = ctx.clone();
     let mut diag = |l: &str| out.diag(l);
-    let f = delegate::run(ctx, &req, &mut diag)?;
+    let f = delegate::run(ctx, &req, &mut diag).map_err(cli::delegate_failure)?;
     ctx.say(&format!("JOB_ID={} STATUS={} REPORT={}", f.job_id, f.status, f.report.to_string_lossy()));
     Ok(f.rc)
 }

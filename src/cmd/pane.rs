@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
+use crate::delegate::confirm::{JobRef, JobStarted};
 use crate::pane::{self, Knobs, ListOutcome, PlaceRequest};
 use crate::text::{one_line, show_path};
 
@@ -171,12 +172,12 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         }
         "close" => {
             let b = pane::open(ctx, a.server.as_deref())?;
-            b.close_pane(a.pane.as_deref().unwrap_or("")).map_err(|e| e.failure())?;
+            b.close_pane(a.pane.as_deref().unwrap_or("")).map_err(Failure::from)?;
             Ok(0)
         }
         "server-start" => {
             let b = pane::open(ctx, a.server.as_deref())?;
-            b.ensure_server().map_err(|e| e.failure())?;
+            b.ensure_server().map_err(Failure::from)?;
             ctx.say(&format!("SERVER={}", b.server()));
             Ok(0)
         }
@@ -243,7 +244,7 @@ fn new_session(ctx: &mut Ctx, a: &Args) -> Result<i32, Failure> {
                     ctx.diag(&format!("WARNING: rollback left pane {} of workspace {}: {e}", p.pane, p.workspace));
                 }
             }
-            Err(f.error.failure())
+            Err(f.error.clone().into())
         }
     }
 }
@@ -262,13 +263,16 @@ fn send_keys_safe(ctx: &mut Ctx, a: &Args) -> Result<i32, Failure> {
     }
     let knobs = Knobs::from_ctx(ctx)?;
     let b = pane::open(ctx, a.server.as_deref())?;
-    let job = a.job.as_ref().map(|j| pane::JobRef {
-        registry: crate::sys::absolutize(ctx.cwd(), a.registry_dir.as_deref().unwrap_or(ctx.cwd())),
-        job_id: j.clone(),
-        token: a.token.clone(),
+    let mut job = a.job.as_ref().map(|j| {
+        JobStarted::new(JobRef {
+            registry: crate::sys::absolutize(ctx.cwd(), a.registry_dir.as_deref().unwrap_or(ctx.cwd())),
+            job_id: j.clone(),
+            token: a.token.clone(),
+        })
     });
     let target = a.target.as_deref().unwrap_or("");
-    let outcome = pane::send_keys_safe(b.as_ref(), target, text, job.as_ref(), &knobs);
+    let confirm = job.as_mut().map(|j| j as &mut dyn pane::Confirm);
+    let outcome = pane::send_keys_safe(b.as_ref(), target, text, confirm, &knobs);
     match &outcome {
         pane::SksOutcome::Delivered(how) => ctx.diag(&format!("NOTE: prompt delivered to {target}: {how}")),
         pane::SksOutcome::NotSubmitted(why) | pane::SksOutcome::Unconfirmed(why) => {

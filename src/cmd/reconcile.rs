@@ -69,7 +69,8 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     };
     cli::load_env(ctx)?;
     if !a.subscribe {
-        let r = crate::session::reconcile::reconcile_once(ctx).map_err(|e| e.failure("reconcile"))?;
+        let r =
+            crate::session::reconcile::reconcile_once(ctx).map_err(|e| crate::cli::session_failure("reconcile", &e))?;
         for l in r.lines() {
             ctx.say(&l);
         }

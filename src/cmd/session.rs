@@ -60,7 +60,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     cli::load_env(ctx)?;
     let target = paths::resolve(ctx, None).sessions;
     let source = a.file.map(|f| sys::absolutize(ctx.cwd(), &f)).unwrap_or_else(|| target.clone());
-    match import(&source, &target).map_err(|e| e.failure("session import-yaml"))? {
+    match import(&source, &target).map_err(|e| crate::cli::session_failure("session import-yaml", &e))? {
         Imported::AlreadyJson => ctx.diag(&format!("NOTE: {} already is JSON; nothing to do", show_path(&target))),
         Imported::Converted { rows, backup } => ctx.say(&format!(
             "imported {rows} row(s) into {} (original kept as {})",
@@ -76,7 +76,7 @@ pub(crate) fn finish(ctx: &Ctx, cmd: &str, notes: Notes, r: Result<Vec<String>, 
     for n in &notes.0 {
         ctx.diag(n);
     }
-    let lines = r.map_err(|e| e.failure(cmd))?;
+    let lines = r.map_err(|e| crate::cli::session_failure(cmd, &e))?;
     for l in lines {
         ctx.say(&l);
     }

@@ -51,7 +51,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     };
     ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
     cli::load_env(ctx)?;
-    let report = status(ctx, a.name.as_deref()).map_err(|e| e.failure("status"))?;
+    let report = status(ctx, a.name.as_deref()).map_err(|e| crate::cli::session_failure("status", &e))?;
     if a.json {
         ctx.say(&report.json().to_string());
     } else {

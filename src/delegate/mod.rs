@@ -14,6 +14,8 @@
 //! go to the caller's `diag`, the outcome is a value.
 
 pub mod brief;
+pub mod confirm;
+pub mod error;
 pub mod subscriber;
 pub mod wait;
 
@@ -23,11 +25,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::cli::{without_error_prefix, Failure};
+use crate::text::without_error_prefix;
+pub use error::DelegateError;
+
+use confirm::{JobRef, JobStarted};
+
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::knob;
-use crate::pane::{self, JobRef, Knobs, ListOutcome, SksOutcome};
+use crate::pane::{self, Knobs, ListOutcome, SksOutcome};
 use crate::paths;
 use crate::registry::engine::{Authority, Kind, Request as EngineRequest};
 use crate::registry::ops::{self, Close, NewJob, Timing};
@@ -154,13 +160,21 @@ fn no_autostart(ctx: &Ctx) -> Ctx {
     c
 }
 
-fn refuse(msg: impl std::fmt::Display) -> Failure {
-    Failure::new(2, format!("REFUSED: delegate-job: {}; nothing registered", one_line(&msg.to_string())))
+/// A registry operation that failed: a bad knob stays a usage error, the rest are operational.
+fn ops_failed(e: ops::OpsError) -> DelegateError {
+    match e {
+        ops::OpsError::Config(c) => DelegateError::Config(c),
+        e => DelegateError::Failed(e.to_string()),
+    }
+}
+
+fn refuse(msg: impl std::fmt::Display) -> DelegateError {
+    DelegateError::Refused(one_line(&msg.to_string()))
 }
 
 /// 3.2 step 4: `remote:NAME` needs no preflight; a local session must have a `running` row whose
 /// agent is listed on its server.
-fn preflight(ctx: &Ctx, resolved: &paths::Resolved, session: &str) -> Result<Target, Failure> {
+fn preflight(ctx: &Ctx, resolved: &paths::Resolved, session: &str) -> Result<Target, DelegateError> {
     if let Some(name) = session.strip_prefix("remote:") {
         if name.is_empty() || !clock::valid_session(session) {
             return Err(refuse(format!("invalid remote session '{session}'")));
@@ -173,8 +187,8 @@ fn preflight(ctx: &Ctx, resolved: &paths::Resolved, session: &str) -> Result<Tar
         )));
     }
     let doc = session::load(&resolved.sessions).map_err(|e| match e {
-        session::SessionError::NotJson { .. } => e.failure("delegate-job"),
-        other => Failure::runtime(format!("delegate-job: {other}")),
+        e @ session::SessionError::NotJson { .. } => DelegateError::Session(e),
+        other => DelegateError::Failed(format!("delegate-job: {other}")),
     })?;
     let Some(row) = doc.row(session) else {
         return Err(refuse(format!("unknown session '{session}' (no row in {})", show_path(&resolved.sessions))));
@@ -193,7 +207,7 @@ fn preflight(ctx: &Ctx, resolved: &paths::Resolved, session: &str) -> Result<Tar
     Ok(Target::Local { name: session.to_string(), backend, server })
 }
 
-fn listed(ctx: &Ctx, row: &Row, backend: &str, server: &str) -> Result<(), Failure> {
+fn listed(ctx: &Ctx, row: &Row, backend: &str, server: &str) -> Result<(), DelegateError> {
     let b = pane::open_named(ctx, backend, Some(server))?;
     match b.list_agents() {
         ListOutcome::Confirmed(list) if list.iter().any(|a| a.name == row.name) => Ok(()),
@@ -208,9 +222,9 @@ fn listed(ctx: &Ctx, row: &Row, backend: &str, server: &str) -> Result<(), Failu
 
 /// The whole of 3.2-3.5. `Err` is a failure before anything was registered (rc 1 or 2); once the job
 /// is registered every path ends in `Finished` (the subscriber reaped, the job closed when due).
-pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finished, Failure> {
+pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finished, DelegateError> {
     if !TYPES.contains(&req.job_type.as_str()) {
-        return Err(Failure::usage(format!("--type: invalid type '{}'", one_line(&req.job_type))));
+        return Err(DelegateError::Usage(format!("--type: invalid type '{}'", one_line(&req.job_type))));
     }
     let resolved = paths::resolve(ctx, req.registry_dir.as_deref());
     let store = Store::from_resolved(&resolved);
@@ -238,31 +252,27 @@ fn register(
     remote: bool,
     next_id: &mut dyn FnMut() -> std::io::Result<String>,
     diag: &mut dyn FnMut(&str),
-) -> Result<Record, Failure> {
+) -> Result<Record, DelegateError> {
     let mut tries = 0;
     loop {
         let id = match &req.job_id {
             Some(id) => id.clone(),
-            None => next_id().map_err(|e| Failure::runtime(format!("cannot draw a job id ({e})")))?,
+            None => next_id().map_err(|e| DelegateError::Failed(format!("cannot draw a job id ({e})")))?,
         };
         let job = new_job(req, resolved, &id, remote);
         let out = if req.job_id.is_some() {
-            let (out, warnings) = ops::submit_job(ctx, store, &job).map_err(Failure::runtime)?;
+            let (out, warnings) = ops::submit_job(ctx, store, &job).map_err(ops_failed)?;
             warnings.iter().for_each(|w| diag(w));
             out
         } else {
-            ops::register_new(ctx, store, &job).map_err(Failure::runtime)?.1
+            ops::register_new(ctx, store, &job).map_err(ops_failed)?.1
         };
         out.audit_error.iter().for_each(|w| diag(&format!("WARNING: {w}")));
         match out.decision {
             Decided::Applied(a) => return Ok(a.record),
             Decided::Refused { reason } if reason == "exists" && req.job_id.is_none() && tries < 5 => tries += 1,
-            Decided::Refused { reason } => {
-                return Err(Failure::new(2, format!("REFUSED: delegate-job: job {id}: {reason}; nothing dispatched")))
-            }
-            Decided::Idempotent { status } => {
-                return Err(Failure::new(2, format!("REFUSED: delegate-job: job {id} is already {status}")))
-            }
+            Decided::Refused { reason } => return Err(DelegateError::JobRefused { id, reason }),
+            Decided::Idempotent { status } => return Err(DelegateError::AlreadyDone { id, status }),
         }
     }
 }
@@ -495,15 +505,11 @@ impl<'a> Delegation<'a> {
         let quiet = no_autostart(self.ctx);
         let b = match pane::open_named(&quiet, backend, Some(server)) {
             Ok(b) => b,
-            Err(f) => {
-                return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.message()), 3, diag))
-            }
+            Err(f) => return Err(self.close_now("agent_blocked", &format!("not submitted ({f})"), 3, diag)),
         };
         let mut k = match Knobs::from_ctx(self.ctx) {
             Ok(k) => k,
-            Err(f) => {
-                return Err(self.close_now("agent_blocked", &format!("not submitted ({})", f.message()), 3, diag))
-            }
+            Err(f) => return Err(self.close_now("agent_blocked", &format!("not submitted ({f})"), 3, diag)),
         };
         if let Some(ms) = self.judge.deadline_ms.map(|d| d.saturating_sub(self.now())) {
             k.idle_wait_ms = k.idle_wait_ms.min(ms);
@@ -520,12 +526,12 @@ impl<'a> Delegation<'a> {
         if text.len() > pane::MAX_PROMPT {
             text = brief::prompt(&self.job_id, &brief, None);
         }
-        let job = JobRef {
+        let mut confirm = JobStarted::new(JobRef {
             registry: self.store.registry.clone(),
             job_id: self.job_id.clone(),
             token: Some(self.token.clone()),
-        };
-        let out = pane::send_keys_safe(b.as_ref(), name, &text, Some(&job), &k);
+        });
+        let out = pane::send_keys_safe(b.as_ref(), name, &text, Some(&mut confirm), &k);
         match out {
             SksOutcome::NotSubmitted(why) => {
                 Err(self.close_now("agent_blocked", &format!("not submitted: {why}"), 3, diag))
@@ -832,7 +838,7 @@ fn cas(ctx: &Ctx) -> bool {
 
 /// The env knobs of 3.1 for a request built by another flow (onboarding): `MAM_DELEGATE_TIMEOUT_S`,
 /// `MAM_HEARTBEAT_SEC`, `MAM_HEARTBEAT_MISSES`, `MAM_ACK_TIMEOUT_S`, `MAM_PARENT_JOB_ID`.
-pub fn request_from_env(ctx: &Ctx, session: &str, task: &str) -> Result<Request, Failure> {
+pub fn request_from_env(ctx: &Ctx, session: &str, task: &str) -> Result<Request, DelegateError> {
     let mut r = Request::new(session, task);
     r.timeout_s = knob::env_or(ctx, "MAM_DELEGATE_TIMEOUT_S", 0, 1800)?;
     r.heartbeat_sec = knob::env_or(ctx, "MAM_HEARTBEAT_SEC", 1, 30)?;
@@ -840,7 +846,7 @@ pub fn request_from_env(ctx: &Ctx, session: &str, task: &str) -> Result<Request,
     r.ack_timeout_s = knob::env_or(ctx, "MAM_ACK_TIMEOUT_S", 1, 300)?;
     if let Some(p) = ctx.var_nonempty("MAM_PARENT_JOB_ID") {
         if !clock::valid_job_id(&p) {
-            return Err(Failure::usage("MAM_PARENT_JOB_ID: invalid job id"));
+            return Err(DelegateError::Usage("MAM_PARENT_JOB_ID: invalid job id".into()));
         }
         r.parent = Some(p);
     }

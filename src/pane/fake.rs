@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{
-    canon, Accepted, Agent, Backend, Created, Dir, Knobs, ListOutcome, PaneError, PaneInfo, PaneResult, PromptOutcome,
-    Status, Workspace,
+use super::contract::{
+    canon, Accepted, Agent, Backend, Created, Dir, ListOutcome, PaneError, PaneInfo, PaneResult, PromptOutcome, Status,
+    Workspace,
 };
-use crate::cli::Failure;
+use super::knobs::Knobs;
 use crate::ctx::Ctx;
 use crate::sys::{self, Flock, LockMode};
 use crate::text::show_path;
@@ -43,12 +43,12 @@ fn alive(pid: i32) -> bool {
 }
 
 impl Fake {
-    pub fn new(ctx: &Ctx, _server: Option<&str>, knobs: Knobs) -> Result<Fake, Failure> {
+    pub fn new(ctx: &Ctx, _server: Option<&str>, knobs: Knobs) -> Fake {
         let dir = match ctx.path_var("MAM_FAKE_PANES_DIR") {
             Some(d) => sys::absolutize(ctx.cwd(), &d),
             None => crate::paths::control_root(ctx).join(".mam").join("fake-panes"),
         };
-        Ok(Fake { ctx: ctx.clone(), dir, knobs })
+        Fake { ctx: ctx.clone(), dir, knobs }
     }
 
     fn lock(&self) -> PaneResult<Flock> {
@@ -146,7 +146,7 @@ impl Backend for Fake {
         if self.dir.is_dir() {
             return Ok(());
         }
-        if super::no_autostart(&self.ctx) {
+        if super::proc::no_autostart(&self.ctx) {
             return Err(PaneError::NoServer(format!("server {} not running (MAM_NO_AUTOSTART=1)", self.server())));
         }
         for sub in ["ws", "panes", "agents"] {

@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{
-    canon, is_shell, no_autostart, run_capture, server_env, Accepted, Agent, Backend, Created, Dir, Knobs, ListOutcome,
-    PaneError, PaneInfo, PaneResult, PromptOutcome, Status, Workspace,
+use super::contract::{
+    canon, is_shell, Accepted, Agent, Backend, Created, Dir, ListOutcome, PaneError, PaneInfo, PaneResult,
+    PromptOutcome, Status, Workspace,
 };
+use super::knobs::Knobs;
+use super::proc::{no_autostart, run_capture, server_env};
 use crate::ctx::Ctx;
 use crate::sys;
 use crate::text::{one_line, show_path};

@@ -11,10 +11,12 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use super::{
-    canon, is_shell, no_autostart, run_capture, server_env, Accepted, Agent, Backend, Created, Dir, Knobs, ListOutcome,
-    PaneError, PaneInfo, PaneResult, PromptOutcome, Status, Workspace,
+use super::contract::{
+    canon, is_shell, Accepted, Agent, Backend, Created, Dir, ListOutcome, PaneError, PaneInfo, PaneResult,
+    PromptOutcome, Status, Workspace,
 };
+use super::knobs::Knobs;
+use super::proc::{no_autostart, run_capture, server_env};
 use crate::ctx::Ctx;
 use crate::sys;
 use crate::text::{one_line, shell_quote, show_path};
@@ -267,7 +269,8 @@ impl Backend for Tmux {
         self.ok(&["set-option", "-p", "-t", pane, "@mam_agent", name])?;
         self.ok(&["set-option", "-p", "-t", pane, "@mam_kind", &exe_base])?;
         // Resolved on the caller's PATH: tmux panes run login shells, whose profile may reset PATH.
-        let exe = super::on_path(&self.ctx, kind).map(|p| p.to_string_lossy().into_owned()).unwrap_or(kind.to_string());
+        let exe =
+            super::proc::on_path(&self.ctx, kind).map(|p| p.to_string_lossy().into_owned()).unwrap_or(kind.to_string());
         let mut line = shell_quote(&exe);
         for a in args {
             line.push(' ');

@@ -210,7 +210,7 @@ pub fn reconcile_after(ctx: &Ctx, root: &Path, notes: &mut Notes) {
 pub fn onboard(ctx: &Ctx, name: &str, placed: &Placed, notes: &mut Notes) -> Result<Option<String>, String> {
     let root = paths::control_root(ctx);
     let task = onboarding_task(name, &root, &placed.pane);
-    let mut req = crate::delegate::request_from_env(ctx, name, &task).map_err(|f| f.line)?;
+    let mut req = crate::delegate::request_from_env(ctx, name, &task).map_err(|e| e.to_string())?;
     req.until_started = true;
     let mut lines = Vec::new();
     let r = crate::delegate::run(ctx, &req, &mut |l: &str| lines.push(l.to_string()));
@@ -220,7 +220,7 @@ pub fn onboard(ctx: &Ctx, name: &str, placed: &Placed, notes: &mut Notes) -> Res
     match r {
         Ok(f) if f.rc == 0 => Ok(Some(f.job_id)),
         Ok(f) => Err(format!("onboarding job {} ended {} (exit {})", f.job_id, f.status, f.rc)),
-        Err(f) => Err(f.line),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::cli::Failure;
 use crate::ctx::Ctx;
+use crate::knob::ConfigError;
 use crate::pane::{self, Backend, ListOutcome, Placed};
+use crate::pane::{OpenError, PaneError};
 use crate::paths::{self, Resolved};
 use crate::sys::{self, Flock, LockMode};
 use crate::text::{one_line, show_path};
@@ -34,7 +35,8 @@ use crate::text::{one_line, show_path};
 // ---------------------------------------------------------------------------------------------
 // Errors and diagnostics
 
-/// Why a session command stopped. Each variant knows its exit code (ORCH 0.4, 2.3-2.7, A3).
+/// Why a session command stopped. `cmd` renders each variant as one line with its exit code
+/// (ORCH 0.4, 2.3-2.7, A3); the exit code is noted on each variant.
 #[derive(Debug)]
 pub enum SessionError {
     /// rc 2: refused before any change.
@@ -43,27 +45,16 @@ pub enum SessionError {
     NotJson { path: PathBuf, detail: String },
     /// rc 1: an operational failure (a rollback, if any, already ran; the text says what is left).
     Failed(String),
-    /// A complete line with its own code (4 purge without --yes, 5 purge refused, a pane failure).
-    Line(Failure),
-}
-
-impl SessionError {
-    /// The one stderr line and exit code for `mam <cmd>`.
-    pub fn failure(&self, cmd: &str) -> Failure {
-        match self {
-            SessionError::Refused(m) => Failure::new(2, format!("REFUSED: {cmd}: {}; nothing changed", one_line(m))),
-            SessionError::NotJson { path, detail } => Failure::new(
-                2,
-                format!(
-                    "REFUSED: {cmd}: {} is not a JSON sessions file ({}); convert it once with `mam session import-yaml`",
-                    show_path(path),
-                    one_line(detail)
-                ),
-            ),
-            SessionError::Failed(m) => Failure::runtime(format!("{cmd}: {}", one_line(m))),
-            SessionError::Line(f) => f.clone(),
-        }
-    }
+    /// rc 2: a knob with an invalid value.
+    Config(ConfigError),
+    /// rc 2: the pane backend could not be opened (a bad backend name).
+    Backend(OpenError),
+    /// rc 2 for bad input the backend detected, else rc 1.
+    Pane(PaneError),
+    /// rc 4: `stop --purge-conversation` without `--yes`.
+    PurgeNeedsYes,
+    /// rc 5: the session stopped, but its conversation was kept (why).
+    ConversationKept { name: String, why: String },
 }
 
 impl fmt::Display for SessionError {
@@ -71,14 +62,32 @@ impl fmt::Display for SessionError {
         match self {
             SessionError::Refused(m) | SessionError::Failed(m) => f.write_str(m),
             SessionError::NotJson { path, detail } => write!(f, "{} is not JSON ({detail})", show_path(path)),
-            SessionError::Line(l) => f.write_str(&l.line),
+            SessionError::Config(e) => e.fmt(f),
+            SessionError::Backend(e) => e.fmt(f),
+            SessionError::Pane(e) => e.fmt(f),
+            SessionError::PurgeNeedsYes => f.write_str("--purge-conversation needs --yes"),
+            SessionError::ConversationKept { name, why } => {
+                write!(f, "{name}: session stopped; conversation kept ({why})")
+            }
         }
     }
 }
 
-impl From<Failure> for SessionError {
-    fn from(f: Failure) -> SessionError {
-        SessionError::Line(f)
+impl From<ConfigError> for SessionError {
+    fn from(e: ConfigError) -> SessionError {
+        SessionError::Config(e)
+    }
+}
+
+impl From<OpenError> for SessionError {
+    fn from(e: OpenError) -> SessionError {
+        SessionError::Backend(e)
+    }
+}
+
+impl From<PaneError> for SessionError {
+    fn from(e: PaneError) -> SessionError {
+        SessionError::Pane(e)
     }
 }
 
@@ -591,7 +600,7 @@ mod tests {
     fn not_json_is_named() {
         for bad in [&b"herdr_sessions:\n  - name: a\n"[..], b"[1]", b"{\"herdr_sessions\": 3}"] {
             let e = Sessions::parse(Path::new("/x/s.json"), bad).unwrap_err();
-            let f = e.failure("status");
+            let f = crate::cli::session_failure("status", &e);
             assert_eq!(f.rc, 2);
             assert!(f.line.starts_with("REFUSED: status: /x/s.json is not a JSON sessions file"), "{}", f.line);
             assert!(f.line.ends_with("`mam session import-yaml`"), "{}", f.line);

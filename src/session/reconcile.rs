@@ -98,7 +98,7 @@ pub fn row_target(ctx: &Ctx, r: &Row) -> Option<(String, String)> {
 pub fn list_server(ctx: &Ctx, backend: &str, server: &str) -> ServerState {
     let b = match pane::open_named(ctx, backend, Some(server)) {
         Ok(b) => b,
-        Err(f) => return ServerState::Unknown(f.line),
+        Err(e) => return ServerState::Unknown(e.to_string()),
     };
     match b.list_agents() {
         ListOutcome::Confirmed(list) => ServerState::Listed(list.into_iter().map(|a| a.name).collect()),

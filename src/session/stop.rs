@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use super::reconcile::row_target;
 use super::{load, run_self, update, Notes, Row, SessionError};
-use crate::cli::Failure;
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::pane::{self, ListOutcome};
@@ -186,7 +185,7 @@ fn purge(ctx: &Ctx, row: &Row) -> Result<bool, String> {
 /// The whole of 2.5 for every name. On the first failure the rest are not attempted.
 pub fn stop(ctx: &Ctx, a: &StopArgs, notes: &mut Notes) -> Result<Vec<Stopped>, SessionError> {
     if a.purge && !a.yes {
-        return Err(SessionError::Line(Failure::refused("stop: --purge-conversation needs --yes; nothing changed")));
+        return Err(SessionError::PurgeNeedsYes);
     }
     let mut ctx = ctx.clone();
     ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
@@ -246,12 +245,7 @@ fn stop_one(ctx: &Ctx, file: &Path, name: &str, purge_too: bool, notes: &mut Not
                     Ok(())
                 })?;
             }
-            Err(why) => {
-                return Err(SessionError::Line(Failure::new(
-                    5,
-                    format!("REFUSED: stop: {name}: session stopped; conversation kept ({why})"),
-                )))
-            }
+            Err(why) => return Err(SessionError::ConversationKept { name: name.to_string(), why: why.to_string() }),
         }
     }
     Ok(s)

@@ -922,7 +922,9 @@ fn sessions_file_not_json_is_refused_then_imported_once() {
     assert!(!h.td.path("panes").exists(), "no pane");
     // Reconcile (library) refuses it too.
     let ctx = mam::ctx::Ctx::with_env([("WORKSPACE_ROOT", h.td.ws())], &h.td.ws());
-    assert_eq!(mam::session::reconcile::reconcile_once(&ctx).unwrap_err().failure("reconcile").rc, 2);
+    let e = mam::session::reconcile::reconcile_once(&ctx).unwrap_err();
+    assert!(matches!(e, mam::session::SessionError::NotJson { .. }), "{e:?}");
+    assert_eq!(mam::cli::session_failure("reconcile", &e).rc, 2);
     // Import: JSON with the pane fields folded in, the original kept as agent_sessions.yaml.bak.
     let r = h.mam(["session", "import-yaml"]).run();
     r.expect_rc(0);

@@ -451,3 +451,22 @@ fn the_import_graph_reads_use_trees_and_child_modules() {
     );
     assert!(tests.contains("crate::w"));
 }
+
+#[test]
+fn library_errors_are_typed() {
+    // `cli::Failure` (a rendered line and an exit code) belongs to the command layer: library code
+    // returns typed errors and `cmd` renders them. Test modules may check a rendering.
+    let src = root().join("src");
+    let mut bad = Vec::new();
+    for f in rust_files(&src) {
+        let rel = f.strip_prefix(root()).unwrap();
+        if rel.starts_with("src/cmd") || rel.ends_with("main.rs") || rel.ends_with("cli.rs") {
+            continue;
+        }
+        let (code, _) = code_of(&fs::read_to_string(&f).unwrap());
+        if code.contains("crate::cli") {
+            bad.push(rel.display().to_string());
+        }
+    }
+    assert!(bad.is_empty(), "library files use the command layer's cli (Failure, rc): {bad:?}");
+}

@@ -1,0 +1,214 @@
+//! The pane backend contract (ORCH 1.2): the values a backend lists and returns, its error, the
+//! `Backend` trait every implementation (herdr, tmux, fake) fulfils, and the name and path rules
+//! they share.
+//!
+//! Pure types and rules: nothing here spawns, reads a file or prints.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::sys;
+
+/// One agent as a backend lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Agent {
+    pub name: String,
+    pub pane: String,
+    pub kind: String,
+    pub status: String,
+}
+
+/// The three outcomes of a list (1.4). `NoServer` is a confirmed empty list; `Unknown` is never one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListOutcome {
+    Confirmed(Vec<Agent>),
+    NoServer,
+    Unknown(String),
+}
+
+/// A pane of a workspace, in the backend's pane order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaneInfo {
+    pub id: String,
+    pub has_agent: bool,
+    /// The shell owns the foreground (nothing runs in the pane).
+    pub shell_foreground: bool,
+    /// Grid position `(column x, row y)` when the backend reports geometry; else the layout is
+    /// inferred from the pane order (the split rule of 1.5 step 4).
+    pub pos: Option<(i64, i64)>,
+}
+
+impl PaneInfo {
+    /// Idle: no agent and the shell owns the foreground (1.5 step 3).
+    pub fn idle(&self) -> bool {
+        !self.has_agent && self.shell_foreground
+    }
+}
+
+/// A same-cwd workspace with its panes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    pub id: String,
+    pub label: String,
+    pub panes: Vec<PaneInfo>,
+}
+
+/// A freshly created workspace and its root pane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Created {
+    pub workspace: String,
+    pub pane: String,
+}
+
+/// Split direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    Right,
+    Down,
+}
+
+impl Dir {
+    pub fn word(self) -> &'static str {
+        match self {
+            Dir::Right => "right",
+            Dir::Down => "down",
+        }
+    }
+}
+
+/// Why an accepted submission has not settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    Timeout,
+    Stalled,
+}
+
+/// The result of one prompt submission (1.2, 1.7 steps 4-6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptOutcome {
+    Settled,
+    Accepted(Accepted),
+    /// Nothing was submitted: transport error, agent not running, unknown target. The text names it.
+    TransportError(String),
+}
+
+/// Agent status words of `mam pane status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Working,
+    Idle,
+    Done,
+    Blocked,
+    Unknown,
+    Absent,
+}
+
+impl Status {
+    pub fn word(self) -> &'static str {
+        match self {
+            Status::Working => "working",
+            Status::Idle => "idle",
+            Status::Done => "done",
+            Status::Blocked => "blocked",
+            Status::Unknown => "unknown",
+            Status::Absent => "absent",
+        }
+    }
+
+    /// Lenient mapping of a backend's status text; anything unrecognised is `Unknown`.
+    pub fn parse(s: &str) -> Status {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "working" | "busy" | "running" => Status::Working,
+            "idle" | "ready" => Status::Idle,
+            "done" | "finished" => Status::Done,
+            "blocked" | "waiting" | "needs_input" => Status::Blocked,
+            "absent" | "exited" | "gone" => Status::Absent,
+            _ => Status::Unknown,
+        }
+    }
+}
+
+/// A backend failure. `NoServer` is the MAM_NO_AUTOSTART refusal of 1.3; `Usage` is bad input
+/// detected by the backend (rc 2); everything else is `Failed` (rc 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PaneError {
+    NoServer(String),
+    Usage(String),
+    Failed(String),
+}
+
+impl fmt::Display for PaneError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PaneError::NoServer(m) | PaneError::Usage(m) | PaneError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+pub type PaneResult<T> = Result<T, PaneError>;
+
+/// The backend contract of ORCH 1.2. One value addresses one server (herdr session, tmux socket,
+/// fake directory); a row's later calls open the backend on the row's recorded server.
+pub trait Backend {
+    /// `herdr`, `tmux` or `fake` (recorded in the row's `backend`).
+    fn name(&self) -> &'static str;
+    /// The server this value addresses (recorded in `pane.server`).
+    fn server(&self) -> String;
+    /// Reachable, or bootstrapped (1.3) unless MAM_NO_AUTOSTART=1.
+    fn ensure_server(&self) -> PaneResult<()>;
+    fn list_agents(&self) -> ListOutcome;
+    /// Same-cwd workspaces (canonical paths) in backend order, panes in pane order.
+    fn list_workspaces(&self, cwd: &Path) -> PaneResult<Vec<Workspace>>;
+    fn create_workspace(&self, cwd: &Path, label: Option<&str>, env: &[(String, String)]) -> PaneResult<Created>;
+    fn split(&self, pane: &str, dir: Dir, cwd: &Path, env: &[(String, String)]) -> PaneResult<String>;
+    fn rename_workspace(&self, id: &str, label: &str) -> PaneResult<()>;
+    /// Returns once the agent is ready; a timeout is an error naming the phase.
+    fn start_agent(&self, name: &str, kind: &str, pane: &str, args: &[String]) -> PaneResult<()>;
+    fn prompt(&self, target: &str, text: &str, wait_ms: u32) -> PromptOutcome;
+    fn agent_status(&self, target: &str) -> Status;
+    /// The text a quiescence check compares (the agent's visible screen).
+    fn read_detection(&self, target: &str) -> PaneResult<String>;
+    fn send_keys(&self, target: &str, keys: &str) -> PaneResult<()>;
+    fn close_pane(&self, pane: &str) -> PaneResult<()>;
+    fn close_workspace(&self, id: &str) -> PaneResult<()>;
+    /// False when `agent_status` can only say `unknown`/`absent` (tmux): `send_keys_safe` then skips
+    /// the idle handshake and relies on quiescence (A24).
+    fn has_lifecycle(&self) -> bool {
+        true
+    }
+}
+
+/// Agent names (= herdr agent names, 1.3): `[a-z][a-z0-9_-]{0,31}`.
+pub fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 32
+        && b[0].is_ascii_lowercase()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-')
+}
+
+/// Shell basenames: a pane whose foreground is one of these is "at a shell".
+pub fn is_shell(cmd: &str) -> bool {
+    let base = cmd.rsplit('/').next().unwrap_or(cmd).trim_start_matches('-');
+    matches!(base, "bash" | "sh" | "dash" | "zsh" | "fish" | "ksh" | "mksh" | "tcsh" | "csh" | "ash")
+}
+
+/// Canonical form of a directory for same-cwd comparisons (1.5 step 2); a path that cannot be
+/// canonicalised is compared lexically.
+pub fn canon(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| sys::normalize(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_shells() {
+        assert!(valid_name("claude-01"));
+        assert!(!valid_name("Claude"));
+        assert!(!valid_name("a;rm -rf"));
+        assert!(!valid_name(&"a".repeat(33)));
+        assert!(is_shell("-bash") && is_shell("/bin/sh") && !is_shell("claude"));
+    }
+}

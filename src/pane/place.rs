@@ -1,0 +1,291 @@
+//! Placement (ORCH 1.5): where a new agent goes (reuse an idle pane, split, or a new workspace), the
+//! start-up dialog rule, and `place_and_start` with its rollback, written once over the `Backend`
+//! trait. The decisions (`choose`, `split_plan`, `dialog_step`) are pure and unit-tested.
+//!
+//! It never prints; results are values.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::contract::{valid_name, Backend, Dir, PaneError, PaneInfo, PaneResult, Status, Workspace};
+use super::knobs::Knobs;
+use crate::sys;
+
+/// Where a new agent goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// Reuse the idle pane of workspace `ws` (index into the list).
+    Reuse { ws: usize, pane: String },
+    /// Split `from` in direction `dir` inside workspace `ws`.
+    Split { ws: usize, from: String, dir: Dir },
+    /// Every same-cwd workspace is full.
+    Create,
+}
+
+/// 1.5 steps 2-3: the first workspace with an idle pane (only when the environment set is empty) or
+/// room in its 2 x `rows` grid. An idle pane counts toward the pane count.
+pub fn choose(workspaces: &[Workspace], env_empty: bool, rows: u32) -> Choice {
+    let capacity = 2 * rows.max(1) as usize;
+    for (i, ws) in workspaces.iter().enumerate() {
+        if env_empty {
+            if let Some(p) = ws.panes.iter().find(|p| p.idle()) {
+                return Choice::Reuse { ws: i, pane: p.id.clone() };
+            }
+        }
+        if !ws.panes.is_empty() && ws.panes.len() < capacity {
+            let (from, dir) = split_plan(&ws.panes);
+            return Choice::Split { ws: i, from, dir };
+        }
+    }
+    Choice::Create
+}
+
+/// 1.5 step 4: the second pane splits the root to the right; later panes split the bottom pane of
+/// the column holding fewer panes downward, ties to the left column.
+pub fn split_plan(panes: &[PaneInfo]) -> (String, Dir) {
+    let [left, right] = columns(panes);
+    if right.is_empty() {
+        return (left.first().map(|p| p.id.clone()).unwrap_or_default(), Dir::Right);
+    }
+    let col = if right.len() < left.len() { &right } else { &left };
+    (col.last().map(|p| p.id.clone()).unwrap_or_default(), Dir::Down)
+}
+
+/// The two grid columns, each top to bottom. With geometry: the leftmost x is the left column.
+/// Without: the panes are taken in creation order and placed by the rule itself.
+fn columns(panes: &[PaneInfo]) -> [Vec<&PaneInfo>; 2] {
+    let mut cols: [Vec<&PaneInfo>; 2] = [Vec::new(), Vec::new()];
+    if !panes.is_empty() && panes.iter().all(|p| p.pos.is_some()) {
+        let min_x = panes.iter().filter_map(|p| p.pos).map(|(x, _)| x).min().unwrap_or(0);
+        for p in panes {
+            let (x, _) = p.pos.unwrap_or((0, 0));
+            cols[usize::from(x != min_x)].push(p);
+        }
+        for c in &mut cols {
+            c.sort_by_key(|p| p.pos.map(|(_, y)| y).unwrap_or(0));
+        }
+        return cols;
+    }
+    for (i, p) in panes.iter().enumerate() {
+        let c = match i {
+            0 => 0,
+            1 => 1,
+            _ => usize::from(cols[1].len() < cols[0].len()),
+        };
+        cols[c].push(p);
+    }
+    cols
+}
+
+/// One step of the start-up dialog rule (1.5 step 7): given the status after start and the number of
+/// `enter`s already sent, what to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DialogStep {
+    Ready,
+    SendEnter,
+    Fail,
+}
+
+pub fn dialog_step(status: Status, enters_sent: u32, max: u32) -> DialogStep {
+    match status {
+        Status::Blocked if enters_sent < max => DialogStep::SendEnter,
+        Status::Blocked => DialogStep::Fail,
+        _ => DialogStep::Ready,
+    }
+}
+
+/// What `place_and_start` needs.
+#[derive(Debug, Clone)]
+pub struct PlaceRequest {
+    pub name: String,
+    pub kind: String,
+    pub cwd: PathBuf,
+    /// The environment set E (1.5 step 1); reaches the agent only on create/split.
+    pub env: Vec<(String, String)>,
+    pub args: Vec<String>,
+    /// `MAM_WS_LABEL`.
+    pub label: Option<String>,
+}
+
+/// Where the agent landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    pub pane: String,
+    pub workspace: String,
+    pub server: String,
+    pub reused: bool,
+    /// This attempt created the workspace (a rollback may close it).
+    pub created_workspace: bool,
+}
+
+/// A placement that failed after it touched a pane: what to roll back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlaceFailure {
+    pub error: PaneError,
+    pub partial: Option<Placed>,
+}
+
+/// 1.5 in full: ensure the server, choose a pane, create/split/reuse, rename the chosen workspace,
+/// start the agent and clear start-up dialogs. On failure after a pane was chosen, `partial` says
+/// which pane (and whether its workspace is new) so the caller can roll back.
+pub fn place_and_start(b: &dyn Backend, req: &PlaceRequest, knobs: &Knobs) -> Result<Placed, PlaceFailure> {
+    let early = |e: PaneError| PlaceFailure { error: e, partial: None };
+    if !valid_name(&req.name) {
+        return Err(early(PaneError::Usage(format!(
+            "invalid session name '{}' (expected [a-z][a-z0-9_-]{{0,31}})",
+            crate::text::one_line(&req.name)
+        ))));
+    }
+    b.ensure_server().map_err(early)?;
+    let workspaces = b.list_workspaces(&req.cwd).map_err(early)?;
+    let choice = choose(&workspaces, req.env.is_empty(), knobs.ws_rows);
+    let placed = match choice {
+        Choice::Reuse { ws, pane } => Placed {
+            pane,
+            workspace: workspaces[ws].id.clone(),
+            server: b.server(),
+            reused: true,
+            created_workspace: false,
+        },
+        Choice::Split { ws, from, dir } => {
+            let pane = b.split(&from, dir, &req.cwd, &req.env).map_err(early)?;
+            Placed {
+                pane,
+                workspace: workspaces[ws].id.clone(),
+                server: b.server(),
+                reused: false,
+                created_workspace: false,
+            }
+        }
+        Choice::Create => {
+            let c = b.create_workspace(&req.cwd, req.label.as_deref(), &req.env).map_err(early)?;
+            Placed { pane: c.pane, workspace: c.workspace, server: b.server(), reused: false, created_workspace: true }
+        }
+    };
+    let fail = |e: PaneError| PlaceFailure { error: e, partial: Some(placed.clone()) };
+    if let (Some(label), false) = (&req.label, placed.created_workspace) {
+        b.rename_workspace(&placed.workspace, label).map_err(fail)?;
+    }
+    b.start_agent(&req.name, &req.kind, &placed.pane, &req.args).map_err(fail)?;
+    clear_startup_dialogs(b, &req.name, knobs).map_err(fail)?;
+    Ok(placed)
+}
+
+/// Undoes what a placement created: the workspace when this attempt created it, else the split pane;
+/// a reused pane is left as it was found. Sessions' verified rollback (ORCH 2.3) starts here.
+pub fn rollback(b: &dyn Backend, p: &Placed) -> PaneResult<()> {
+    if p.created_workspace {
+        b.close_workspace(&p.workspace)
+    } else if !p.reused {
+        b.close_pane(&p.pane)
+    } else {
+        Ok(())
+    }
+}
+
+/// 1.5 step 7: a `blocked` agent after start gets `enter`, at most `dialog_max` times; still blocked
+/// is a start failure. Agent-agnostic: no screen matching.
+pub fn clear_startup_dialogs(b: &dyn Backend, name: &str, knobs: &Knobs) -> PaneResult<()> {
+    let mut sent = 0;
+    let mut status = b.agent_status(name);
+    loop {
+        match dialog_step(status, sent, knobs.dialog_max) {
+            DialogStep::Ready => return Ok(()),
+            DialogStep::Fail => {
+                return Err(PaneError::Failed(format!(
+                    "agent {name} still blocked after {sent} start-up dialog enter(s) (MAM_STARTUP_DIALOG_MAX={})",
+                    knobs.dialog_max
+                )))
+            }
+            DialogStep::SendEnter => {
+                b.send_keys(name, "enter")?;
+                sent += 1;
+                let deadline = Instant::now() + Duration::from_millis(knobs.dialog_settle_ms);
+                loop {
+                    status = b.agent_status(name);
+                    if status != Status::Blocked || Instant::now() >= deadline {
+                        break;
+                    }
+                    sys::sleep(Duration::from_millis(knobs.poll_ms.clamp(10, 200)));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pane(id: &str, agent: bool) -> PaneInfo {
+        PaneInfo { id: id.into(), has_agent: agent, shell_foreground: !agent, pos: None }
+    }
+
+    fn ws(id: &str, panes: Vec<PaneInfo>) -> Workspace {
+        Workspace { id: id.into(), label: String::new(), panes }
+    }
+
+    #[test]
+    fn split_layout_second_right_then_fewer_column_down() {
+        let mut panes = vec![pane("p0", true)];
+        assert_eq!(split_plan(&panes), ("p0".into(), Dir::Right));
+        panes.push(pane("p1", true));
+        // Tie: left column, its bottom pane, downward.
+        assert_eq!(split_plan(&panes), ("p0".into(), Dir::Down));
+        panes.push(pane("p2", true));
+        assert_eq!(split_plan(&panes), ("p1".into(), Dir::Down));
+        panes.push(pane("p3", true));
+        assert_eq!(split_plan(&panes), ("p2".into(), Dir::Down));
+    }
+
+    #[test]
+    fn split_layout_uses_geometry_when_reported() {
+        let g =
+            |id: &str, x, y| PaneInfo { id: id.into(), has_agent: true, shell_foreground: false, pos: Some((x, y)) };
+        // Pane order differs from creation order; geometry decides.
+        let panes = vec![g("a", 0, 0), g("b", 0, 1), g("c", 1, 0)];
+        assert_eq!(split_plan(&panes), ("c".into(), Dir::Down));
+        let panes = vec![g("a", 0, 0), g("c", 1, 0), g("d", 1, 1)];
+        assert_eq!(split_plan(&panes), ("a".into(), Dir::Down));
+    }
+
+    #[test]
+    fn o1_9_4_packing_four_then_two() {
+        // Simulate six placements with K = 2: 4 + 2.
+        let mut wss: Vec<Workspace> = Vec::new();
+        for n in 0..6 {
+            match choose(&wss, true, 2) {
+                Choice::Create => wss.push(ws(&format!("w{n}"), vec![pane(&format!("p{n}"), true)])),
+                Choice::Split { ws, .. } => wss[ws].panes.push(pane(&format!("p{n}"), true)),
+                Choice::Reuse { .. } => panic!("no idle pane exists"),
+            }
+        }
+        let sizes: Vec<usize> = wss.iter().map(|w| w.panes.len()).collect();
+        assert_eq!(sizes, [4, 2]);
+    }
+
+    #[test]
+    fn o1_9_5_idle_pane_in_second_workspace_is_reused() {
+        let full = ws("w1", (0..4).map(|i| pane(&format!("a{i}"), true)).collect());
+        let second = ws("w2", vec![pane("b0", true), pane("b1", false)]);
+        assert_eq!(choose(&[full.clone(), second.clone()], true, 2), Choice::Reuse { ws: 1, pane: "b1".into() });
+        // With an environment set the idle pane is not used: the workspace still has room, so split.
+        assert!(matches!(choose(&[full, second], false, 2), Choice::Split { ws: 1, .. }));
+    }
+
+    #[test]
+    fn idle_pane_counts_toward_room() {
+        let mut panes: Vec<PaneInfo> = (0..3).map(|i| pane(&format!("a{i}"), true)).collect();
+        panes.push(pane("idle", false));
+        assert_eq!(choose(&[ws("w1", panes)], false, 2), Choice::Create);
+    }
+
+    #[test]
+    fn o1_9_10_dialog_rule_bounded() {
+        assert_eq!(dialog_step(Status::Idle, 0, 3), DialogStep::Ready);
+        assert_eq!(dialog_step(Status::Blocked, 0, 3), DialogStep::SendEnter);
+        assert_eq!(dialog_step(Status::Blocked, 2, 3), DialogStep::SendEnter);
+        assert_eq!(dialog_step(Status::Blocked, 3, 3), DialogStep::Fail);
+        assert_eq!(dialog_step(Status::Blocked, 0, 0), DialogStep::Fail);
+    }
+}

@@ -1,0 +1,208 @@
+//! Process helpers of the process-backed backends (ORCH 1.3): the bootstrap environment denylist,
+//! `MAM_NO_AUTOSTART`, finding a tool on the context's PATH, the environment a server may inherit,
+//! and `run_capture`, one bounded run of a backend CLI.
+//!
+//! Nothing here knows a backend's commands or a job; it never prints.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::contract::{PaneError, PaneResult};
+use crate::ctx::Ctx;
+use crate::sys;
+
+/// The per-session agent runtime markers a bootstrapped server must not inherit (1.3): exact names,
+/// no prefix match, so user configuration such as `CLAUDE_PROJECT_DIR` still passes. The claude
+/// CLI's messaging/bridge/parent markers are listed by the names it is known to export.
+pub const BOOTSTRAP_DENYLIST: &[&str] = &[
+    "CLAUDECODE",
+    "CLAUDE_CODE_CHILD_SESSION",
+    "CLAUDE_CODE_SESSION_ID",
+    "CLAUDE_CODE_ENTRYPOINT",
+    "CLAUDE_CODE_SSE_PORT",
+    "CLAUDE_CODE_PARENT_PID",
+    "CLAUDE_CODE_IPC_SOCKET",
+    "CLAUDE_CODE_BRIDGE_PORT",
+    "ANTIGRAVITY_CONVERSATION_ID",
+    "HERMES_SESSION_ID",
+    "GROK_SESSION_ID",
+    "OPENCODE_SESSION_ID",
+];
+
+/// True when `name` is a denylisted marker.
+pub fn denied(name: &str) -> bool {
+    BOOTSTRAP_DENYLIST.contains(&name)
+}
+
+/// MAM_NO_AUTOSTART=1 (only the literal `1`).
+pub fn no_autostart(ctx: &Ctx) -> bool {
+    ctx.var("MAM_NO_AUTOSTART").as_deref() == Some("1")
+}
+
+/// True when `tool` is an executable file on the context's PATH.
+pub fn on_path(ctx: &Ctx, tool: &str) -> Option<PathBuf> {
+    let path = ctx.var("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(tool)).find(|p| p.is_file())
+}
+
+/// The environment for a child that may start a server: the context's minus the denylist and the
+/// herdr addressing variables (1.3).
+pub fn server_env(ctx: &Ctx) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    ctx.child_env()
+        .into_iter()
+        .filter(|(k, _)| {
+            let k = k.to_string_lossy();
+            !denied(&k) && k != "HERDR_SOCKET_PATH" && k != "HERDR_SESSION"
+        })
+        .collect()
+}
+
+/// Runs `cmd` to completion within `limit`, draining both pipes; a timeout kills it and names `what`.
+/// The child leads its own process group, so a descendant that still holds a pipe at the deadline is
+/// killed with it (a daemon that left the group and closed its pipes is not touched); the readers
+/// are waited for under the same deadline, never longer.
+pub fn run_capture(cmd: &mut std::process::Command, limit: Duration, what: &str) -> PaneResult<std::process::Output> {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    use std::sync::mpsc;
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    let deadline = Instant::now() + limit;
+    let mut child = sys::spawn(cmd).map_err(|e| PaneError::Failed(format!("cannot run {what}: {e}")))?;
+    // (stream, bytes) per read; an empty chunk is that stream's end.
+    let (tx, rx) = mpsc::channel::<(usize, Vec<u8>)>();
+    let streams: [Option<Box<dyn Read + Send>>; 2] = [
+        child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+    ];
+    let mut open = [false, false];
+    for (i, s) in streams.into_iter().enumerate() {
+        let Some(mut s) = s else { continue };
+        let tx = tx.clone();
+        open[i] = std::thread::Builder::new()
+            .name("pane-capture".into())
+            .spawn(move || {
+                let mut buf = [0u8; 8192];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            if tx.send((i, buf[..n].to_vec())).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+                let _ = tx.send((i, Vec::new()));
+            })
+            .is_ok();
+    }
+    drop(tx);
+    let pgid = child.id() as i32;
+    let mut bufs: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+    let mut status = None;
+    let mut take = |msg: (usize, Vec<u8>), open: &mut [bool; 2]| {
+        if msg.1.is_empty() {
+            open[msg.0] = false;
+        } else {
+            bufs[msg.0].extend_from_slice(&msg.1);
+        }
+    };
+    loop {
+        if status.is_none() {
+            match child.try_wait() {
+                Ok(st) => status = st,
+                Err(e) => {
+                    let _ = sys::kill(-pgid, libc::SIGKILL);
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(PaneError::Failed(format!("{what}: wait failed: {e}")));
+                }
+            }
+        }
+        if status.is_some() && !open.contains(&true) {
+            break;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            // The child, or a descendant in its group holding a pipe, outlived the limit.
+            let _ = sys::kill(-pgid, libc::SIGKILL);
+            if status.is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(PaneError::Failed(format!("{what}: timed out after {} ms", limit.as_millis())));
+            }
+            // The child finished: keep what its readers got until the group is gone (bounded).
+            let grace = Instant::now() + Duration::from_millis(200);
+            while open.contains(&true) {
+                match rx.recv_timeout(grace.saturating_duration_since(Instant::now())) {
+                    Ok(m) => take(m, &mut open),
+                    Err(_) => break,
+                }
+            }
+            break;
+        }
+        match rx.recv_timeout((deadline - now).min(Duration::from_millis(5))) {
+            Ok(m) => take(m, &mut open),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => open = [false, false],
+        }
+    }
+    let [stdout, stderr] = bufs;
+    Ok(std::process::Output { status: status.expect("the child was reaped"), stdout, stderr })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capture_within(script: &str, limit: Duration) -> (PaneResult<std::process::Output>, Duration) {
+        let script = script.to_string();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut c = std::process::Command::new("sh");
+            c.args(["-c", &script]);
+            let r = run_capture(&mut c, limit, "sh");
+            let _ = tx.send((r, started.elapsed()));
+        });
+        rx.recv_timeout(Duration::from_secs(10)).expect("run_capture returned within 10 s")
+    }
+
+    fn gone(pid: i32) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if !matches!(sys::proc_start_ticks(pid), Ok((_, false))) {
+                return true;
+            }
+            sys::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    #[test]
+    fn run_capture_is_bounded_when_a_descendant_holds_the_pipe() {
+        // The child exits at once; a backgrounded sleep keeps its stdout open.
+        let (r, took) = capture_within("sleep 30 & echo $!; echo done", Duration::from_secs(1));
+        let out = r.unwrap();
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success() && text.ends_with("done\n"), "{text:?}");
+        let sleeper: i32 = text.lines().next().unwrap().parse().unwrap();
+        assert!(gone(sleeper), "the sleep holding the pipe was killed");
+        // The child itself hangs: a timeout, and its whole group is gone.
+        let (r, took) = capture_within("sleep 30 & echo $!; sleep 30", Duration::from_secs(1));
+        let e = r.expect_err("timed out");
+        assert!(e.to_string().contains("timed out after 1000 ms"), "{e}");
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+    }
+
+    #[test]
+    fn denylist_is_exact() {
+        assert!(denied("CLAUDECODE"));
+        assert!(!denied("CLAUDE_PROJECT_DIR"));
+        assert!(!denied("CLAUDECODE_X"));
+    }
+}

@@ -1,0 +1,261 @@
+//! `send_keys_safe` (ORCH 1.7, A24), written once over the `Backend` trait: the idle handshake
+//! (skipped for backends without lifecycle), quiescence, one submission, and delivery confirmed only
+//! by `working` or the caller's `Confirm` evidence.
+//!
+//! It knows no jobs and reads no files: confirmation beyond the agent's status is the caller's.
+
+use std::time::{Duration, Instant};
+
+use super::contract::{Accepted, Backend, PromptOutcome, Status};
+use super::knobs::Knobs;
+use crate::sys;
+
+/// Evidence besides the agent's `working` status that a submitted prompt was taken up (for a job, its
+/// own `started` with the current token: `delegate::confirm::JobStarted`). `send_keys_safe` knows no
+/// jobs; the caller brings this.
+pub trait Confirm {
+    /// Called once, right before the prompt is submitted.
+    fn before_submit(&mut self) {}
+    /// What confirms delivery (`job j1 started`), or `None` while nothing does.
+    fn confirmed(&mut self) -> Option<String>;
+}
+
+/// The outcome of `send_keys_safe`, with its exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SksOutcome {
+    /// rc 0: settled, or accepted and confirmed (the text says by what).
+    Delivered(String),
+    /// rc 3: nothing submitted (agent busy, transport error, agent not running, unknown target).
+    NotSubmitted(String),
+    /// rc 4: accepted but not confirmed within the grace (fail closed).
+    Unconfirmed(String),
+}
+
+impl SksOutcome {
+    pub fn rc(&self) -> i32 {
+        match self {
+            SksOutcome::Delivered(_) => 0,
+            SksOutcome::NotSubmitted(_) => 3,
+            SksOutcome::Unconfirmed(_) => 4,
+        }
+    }
+}
+
+/// The longest prompt `send_keys_safe` accepts (1.7: longer content goes in a file the prompt names).
+pub const MAX_PROMPT: usize = 4096;
+
+/// 1.7 with A24: idle handshake (skipped for backends without lifecycle), quiescence, submit, and
+/// delivery confirmed only by `working` or the job's own `started` with the current token.
+pub fn send_keys_safe(
+    b: &dyn Backend,
+    target: &str,
+    text: &str,
+    mut confirm: Option<&mut dyn Confirm>,
+    k: &Knobs,
+) -> SksOutcome {
+    let poll = Duration::from_millis(k.poll_ms);
+    // 1. Idle handshake.
+    if b.has_lifecycle() {
+        let deadline = Instant::now() + Duration::from_millis(k.idle_wait_ms);
+        loop {
+            match b.agent_status(target) {
+                Status::Idle | Status::Done => break,
+                Status::Absent => return SksOutcome::NotSubmitted(format!("agent {target} is not running")),
+                _ => {}
+            }
+            if Instant::now() >= deadline {
+                return SksOutcome::NotSubmitted(format!(
+                    "agent busy: {target} not idle within {} s (MAM_SKS_IDLE_WAIT_S); nothing submitted",
+                    k.idle_wait_ms / 1000
+                ));
+            }
+            sys::sleep(poll.min(remaining(deadline)).max(Duration::from_millis(1)));
+        }
+    } else if b.agent_status(target) == Status::Absent {
+        return SksOutcome::NotSubmitted(format!("agent {target} is not running"));
+    }
+    // 2. Quiescence: two identical reads a gap apart, tried for a while, then submit anyway.
+    let deadline = Instant::now() + Duration::from_millis(k.quiesce_max_ms);
+    let mut last = match b.read_detection(target) {
+        Ok(t) => t,
+        Err(e) => return SksOutcome::NotSubmitted(format!("cannot read {target}: {e}")),
+    };
+    while Instant::now() < deadline {
+        sys::sleep(Duration::from_millis(k.quiesce_gap_ms).min(remaining(deadline)));
+        let now = match b.read_detection(target) {
+            Ok(t) => t,
+            Err(e) => return SksOutcome::NotSubmitted(format!("cannot read {target}: {e}")),
+        };
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    // The confirmer notes what it needs (a job's current token) before the submission, so a later
+    // re-dispatch cannot be mistaken for ours.
+    if let Some(c) = confirm.as_deref_mut() {
+        c.before_submit();
+    }
+    // 3-6. Submit and judge.
+    let why = match b.prompt(target, text, k.prompt_timeout_ms) {
+        PromptOutcome::Settled => return SksOutcome::Delivered("settled".into()),
+        PromptOutcome::TransportError(e) => return SksOutcome::NotSubmitted(format!("{e}; nothing submitted")),
+        PromptOutcome::Accepted(Accepted::Timeout) => "timeout",
+        PromptOutcome::Accepted(Accepted::Stalled) => "agent_prompt_stalled",
+    };
+    let deadline = Instant::now() + Duration::from_millis(k.grace_ms);
+    loop {
+        if b.agent_status(target) == Status::Working {
+            return SksOutcome::Delivered(format!("accepted ({why}), confirmed by status working"));
+        }
+        if let Some(by) = confirm.as_deref_mut().and_then(|c| c.confirmed()) {
+            return SksOutcome::Delivered(format!("accepted ({why}), confirmed by {by}"));
+        }
+        if Instant::now() >= deadline {
+            return SksOutcome::Unconfirmed(format!(
+                "prompt to {target} accepted ({why}) but delivery not confirmed within {} s (SKS_DELIVERY_GRACE_S)",
+                k.grace_ms / 1000
+            ));
+        }
+        sys::sleep(poll.min(remaining(deadline)).max(Duration::from_millis(1)));
+    }
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pane::contract::{Created, Dir, ListOutcome, PaneError, PaneResult, Workspace};
+    use std::path::Path;
+
+    /// A scripted backend for the decision logic of `send_keys_safe`.
+    struct Scripted {
+        lifecycle: bool,
+        status: Status,
+        after_prompt: Status,
+        outcome: PromptOutcome,
+        prompts: std::cell::Cell<u32>,
+    }
+
+    impl Backend for Scripted {
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+        fn server(&self) -> String {
+            "s".into()
+        }
+        fn ensure_server(&self) -> PaneResult<()> {
+            Ok(())
+        }
+        fn list_agents(&self) -> ListOutcome {
+            ListOutcome::NoServer
+        }
+        fn list_workspaces(&self, _: &Path) -> PaneResult<Vec<Workspace>> {
+            Ok(Vec::new())
+        }
+        fn create_workspace(&self, _: &Path, _: Option<&str>, _: &[(String, String)]) -> PaneResult<Created> {
+            Err(PaneError::Failed("no".into()))
+        }
+        fn split(&self, _: &str, _: Dir, _: &Path, _: &[(String, String)]) -> PaneResult<String> {
+            Err(PaneError::Failed("no".into()))
+        }
+        fn rename_workspace(&self, _: &str, _: &str) -> PaneResult<()> {
+            Ok(())
+        }
+        fn start_agent(&self, _: &str, _: &str, _: &str, _: &[String]) -> PaneResult<()> {
+            Ok(())
+        }
+        fn prompt(&self, _: &str, _: &str, _: u32) -> PromptOutcome {
+            self.prompts.set(self.prompts.get() + 1);
+            self.outcome.clone()
+        }
+        fn agent_status(&self, _: &str) -> Status {
+            if self.prompts.get() > 0 {
+                self.after_prompt
+            } else {
+                self.status
+            }
+        }
+        fn read_detection(&self, _: &str) -> PaneResult<String> {
+            Ok("same".into())
+        }
+        fn send_keys(&self, _: &str, _: &str) -> PaneResult<()> {
+            Ok(())
+        }
+        fn close_pane(&self, _: &str) -> PaneResult<()> {
+            Ok(())
+        }
+        fn close_workspace(&self, _: &str) -> PaneResult<()> {
+            Ok(())
+        }
+        fn has_lifecycle(&self) -> bool {
+            self.lifecycle
+        }
+    }
+
+    /// A confirmer whose evidence shows on look `at`.
+    struct Evidence {
+        noted: u32,
+        at: Option<u32>,
+        polls: u32,
+    }
+
+    impl Confirm for Evidence {
+        fn before_submit(&mut self) {
+            self.noted += 1;
+        }
+        fn confirmed(&mut self) -> Option<String> {
+            self.polls += 1;
+            (Some(self.polls) >= self.at && self.at.is_some()).then(|| "job j1 started".to_string())
+        }
+    }
+
+    fn fast() -> Knobs {
+        Knobs {
+            idle_wait_ms: 100,
+            grace_ms: 150,
+            poll_ms: 10,
+            quiesce_gap_ms: 10,
+            quiesce_max_ms: 50,
+            ..Knobs::default()
+        }
+    }
+
+    fn scripted(lifecycle: bool, status: Status, after: Status, outcome: PromptOutcome) -> Scripted {
+        Scripted { lifecycle, status, after_prompt: after, outcome, prompts: std::cell::Cell::new(0) }
+    }
+
+    #[test]
+    fn a24_busy_agent_is_rc3_and_nothing_is_submitted() {
+        let b = scripted(true, Status::Working, Status::Working, PromptOutcome::Settled);
+        let o = send_keys_safe(&b, "a", "hi", None, &fast());
+        assert_eq!(o.rc(), 3);
+        assert!(matches!(&o, SksOutcome::NotSubmitted(m) if m.contains("agent busy")));
+        assert_eq!(b.prompts.get(), 0);
+    }
+
+    #[test]
+    fn a24_backend_without_lifecycle_skips_the_idle_wait_and_needs_started() {
+        let accepted = PromptOutcome::Accepted(Accepted::Timeout);
+        // Status only `unknown`: submitted anyway, and not confirmed without the caller's evidence.
+        let b = scripted(false, Status::Unknown, Status::Unknown, accepted.clone());
+        let mut never = Evidence { noted: 0, at: None, polls: 0 };
+        assert_eq!(send_keys_safe(&b, "a", "hi", Some(&mut never), &fast()).rc(), 4);
+        assert_eq!(b.prompts.get(), 1);
+        assert_eq!(never.noted, 1, "noted once, before the submission");
+        assert!(never.polls > 0);
+        // The confirmer's evidence (here on its third look) confirms it and names itself.
+        let mut later = Evidence { noted: 0, at: Some(3), polls: 0 };
+        let o = send_keys_safe(&b, "a", "hi", Some(&mut later), &fast());
+        assert_eq!(o, SksOutcome::Delivered("accepted (timeout), confirmed by job j1 started".into()));
+        // `working` after an accepted submission confirms delivery.
+        let b = scripted(true, Status::Idle, Status::Working, PromptOutcome::Accepted(Accepted::Stalled));
+        assert_eq!(send_keys_safe(&b, "a", "hi", None, &fast()).rc(), 0);
+        // A transport error submits nothing.
+        let b = scripted(true, Status::Idle, Status::Idle, PromptOutcome::TransportError("x".into()));
+        assert_eq!(send_keys_safe(&b, "a", "hi", None, &fast()).rc(), 3);
+    }
+}
