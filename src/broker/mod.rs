@@ -13,9 +13,10 @@
 //! `mam broker` turns off (`record: false`). The `test-hooks` feature is accepted but not needed.
 
 pub mod codec;
+mod route;
 pub mod topic;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use crate::text::one_line;
 use codec::Packet;
+use route::{Publish, Refusal, RetainedStore, Session};
 
 /// Where broker log lines go besides the in-memory ring: called once per line, from any thread.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
@@ -106,19 +108,13 @@ struct Client {
     conn: u64,
     tx: SyncSender<Out>,
     stream: TcpStream,
-    subs: Vec<(String, u8)>,
-    next_pid: u16,
-}
-
-struct Retained {
-    payload: Vec<u8>,
-    qos: u8,
+    session: Session,
 }
 
 #[derive(Default)]
 struct State {
     clients: HashMap<String, Client>,
-    retained: BTreeMap<String, Retained>,
+    retained: RetainedStore,
     received: VecDeque<(String, Vec<u8>, bool)>,
     received_bytes: usize,
     connects: Vec<String>,
@@ -660,7 +656,7 @@ impl Conn {
             let mut st = lock(&self.shared.state);
             let old = st.clients.insert(
                 id.clone(),
-                Client { conn: self.conn, tx: self.tx.clone(), stream: clone, subs: Vec::new(), next_pid: 1 },
+                Client { conn: self.conn, tx: self.tx.clone(), stream: clone, session: Session::default() },
             );
             self.send(codec::connack(0x00)).map_err(Some)?;
             old
@@ -677,17 +673,8 @@ impl Conn {
         let pkt = codec::decode(frame).map_err(|e| Some(format!("protocol error: {e}; closing")))?;
         match pkt {
             Packet::Publish(p) => {
-                if p.qos == 2 {
-                    return Err(Some("QoS 2 is not supported; closing".into()));
-                }
-                if !topic::valid_topic_name(p.topic) {
-                    return Err(Some(format!(
-                        "protocol error: invalid publish topic '{}' (empty or wildcard); closing",
-                        short_id(p.topic)
-                    )));
-                }
-                let overflowed = self.route(p.topic, p.payload, p.qos, p.retain);
-                if let Some(line) = overflowed {
+                let msg = Publish { topic: p.topic, payload: p.payload, qos: p.qos, retain: p.retain };
+                if let Some(line) = self.publish(&msg)? {
                     return Err(Some(line));
                 }
                 if p.qos == 1 {
@@ -701,7 +688,7 @@ impl Conn {
                 let mut st = lock(&self.shared.state);
                 let id = self.client_id.as_deref().unwrap_or("");
                 match st.clients.get_mut(id) {
-                    Some(cl) if cl.conn == self.conn => cl.subs.retain(|(f, _)| !filters.contains(&f.as_str())),
+                    Some(cl) if cl.conn == self.conn => cl.session.unsubscribe(&filters),
                     _ => return Err(None),
                 }
                 drop(st);
@@ -724,31 +711,10 @@ impl Conn {
         let Some(cl) = clients.get_mut(id).filter(|cl| cl.conn == self.conn) else {
             return Err(None);
         };
-        let mut codes = Vec::with_capacity(filters.len());
-        // Retained messages to deliver: topic -> granted QoS (one copy per topic, highest QoS).
-        let mut deliver: BTreeMap<&str, u8> = BTreeMap::new();
-        for &(f, q) in filters {
-            if !topic::valid_filter(f) {
-                codes.push(0x80);
-                continue;
-            }
-            let g = q.min(1);
-            codes.push(g);
-            match cl.subs.iter_mut().find(|(sf, _)| sf == f) {
-                Some(s) => s.1 = g,
-                None => cl.subs.push((f.to_string(), g)),
-            }
-            for (t, _) in retained.iter().filter(|(t, _)| topic::matches(f, t)) {
-                let e = deliver.entry(t.as_str()).or_insert(g);
-                *e = (*e).max(g);
-            }
-        }
-        let mut out = vec![codec::suback(pid, &codes)];
-        for (t, g) in deliver {
-            let r = &retained[t];
-            let qos = r.qos.min(g);
-            let pid = if qos > 0 { next_pid(cl) } else { 0 };
-            out.push(codec::publish(t, &r.payload, qos, pid, true));
+        let decided = route::subscribe(&mut cl.session, retained, filters);
+        let mut out = vec![codec::suback(pid, &decided.codes)];
+        for r in decided.replay {
+            out.push(codec::publish(r.topic, r.payload, r.qos, r.pid, true));
         }
         // Queue under the lock while there is room, so no live message overtakes a retained one;
         // a burst larger than the queue waits for room after the lock is released.
@@ -783,13 +749,25 @@ impl Conn {
         false
     }
 
-    /// Stores and forwards one PUBLISH. Returns the log line if this very client overflowed.
-    fn route(&self, t: &str, payload: &[u8], qos: u8, retain: bool) -> Option<String> {
+    /// Stores and forwards one PUBLISH (`route::route` decides, this queues). `Err` when the
+    /// message is refused; `Ok(Some(line))` when this very client overflowed.
+    fn publish(&self, msg: &Publish<'_>) -> Result<Option<String>, End> {
         let shared = &self.shared;
         let mut st = lock(&shared.state);
         let State { clients, retained, received, received_bytes, .. } = &mut *st;
+        let mut targets: Vec<(&String, &mut Client)> = clients.iter_mut().collect();
+        let routed = route::route(targets.iter_mut().map(|(_, cl)| &mut cl.session), msg).map_err(|r| {
+            Some(match r {
+                Refusal::Qos2 => "QoS 2 is not supported; closing".to_string(),
+                Refusal::InvalidTopic => format!(
+                    "protocol error: invalid publish topic '{}' (empty or wildcard); closing",
+                    short_id(msg.topic)
+                ),
+            })
+        })?;
+        let (t, payload) = (msg.topic, msg.payload);
         if shared.cfg.record {
-            received.push_back((t.to_string(), payload.to_vec(), retain));
+            received.push_back((t.to_string(), payload.to_vec(), msg.retain));
             *received_bytes += payload.len();
             while received.len() > RECORD_MAX_MESSAGES || *received_bytes > RECORD_MAX_BYTES {
                 match received.pop_front() {
@@ -798,27 +776,20 @@ impl Conn {
                 }
             }
         }
-        if retain {
-            if payload.is_empty() {
-                retained.remove(t);
-            } else {
-                retained.insert(t.to_string(), Retained { payload: payload.to_vec(), qos });
-            }
+        if let Some(op) = routed.retain {
+            op.apply(retained, t);
         }
         let mut qos0: Option<Arc<[u8]>> = None;
         let mut blocked: Vec<(String, u64, SyncSender<Out>, Out)> = Vec::new();
-        for (id, cl) in clients.iter_mut() {
-            let Some(q) = topic::delivery_qos(&cl.subs, t, qos) else {
-                continue;
-            };
-            let out = if q == 0 {
+        for d in routed.deliveries {
+            let (id, cl) = &targets[d.to];
+            let out = if d.qos == 0 {
                 Out::Shared(qos0.get_or_insert_with(|| codec::publish(t, payload, 0, 0, false).into()).clone())
             } else {
-                let pid = next_pid(cl);
-                Out::Owned(codec::publish(t, payload, q, pid, false))
+                Out::Owned(codec::publish(t, payload, d.qos, d.pid, false))
             };
             if let Err(TrySendError::Full(out)) = cl.tx.try_send(out) {
-                blocked.push((id.clone(), cl.conn, cl.tx.clone(), out));
+                blocked.push(((*id).clone(), cl.conn, cl.tx.clone(), out));
             }
         }
         drop(st);
@@ -839,7 +810,7 @@ impl Conn {
                 ));
             }
         }
-        mine
+        Ok(mine)
     }
 }
 
@@ -864,12 +835,6 @@ fn send_with_grace(tx: &SyncSender<Out>, mut out: Out, stop: &AtomicBool) -> boo
             }
         }
     }
-}
-
-fn next_pid(cl: &mut Client) -> u16 {
-    let p = cl.next_pid;
-    cl.next_pid = if p == u16::MAX { 1 } else { p + 1 };
-    p
 }
 
 fn overflow_msg(limit: usize) -> String {
