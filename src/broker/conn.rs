@@ -1,0 +1,484 @@
+//! One client connection: the reader (frame, decode, CONNECT and auth, packet handling, keepalive)
+//! and the writer thread that drains the client's bounded queue into its socket, with the
+//! backpressure and overflow rule between them. Routing decisions come from `route`; this file
+//! locks the state, asks `route`, then encodes and queues what it decided.
+//!
+//! It never writes a socket under the state lock (only the writer thread writes, from the queue),
+//! waits for queue room under it only for the CONNACK into a fresh queue, and never spawns
+//! anything but its own writer, which it joins before returning.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::codec::{self, Packet};
+use super::route::{self, Publish, Refusal, Session};
+use super::state::{lock, Client, Out, Shared, State};
+use crate::text::one_line;
+
+const WRITER_STACK: usize = 64 * 1024;
+const READ_CHUNK: usize = 8 * 1024;
+/// Bytes the writer gathers from its queue before one write call.
+const WRITE_BATCH: usize = 64 * 1024;
+/// A writer blocked this long on one write gives up on the client.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn writer_loop(mut stream: TcpStream, rx: Receiver<Out>) {
+    let mut batch: Vec<u8> = Vec::new();
+    'outer: while let Ok(first) = rx.recv() {
+        let mut closing = false;
+        let mut push = |m: Out, batch: &mut Vec<u8>| match m {
+            Out::Owned(v) => batch.extend_from_slice(&v),
+            Out::Shared(v) => batch.extend_from_slice(&v),
+            Out::Close => closing = true,
+        };
+        push(first, &mut batch);
+        while batch.len() < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(m) => push(m, &mut batch),
+                Err(_) => break,
+            }
+        }
+        if !batch.is_empty() && stream.write_all(&batch).is_err() {
+            let _ = stream.shutdown(Shutdown::Both);
+            break 'outer;
+        }
+        batch.clear();
+        if batch.capacity() > 4 * WRITE_BATCH {
+            batch.shrink_to(WRITE_BATCH);
+        }
+        if closing {
+            break;
+        }
+    }
+    let _ = stream.shutdown(Shutdown::Write);
+}
+
+/// Why a connection ended, as the log line's tail (None: a normal end, not logged).
+type End = Option<String>;
+
+struct Conn {
+    shared: Arc<Shared>,
+    conn: u64,
+    peer: SocketAddr,
+    stream: TcpStream,
+    tx: SyncSender<Out>,
+    buf: Vec<u8>,
+    pos: usize,
+    client_id: Option<String>,
+}
+
+pub(super) fn serve(shared: Arc<Shared>, conn: u64, stream: TcpStream, peer: SocketAddr) {
+    let (tx, rx) = mpsc::sync_channel::<Out>(shared.cfg.queue_limit.max(1));
+    let writer = match stream.try_clone().and_then(|ws| {
+        ws.set_write_timeout(Some(WRITE_TIMEOUT))?;
+        thread::Builder::new().name("broker-write".into()).stack_size(WRITER_STACK).spawn(move || writer_loop(ws, rx))
+    }) {
+        Ok(w) => w,
+        Err(e) => {
+            shared.log(format!("WARNING: broker: connection from {peer}: cannot start a writer: {e}"));
+            let _ = stream.shutdown(Shutdown::Both);
+            forget_conn(&shared, conn);
+            return;
+        }
+    };
+    let mut c = Conn { shared, conn, peer, stream, tx, buf: Vec::new(), pos: 0, client_id: None };
+    let end = c.run();
+    if let Some(why) = end {
+        let line = c.who(&why);
+        c.shared.log(line);
+    }
+    if let Some(id) = &c.client_id {
+        let mut st = lock(&c.shared.state);
+        if st.clients.get(id).is_some_and(|cl| cl.conn == conn) {
+            st.clients.remove(id);
+        }
+    }
+    let _ = c.tx.try_send(Out::Close);
+    let Conn { shared, stream, tx, .. } = c;
+    drop(tx);
+    let _ = writer.join();
+    let _ = stream.shutdown(Shutdown::Both);
+    forget_conn(&shared, conn);
+}
+
+fn forget_conn(shared: &Shared, conn: u64) {
+    if let Some(slot) = lock(&shared.conns).get_mut(&conn) {
+        slot.stream = None;
+    }
+}
+
+enum ReadEnd {
+    Eof,
+    Timeout,
+    Io(io::Error),
+    TooLarge(usize),
+    Malformed(codec::DecodeError),
+}
+
+fn short_id(id: &str) -> String {
+    let s = one_line(id);
+    if s.chars().count() > 64 {
+        format!("{}...", s.chars().take(64).collect::<String>())
+    } else {
+        s
+    }
+}
+
+impl Conn {
+    fn who(&self, msg: &str) -> String {
+        let (prefix, msg) = match msg.strip_prefix("WARNING: ") {
+            Some(m) => ("WARNING: ", m),
+            None => ("NOTE: ", msg),
+        };
+        match &self.client_id {
+            Some(id) => format!("{prefix}broker: client {} ({}): {msg}", short_id(id), self.peer),
+            None => format!("{prefix}broker: connection from {}: {msg}", self.peer),
+        }
+    }
+
+    /// Reads one complete packet; returns its byte range in `self.buf`. The declared size is
+    /// checked against `max_packet` before the body is buffered.
+    fn next_frame(&mut self) -> Result<std::ops::Range<usize>, ReadEnd> {
+        loop {
+            let avail = &self.buf[self.pos..];
+            let need = match codec::fixed_header(avail) {
+                Err(e) => return Err(ReadEnd::Malformed(e)),
+                Ok(Some((remaining, hlen))) => {
+                    let total = hlen + remaining;
+                    if total > self.shared.cfg.max_packet {
+                        return Err(ReadEnd::TooLarge(total));
+                    }
+                    if avail.len() >= total {
+                        let r = self.pos..self.pos + total;
+                        self.pos += total;
+                        return Ok(r);
+                    }
+                    total - avail.len()
+                }
+                Ok(None) => 1,
+            };
+            if self.pos > 0 {
+                self.buf.drain(..self.pos);
+                self.pos = 0;
+            }
+            if self.buf.is_empty() && self.buf.capacity() > 8 * READ_CHUNK {
+                self.buf = Vec::new();
+            }
+            let old = self.buf.len();
+            self.buf.resize(old + need.max(READ_CHUNK), 0);
+            let n = loop {
+                match self.stream.read(&mut self.buf[old..]) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        self.buf.truncate(old);
+                        return Err(match e.kind() {
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ReadEnd::Timeout,
+                            _ => ReadEnd::Io(e),
+                        });
+                    }
+                }
+            };
+            self.buf.truncate(old + n);
+            if n == 0 {
+                return Err(ReadEnd::Eof);
+            }
+        }
+    }
+
+    fn send(&self, bytes: Vec<u8>) -> Result<(), String> {
+        if send_with_grace(&self.tx, Out::Owned(bytes), &self.shared.stop) {
+            Ok(())
+        } else {
+            Err(overflow_msg(self.shared.cfg.queue_limit))
+        }
+    }
+
+    fn read_end(&self, e: ReadEnd, phase_timeout: &str) -> End {
+        match e {
+            ReadEnd::Eof => self.client_id.is_none().then(|| "closed before CONNECT".to_string()),
+            ReadEnd::Timeout => Some(phase_timeout.to_string()),
+            ReadEnd::Io(_) if self.shared.stop.load(Ordering::SeqCst) => None,
+            ReadEnd::Io(e) => match e.kind() {
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => None,
+                _ => Some(format!("read failed: {e}")),
+            },
+            ReadEnd::TooLarge(n) => {
+                Some(format!("packet of {n} bytes exceeds max-packet {}; closing", self.shared.cfg.max_packet))
+            }
+            ReadEnd::Malformed(e) => Some(format!("protocol error: {e}; closing")),
+        }
+    }
+
+    fn run(&mut self) -> End {
+        let timeout = self.shared.cfg.connect_timeout;
+        if self.stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1)))).is_err() {
+            return Some("cannot set a read timeout".into());
+        }
+        let first = match self.next_frame() {
+            Ok(r) => r,
+            Err(e) => {
+                return self.read_end(e, &format!("no CONNECT within {} ms; closing", timeout.as_millis()));
+            }
+        };
+        let buf = std::mem::take(&mut self.buf);
+        let r = self.connect(&buf[first]);
+        self.buf = buf;
+        let keep_alive = match r {
+            Ok(k) => k,
+            Err(end) => return end,
+        };
+        let limit = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
+        if self.stream.set_read_timeout(limit).is_err() {
+            return Some("cannot set a read timeout".into());
+        }
+        let ka_msg = format!("keepalive timeout (nothing for 1.5 x {keep_alive} s); closing");
+        loop {
+            let range = match self.next_frame() {
+                Ok(r) => r,
+                Err(e) => return self.read_end(e, &ka_msg),
+            };
+            let buf = std::mem::take(&mut self.buf);
+            let r = self.packet(&buf[range]);
+            self.buf = buf;
+            if let Err(end) = r {
+                return end;
+            }
+        }
+    }
+
+    /// Handles the first packet; `Ok(keep_alive)` when the client is connected.
+    fn connect(&mut self, frame: &[u8]) -> Result<u16, End> {
+        let pkt = codec::decode(frame).map_err(|e| Some(format!("protocol error: {e}; closing")))?;
+        let c = match pkt {
+            Packet::Connect(c) => c,
+            Packet::UnsupportedLevel(n) => {
+                lock(&self.shared.state).note_connect("", self.shared.cfg.record);
+                let _ = self.send(codec::connack(0x01));
+                return Err(Some(format!("unsupported protocol level {n}; only 4 (3.1.1)")));
+            }
+            _ => return Err(Some("protocol error: first packet is not CONNECT; closing".into())),
+        };
+        lock(&self.shared.state).note_connect(c.client_id, self.shared.cfg.record);
+        let id = if c.client_id.is_empty() {
+            format!("auto-{}", crate::sys::random_hex(8).unwrap_or_else(|_| format!("{:016x}", self.conn)))
+        } else {
+            c.client_id.to_string()
+        };
+        self.client_id = Some(id.clone());
+        if self.shared.stall_active(&id) {
+            self.shared.wait_stall(&id);
+            if self.shared.stop.load(Ordering::SeqCst) {
+                return Err(None);
+            }
+        }
+        if c.will {
+            let _ = self.send(codec::connack(0x03));
+            return Err(Some("will messages are not supported".into()));
+        }
+        if let Some(want_user) = &self.shared.cfg.username {
+            let Some(user) = c.username else {
+                let _ = self.send(codec::connack(0x05));
+                return Err(Some("no username; not authorized (0x05)".into()));
+            };
+            let want_pass = self.shared.cfg.password.as_deref().unwrap_or("").as_bytes();
+            if user != want_user || c.password != Some(want_pass) {
+                let _ = self.send(codec::connack(0x04));
+                return Err(Some("bad username or password (0x04)".into()));
+            }
+        }
+        if !c.clean_session {
+            let line = self.who("WARNING: CleanSession=0 requested; treating the session as clean");
+            self.shared.log(line);
+        }
+        let clone = self.stream.try_clone().map_err(|e| Some(format!("cannot register: {e}")))?;
+        let old = {
+            let mut st = lock(&self.shared.state);
+            let old = st.clients.insert(
+                id.clone(),
+                Client { conn: self.conn, tx: self.tx.clone(), stream: clone, session: Session::default() },
+            );
+            self.send(codec::connack(0x00)).map_err(Some)?;
+            old
+        };
+        if let Some(old) = old {
+            let _ = old.stream.shutdown(Shutdown::Both);
+            let line = self.who("client id connected again; closed the older connection");
+            self.shared.log(line);
+        }
+        Ok(c.keep_alive)
+    }
+
+    fn packet(&mut self, frame: &[u8]) -> Result<(), End> {
+        let pkt = codec::decode(frame).map_err(|e| Some(format!("protocol error: {e}; closing")))?;
+        match pkt {
+            Packet::Publish(p) => {
+                let msg = Publish { topic: p.topic, payload: p.payload, qos: p.qos, retain: p.retain };
+                if let Some(line) = self.publish(&msg)? {
+                    return Err(Some(line));
+                }
+                if p.qos == 1 {
+                    self.send(codec::puback(p.pid)).map_err(Some)?;
+                }
+                Ok(())
+            }
+            Packet::Puback(_) => Ok(()),
+            Packet::Subscribe { pid, filters } => self.subscribe(pid, &filters),
+            Packet::Unsubscribe { pid, filters } => {
+                let mut st = lock(&self.shared.state);
+                let id = self.client_id.as_deref().unwrap_or("");
+                match st.clients.get_mut(id) {
+                    Some(cl) if cl.conn == self.conn => cl.session.unsubscribe(&filters),
+                    _ => return Err(None),
+                }
+                drop(st);
+                self.send(codec::unsuback(pid)).map_err(Some)
+            }
+            Packet::Pingreq => self.send(codec::pingresp()).map_err(Some),
+            Packet::Disconnect => Err(None),
+            Packet::Qos2Flow(name) => Err(Some(format!("protocol error: {name} (QoS 2 is not supported); closing"))),
+            Packet::Connect(_) | Packet::UnsupportedLevel(_) => {
+                Err(Some("protocol error: second CONNECT; closing".into()))
+            }
+            Packet::ServerOnly(name) => Err(Some(format!("protocol error: client sent {name}; closing"))),
+        }
+    }
+
+    fn subscribe(&mut self, pid: u16, filters: &[(&str, u8)]) -> Result<(), End> {
+        let mut st = lock(&self.shared.state);
+        let State { clients, retained, .. } = &mut *st;
+        let id = self.client_id.as_deref().unwrap_or("");
+        let Some(cl) = clients.get_mut(id).filter(|cl| cl.conn == self.conn) else {
+            return Err(None);
+        };
+        let decided = route::subscribe(&mut cl.session, retained, filters);
+        let mut out = vec![codec::suback(pid, &decided.codes)];
+        for r in decided.replay {
+            out.push(codec::publish(r.topic, r.payload, r.qos, r.pid, true));
+        }
+        // Queue under the lock while there is room, so no live message overtakes a retained one;
+        // a burst larger than the queue waits for room after the lock is released.
+        let mut rest = out.into_iter().map(Out::Owned);
+        let mut pending = Vec::new();
+        for p in rest.by_ref() {
+            if let Err(TrySendError::Full(p)) = cl.tx.try_send(p) {
+                pending.push(p);
+                break;
+            }
+        }
+        pending.extend(rest);
+        drop(st);
+        for p in pending {
+            if !send_with_grace(&self.tx, p, &self.shared.stop) {
+                self.evict(id, self.conn);
+                return Err(Some(overflow_msg(self.shared.cfg.queue_limit)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes client `id` (if it is still connection `conn`) and closes its socket.
+    fn evict(&self, id: &str, conn: u64) -> bool {
+        let mut st = lock(&self.shared.state);
+        if st.clients.get(id).is_some_and(|cl| cl.conn == conn) {
+            if let Some(cl) = st.clients.remove(id) {
+                let _ = cl.stream.shutdown(Shutdown::Both);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Stores and forwards one PUBLISH (`route::route` decides, this queues). `Err` when the
+    /// message is refused; `Ok(Some(line))` when this very client overflowed.
+    fn publish(&self, msg: &Publish<'_>) -> Result<Option<String>, End> {
+        let shared = &self.shared;
+        let mut st = lock(&shared.state);
+        let State { clients, retained, .. } = &mut *st;
+        let mut targets: Vec<(&String, &mut Client)> = clients.iter_mut().collect();
+        let routed = route::route(targets.iter_mut().map(|(_, cl)| &mut cl.session), msg).map_err(|r| {
+            Some(match r {
+                Refusal::Qos2 => "QoS 2 is not supported; closing".to_string(),
+                Refusal::InvalidTopic => format!(
+                    "protocol error: invalid publish topic '{}' (empty or wildcard); closing",
+                    short_id(msg.topic)
+                ),
+            })
+        })?;
+        let (t, payload) = (msg.topic, msg.payload);
+        if let Some(op) = routed.retain {
+            op.apply(retained, t);
+        }
+        let mut qos0: Option<Arc<[u8]>> = None;
+        let mut blocked: Vec<(String, u64, SyncSender<Out>, Out)> = Vec::new();
+        for d in routed.deliveries {
+            let (id, cl) = &targets[d.to];
+            let out = if d.qos == 0 {
+                Out::Shared(qos0.get_or_insert_with(|| codec::publish(t, payload, 0, 0, false).into()).clone())
+            } else {
+                Out::Owned(codec::publish(t, payload, d.qos, d.pid, false))
+            };
+            if let Err(TrySendError::Full(out)) = cl.tx.try_send(out) {
+                blocked.push(((*id).clone(), cl.conn, cl.tx.clone(), out));
+            }
+        }
+        if shared.cfg.record {
+            st.note_received(msg);
+        }
+        drop(st);
+        // Backpressure: a full queue makes this publisher wait (outside the lock) for room; a
+        // queue that stays full for OVERFLOW_GRACE is an overflow and the client is dropped.
+        let mut mine = None;
+        for (id, conn, tx, out) in blocked {
+            if send_with_grace(&tx, out, &shared.stop) || !self.evict(&id, conn) {
+                continue;
+            }
+            if conn == self.conn {
+                mine = Some(overflow_msg(shared.cfg.queue_limit));
+            } else {
+                shared.log(format!(
+                    "WARNING: broker: client {}: {}",
+                    short_id(&id),
+                    overflow_text(shared.cfg.queue_limit)
+                ));
+            }
+        }
+        Ok(mine)
+    }
+}
+
+/// How long a full outbound queue may stay full (no packet leaves it) before its client is
+/// disconnected as overflowed.
+const OVERFLOW_GRACE: Duration = Duration::from_secs(1);
+
+/// Queues `out`, waiting up to `OVERFLOW_GRACE` for room; false when the queue stayed full.
+fn send_with_grace(tx: &SyncSender<Out>, mut out: Out, stop: &AtomicBool) -> bool {
+    let deadline = Instant::now() + OVERFLOW_GRACE;
+    let mut pause = Duration::from_micros(50);
+    loop {
+        match tx.try_send(out) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => return true,
+            Err(TrySendError::Full(o)) => {
+                if Instant::now() >= deadline || stop.load(Ordering::SeqCst) {
+                    return false;
+                }
+                out = o;
+                crate::sys::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+fn overflow_msg(limit: usize) -> String {
+    format!("WARNING: {}", overflow_text(limit))
+}
+
+fn overflow_text(limit: usize) -> String {
+    format!("outbound queue full ({limit} messages) for {} s; disconnecting", OVERFLOW_GRACE.as_secs())
+}
