@@ -16,6 +16,7 @@ pub mod heartbeat;
 pub mod joblog;
 pub mod knob;
 pub mod mqtt;
+pub mod ops;
 pub mod pane;
 pub mod paths;
 pub mod publish;

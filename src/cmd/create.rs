@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
+use crate::delegate::onboard;
 use crate::session::create::{create, CreateArgs};
 use crate::session::Notes;
 
@@ -71,6 +72,6 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     };
     cli::load_env(ctx)?;
     let mut notes = Notes::default();
-    let r = create(ctx, &a, &mut notes);
+    let r = create(ctx, &a, &mut notes, &mut onboard::onboard);
     super::session::finish(ctx, "create", notes, r)
 }

@@ -7,7 +7,7 @@
 //! the injection (`subscriber`, A9), the one-line injection through `pane::send_keys_safe` (or the
 //! signed dispatch of `mam remote dispatch` for `remote:` sessions), the wait for `started` within T
 //! and the wait loop (`wait`, pure), and every close as an operator `set` through
-//! `registry::ops::operator_close`, which also stops the heartbeat timer and publishes the A4 state.
+//! `ops::operator_close`, which also stops the heartbeat timer and publishes the A4 state.
 //!
 //! Architecture Invariant: the brief's text never appears in any argv (only the one-line prompt with
 //! the job id, the brief's path and the start command, A24). This module never prints: diagnostics
@@ -16,6 +16,7 @@
 pub mod brief;
 pub mod confirm;
 pub mod error;
+pub mod onboard;
 pub mod subscriber;
 pub mod wait;
 
@@ -33,10 +34,10 @@ use confirm::{JobRef, JobStarted};
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::knob;
+use crate::ops::{self, Close, NewJob, Timing};
 use crate::pane::{self, Knobs, ListOutcome, SksOutcome};
 use crate::paths;
 use crate::registry::engine::{Authority, Kind, Request as EngineRequest};
-use crate::registry::ops::{self, Close, NewJob, Timing};
 use crate::registry::record::Record;
 use crate::registry::store::{Decided, Store};
 use crate::registry::{is_terminal, TYPES};

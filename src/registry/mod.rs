@@ -8,7 +8,6 @@
 
 pub mod audit;
 pub mod engine;
-pub mod ops;
 pub mod record;
 pub mod store;
 

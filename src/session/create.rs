@@ -42,7 +42,11 @@ pub fn place_error(b: &dyn Backend, f: &PlaceFailure, name: &str, cwd: &Path) ->
 
 /// The whole of 2.3. Returns the stdout lines (`SESSION= PANE= WORKSPACE= CWD=`, then
 /// `ONBOARD_JOB=` and `DAEMON_PID=` when there are such values).
-pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes) -> Result<Vec<String>, SessionError> {
+/// How 2.3 step 8 onboards a placed agent: its onboarding job id once started, or why not. The
+/// command layer passes `delegate::onboard::onboard`; the session flows know no delegation.
+pub type Onboard<'a> = &'a mut dyn FnMut(&Ctx, &str, &Placed, &mut Notes) -> Result<Option<String>, String>;
+
+pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>) -> Result<Vec<String>, SessionError> {
     // 1. Validation: nothing is spawned or written before it passes.
     if !KINDS.contains(&a.kind.as_str()) {
         return Err(SessionError::Refused(format!(
@@ -200,40 +204,4 @@ pub fn reconcile_after(ctx: &Ctx, root: &Path, notes: &mut Notes) {
         }
         Err(e) => notes.warn(format!("reconcile after create: {e}")),
     }
-}
-
-/// 2.3 step 8: delegate the onboarding job (section 3: a brief with absolute publish commands,
-/// `--registry-dir` and the log root) and return its id once the agent's own `started` is in, within
-/// T (`MAM_ACK_TIMEOUT_S`). The job then runs on; nobody waits for it after `create` returns, so the
-/// daemon closes it if it goes silent (A15). `Err` makes create run the verified rollback and exit 1
-/// (2.8 test 10). The delegation's diagnostics are kept in `notes`.
-pub fn onboard(ctx: &Ctx, name: &str, placed: &Placed, notes: &mut Notes) -> Result<Option<String>, String> {
-    let root = paths::control_root(ctx);
-    let task = onboarding_task(name, &root, &placed.pane);
-    let mut req = crate::delegate::request_from_env(ctx, name, &task).map_err(|e| e.to_string())?;
-    req.until_started = true;
-    let mut lines = Vec::new();
-    let r = crate::delegate::run(ctx, &req, &mut |l: &str| lines.push(l.to_string()));
-    for l in lines {
-        notes.raw(l);
-    }
-    match r {
-        Ok(f) if f.rc == 0 => Ok(Some(f.job_id)),
-        Ok(f) => Err(format!("onboarding job {} ended {} (exit {})", f.job_id, f.status, f.rc)),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// The onboarding task (decided text): who the agent is, and a first job that proves the liveness
-/// contract works from its pane.
-fn onboarding_task(name: &str, root: &Path, pane: &str) -> String {
-    format!(
-        "Onboarding of session {name}.\n\n\
-         You are the agent of session `{name}` (pane {pane}) working for the control plane at `{}`. Jobs are \
-         delegated to you as briefs like this one: a file to read and follow, a start command to run first, \
-         a report to write and a success or error command to finish with.\n\n\
-         For this first job: run the start command, then write a short report (your agent kind, your \
-         working directory, and that the commands ran), then run the success command.\n",
-        root.display()
-    )
 }

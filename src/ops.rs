@@ -1,7 +1,9 @@
 //! The registry operations behind `mam registry` and every library caller (`delegate-job`, the loop to
 //! come): registering a new job with its initial record (CORE 4.1, A5), `submit`'s register-or-
 //! re-dispatch (CORE 4.2), the operator closes of A4 with their follow-up (timer stop, close state),
-//! and the publish command line an agent runs (CORE 4.5).
+//! and the publish command line an agent runs (CORE 4.5). They sit above both `registry` and
+//! `publish` (a close stops the timer and publishes the close state), so they are a module of their
+//! own, not a part of `registry`.
 //!
 //! Every state change goes through the engine via `Store::apply`. Nothing here prints or picks an exit
 //! code: results are values, warnings are returned lines, failures are `OpsError`.
@@ -12,15 +14,15 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-use super::engine::{Authority, Kind, Request, Tokens};
-use super::record::{NewRecord, Record};
-use super::store::{Decided, Outcome, Store, StoreError};
-use super::{is_terminal, remote_auth_token};
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::knob::{self, ConfigError};
 use crate::mqtt::MqttConfig;
 use crate::publish::close;
+use crate::registry::engine::{Authority, Kind, Request, Tokens};
+use crate::registry::record::{NewRecord, Record};
+use crate::registry::store::{Decided, Outcome, Store, StoreError};
+use crate::registry::{is_terminal, remote_auth_token};
 use crate::sys;
 use crate::text;
 
