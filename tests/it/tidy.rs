@@ -502,3 +502,24 @@ fn library_errors_are_typed() {
     }
     assert!(bad.is_empty(), "library files use the command layer's cli (Failure, rc): {bad:?}");
 }
+
+#[test]
+fn the_code_map_names_every_module() {
+    let map = fs::read_to_string(root().join("docs/ARCHITECTURE.md")).unwrap();
+    let map = &map[map.find("## Code map").expect("ARCHITECTURE.md has a code map")..];
+    let map = &map[..map[3..].find("\n## ").map_or(map.len(), |i| i + 3)];
+    let src = root().join("src");
+    let mut missing = Vec::new();
+    for f in rust_files(&src) {
+        let m = module_path(&src, &f);
+        let name = match m.first().map(String::as_str) {
+            None => f.file_stem().unwrap().to_string_lossy().into_owned(), // lib, main
+            Some("cmd") => continue,                                       // the map names the layer
+            Some(_) => m.join("::"),
+        };
+        if !map.contains(&format!("`{name}`")) {
+            missing.push(name);
+        }
+    }
+    assert!(missing.is_empty(), "docs/ARCHITECTURE.md's code map does not name: {missing:?}");
+}
