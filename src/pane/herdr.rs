@@ -1,9 +1,13 @@
-//! The herdr backend (ORCH 1.3, 1.4): maps the contract onto `herdr` CLI calls, parses their JSON
-//! leniently (unknown fields ignored, `serde_json::Value` only), and bootstraps a server only when a
-//! mutating call meets a structured `server_not_running`.
+//! The herdr backend (ORCH 1.3, 1.4): maps the contract onto the CLI of herdr 0.8 as the real binary
+//! behaves (`docs/DESIGN.md`, "herdr 0.8 as it is"): success documents on stdout, error documents on
+//! stderr with stdout empty, commands that succeed silently (`pane send-keys`), plain-text reads,
+//! geometry only from `pane layout`. JSON is parsed leniently (unknown fields ignored,
+//! `serde_json::Value` only), and a server is bootstrapped only when a mutating call meets a
+//! structured `server_not_running`.
 //!
 //! Every call runs with `HERDR_SESSION=<server>` and without `HERDR_SOCKET_PATH`, so a caller inside a
-//! pane of one server can address an agent on another. Error documents are never read as lists.
+//! pane of one server can address an agent on another. Error documents are never read as lists. The
+//! first call of a process checks `herdr --version`; a herdr other than 0.8 is refused, by name.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -16,7 +20,7 @@ use super::contract::{
     PromptOutcome, Status, Workspace,
 };
 use super::knobs::Knobs;
-use super::proc::{no_autostart, run_capture, server_env};
+use super::proc::{no_autostart, on_path, run_capture, server_env};
 use crate::ctx::Ctx;
 use crate::sys;
 use crate::text::{one_line, show_path};
@@ -24,16 +28,22 @@ use crate::text::{one_line, show_path};
 /// Default server for new sessions (1.1).
 pub const DEFAULT_SESSION: &str = "multi-agent-mux";
 
+/// The herdr versions this backend speaks: the major.minor of herdr 0.8.
+pub const SUPPORTED: &str = "0.8";
+
 /// What one herdr call answered.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
-    /// Exit 0 with a success document: its `result` (or the document itself when it has none).
+    /// Exit 0 with a success document (its `result`, or the document itself when it has none), or
+    /// exit 0 with nothing on either stream (`Value::Null`: `pane send-keys` and friends).
     Ok(Value),
     /// A structured `server_not_running` on stdout or stderr, whatever the exit code.
     NoServer,
-    /// An error document on stdout (any exit code): its code and message.
+    /// An error document on stderr or stdout (any exit code): its code and message.
     Error { code: String, message: String },
-    /// Anything else: nonzero exit without a document, non-JSON, a parse failure.
+    /// Our own deadline ended the call: whatever it was doing may have happened.
+    TimedOut(String),
+    /// Anything else: nonzero exit without a document (a usage error), non-JSON, a parse failure.
     Bad(String),
 }
 
@@ -71,13 +81,19 @@ pub fn classify(code: Option<i32>, stdout: &str, stderr: &str) -> Reply {
             return Reply::NoServer;
         }
     }
-    if let Some(d) = &out_doc {
+    // herdr 0.8 writes its error documents to stderr; an older build wrote them to stdout.
+    for d in [&out_doc, &err_doc].into_iter().flatten() {
         if let Some((code, message)) = error_code(d) {
             return Reply::Error { code, message };
         }
+    }
+    if let Some(d) = &out_doc {
         if code == Some(0) && d.is_object() {
             return Reply::Ok(d.get("result").cloned().unwrap_or_else(|| d.clone()));
         }
+    }
+    if code == Some(0) && stdout.trim().is_empty() && stderr.trim().is_empty() {
+        return Reply::Ok(Value::Null);
     }
     let first = |s: &str| s.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
     let detail = if !first(stderr).is_empty() { first(stderr) } else { first(stdout) };
@@ -86,6 +102,23 @@ pub fn classify(code: Option<i32>, stdout: &str, stderr: &str) -> Reply {
         Reply::Bad(format!("herdr printed no success document ({exit}): {}", one_line(&detail)))
     } else {
         Reply::Bad(format!("herdr failed ({exit}): {}", one_line(&detail)))
+    }
+}
+
+/// `herdr 0.8.0` -> `Ok("0.8.0")` when the major.minor is `SUPPORTED`, else why not (naming both).
+pub fn check_version(output: &str) -> Result<String, String> {
+    let word = output.split_whitespace().find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()));
+    let Some(v) = word else {
+        return Err(format!(
+            "cannot tell the herdr version from `herdr --version` ({}); mam supports herdr {SUPPORTED}.x",
+            one_line(output.trim())
+        ));
+    };
+    let mm: Vec<&str> = v.split('.').take(2).collect();
+    if mm.join(".") == SUPPORTED {
+        Ok(v.to_string())
+    } else {
+        Err(format!("herdr {} is not supported: mam supports herdr {SUPPORTED}.x", one_line(v)))
     }
 }
 
@@ -148,19 +181,31 @@ fn has_agent(p: &Value) -> bool {
     }
 }
 
-fn foreground_name(v: &Value) -> Option<String> {
-    for k in ["foreground", "foreground_process", "process", "current_command"] {
-        match v.get(k) {
-            Some(Value::String(s)) => return Some(s.clone()),
-            Some(o @ Value::Object(_)) => {
-                if let Some(s) = field(o, &["name", "comm", "command", "exe"]) {
-                    return Some(s);
-                }
-            }
-            _ => {}
-        }
+/// True when a `pane process-info` result says the pane's shell owns the foreground (1.5 step 3):
+/// the foreground process group is the shell's, or every foreground process is a shell.
+pub fn shell_owns_foreground(result: &Value) -> bool {
+    let info = result.get("process_info").unwrap_or(result);
+    let num = |k: &str| info.get(k).and_then(Value::as_i64);
+    if let (Some(pgid), Some(shell)) = (num("foreground_process_group_id"), num("shell_pid")) {
+        return pgid == shell;
     }
-    field(v, &["name", "comm", "command"])
+    let Some(procs) = info.get("foreground_processes").and_then(Value::as_array) else { return false };
+    !procs.is_empty()
+        && procs.iter().all(|p| field(p, &["name"]).or_else(|| field(p, &["cmdline"])).is_some_and(|n| is_shell(&n)))
+}
+
+/// `pane_id -> (x, y)` of a `pane layout` result (`layout.panes[].rect`).
+pub fn layout_positions(result: &Value) -> Vec<(String, (i64, i64))> {
+    let layout = result.get("layout").unwrap_or(result);
+    let Some(panes) = layout.get("panes").and_then(Value::as_array) else { return Vec::new() };
+    panes
+        .iter()
+        .filter_map(|p| {
+            let id = field(p, &["pane_id", "id"])?;
+            let rect = p.get("rect")?;
+            Some((id, (rect.get("x")?.as_i64()?, rect.get("y")?.as_i64()?)))
+        })
+        .collect()
 }
 
 /// The herdr backend on one server (herdr session).
@@ -188,15 +233,66 @@ impl Herdr {
         c
     }
 
-    fn run(&self, args: &[&str], limit: Duration) -> Reply {
+    /// One call, raw: the exit code and both streams, or the reply that ended it early (an unsupported
+    /// version, a spawn failure, our deadline).
+    fn call(&self, args: &[&str], limit: Duration) -> Result<Output, Reply> {
+        if let Err(why) = self.version() {
+            return Err(Reply::Bad(why));
+        }
         let mut c = self.command();
         c.args(args);
-        match run_capture(&mut c, limit, &format!("herdr {}", args.first().copied().unwrap_or(""))) {
+        let what = format!("herdr {}", args.iter().take(2).copied().collect::<Vec<_>>().join(" "));
+        let started = Instant::now();
+        run_capture(&mut c, limit, &what).map_err(|e| {
+            if started.elapsed() >= limit {
+                Reply::TimedOut(e.to_string())
+            } else {
+                Reply::Bad(e.to_string())
+            }
+        })
+    }
+
+    fn run(&self, args: &[&str], limit: Duration) -> Reply {
+        match self.call(args, limit) {
             Ok(Output { status, stdout, stderr }) => {
                 classify(status.code(), &String::from_utf8_lossy(&stdout), &String::from_utf8_lossy(&stderr))
             }
-            Err(e) => Reply::Bad(e.to_string()),
+            Err(r) => r,
         }
+    }
+
+    /// A read (`agent read`, `pane read`): herdr prints the terminal text itself, not a document.
+    fn read_text(&self, args: &[&str]) -> PaneResult<String> {
+        match self.call(args, Duration::from_secs(30)) {
+            Ok(Output { status, stdout, .. }) if status.success() => Ok(String::from_utf8_lossy(&stdout).into_owned()),
+            Ok(Output { status, stdout, stderr }) => {
+                let r = classify(status.code(), &String::from_utf8_lossy(&stdout), &String::from_utf8_lossy(&stderr));
+                self.expect_ok(args, r).map(|_| String::new())
+            }
+            Err(r) => self.expect_ok(args, r).map(|_| String::new()),
+        }
+    }
+
+    /// `herdr --version`, once per process and herdr executable: the supported version or why not.
+    fn version(&self) -> Result<(), String> {
+        static CHECKED: std::sync::Mutex<Vec<(String, Result<(), String>)>> = std::sync::Mutex::new(Vec::new());
+        let exe = on_path(&self.ctx, "herdr").map_or_else(|| "herdr".to_string(), |p| p.to_string_lossy().into_owned());
+        let mut seen = CHECKED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, r)) = seen.iter().find(|(e, _)| *e == exe) {
+            return r.clone();
+        }
+        let mut c = self.command();
+        c.arg("--version");
+        let r = match run_capture(&mut c, Duration::from_secs(10), "herdr --version") {
+            Ok(out) if out.status.success() => check_version(&String::from_utf8_lossy(&out.stdout)).map(|_| ()),
+            Ok(out) => Err(format!(
+                "`herdr --version` failed ({}); mam supports herdr {SUPPORTED}.x",
+                one_line(String::from_utf8_lossy(&out.stderr).trim())
+            )),
+            Err(e) => Err(e.to_string()),
+        };
+        seen.push((exe, r.clone()));
+        r
     }
 
     fn query(&self, args: &[&str]) -> Reply {
@@ -223,7 +319,9 @@ impl Herdr {
                 self.server,
                 if message.is_empty() { String::new() } else { format!(": {}", one_line(&message)) }
             ))),
-            Reply::Bad(d) => Err(PaneError::Failed(format!("herdr {what} on server {}: {d}", self.server))),
+            Reply::Bad(d) | Reply::TimedOut(d) => {
+                Err(PaneError::Failed(format!("herdr {what} on server {}: {d}", self.server)))
+            }
         }
     }
 
@@ -308,7 +406,7 @@ impl Backend for Herdr {
             Reply::Error { code, message } => {
                 ListOutcome::Unknown(one_line(format!("error document {code}: {message}").trim_end_matches(": ")))
             }
-            Reply::Bad(d) => ListOutcome::Unknown(d),
+            Reply::Bad(d) | Reply::TimedOut(d) => ListOutcome::Unknown(d),
         }
     }
 
@@ -335,6 +433,14 @@ impl Backend for Herdr {
                     continue;
                 }
             }
+            // `pane list` is in screen order without positions; the geometry is `pane layout`'s.
+            let positions = match panes.first().and_then(|p| field(p, &["pane_id", "id"])) {
+                Some(first) => match self.query(&["pane", "layout", "--pane", first.as_str()]) {
+                    Reply::Ok(lv) => layout_positions(&lv),
+                    _ => Vec::new(),
+                },
+                None => Vec::new(),
+            };
             let mut infos = Vec::new();
             for p in panes {
                 let Some(pid) = field(p, &["pane_id", "id"]) else { continue };
@@ -342,11 +448,12 @@ impl Backend for Herdr {
                 let shell_foreground = !agent && {
                     let args = ["pane", "process-info", "--pane", pid.as_str()];
                     match self.query(&args) {
-                        Reply::Ok(fv) => foreground_name(&fv).is_some_and(|n| is_shell(&n)),
+                        Reply::Ok(fv) => shell_owns_foreground(&fv),
                         _ => false,
                     }
                 };
-                infos.push(PaneInfo { id: pid, has_agent: agent, shell_foreground, pos: pos_of(p) });
+                let pos = positions.iter().find(|(id, _)| *id == pid).map(|(_, xy)| *xy).or_else(|| pos_of(p));
+                infos.push(PaneInfo { id: pid, has_agent: agent, shell_foreground, pos });
             }
             out.push(Workspace { id, label: field(w, &["label", "name"]).unwrap_or_default(), panes: infos });
         }
@@ -410,8 +517,12 @@ impl Backend for Herdr {
         let args = ["agent", "prompt", target, text, "--wait", "--timeout", &ms];
         match self.run(&args, Duration::from_millis(wait_ms as u64 + 10_000)) {
             Reply::Ok(_) => PromptOutcome::Settled,
+            // Both mean the text was typed and submitted: herdr only could not see the agent react
+            // (stalled: no state change within 5 s). Never retried, so a prompt is never typed twice.
             Reply::Error { code, .. } if code == "timeout" => PromptOutcome::Accepted(Accepted::Timeout),
             Reply::Error { code, .. } if code == "agent_prompt_stalled" => PromptOutcome::Accepted(Accepted::Stalled),
+            // Our deadline ended the call mid-wait: the text may be in; count it accepted, unconfirmed.
+            Reply::TimedOut(_) => PromptOutcome::Accepted(Accepted::Timeout),
             Reply::Error { code, message } => {
                 PromptOutcome::TransportError(one_line(&format!("herdr agent prompt {target}: {code} {message}")))
             }
@@ -433,16 +544,8 @@ impl Backend for Herdr {
     }
 
     fn read_detection(&self, target: &str) -> PaneResult<String> {
-        let args = ["agent", "read", target, "--source", "visible"];
-        let v = self.expect_ok(&args, self.query(&args))?;
-        Ok(match &v {
-            Value::String(s) => s.clone(),
-            _ => field(&v, &["text", "content", "output"])
-                .or_else(|| {
-                    array(&v, &["lines"]).map(|l| l.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n"))
-                })
-                .unwrap_or_else(|| v.to_string()),
-        })
+        // Plain terminal text (herdr 0.8 prints reads as they are, never as a document).
+        self.read_text(&["agent", "read", target, "--source", "visible"])
     }
 
     fn send_keys(&self, target: &str, keys: &str) -> PaneResult<()> {
@@ -484,5 +587,57 @@ mod tests {
         // A success document without an agents array is not an empty list.
         let Reply::Ok(v) = classify(Some(0), r#"{"result":{}}"#, "") else { panic!() };
         assert!(parse_agents(&v).is_err());
+    }
+
+    /// What herdr 0.8.0 printed here (see docs/DESIGN.md), one call per line.
+    const AGENT_LIST: &str = r#"{"id":"cli:agent:list","result":{"agents":[{"agent":"claude","agent_status":"idle","cwd":"/tmp/hx","focused":true,"interactive_ready":true,"name":"a1","pane_id":"w1:p1","revision":0,"state_change_seq":1,"tab_id":"w1:t1","terminal_id":"term_66193def70c251","workspace_id":"w1"}],"type":"agent_list"}}"#;
+    const NOT_FOUND: &str =
+        r#"{"error":{"code":"agent_not_found","message":"agent target nobody not found"},"id":"cli:agent:get"}"#;
+    const STALLED: &str = r#"{"error":{"code":"agent_prompt_stalled","message":"agent prompt produced no observed state change within 5000 ms; status is idle and state_change_seq remained 1"},"id":"cli:agent:prompt"}"#;
+    const PROCESS_INFO: &str = r#"{"id":"cli:pane:process_info","result":{"process_info":{"foreground_process_group_id":16461,"foreground_processes":[{"argv":["/bin/bash"],"cmdline":"/bin/bash","cwd":"/tmp/hx","name":"bash","pid":16461}],"pane_id":"w1:p1","shell_pid":16461},"type":"pane_process_info"}}"#;
+    const LAYOUT: &str = r#"{"id":"cli:pane:layout","result":{"layout":{"area":{"height":23,"width":54,"x":26,"y":1},"focused_pane_id":"w1:p1","panes":[{"focused":true,"pane_id":"w1:p1","rect":{"height":23,"width":27,"x":26,"y":1}},{"focused":false,"pane_id":"w1:p2","rect":{"height":12,"width":27,"x":53,"y":1}},{"focused":false,"pane_id":"w1:p3","rect":{"height":11,"width":27,"x":53,"y":13}}],"splits":[],"tab_id":"w1:t1","workspace_id":"w1","zoomed":false},"type":"pane_layout"}}"#;
+
+    #[test]
+    fn real_herdr_outputs_are_read_as_the_binary_means_them() {
+        let Reply::Ok(v) = classify(Some(0), AGENT_LIST, "") else { panic!() };
+        let a = &parse_agents(&v).unwrap()[0];
+        assert_eq!(
+            (a.name.as_str(), a.pane.as_str(), a.kind.as_str(), a.status.as_str()),
+            ("a1", "w1:p1", "claude", "idle")
+        );
+        // Errors: a document on stderr, stdout empty, exit 1.
+        assert_eq!(
+            classify(Some(1), "", NOT_FOUND),
+            Reply::Error { code: "agent_not_found".into(), message: "agent target nobody not found".into() }
+        );
+        assert!(matches!(classify(Some(1), "", STALLED), Reply::Error { code, .. } if code == "agent_prompt_stalled"));
+        // send-keys, send-text, run: exit 0 and no output at all is a success.
+        assert_eq!(classify(Some(0), "", ""), Reply::Ok(Value::Null));
+        // A usage error is plain text with exit 2.
+        assert!(matches!(classify(Some(2), "", "error: unexpected argument"), Reply::Bad(_)));
+        // The foreground belongs to the shell; a foreground command does not.
+        let Reply::Ok(pi) = classify(Some(0), PROCESS_INFO, "") else { panic!() };
+        assert!(shell_owns_foreground(&pi));
+        let busy = serde_json::json!({"process_info": {"foreground_process_group_id": 9, "shell_pid": 8,
+            "foreground_processes": [{"name": "claude", "pid": 9}]}});
+        assert!(!shell_owns_foreground(&busy));
+        let names_only = serde_json::json!({"process_info": {"foreground_processes": [{"name": "bash"}]}});
+        assert!(shell_owns_foreground(&names_only));
+        // Geometry comes from `pane layout`.
+        let Reply::Ok(lv) = classify(Some(0), LAYOUT, "") else { panic!() };
+        assert_eq!(
+            layout_positions(&lv),
+            vec![("w1:p1".into(), (26, 1)), ("w1:p2".into(), (53, 1)), ("w1:p3".into(), (53, 13))]
+        );
+    }
+
+    #[test]
+    fn only_herdr_0_8_is_spoken() {
+        assert_eq!(check_version("herdr 0.8.0\n").unwrap(), "0.8.0");
+        assert_eq!(check_version("herdr 0.8.12").unwrap(), "0.8.12");
+        let e = check_version("herdr 0.9.0").unwrap_err();
+        assert!(e.contains("herdr 0.9.0 is not supported") && e.contains("0.8.x"), "{e}");
+        assert!(check_version("herdr 1.8.0").is_err());
+        assert!(check_version("something else").unwrap_err().contains("cannot tell the herdr version"));
     }
 }
