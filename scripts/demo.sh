@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job, end to end (ORCH 3): an embedded broker, fake agents in REAL tmux panes, and three
+# The main job, end to end (ORCH 3): an embedded broker, fake agents in REAL tmux (or herdr) panes, and three
 # delegations judged from evidence on disk and on the wire:
 #   1. an agent that works and completes with a report       -> completed (exit 0)
 #   2. an agent that crashes mid-work (its heartbeat stops)  -> deadline_timeout/unresponsive after ~K x N (exit 4)
@@ -10,24 +10,28 @@
 # server, the broker, the delegate-job processes, the heartbeat timers, the temp directory). Exit 0 only
 # when every verdict is the expected one.
 #
-# Usage: scripts/demo.sh [--agent KIND] [--keep]
+# Usage: scripts/demo.sh [--backend tmux|herdr] [--agent KIND] [--keep]
+#   --backend B   the pane backend: tmux (default) or herdr (a private herdr server with its own HOME)
 #   --agent KIND  job 1 goes to a real agent of KIND (claude, codex ...) when it is installed; jobs 2 and
 #                 3 always use the fake agent (a real agent cannot be told to crash or to ignore a prompt)
 #   --keep        keep the temp directory (its path is printed)
-# Env: MAM_BIN (use this mam binary; else the script builds one with cargo), TMPDIR.
+# Env: MAM_BIN (use this mam binary; else the script builds one with cargo), HERDR_BIN (the herdr to use
+# with --backend herdr; else herdr on PATH, else ../shared/herdr/herdr beside the repository), TMPDIR.
 set -u -o pipefail
 
 N=1 K=3 T=5
-AGENT=fake KEEP=0
+AGENT=fake KEEP=0 BACKEND=tmux
 while [ $# -gt 0 ]; do
     case "$1" in
+    --backend) BACKEND=${2:?--backend needs tmux or herdr}; shift 2 ;;
     --agent) AGENT=${2:?--agent needs a kind}; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ERROR: demo: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 
+case "$BACKEND" in tmux | herdr) ;; *) echo "ERROR: demo: --backend $BACKEND: expected tmux or herdr" >&2; exit 2 ;; esac
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 t0=$(date +%s.%N)
 say() { printf '[%5.1fs] %s\n' "$(echo "$(date +%s.%N) - $t0" | bc)" "$*"; }
@@ -43,6 +47,14 @@ if ! command -v tmux >/dev/null; then
     else
         echo "ERROR: demo: tmux is required (install it, or run as root with apt-get)" >&2; exit 1
     fi
+fi
+herdr=''
+if [ "$BACKEND" = herdr ]; then
+    herdr=${HERDR_BIN:-$(command -v herdr || true)}
+    [ -z "$herdr" ] && [ -x "$here/../shared/herdr/herdr" ] && herdr=$here/../shared/herdr/herdr
+    [ -n "$herdr" ] && [ -x "$herdr" ] ||
+        { echo "ERROR: demo: --backend herdr needs herdr (set HERDR_BIN or put herdr on PATH)" >&2; exit 1; }
+    herdr=$(cd "$(dirname "$herdr")" && pwd)/$(basename "$herdr")
 fi
 if [ -n "${MAM_BIN:-}" ]; then
     mam=$MAM_BIN
@@ -66,8 +78,13 @@ cleanup() {
     trap - EXIT INT TERM
     for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-    tmux -L "$sock" kill-server 2>/dev/null
-    rm -f "${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)/$sock"
+    if [ "$BACKEND" = herdr ]; then
+        timeout 10 "$herdr" --session "$sock" server stop >/dev/null 2>&1
+        pkill -KILL -f "herdr --session $sock server" 2>/dev/null
+    else
+        tmux -L "$sock" kill-server 2>/dev/null
+        rm -f "${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)/$sock"
+    fi
     # Timers watch their agent and end within N s of its death; stop any that is still there.
     for f in "$ws"/.mam/jobs/*.heartbeat.pid; do
         [ -e "$f" ] || continue
@@ -84,7 +101,20 @@ trap 'exit 143' TERM
 
 # The environment of every mam call (and, through the tmux server, of every pane).
 export HOME=$tmp/home WORKSPACE_ROOT=$ws MAM_ENV_FILE=$tmp/absent.env MAM_BIN=$mam
-export MAM_PANE_BACKEND=tmux MAM_TMUX_SOCKET=$sock MAM_NO_SUBSCRIBER_DAEMON=1
+export MAM_NO_SUBSCRIBER_DAEMON=1
+if [ "$BACKEND" = herdr ]; then
+    # A private herdr: its own config, state and socket under $tmp, a server named after the demo.
+    export XDG_CONFIG_HOME=$tmp/home/.config XDG_STATE_HOME=$tmp/home/.local/state XDG_CACHE_HOME=$tmp/home/.cache \
+        XDG_DATA_HOME=$tmp/home/.local/share XDG_RUNTIME_DIR=$tmp/run HERDR_DISABLE_SOUND=1
+    mkdir -p "$XDG_CONFIG_HOME/herdr" "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+    printf 'onboarding = false\n[terminal]\ndefault_shell = "/bin/bash"\n[update]\nversion_check = false\nmanifest_check = false\n' \
+        >"$XDG_CONFIG_HOME/herdr/config.toml"
+    ln -s "$herdr" "$tmp/bin/herdr"
+    export MAM_PANE_BACKEND=herdr MAM_HERDR_SESSION=$sock
+    unset HERDR_SOCKET_PATH HERDR_SESSION
+else
+    export MAM_PANE_BACKEND=tmux MAM_TMUX_SOCKET=$sock
+fi
 real_agent=''
 if [ "$AGENT" != fake ]; then
     real_agent=$(command -v "$AGENT") || die "--agent $AGENT: not installed"
@@ -104,7 +134,7 @@ for _ in $(seq 100); do grep -q 'listening on' "$tmp/out/broker.out" && break; s
 port=$(sed -n 's/^mam broker listening on .*:\([0-9][0-9]*\)$/\1/p' "$tmp/out/broker.out")
 [ -n "$port" ] || die "the broker did not start: $(cat "$tmp/out/broker.err")"
 export MQTT_PORT=$port
-say "embedded broker on 127.0.0.1:$port; control root $ws; tmux socket $sock"
+say "embedded broker on 127.0.0.1:$port; control root $ws; $BACKEND server $sock"
 
 # --- the agents --------------------------------------------------------------------------------------
 # `$fake` on PATH is the fake agent with argv[0] $fake (A18), driven by the script named as its first
@@ -125,7 +155,7 @@ create() { # name kind [args...]
     shift 2
     (cd "$ws" && "$mam" create "$kind" --name "$name" --no-onboard -- "$@") >"$tmp/out/create-$name.out" 2>&1 ||
         die "create $name: $(tail -n 3 "$tmp/out/create-$name.out")"
-    say "session $name ($kind) in tmux pane $(sed -n 's/.*PANE=\([^ ]*\).*/\1/p' "$tmp/out/create-$name.out")"
+    say "session $name ($kind) in $BACKEND pane $(sed -n 's/.*PANE=\([^ ]*\).*/\1/p' "$tmp/out/create-$name.out")"
 }
 ok_session=worker-ok
 if [ -n "$real_agent" ]; then
