@@ -251,12 +251,17 @@ fn new_session(ctx: &mut Ctx, a: &Args) -> Result<i32, Failure> {
 
 fn send_keys_safe(ctx: &mut Ctx, a: &Args) -> Result<i32, Failure> {
     let path = crate::sys::absolutize(ctx.cwd(), a.prompt_file.as_deref().unwrap_or(ctx.cwd()));
-    let text = std::fs::read_to_string(&path)
+    // Read at most one byte past the limit (a huge file is refused without being read whole).
+    let mut raw = Vec::new();
+    std::fs::File::open(&path)
+        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, pane::MAX_PROMPT as u64 + 3), &mut raw))
         .map_err(|e| Failure::usage(format!("pane send-keys-safe: cannot read {}: {e}", show_path(&path))))?;
-    let text = text.trim_end_matches(['\n', '\r']);
-    if text.contains('\n') || text.len() > pane::MAX_PROMPT {
+    let text = String::from_utf8(raw)
+        .map_err(|_| Failure::usage(format!("pane send-keys-safe: {} is not UTF-8", show_path(&path))))?;
+    let text = text.strip_suffix("\r\n").or_else(|| text.strip_suffix('\n')).unwrap_or(&text);
+    if let Some(why) = pane::prompt_problem(text) {
         return Err(Failure::usage(format!(
-            "pane send-keys-safe: {} must hold one line of at most {} bytes (put longer content in a file the prompt names)",
+            "pane send-keys-safe: {}: {why} (one line of at most {} bytes; put longer content in a file the prompt names)",
             show_path(&path),
             pane::MAX_PROMPT
         )));

@@ -44,6 +44,21 @@ impl SksOutcome {
 /// The longest prompt `send_keys_safe` accepts (1.7: longer content goes in a file the prompt names).
 pub const MAX_PROMPT: usize = 4096;
 
+/// Why `text` cannot be a prompt, or `None`: more than `MAX_PROMPT` bytes, or any control character.
+/// A prompt is typed into a terminal, where `\r` submits early and ESC starts a sequence (a
+/// bracketed-paste end `ESC [201~` would let the rest run as typed commands), so none gets through.
+pub fn prompt_problem(text: &str) -> Option<String> {
+    if text.len() > MAX_PROMPT {
+        return Some(format!("the prompt is {} bytes; at most {MAX_PROMPT}", text.len()));
+    }
+    text.chars().find(|c| c.is_control()).map(|c| {
+        format!(
+            "the prompt holds a control character (U+{:04X}); put such content in a file the prompt names",
+            c as u32
+        )
+    })
+}
+
 /// 1.7 with A24: idle handshake (skipped for backends without lifecycle), quiescence, submit, and
 /// delivery confirmed only by `working` or the job's own `started` with the current token.
 pub fn send_keys_safe(
@@ -53,6 +68,9 @@ pub fn send_keys_safe(
     mut confirm: Option<&mut dyn Confirm>,
     k: &Knobs,
 ) -> SksOutcome {
+    if let Some(why) = prompt_problem(text) {
+        return SksOutcome::NotSubmitted(format!("{why}; nothing submitted"));
+    }
     let poll = Duration::from_millis(k.poll_ms);
     // 1. Idle handshake.
     if b.has_lifecycle() {
@@ -226,6 +244,22 @@ mod tests {
 
     fn scripted(lifecycle: bool, status: Status, after: Status, outcome: PromptOutcome) -> Scripted {
         Scripted { lifecycle, status, after_prompt: after, outcome, prompts: std::cell::Cell::new(0) }
+    }
+
+    #[test]
+    fn prompts_with_control_characters_are_never_typed() {
+        for bad in ["hi\rrm -rf ~", "paste\x1b[201~touch /tmp/owned", "a\nb", "tab\there", "del\x7f", "c1\u{9b}x"] {
+            let b = scripted(true, Status::Idle, Status::Working, PromptOutcome::Settled);
+            let o = send_keys_safe(&b, "a", bad, None, &fast());
+            assert!(matches!(&o, SksOutcome::NotSubmitted(m) if m.contains("control character")), "{bad:?}: {o:?}");
+            assert_eq!(b.prompts.get(), 0, "{bad:?} reached the backend");
+        }
+        let b = scripted(true, Status::Idle, Status::Working, PromptOutcome::Settled);
+        assert_eq!(send_keys_safe(&b, "a", &"x".repeat(MAX_PROMPT + 1), None, &fast()).rc(), 3);
+        assert_eq!(
+            send_keys_safe(&b, "a", "Job j1: read and follow /a b/brief.md. Run first: x", None, &fast()).rc(),
+            0
+        );
     }
 
     #[test]

@@ -836,3 +836,36 @@ fn fake_backend_ls_without_state_is_no_server() {
         .expect_rc(1);
     assert!(!h.td.path("panes").exists());
 }
+
+/// Security (issue 12, item 10): a prompt that carries `\r` or ESC would submit early or end a
+/// bracketed paste and type the rest as commands; it is refused before the backend sees it.
+#[test]
+fn prompts_with_control_characters_never_reach_the_pane() {
+    let h = Harness::new("fake", "sks_control_chars");
+    let proj = h.td.path("proj");
+    fs::create_dir_all(&proj).unwrap();
+    h.td.write("agent.script", "exit_after=0\n");
+    h.start("a0", proj.to_str().unwrap(), &[]);
+    let marker = h.td.path("owned");
+    let inbox = h.td.path("panes/panes").join(kv(&h.start("a1", proj.to_str().unwrap(), &[]), "PANE")).join("inbox");
+    let before = fs::read(&inbox).unwrap_or_default();
+    for (i, bad) in [
+        format!("hello\x1b[201~touch {}\r", marker.display()),
+        format!("first line\rtouch {}", marker.display()),
+        "bell\x07".to_string(),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let pf = h.td.write(&format!("bad{i}.txt"), format!("{bad}\n"));
+        let r = h.pane(&["send-keys-safe", "--target", "a1", "--prompt-file"]).args([&pf]).run();
+        r.expect_rc(2);
+        assert!(r.stderr().contains("control character"), "{}", r.stderr());
+    }
+    assert_eq!(fs::read(&inbox).unwrap_or_default(), before, "nothing was typed into the pane");
+    assert!(!marker.exists());
+    // A CRLF line ending is only a line ending.
+    let pf = h.td.write("ok.txt", "just text\r\n");
+    let r = h.pane(&["send-keys-safe", "--target", "a1", "--prompt-file"]).args([&pf]).run();
+    assert_ne!(r.rc(), 2, "{}", r.stderr());
+}
