@@ -195,10 +195,14 @@ pub fn run(ctx: &Ctx) -> Result<i32, String> {
                 // An Enter on a canonical-mode tty ends a line ("\r" becomes "\n"): one line per key.
                 print_raw(TITLE_NEUTRAL);
                 print_raw(STARTUP_DIALOG);
-                for _ in 0..script.startup_blocked {
+                for n in 1..=script.startup_blocked {
                     match lines.next() {
                         Some(Ok(_)) => {}
                         _ => return Ok(0),
+                    }
+                    // Shows that a key arrived while the dialog stays (a test waits on it).
+                    if n < script.startup_blocked {
+                        println!(" {n} of {} confirmations received", script.startup_blocked);
                     }
                 }
                 print_raw(CLEAR);
