@@ -5,7 +5,9 @@
 #   - a `mam heartbeat run`, `mam daemon run` or `mam remote run` process is alive whose argv or cwd
 #     lies under BASE (the run's MAM_TEST_TMP, which holds every test's `mam-it-<pid>` directory);
 #   - a tmux server on a `mam-test-*` socket is alive that was not alive before the run (the names
-#     tests give their tmux sockets; BEFORE is the file `tmux_servers` wrote before the run).
+#     tests give their tmux sockets; BEFORE is the file `tmux_servers` wrote before the run);
+#   - a herdr server is alive whose HOME or XDG directories (from /proc/PID/environ, readable for the
+#     same user) or argv lie under BASE: a test's private herdr (tests/it/support.rs `HerdrHome`).
 # Usage: leak_check.sh BASE [BEFORE]      leak_check.sh --tmux-servers (lists live test servers)
 set -uo pipefail
 
@@ -45,6 +47,31 @@ mam_leaks() {
   done
 }
 
+herdr_leaks() {
+  local d pid cmd kv hit home
+  for d in /proc/[0-9]*; do
+    pid=${d#/proc/}
+    cmd=$({ tr '\0' ' ' <"$d/cmdline"; } 2>/dev/null) || continue
+    # argv[0] is herdr (any path) and the command is its server (`herdr [--session N] server`).
+    case "${cmd%% *}" in herdr | */herdr) ;; *) continue ;; esac
+    case " $cmd" in *" server "*) ;; *) continue ;; esac
+    case " $cmd" in *" server stop "* | *" server reload-config "*) continue ;; esac
+    hit=
+    case "$cmd" in *"$base/"*) hit=argv ;; esac
+    home=
+    while IFS= read -r kv; do
+      case $kv in
+        HOME=* | XDG_CONFIG_HOME=* | XDG_STATE_HOME=* | XDG_CACHE_HOME=* | XDG_DATA_HOME=* | XDG_RUNTIME_DIR=*)
+          [ "${kv%%=*}" = HOME ] && home=${kv#*=}
+          case "${kv#*=}/" in "$base/"*) hit=${hit:-env} ;; esac
+          ;;
+      esac
+    done < <({ tr '\0' '\n' <"$d/environ"; } 2>/dev/null)
+    [ -n "$hit" ] && echo "herdr server pid $pid: $cmd(HOME $home)"
+  done
+  return 0
+}
+
 tmux_leaks() {
   local s
   while read -r s; do
@@ -54,7 +81,7 @@ tmux_leaks() {
 
 deadline=$((SECONDS + 5))
 while :; do
-  leaks=$( (mam_leaks; tmux_leaks) | sed '/^$/d')
+  leaks=$( (mam_leaks; tmux_leaks; herdr_leaks) | sed '/^$/d')
   [ -z "$leaks" ] && exit 0
   [ "$SECONDS" -ge "$deadline" ] && break
   sleep 0.2

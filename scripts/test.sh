@@ -26,8 +26,35 @@ if ((${#missing[@]})); then
 fi
 
 export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1
+
+# The real herdr (issue 11): HERDR_BIN (a path) or `herdr` on PATH, exported absolute for the tests.
+# Not installable from a package, so it is required only when MAM_REQUIRE_HERDR=1 (.ci/run sets it).
+herdr_found=
+if [ -n "${HERDR_BIN:-}" ]; then
+  if [ -f "$HERDR_BIN" ] && [ -x "$HERDR_BIN" ]; then
+    herdr_found=$(cd "$(dirname "$HERDR_BIN")" && pwd)/$(basename "$HERDR_BIN")
+  else
+    echo "WARNING: test.sh: HERDR_BIN=$HERDR_BIN is not an executable file; looking on PATH" >&2
+  fi
+fi
+if [ -z "$herdr_found" ] && command -v herdr >/dev/null; then
+  herdr_found=$(command -v herdr)
+  case $herdr_found in /*) ;; *) herdr_found=$PWD/$herdr_found ;; esac
+fi
+if [ -n "$herdr_found" ]; then
+  export HERDR_BIN=$herdr_found
+  echo "test.sh: real herdr: $HERDR_BIN"
+elif [ "${MAM_REQUIRE_HERDR:-}" = 1 ]; then
+  echo "ERROR: test.sh: MAM_REQUIRE_HERDR=1 but no herdr found (HERDR_BIN=${HERDR_BIN:-unset}, none on PATH)" >&2
+  exit 1
+else
+  unset HERDR_BIN
+  echo "test.sh: no herdr found (HERDR_BIN or PATH): the real-herdr tests skip"
+fi
 # No inherited control plane or broker may leak into the tests (AMENDMENTS A29).
 unset WORKSPACE_ROOT AGENT_SESSIONS_YAML MAM_JOBS_DIR DELEGATE_JOB_LOGS_DIR MAM_ENV_FILE
+# Nor the caller's own herdr server (each test runs its own, in a private HOME).
+unset HERDR_SOCKET_PATH HERDR_SESSION
 for v in $(compgen -e | grep '^MQTT_' || true); do unset "$v"; done
 
 # Every test directory of this run lives under one fresh base, so the leak guard judges this run's
@@ -42,7 +69,7 @@ trap 'rc=$?; [ "$rc" -eq 0 ] && rm -rf "$MAM_TEST_TMP"; exit "$rc"' EXIT
 
 step() { printf '\n== %s\n' "$*"; }
 leak_check() {
-  step "leak guard: no mam heartbeat/daemon/remote run or test tmux server outlived the tests"
+  step "leak guard: no mam heartbeat/daemon/remote run, test tmux server or test herdr outlived the tests"
   scripts/leak_check.sh "$MAM_TEST_TMP" "$tmux_before"
 }
 step "cargo fmt --check"

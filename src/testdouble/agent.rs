@@ -5,6 +5,14 @@
 //!
 //! A stand-in for an agent CLI: like one, it writes its screen itself. Nothing in mam's own flows
 //! calls it.
+//!
+//! Two modes. With `MAM_FAKE_PANE_DIR` (the fake backend) it reports its state in files of that
+//! directory. Without it (a real terminal: tmux, herdr) it prints to stdout, reads prompts as lines on
+//! stdin, and shows its state the way claude does, so that herdr's bundled claude manifest classifies
+//! it from the screen: an OSC window title starting with a braille spinner and a space while working,
+//! one starting with `✳ ` when idle, and a "Do you want to proceed?" bash-permission dialog while a
+//! start-up dialog blocks it. It never prints a working title when the script says `report_working=0`,
+//! and holds it at least `min_working_s` (default 1 s) otherwise, long enough for herdr to see it.
 
 use std::ffi::OsString;
 use std::io::BufRead;
@@ -30,7 +38,15 @@ struct Script {
     spawn_subjob: Option<String>,
     exit_after: u64,
     startup_blocked: u64,
+    /// Terminal mode: the shortest time the working title stays up (default `MIN_WORKING_S`).
+    min_working_s: Option<f64>,
 }
+
+/// herdr samples a pane's title a few times a second: a working title shown for less than about
+/// 0.3 s is often never seen (observed on 0.8.0: 0.2 s missed 1 prompt in 3, 0.5 s none in 3),
+/// and `agent prompt --wait` then reports `agent_prompt_stalled`. One second leaves a margin on a busy
+/// machine, as a real claude turn lasts longer than that anyway.
+const MIN_WORKING_S: f64 = 1.0;
 
 fn parse_script(text: &str) -> Script {
     let mut s = Script { report_working: true, report_text: "fake agent report".into(), ..Script::default() };
@@ -53,11 +69,41 @@ fn parse_script(text: &str) -> Script {
             "spawn_subjob" => s.spawn_subjob = Some(v.to_string()).filter(|v| !v.is_empty()),
             "exit_after" => s.exit_after = v.parse().unwrap_or(0),
             "startup_blocked" => s.startup_blocked = v.parse().unwrap_or(0),
+            "min_working_s" => s.min_working_s = Some(num()),
             _ => {}
         }
     }
     s
 }
+
+/// The window title herdr's claude manifest reads as `idle` (`osc_title_idle`: `^\x{2733} `).
+pub const TITLE_IDLE: &str = "\x1b]0;\u{2733} fake agent\x07";
+/// The window title herdr's claude manifest reads as `working` (`osc_title_working`:
+/// `^[\x{2800}-\x{28FF}] `); it outranks every screen rule, so it is never shown during a dialog.
+pub const TITLE_WORKING: &str = "\x1b]0;\u{280b} fake agent\x07";
+/// A title neither rule matches, shown with the start-up dialog: the terminal keeps the title of
+/// whatever ran before in the pane, and a stale idle title must not speak for the dialog.
+pub const TITLE_NEUTRAL: &str = "\x1b]0;fake agent\x07";
+/// Clears the screen and its scrollback, so a dismissed dialog leaves no text herdr could still match.
+const CLEAR: &str = "\x1b[H\x1b[2J\x1b[3J";
+
+/// The start-up dialog of terminal mode, shaped like claude's bash permission prompt so that herdr's
+/// `bash_permission_prompt` rule ("do you want to proceed?", "bash command", a "1. Yes" line) and
+/// `live_blocked_form`-style cues ("esc to cancel") classify it as `blocked`. No `❯` marker: that would
+/// look like claude's idle prompt box to the `live_prompt_box` rule.
+pub const STARTUP_DIALOG: &str = "\
+────────────────────────────────────────────────────────────
+ Bash command
+
+   fake-agent --trust-this-folder
+   Start-up dialog of the fake agent
+
+ Do you want to proceed?
+   1. Yes
+   2. No
+
+ Esc to cancel · Tab to amend · ctrl+e to explain
+";
 
 struct Agent {
     pane_dir: Option<PathBuf>,
@@ -65,9 +111,18 @@ struct Agent {
 }
 
 impl Agent {
+    /// Reports `idle`, `working`, `blocked` or `done`: a status file in pane-dir mode, the window
+    /// title in terminal mode (`done` reads as idle there, as it does for claude).
     fn status(&self, s: &str) {
-        if let Some(d) = &self.pane_dir {
-            let _ = sys::atomic_write(&d.join("status"), s.as_bytes());
+        match &self.pane_dir {
+            Some(d) => {
+                let _ = sys::atomic_write(&d.join("status"), s.as_bytes());
+            }
+            None => match s {
+                "working" => print_raw(TITLE_WORKING),
+                "idle" | "done" => print_raw(TITLE_IDLE),
+                _ => {}
+            },
         }
     }
 
@@ -99,6 +154,14 @@ impl Agent {
     }
 }
 
+/// Writes `s` to stdout and flushes it (a title carries no newline to flush the line buffer).
+fn print_raw(s: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(s.as_bytes());
+    let _ = out.flush();
+}
+
 fn pause(secs: f64) {
     if secs > 0.0 {
         sys::sleep(Duration::from_secs_f64(secs));
@@ -113,16 +176,36 @@ pub fn run(ctx: &Ctx) -> Result<i32, String> {
         .map(|t| parse_script(&t))
         .unwrap_or_else(|| parse_script(""));
     let agent = Agent { pane_dir: ctx.path_var("MAM_FAKE_PANE_DIR"), env: ctx.child_env() };
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
     // Start-up dialog: blocked until enough `enter` keys arrived.
     if script.startup_blocked > 0 {
-        if let Some(d) = &agent.pane_dir {
-            agent.status("blocked");
-            loop {
-                let n = std::fs::read_to_string(d.join("keys")).map(|t| t.lines().count() as u64).unwrap_or(0);
-                if n >= script.startup_blocked || !d.is_dir() {
-                    break;
+        match &agent.pane_dir {
+            Some(d) => {
+                agent.status("blocked");
+                loop {
+                    let n = std::fs::read_to_string(d.join("keys")).map(|t| t.lines().count() as u64).unwrap_or(0);
+                    if n >= script.startup_blocked || !d.is_dir() {
+                        break;
+                    }
+                    sys::sleep(Duration::from_millis(20));
                 }
-                sys::sleep(Duration::from_millis(20));
+            }
+            None => {
+                // An Enter on a canonical-mode tty ends a line ("\r" becomes "\n"): one line per key.
+                print_raw(TITLE_NEUTRAL);
+                print_raw(STARTUP_DIALOG);
+                for n in 1..=script.startup_blocked {
+                    match lines.next() {
+                        Some(Ok(_)) => {}
+                        _ => return Ok(0),
+                    }
+                    // Shows that a key arrived while the dialog stays (a test waits on it).
+                    if n < script.startup_blocked {
+                        println!(" {n} of {} confirmations received", script.startup_blocked);
+                    }
+                }
+                print_raw(CLEAR);
             }
         }
     }
@@ -156,7 +239,7 @@ pub fn run(ctx: &Ctx) -> Result<i32, String> {
             }
         }
         None => {
-            for line in std::io::stdin().lock().lines() {
+            for line in lines {
                 let Ok(line) = line else { break };
                 if handle_prompt(&agent, &script, &line, &mut handled) {
                     return Ok(0);
@@ -174,6 +257,7 @@ fn handle_prompt(agent: &Agent, s: &Script, prompt: &str, handled: &mut u64) -> 
         return false;
     }
     *handled += 1;
+    let working_since = std::time::Instant::now();
     if s.report_working {
         agent.status("working");
     }
@@ -225,6 +309,10 @@ fn handle_prompt(agent: &Agent, s: &Script, prompt: &str, handled: &mut u64) -> 
     } else {
         pause(s.work_s);
     }
+    if s.report_working && agent.pane_dir.is_none() {
+        let min = s.min_working_s.unwrap_or(MIN_WORKING_S);
+        pause(min - working_since.elapsed().as_secs_f64());
+    }
     agent.status("done");
     agent.screen(&format!("prompt {handled} done"));
     s.exit_after > 0 && *handled >= s.exit_after
@@ -240,5 +328,7 @@ mod tests {
         assert!(!s.report_working);
         assert_eq!(s.verdict.as_deref(), Some("PASS"));
         assert!((s.work_s - 0.5).abs() < 1e-9);
+        assert_eq!(s.min_working_s, None);
+        assert_eq!(parse_script("min_working_s=0\n").min_working_s, Some(0.0));
     }
 }

@@ -844,3 +844,317 @@ pub fn append_events_log(td: &TestDir, id: &str, line: &[u8]) {
     f.write_all(line).unwrap();
     f.write_all(b"\n").unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// The real herdr (issue 11): found through HERDR_BIN or PATH, run in a private world per test.
+
+/// The real herdr binary (absolute), from `HERDR_BIN` (a path) or else `herdr` on PATH. `None` when
+/// there is none (the caller prints `skipped: ...` and returns); a panic when `MAM_REQUIRE_HERDR=1`.
+pub fn herdr_bin() -> Option<PathBuf> {
+    let found = match std::env::var_os("HERDR_BIN").filter(|v| !v.is_empty()) {
+        Some(p) => Some(PathBuf::from(p)).filter(|p| is_executable(p)),
+        None => std::env::var_os("PATH")
+            .and_then(|p| std::env::split_paths(&p).map(|d| d.join("herdr")).find(|p| is_executable(p))),
+    };
+    let found = found.map(|p| fs::canonicalize(&p).unwrap_or(p));
+    if found.is_none() {
+        let why = match std::env::var_os("HERDR_BIN").filter(|v| !v.is_empty()) {
+            Some(p) => format!("HERDR_BIN={} is not an executable file", Path::new(&p).display()),
+            None => "herdr is not on PATH and HERDR_BIN is unset".to_string(),
+        };
+        if std::env::var("MAM_REQUIRE_HERDR").as_deref() == Ok("1") {
+            panic!("the real herdr is required (MAM_REQUIRE_HERDR=1) but {why}");
+        }
+        eprintln!("skipped: {why} (set MAM_REQUIRE_HERDR=1 to require it)");
+    }
+    found
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+/// The longest path a Unix socket address holds (sun_path is 108 bytes with its NUL).
+const SUN_PATH_MAX: usize = 107;
+
+/// A private herdr world for one test: its own HOME and XDG directories (XDG_RUNTIME_DIR 0700), the
+/// config.toml of `../shared/herdr/README.md` (no onboarding, /bin/bash, no version or manifest
+/// checks), a `bin/` with `herdr` linked to the real binary (first on PATH) and a unique session name.
+/// Nothing of the outer environment's `HERDR_SOCKET_PATH`, `HERDR_SESSION` or `TMUX` reaches it.
+///
+/// Everything lives under the test's directory except the config directory, which holds herdr's
+/// sockets (`<config>/herdr/sessions/<name>/herdr-client.sock`) and so must stay within a socket
+/// address's 107 bytes: it is a short `hc-<hex>` directory directly under `base_dir()` (still under
+/// the run's base, where the leak guard looks).
+///
+/// Drop stops every server of the world (each session under the config directory, by `server stop`),
+/// reaps the servers it started itself, then kills whatever process is left whose environment or argv
+/// names the world's HOME or config directory, and waits until none is: no herdr, pane shell or agent
+/// outlives the test.
+pub struct HerdrHome {
+    /// The real herdr binary.
+    pub herdr: PathBuf,
+    /// The world's root under the test directory (`<td>/herdr`).
+    pub root: PathBuf,
+    pub home: PathBuf,
+    /// XDG_CONFIG_HOME: herdr's config.toml and its sockets.
+    pub config: PathBuf,
+    pub runtime: PathBuf,
+    /// Prepended to PATH: `herdr`, and whatever `link` adds (a fake agent's `claude`).
+    pub bin: PathBuf,
+    /// The session name (`mam-test-<hex>`), given to mam as `MAM_HERDR_SESSION`.
+    pub session: String,
+    cwd: PathBuf,
+    servers: Vec<Child>,
+}
+
+impl HerdrHome {
+    /// The world for `td`, or `None` (skip) when the real herdr is absent and not required.
+    pub fn new(td: &TestDir) -> Option<HerdrHome> {
+        let herdr = herdr_bin()?;
+        let root = td.path("herdr");
+        let home = root.join("home");
+        let config = base_dir().join(format!("hc-{}", rand_hex(3)));
+        let runtime = root.join("run");
+        let bin = root.join("bin");
+        let session = format!("mam-test-{}", rand_hex(3));
+        let longest = config.join("herdr/sessions").join(&session).join("herdr-client.sock");
+        let len = longest.as_os_str().len();
+        assert!(
+            len <= SUN_PATH_MAX,
+            "herdr's socket path {} is {len} bytes, over the {SUN_PATH_MAX} a socket address holds: \
+             use a shorter MAM_TEST_TMP",
+            longest.display()
+        );
+        for d in [&home, &runtime, &bin, &config.join("herdr")] {
+            fs::create_dir_all(d).unwrap();
+        }
+        for d in [".local/state", ".cache", ".local/share"] {
+            fs::create_dir_all(home.join(d)).unwrap();
+        }
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&runtime, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::write(
+            config.join("herdr/config.toml"),
+            "onboarding = false\n[terminal]\ndefault_shell = \"/bin/bash\"\n\
+             [update]\nversion_check = false\nmanifest_check = false\n",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(&herdr, bin.join("herdr")).unwrap();
+        // Found from the test directory too.
+        let _ = std::os::unix::fs::symlink(&config, root.join("config"));
+        Some(HerdrHome { herdr, root, home, config, runtime, bin, session, cwd: td.ws(), servers: Vec::new() })
+    }
+
+    /// Links `bin/<name>` to `target` (e.g. `claude` to the mam binary for the fake agent).
+    pub fn link(&self, name: &str, target: &Path) {
+        std::os::unix::fs::symlink(target, self.bin.join(name)).unwrap();
+    }
+
+    /// The pairs a test passes to `mam` (and that a server mam bootstraps inherits from it): the
+    /// world's HOME and XDG directories, `HERDR_DISABLE_SOUND=1`, PATH with `bin/` first and
+    /// `MAM_HERDR_SESSION=<session>`. No `HERDR_SESSION`: mam sets that itself from its server name.
+    pub fn env(&self) -> Vec<(String, OsString)> {
+        let path = match std::env::var_os("PATH") {
+            Some(p) => {
+                let mut all = vec![self.bin.clone()];
+                all.extend(std::env::split_paths(&p));
+                std::env::join_paths(all).unwrap()
+            }
+            None => self.bin.clone().into_os_string(),
+        };
+        vec![
+            ("HOME".into(), self.home.clone().into()),
+            ("XDG_CONFIG_HOME".into(), self.config.clone().into()),
+            ("XDG_STATE_HOME".into(), self.home.join(".local/state").into()),
+            ("XDG_CACHE_HOME".into(), self.home.join(".cache").into()),
+            ("XDG_DATA_HOME".into(), self.home.join(".local/share").into()),
+            ("XDG_RUNTIME_DIR".into(), self.runtime.clone().into()),
+            ("HERDR_DISABLE_SOUND".into(), "1".into()),
+            ("PATH".into(), path),
+            ("MAM_HERDR_SESSION".into(), self.session.clone().into()),
+        ]
+    }
+
+    /// `cmd` with the world's environment, and without the outer herdr and tmux variables.
+    pub fn apply(&self, mut cmd: Cmd) -> Cmd {
+        for (k, v) in self.env() {
+            cmd = cmd.env(k, v);
+        }
+        cmd.env_remove("HERDR_SOCKET_PATH").env_remove("HERDR_SESSION").env_remove("TMUX")
+    }
+
+    /// A `herdr` command of `session` in this world: clean environment, `HERDR_SESSION=session`.
+    fn herdr_cmd(&self, session: Option<&str>) -> Command {
+        let mut c = Command::new(&self.herdr);
+        c.env_clear();
+        for keep in ["LANG", "TZ", "TMPDIR"] {
+            if let Some(v) = std::env::var_os(keep) {
+                c.env(keep, v);
+            }
+        }
+        c.envs(self.env());
+        if let Some(s) = session {
+            c.env("HERDR_SESSION", s);
+        }
+        c.current_dir(&self.cwd).stdin(Stdio::null());
+        c
+    }
+
+    /// Runs the real `herdr ARGS` against this world's session, within 30 s.
+    pub fn herdr<S: AsRef<OsStr>>(&self, args: &[S]) -> Run {
+        self.herdr_within(args, Duration::from_secs(30))
+    }
+
+    /// Runs the real `herdr ARGS` against this world's session, killed and failed after `limit`.
+    pub fn herdr_within<S: AsRef<OsStr>>(&self, args: &[S], limit: Duration) -> Run {
+        let mut c = self.herdr_cmd(Some(&self.session));
+        c.args(args);
+        Cmd { cmd: c }.run_within(limit)
+    }
+
+    /// `herdr ARGS` that must succeed; its stdout parsed as JSON.
+    pub fn herdr_json<S: AsRef<OsStr>>(&self, args: &[S]) -> serde_json::Value {
+        let r = self.herdr(args);
+        r.expect_rc(0);
+        serde_json::from_str(&r.stdout())
+            .unwrap_or_else(|e| panic!("herdr printed no JSON ({e}):\n--- stdout\n{}", r.stdout()))
+    }
+
+    /// True when this world's server answers `herdr agent list`.
+    pub fn answers(&self) -> bool {
+        self.herdr_within(&["agent", "list"], Duration::from_secs(10)).rc() == 0
+    }
+
+    /// Starts `herdr --session <session> server` detached (its own session, output to
+    /// `<root>/server-<n>.log`) and waits up to 20 s until it answers.
+    pub fn start_server(&mut self) {
+        let log = self.root.join(format!("server-{}.log", self.servers.len()));
+        let mut c = self.herdr_cmd(None);
+        c.args(["--session", &self.session, "server"]);
+        let f = fs::File::create(&log).unwrap();
+        c.stdout(f.try_clone().unwrap()).stderr(f);
+        mam::sys::set_new_session(&mut c);
+        self.servers.push(c.spawn().expect("spawn herdr server"));
+        let ok = poll(Duration::from_secs(20), || {
+            if self.answers() {
+                return Some(true);
+            }
+            self.servers.last_mut().unwrap().try_wait().unwrap().map(|_| false)
+        });
+        if ok != Some(true) {
+            let why = if ok.is_some() { "exited" } else { "did not answer within 20 s" };
+            panic!("herdr server {} {why}; log:\n{}", self.session, fs::read_to_string(&log).unwrap_or_default());
+        }
+    }
+
+    /// What identifies this world's processes, kept for a look after the drop.
+    pub fn marks(&self) -> HerdrMarks {
+        HerdrMarks { root: self.root.clone(), home: self.home.clone(), config: self.config.clone() }
+    }
+
+    /// Live (non-zombie) processes of this world.
+    pub fn processes(&self) -> Vec<(i32, String)> {
+        self.marks().processes()
+    }
+
+    /// Stops every server of the world and every process left of it (what Drop does); idempotent.
+    /// Err names what was still alive after the deadline.
+    pub fn shutdown(&mut self) -> Result<(), String> {
+        let mut sessions: Vec<Option<String>> = Vec::new();
+        if let Ok(rd) = fs::read_dir(self.config.join("herdr/sessions")) {
+            sessions.extend(rd.flatten().map(|e| Some(e.file_name().to_string_lossy().into_owned())));
+        }
+        if self.config.join("herdr/herdr.sock").exists() {
+            sessions.push(None); // the default session
+        }
+        for s in &sessions {
+            let mut c = self.herdr_cmd(None);
+            if let Some(s) = s {
+                c.args(["--session", s]);
+            }
+            c.args(["server", "stop"]);
+            // A session without a server answers server_not_running: nothing to stop.
+            let _ = Cmd { cmd: c }.run_within(Duration::from_secs(10));
+        }
+        let mut servers = std::mem::take(&mut self.servers);
+        for s in &mut servers {
+            if exit_within(s, Duration::from_secs(5)).is_none() {
+                let _ = s.kill();
+                let _ = s.wait();
+            }
+        }
+        // Pane shells and agents end with their PTYs; whatever did not gets TERM after 2 s, then KILL.
+        let started = Instant::now();
+        let mut termed = false;
+        let gone = poll(Duration::from_secs(10), || {
+            let left = self.processes();
+            if left.is_empty() {
+                return Some(());
+            }
+            let t = started.elapsed();
+            if t >= Duration::from_secs(3) {
+                left.iter().for_each(|(pid, _)| drop(mam::sys::kill(*pid, libc::SIGKILL)));
+            } else if t >= Duration::from_secs(2) && !termed {
+                left.iter().for_each(|(pid, _)| drop(mam::sys::kill(*pid, libc::SIGTERM)));
+                termed = true;
+            }
+            None
+        });
+        if gone.is_some() {
+            return Ok(());
+        }
+        let list: Vec<String> = self.processes().iter().map(|(p, a)| format!("pid {p}: {a}")).collect();
+        if list.is_empty() {
+            return Ok(());
+        }
+        Err(format!("herdr world {} outlived its test: {}", self.root.display(), list.join("; ")))
+    }
+}
+
+/// The paths that mark a herdr world's processes (its HOME and config dir in their environment, or
+/// its root or config dir in their argv).
+#[derive(Clone, Debug)]
+pub struct HerdrMarks {
+    pub root: PathBuf,
+    pub home: PathBuf,
+    pub config: PathBuf,
+}
+
+impl HerdrMarks {
+    /// Live (non-zombie) processes of the world, with their argv; never the test process itself.
+    pub fn processes(&self) -> Vec<(i32, String)> {
+        let me = std::process::id() as i32;
+        let home = format!("HOME={}", self.home.display()).into_bytes();
+        let conf = format!("XDG_CONFIG_HOME={}", self.config.display()).into_bytes();
+        let marks = [self.root.to_string_lossy().into_owned(), self.config.to_string_lossy().into_owned()];
+        let mut out = Vec::new();
+        for pid in mam::sys::list_pids().unwrap_or_default() {
+            if pid == me || !matches!(mam::sys::proc_start_ticks(pid), Ok((_, false))) {
+                continue;
+            }
+            let Ok(args) = mam::sys::proc_cmdline(pid) else { continue };
+            let argv = args.iter().map(|a| String::from_utf8_lossy(a)).collect::<Vec<_>>().join(" ");
+            // Readable for the same user; a process of another user is no test's.
+            let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let by_env = environ.split(|&b| b == 0).any(|kv| kv == home.as_slice() || kv == conf.as_slice());
+            if by_env || marks.iter().any(|m| argv.contains(m.as_str())) {
+                out.push((pid, argv));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for HerdrHome {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            if std::thread::panicking() {
+                eprintln!("{e}");
+            } else {
+                panic!("{e}");
+            }
+        }
+    }
+}
