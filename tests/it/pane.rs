@@ -473,7 +473,10 @@ fn pane_bad_input_is_refused() {
 
 /// One backend under test: the env that selects it, and cleanup on drop.
 struct Harness {
+    // Dropped first: stops the real herdr server and everything in its panes.
+    herdr: Option<HerdrHome>,
     td: TestDir,
+    backend: &'static str,
     env: Vec<(String, String)>,
     tmux_socket: Option<String>,
 }
@@ -502,7 +505,19 @@ impl Drop for Harness {
 }
 
 impl Harness {
-    fn new(backend: &str, name: &str) -> Harness {
+    /// The real herdr (a private server this test starts through mam and stops), or `None` (skip)
+    /// when herdr is absent and not required.
+    fn herdr(name: &str) -> Option<Harness> {
+        let mut h = Harness::new("herdr", name);
+        let home = HerdrHome::new(&h.td)?;
+        home.link("claude", &mam_bin());
+        h.env.retain(|(k, _)| k != "PATH");
+        h.env.extend(home.env().into_iter().map(|(k, v)| (k, v.to_string_lossy().into_owned())));
+        h.herdr = Some(home);
+        Some(h)
+    }
+
+    fn new(backend: &'static str, name: &str) -> Harness {
         let td = TestDir::new(name);
         let bin = td.path("bin");
         fs::create_dir_all(&bin).unwrap();
@@ -530,7 +545,7 @@ impl Harness {
             env.push(("MAM_FAKE_PANES_DIR".into(), td.path("panes").to_string_lossy().into_owned()));
         }
         td.write("agent.script", "exit_after=1\n");
-        Harness { td, env, tmux_socket }
+        Harness { herdr: None, td, backend, env, tmux_socket }
     }
 
     fn pane(&self, args: &[&str]) -> Cmd {
@@ -605,7 +620,7 @@ fn contract_suite(h: &Harness) {
     let ls = h.pane(&["ls"]).run();
     ls.expect_rc(0);
     assert_eq!(ls.stdout().lines().count(), 6, "{}", ls.stdout());
-    if h.tmux_socket.is_none() {
+    if h.backend == "fake" {
         // A18: the fake agent runs with argv[0] set to its kind, so the ancestor rule finds it.
         let pane_dir = h.td.path("panes/panes").join(&placed[0].0);
         let pid: i32 = fs::read_to_string(pane_dir.join("pid")).unwrap().trim().parse().unwrap();
@@ -623,8 +638,9 @@ fn contract_suite(h: &Harness) {
     wait_until("success line", Duration::from_secs(10), || reg.join("done.txt").exists());
     let flag = fs::read_to_string(h.td.path("flag.txt")).unwrap();
     assert_eq!(flag, "|/", "no MY_TEST_FLAG for a5, and the line ran from /");
-    // exit_after=1: a5 is gone and its pane is idle again.
-    wait_until("a5 exits", Duration::from_secs(10), || h.status("a5") == "absent");
+    // exit_after=1: a5 is gone and its pane is idle again (herdr notices an exited agent late).
+    let gone = Duration::from_secs(if h.backend == "herdr" { 30 } else { 10 });
+    wait_until("a5 exits", gone, || h.status("a5") == "absent");
     // Test 5: the idle pane in the second workspace is reused (no env).
     let out = h.start("b0", dir, &[]);
     assert_eq!(kv(&out, "REUSED"), "1");
@@ -632,7 +648,7 @@ fn contract_suite(h: &Harness) {
     // Test 7: with env flags the idle pane is not used and the agent sees them. Make a4 idle first.
     fs::remove_file(reg.join("done.txt")).unwrap();
     h.sks("a4", &reg, stalled).expect_rc(0);
-    wait_until("a4 exits", Duration::from_secs(10), || h.status("a4") == "absent");
+    wait_until("a4 exits", gone, || h.status("a4") == "absent");
     let out = h.start("c0", dir, &["--env", "MY_TEST_FLAG=active"]);
     assert_eq!(kv(&out, "REUSED"), "0");
     assert_ne!(kv(&out, "PANE"), placed[4].0);
@@ -646,13 +662,27 @@ fn contract_suite(h: &Harness) {
     // A new dispatch of j1 (token tok2): earlier `started` lines carry tok1 only.
     fs::write(reg.join("j1.json"), json!({"job_id": "j1", "status": "pending", "dispatch_token": "tok2"}).to_string())
         .unwrap();
-    if h.tmux_socket.is_none() {
+    if h.backend == "fake" {
         h.td.write("agent.script", "exit_after=0\nreport_working=0\n");
         h.start("d0", dir, &[]);
         h.brief(&reg, "other");
         let r = h.sks("d0", &reg, &[("MAM_FAKE_PROMPT_RESULT", "timeout")]);
         r.expect_rc(4);
         h.sks("d0", &reg, &[("MAM_FAKE_PROMPT_RESULT", "transport_error")]).expect_rc(3);
+    } else if h.backend == "herdr" {
+        // An agent that never shows working and never starts: herdr answers agent_prompt_stalled
+        // after 5 s although the text was typed; mam counts it accepted, never types it again, and
+        // without the job's started it is unconfirmed.
+        h.td.write("agent.script", "exit_after=0\nnever_start=1\nreport_working=0\n");
+        h.start("d0", dir, &[]);
+        let r = h.sks("d0", &reg, &[]);
+        r.expect_rc(4);
+        assert!(r.stderr().contains("agent_prompt_stalled"), "{}", r.stderr());
+        let screen = h.herdr.as_ref().unwrap().herdr(&["agent", "read", "d0", "--source", "recent"]).stdout();
+        // The pane may have hosted an earlier agent: d0's part starts at its last "ready".
+        let mine = &screen[screen.rfind("fake agent ready").unwrap_or(0)..];
+        assert_eq!(mine.matches("prompt 1: Job j1").count(), 1, "typed once: {screen:?}");
+        assert_eq!(mine.matches("prompt 2:").count(), 0, "typed once: {screen:?}");
     } else {
         h.td.write("agent.script", "exit_after=0\nnever_start=1\n");
         h.start("d0", dir, &[]);
@@ -689,6 +719,12 @@ fn o1_9_11_contract_tmux_backend() {
         return;
     }
     let h = Harness::new("tmux", "o1_9_11_tmux");
+    contract_suite(&h);
+}
+
+#[test]
+fn o1_9_11_contract_real_herdr() {
+    let Some(h) = Harness::herdr("o1_9_11_herdr") else { return };
     contract_suite(&h);
 }
 
