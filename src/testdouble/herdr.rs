@@ -441,7 +441,8 @@ fn pane_doc(state: &Value, pane: &str) -> Value {
     }
     d.insert("agent_status".into(), json!(agent.map(|a| s(a, "agent_status")).unwrap_or("unknown".into())));
     d.insert("cwd".into(), json!(s(p, "cwd")));
-    d.insert("focused".into(), json!(focused_pane(ws, &order) == pane));
+    // Only the focused workspace has a focused pane.
+    d.insert("focused".into(), json!(wi == 0 && focused_pane(ws, &order) == pane));
     d.insert("foreground_cwd".into(), json!(s(p, "cwd")));
     d.insert("pane_id".into(), json!(pane));
     d.insert("revision".into(), json!(0));
@@ -1099,21 +1100,42 @@ impl Call {
         Ok(())
     }
 
-    /// Plain text: the last `--lines` rows (80 by default), trailing blank rows dropped.
+    /// Plain text, like herdr: the screen is the pane's rows (its content from the top, blank rows
+    /// below). `recent` (the default) takes the last `--lines` rows (80), blank ones included, then
+    /// drops trailing blank rows, so a few rows of a mostly empty pane read as nothing; `visible`
+    /// and `detection` drop trailing blank rows first and then keep the last `--lines` lines.
     fn read(&self, state: &mut Value, pane: &str) -> Reply {
         if state.pointer("/inject/screen_changes").and_then(Value::as_bool) == Some(true) {
             let n = counter(state, "screen_ticks", 1);
             push_screen(state, pane, &format!("screen tick {n}"));
         }
-        let screen: Vec<String> = pane_mut(state, pane)
+        let mut rows: Vec<String> = pane_mut(state, pane)
             .and_then(|p| p.get("screen").and_then(Value::as_array).cloned())
             .unwrap_or_default()
             .iter()
             .filter_map(|l| l.as_str().map(str::to_string))
             .collect();
-        let end = screen.iter().rposition(|l| !l.trim().is_empty()).map_or(0, |i| i + 1);
-        let lines = self.args.number("--lines").ok().flatten().unwrap_or(80) as usize;
-        Reply::text(&screen[end.saturating_sub(lines)..end])
+        let height = locate(state, pane)
+            .and_then(|(wi, _)| geometry(&layout_of(&state["workspaces"][wi])).0.into_iter().find(|(p, _)| p == pane))
+            .map_or(AREA.height, |(_, r)| r.height) as usize;
+        while rows.len() < height {
+            rows.push(String::new());
+        }
+        let lines = self.args.number("--lines").ok().flatten();
+        let trim = |v: &[String]| {
+            let end = v.iter().rposition(|l| !l.trim().is_empty()).map_or(0, |i| i + 1);
+            v[..end].to_vec()
+        };
+        let source = self.args.val("--source").unwrap_or("recent");
+        let text = if source.starts_with("recent") {
+            let n = lines.unwrap_or(80) as usize;
+            trim(&rows[rows.len().saturating_sub(n)..])
+        } else {
+            let kept = trim(&rows[rows.len().saturating_sub(height)..]);
+            let n = lines.map_or(kept.len(), |n| n as usize);
+            kept[kept.len().saturating_sub(n)..].to_vec()
+        };
+        Reply::text(&text)
     }
 
     fn agent_start(&self, state: &mut Value, env: &Env) -> Outcome {
@@ -1225,7 +1247,8 @@ impl Call {
 
 /// How an agent reacts to a prompt. State knobs: the agent's `react` (`settle`, `work`, `none`),
 /// else `never_working: true` (none), else `inject.prompt`: `timeout` (works and never settles),
-/// `agent_prompt_stalled` (none), `transport_error` (the CLI loses the server); default settle.
+/// `settled` (works, then idle), `transport_error` (the CLI loses the server). The default is none:
+/// that is what real herdr does with mam's fake agent, which it never sees working.
 enum Reaction {
     /// Working, then idle at once: `--wait` answers `agent_prompted`.
     Settle,
@@ -1248,8 +1271,9 @@ impl Reaction {
         }
         match forced {
             "timeout" => Reaction::Work,
-            "agent_prompt_stalled" => Reaction::None,
-            _ => Reaction::Settle,
+            "settled" => Reaction::Settle,
+            // mam's fake agent, the only agent tests run, never changes state on real herdr.
+            _ => Reaction::None,
         }
     }
 }

@@ -10,6 +10,7 @@ mod daemon;
 mod delegate;
 mod envfile;
 mod heartbeat;
+mod herdr_contract;
 mod jobs;
 mod liveness;
 mod mqtt;
