@@ -761,10 +761,8 @@ impl Call {
                     return Err(Reply::usage(&format!("invalid --env value: {bad} (expected KEY=VALUE)")));
                 }
             }
-            ("pane", "layout" | "process-info") => {
-                if a.val("--pane").is_none() && !a.has("--current") {
-                    return Err(Reply::usage("missing required --pane"));
-                }
+            ("pane", "layout" | "process-info") if a.val("--pane").is_none() && !a.has("--current") => {
+                return Err(Reply::usage("missing required --pane"));
             }
             _ => {}
         }
