@@ -10,6 +10,7 @@ mod daemon;
 mod delegate;
 mod envfile;
 mod heartbeat;
+mod herdr_contract;
 mod herdr_real;
 mod jobs;
 mod liveness;

@@ -1,5 +1,7 @@
 //! Pane backends (ORCH 1.9). Tests 1-10 exercise the herdr backend against the MOCK herdr
-//! (`mam test-double herdr`, installed as `herdr` on a test PATH): herdr itself cannot run here.
+//! (`mam test-double herdr`, installed as `herdr` on a test PATH), whose answers
+//! `herdr_contract.rs` compares with the real herdr 0.8.0; the state fixtures here are in the
+//! mock's state shape (herdr's field names and ids, a split tree per workspace).
 //! Test 11 runs one contract suite (tests 4-8 where applicable) over the fake backend always and over
 //! real tmux when it is installed (required under MAM_REQUIRE_TMUX=1), on a random socket per test.
 
@@ -55,6 +57,8 @@ impl Mock {
             .env("MAM_SKS_QUIESCE_S", "1")
             .env("MAM_STARTUP_DIALOG_SETTLE_MS", "50")
             .env("MAM_SERVER_BOOT_WAIT_S", "5")
+            .env("MAM_MOCK_STALL_MS", "300")
+            .env("MAM_MOCK_WAIT_CAP_MS", "1000")
     }
 
     fn state(&self) -> Value {
@@ -89,12 +93,32 @@ impl Mock {
     }
 }
 
+/// A mock agent record (herdr's field names: `agent` is the kind, `agent_status` the status).
 fn agent(name: &str, pane: &str, status: &str) -> Value {
-    json!({"name": name, "pane_id": pane, "kind": "claude", "status": status})
+    json!({"name": name, "pane_id": pane, "agent": "claude", "agent_status": status})
 }
 
-fn pane_v(id: &str, agent: Option<&str>, x: i64, y: i64) -> Value {
-    json!({"pane_id": id, "agent": agent, "x": x, "y": y, "foreground": "bash"})
+/// A mock workspace `id` whose panes `<id>:p1..` (`n` of them, at `cwd`) sit in mam's 2 x 2 grid:
+/// p2 right of p1, p3 below p1, p4 below p2.
+fn ws_v(id: &str, label: &str, cwd: &str, n: usize) -> Value {
+    let p = |i: usize| format!("{id}:p{i}");
+    let leaf = |i: usize| json!({"pane": p(i)});
+    let col = |top: usize, bottom: usize| {
+        if bottom <= n {
+            json!({"split": "down", "ratio": 0.5, "a": leaf(top), "b": leaf(bottom)})
+        } else {
+            leaf(top)
+        }
+    };
+    let layout = if n == 1 { leaf(1) } else { json!({"split": "right", "ratio": 0.5, "a": col(1, 3), "b": col(2, 4)}) };
+    let panes: Vec<Value> = (1..=n)
+        .map(|i| {
+            json!({"pane_id": p(i), "cwd": cwd, "env": {}, "terminal_id": format!("term_{:014x}", i),
+                   "shell_pid": 4000 + i, "screen": ["$ "]})
+        })
+        .collect();
+    json!({"workspace_id": id, "label": label, "next_pane": n + 1, "focused_pane": p(1), "layout": layout,
+           "panes": panes})
 }
 
 fn kv(out: &str, key: &str) -> String {
@@ -182,17 +206,21 @@ fn o1_9_3_ls_error_document_or_garbage_is_state_unknown() {
     for inject in ["error_doc", "error_doc_exit1", "garbage"] {
         let m = Mock::new(
             "o1_9_3",
-            json!({"running": true, "agents": [agent("a1", "p1", "idle")], "inject": {"agent_list": inject}}),
+            json!({"running": true, "agents": [agent("a1", "w1:p1", "idle")], "workspaces": [ws_v("w1", "", "/", 1)],
+                   "inject": {"agent_list": inject}}),
         );
         let r = m.pane(&["ls"]).run();
         r.expect_rc(3);
         assert!(r.stderr().starts_with("ERROR: state unknown: "), "{inject}: {}", r.stderr());
         assert_eq!(r.stdout(), "", "{inject}: never an (empty) list");
     }
-    let m = Mock::new("o1_9_3ok", json!({"running": true, "agents": [agent("a1", "p1", "idle")]}));
+    let m = Mock::new(
+        "o1_9_3ok",
+        json!({"running": true, "agents": [agent("a1", "w1:p1", "idle")], "workspaces": [ws_v("w1", "", "/", 1)]}),
+    );
     let r = m.pane(&["ls"]).run();
     r.expect_rc(0);
-    assert_eq!(r.stdout(), "a1\tp1\tclaude\tidle\n");
+    assert_eq!(r.stdout(), "a1\tw1:p1\tclaude\tidle\n");
     let r = m.pane(&["ls", "--json"]).run();
     r.expect_rc(0);
     let v: Value = serde_json::from_str(&r.stdout()).unwrap();
@@ -201,7 +229,7 @@ fn o1_9_3_ls_error_document_or_garbage_is_state_unknown() {
 
 #[test]
 fn o1_9_4_packing_six_agents_give_four_and_two() {
-    let m = Mock::new("o1_9_4", json!({"running": true, "geometry": true}));
+    let m = Mock::new("o1_9_4", json!({"running": true}));
     let dir = m.dir();
     for i in 0..6 {
         let name = format!("a{i}");
@@ -214,9 +242,9 @@ fn o1_9_4_packing_six_agents_give_four_and_two() {
     // Split layout: root split right, then the left column's bottom pane downward, then the right.
     let splits: Vec<(String, String)> =
         m.calls_of(&["pane", "split"]).iter().map(|a| (a[2].clone(), a[4].clone())).collect();
-    assert_eq!(splits[0], ("p2".into(), "right".into()));
-    assert_eq!(splits[1], ("p2".into(), "down".into()));
-    assert_eq!(splits[2], ("p3".into(), "down".into()));
+    assert_eq!(splits[0], ("w1:p1".into(), "right".into()));
+    assert_eq!(splits[1], ("w1:p1".into(), "down".into()));
+    assert_eq!(splits[2], ("w1:p2".into(), "down".into()));
     // A workspace of another cwd is never used.
     let other = m.td.path("other");
     fs::create_dir_all(&other).unwrap();
@@ -228,19 +256,14 @@ fn o1_9_4_packing_six_agents_give_four_and_two() {
 fn o1_9_5_idle_pane_in_second_workspace_is_reused() {
     let m = Mock::new("o1_9_5", json!({}));
     let dir = m.dir();
-    let state = json!({"running": true, "next": 100,
-        "workspaces": [
-            {"workspace_id": "w1", "cwd": dir, "label": "", "panes": [
-                pane_v("p1", Some("a1"), 0, 0), pane_v("p2", Some("a2"), 1, 0),
-                pane_v("p3", Some("a3"), 0, 1), pane_v("p4", Some("a4"), 1, 1)]},
-            {"workspace_id": "w2", "cwd": dir, "label": "", "panes": [
-                pane_v("p5", Some("a5"), 0, 0), pane_v("p6", None, 1, 0)]}],
-        "agents": [agent("a1","p1","idle"), agent("a2","p2","idle"), agent("a3","p3","idle"),
-                   agent("a4","p4","idle"), agent("a5","p5","idle")]});
+    let state = json!({"running": true, "next_workspace": 3,
+        "workspaces": [ws_v("w1", "", &dir, 4), ws_v("w2", "", &dir, 2)],
+        "agents": [agent("a1","w1:p1","idle"), agent("a2","w1:p2","idle"), agent("a3","w1:p3","idle"),
+                   agent("a4","w1:p4","idle"), agent("a5","w2:p1","idle")]});
     fs::write(&m.state, state.to_string()).unwrap();
     let r = m.pane(&["new-session", "--agent", "claude", "--name", "a6", "--cwd", &dir]).run();
     r.expect_rc(0);
-    assert_eq!(kv(&r.stdout(), "PANE"), "p6");
+    assert_eq!(kv(&r.stdout(), "PANE"), "w2:p2");
     assert_eq!(kv(&r.stdout(), "WORKSPACE"), "w2");
     assert_eq!(kv(&r.stdout(), "REUSED"), "1");
     assert!(m.calls_of(&["pane", "split"]).is_empty());
@@ -251,14 +274,10 @@ fn o1_9_5_idle_pane_in_second_workspace_is_reused() {
 fn o1_9_6_ws_label_renames_only_the_chosen_workspace() {
     let m = Mock::new("o1_9_6", json!({}));
     let dir = m.dir();
-    let state = json!({"running": true, "next": 100,
-        "workspaces": [
-            {"workspace_id": "w1", "cwd": dir, "label": "one", "panes": [
-                pane_v("p1", Some("a1"), 0, 0), pane_v("p2", Some("a2"), 1, 0),
-                pane_v("p3", Some("a3"), 0, 1), pane_v("p4", Some("a4"), 1, 1)]},
-            {"workspace_id": "w2", "cwd": dir, "label": "two", "panes": [pane_v("p5", Some("a5"), 0, 0)]}],
-        "agents": [agent("a1","p1","idle"), agent("a2","p2","idle"), agent("a3","p3","idle"),
-                   agent("a4","p4","idle"), agent("a5","p5","idle")]});
+    let state = json!({"running": true, "next_workspace": 3,
+        "workspaces": [ws_v("w1", "one", &dir, 4), ws_v("w2", "two", &dir, 1)],
+        "agents": [agent("a1","w1:p1","idle"), agent("a2","w1:p2","idle"), agent("a3","w1:p3","idle"),
+                   agent("a4","w1:p4","idle"), agent("a5","w2:p1","idle")]});
     fs::write(&m.state, state.to_string()).unwrap();
     m.pane(&["new-session", "--agent", "claude", "--name", "a6", "--cwd", &dir])
         .env("MAM_WS_LABEL", "lbl")
@@ -285,10 +304,9 @@ fn o1_9_6_ws_label_renames_only_the_chosen_workspace() {
 fn o1_9_7_env_flags_travel_only_as_env_on_create_or_split() {
     let m = Mock::new("o1_9_7", json!({}));
     let dir = m.dir();
-    let state = json!({"running": true, "next": 100,
-        "workspaces": [{"workspace_id": "w1", "cwd": dir, "label": "", "panes": [
-            pane_v("p1", Some("a1"), 0, 0), pane_v("p2", None, 1, 0)]}],
-        "agents": [agent("a1","p1","idle")]});
+    let state = json!({"running": true, "next_workspace": 2,
+        "workspaces": [ws_v("w1", "", &dir, 2)],
+        "agents": [agent("a1","w1:p1","idle")]});
     fs::write(&m.state, state.to_string()).unwrap();
     let r = m
         .pane(&[
@@ -319,7 +337,7 @@ fn o1_9_7_env_flags_travel_only_as_env_on_create_or_split() {
     let r = m.pane(&["new-session", "--agent", "claude", "--name", "a3", "--cwd", &dir]).run();
     r.expect_rc(0);
     assert_eq!(kv(&r.stdout(), "REUSED"), "1");
-    assert_eq!(kv(&r.stdout(), "PANE"), "p2");
+    assert_eq!(kv(&r.stdout(), "PANE"), "w1:p2");
     // A fresh workspace gets them on create.
     let m2 = Mock::new("o1_9_7b", json!({"running": true}));
     let d2 = m2.dir();
@@ -347,7 +365,7 @@ fn started_line(token: &str) -> String {
 fn o1_9_8_send_keys_safe_outcomes() {
     let case = |name: &str, inject: Value, agent_status: &str, never_working: bool| -> (Mock, PathBuf) {
         let m = Mock::new(name, json!({}));
-        let mut a = agent("a1", "p1", agent_status);
+        let mut a = agent("a1", "w1:p1", agent_status);
         a["never_working"] = json!(never_working);
         let mut inj = inject;
         let reg = registry(&m.td);
@@ -355,8 +373,7 @@ fn o1_9_8_send_keys_safe_outcomes() {
             inj["on_prompt_append"] =
                 json!({"path": reg.join("j1/events.log").to_string_lossy(), "line": started_line(&tok)});
         }
-        let state = json!({"running": true, "agents": [a], "inject": inj,
-            "workspaces": [{"workspace_id": "w1", "cwd": "/", "panes": [pane_v("p1", Some("a1"), 0, 0)]}]});
+        let state = json!({"running": true, "agents": [a], "inject": inj, "workspaces": [ws_v("w1", "", "/", 1)]});
         fs::write(&m.state, state.to_string()).unwrap();
         m.td.write("prompt.txt", "Job j1: read and follow /x/brief.md. Run first: true\n");
         (m, reg)
@@ -410,8 +427,10 @@ fn o1_9_8_send_keys_safe_outcomes() {
 #[test]
 fn o1_9_9_cross_server_calls_carry_the_rows_server() {
     let m = Mock::new("o1_9_9", json!({}));
-    let state = json!({"running": true, "agents": [agent("a1", "p1", "idle")],
-        "workspaces": [{"workspace_id": "w1", "cwd": "/", "panes": [pane_v("p1", Some("a1"), 0, 0)]}]});
+    // An agent that reacts to a prompt (works, then settles), so only the routing is in question.
+    let mut a = agent("a1", "w1:p1", "idle");
+    a["react"] = json!("settle");
+    let state = json!({"running": true, "agents": [a], "workspaces": [ws_v("w1", "", "/", 1)]});
     fs::write(&m.state, state.to_string()).unwrap();
     m.td.write("prompt.txt", "hello\n");
     let caller = |c: Cmd| c.env("HERDR_SOCKET_PATH", "/tmp/server-a.sock").env("HERDR_SESSION", "A");
@@ -421,7 +440,7 @@ fn o1_9_9_cross_server_calls_carry_the_rows_server() {
         .args([m.td.path("prompt.txt")])
         .run()
         .expect_rc(0);
-    caller(m.pane(&["close", "--pane", "p1", "--server", "B"])).run().expect_rc(0);
+    caller(m.pane(&["close", "--pane", "w1:p1", "--server", "B"])).run().expect_rc(0);
     let calls = m.calls();
     assert!(calls.len() >= 5, "{calls:?}");
     for c in calls {

@@ -1,9 +1,9 @@
 //! Sessions (ORCH 2.8): create / resume / stop / status / reconcile, the sessions file and the shims.
 //! Tests run over the fake backend (`MAM_PANE_BACKEND=fake`, state in the test directory); herdr-only
 //! behaviour (`--env` on the pane calls, no mutation, rollback of a created workspace, list outcomes
-//! for reconcile) runs against the MOCK herdr (`mam test-double herdr`), since herdr itself cannot run
-//! here; the main flow (create -> status -> stop -> resume) and the "pane not at a shell" refusal also
-//! run on real tmux with a random socket per test, killed on drop.
+//! for reconcile) runs against the MOCK herdr (`mam test-double herdr`, compared with the real herdr
+//! by `herdr_contract.rs`); the main flow (create -> status -> stop -> resume) and the "pane not at a
+//! shell" refusal also run on real tmux with a random socket per test, killed on drop.
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
@@ -94,6 +94,8 @@ impl S {
                 env.push(("MAM_MOCK_STATE".into(), td.path("mock-state.json").into()));
                 env.push(("MAM_MOCK_LOG".into(), td.path("mock-log.jsonl").into()));
                 env.push(("MAM_SERVER_BOOT_WAIT_S".into(), "5".into()));
+                env.push(("MAM_MOCK_STALL_MS".into(), "300".into()));
+                env.push(("MAM_MOCK_WAIT_CAP_MS".into(), "1000".into()));
                 td.write("mock-state.json", json!({"running": true}).to_string());
             }
         }
