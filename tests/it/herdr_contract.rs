@@ -93,6 +93,8 @@ impl ContractHerdr {
             ("XDG_RUNTIME_DIR".into(), s(&run)),
             ("HERDR_DISABLE_SOUND".into(), "1".into()),
             ("HERDR_SESSION".into(), format!("c{}", rand_hex(6))),
+            // The scenarios' agent never changes state (the mock's default reaction): no working title.
+            ("MAM_FAKE_AGENT_SCRIPT".into(), s(&td.write("agent.script", "report_working=0\n"))),
         ];
         if side == Side::Mock {
             env.push(("MAM_MOCK_STATE".into(), s(&td.path("mock-state.json"))));
