@@ -514,15 +514,42 @@ impl Backend for Herdr {
 
     fn prompt(&self, target: &str, text: &str, wait_ms: u32) -> PromptOutcome {
         let ms = wait_ms.to_string();
-        let args = ["agent", "prompt", target, text, "--wait", "--timeout", &ms];
-        match self.run(&args, Duration::from_millis(wait_ms as u64 + 10_000)) {
+        // Delivery is confirmed by the agent reacting: return on the first status after activity,
+        // `working` included, instead of waiting out the agent's whole turn.
+        let args = [
+            "agent",
+            "prompt",
+            target,
+            text,
+            "--wait",
+            "--until",
+            "working",
+            "--until",
+            "idle",
+            "--until",
+            "done",
+            "--until",
+            "blocked",
+            "--timeout",
+            &ms,
+        ];
+        let (code, reply) = match self.call(&args, Duration::from_millis(wait_ms as u64 + 10_000)) {
+            Ok(Output { status, stdout, stderr }) => (
+                status.code(),
+                classify(status.code(), &String::from_utf8_lossy(&stdout), &String::from_utf8_lossy(&stderr)),
+            ),
+            Err(r) => (None, r),
+        };
+        match reply {
             Reply::Ok(_) => PromptOutcome::Settled,
             // Both mean the text was typed and submitted: herdr only could not see the agent react
             // (stalled: no state change within 5 s). Never retried, so a prompt is never typed twice.
             Reply::Error { code, .. } if code == "timeout" => PromptOutcome::Accepted(Accepted::Timeout),
             Reply::Error { code, .. } if code == "agent_prompt_stalled" => PromptOutcome::Accepted(Accepted::Stalled),
-            // Our deadline ended the call mid-wait: the text may be in; count it accepted, unconfirmed.
+            // Our deadline ended the call mid-wait, or the CLI failed without a document (the server
+            // went away mid-call: `EmptyResponse`): the text may be in; accepted, unconfirmed.
             Reply::TimedOut(_) => PromptOutcome::Accepted(Accepted::Timeout),
+            Reply::Bad(_) if code == Some(1) => PromptOutcome::Accepted(Accepted::Timeout),
             Reply::Error { code, message } => {
                 PromptOutcome::TransportError(one_line(&format!("herdr agent prompt {target}: {code} {message}")))
             }

@@ -188,6 +188,15 @@ pub fn rollback(b: &dyn Backend, p: &Placed) -> PaneResult<()> {
 pub fn clear_startup_dialogs(b: &dyn Backend, name: &str, knobs: &Knobs) -> PaneResult<()> {
     let mut sent = 0;
     let mut status = b.agent_status(name);
+    // A backend that classifies the screen (herdr) may report the agent idle when `agent start`
+    // returns and see its dialog a moment later: give a dialog the settle time to show.
+    if b.has_lifecycle() && status != Status::Blocked {
+        let deadline = Instant::now() + Duration::from_millis(knobs.dialog_settle_ms);
+        while status != Status::Blocked && Instant::now() < deadline {
+            sys::sleep(Duration::from_millis(knobs.poll_ms.clamp(10, 200)));
+            status = b.agent_status(name);
+        }
+    }
     loop {
         match dialog_step(status, sent, knobs.dialog_max) {
             DialogStep::Ready => return Ok(()),

@@ -265,10 +265,15 @@ fn mask(v: &Value) -> Value {
     }
 }
 
+/// Keys herdr adds from what the pane's program drew (the fake agent sets claude's window titles),
+/// which the mock, drawing nothing, does not have: left out on both sides.
+const SCREEN_DERIVED: &[&str] = &["terminal_title", "terminal_title_stripped"];
+
 fn normalize(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
             m.iter()
+                .filter(|(k, _)| !SCREEN_DERIVED.contains(&k.as_str()))
                 .map(|(k, v)| {
                     let nv = if k == "terminal_id" {
                         let ok = v

@@ -11,6 +11,7 @@ mod delegate;
 mod envfile;
 mod heartbeat;
 mod herdr_contract;
+mod herdr_mam;
 mod herdr_real;
 mod jobs;
 mod liveness;
