@@ -6,8 +6,6 @@
 //! signals a process whose argv and start time were not checked against monitor.lock.
 
 use std::ffi::OsString;
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -269,7 +267,7 @@ fn ensure(ctx: &Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure> {
     let exe = std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find the mam binary ({e})")))?;
     let log_path = lock::log_path(workspace);
     let log_file = sys::create_dir_all(&workspace.join(".mam"))
-        .and_then(|_| OpenOptions::new().append(true).create(true).mode(0o600).open(&log_path))
+        .and_then(|_| sys::open_append(&log_path))
         .map_err(|e| Failure::runtime(format!("{}: cannot open ({e})", text::show_path(&log_path))))?;
     let log_err =
         log_file.try_clone().map_err(|e| Failure::runtime(format!("cannot duplicate log descriptor ({e})")))?;

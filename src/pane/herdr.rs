@@ -335,10 +335,7 @@ impl Herdr {
         let log_path = logs.join(format!("herdr-server-{}.log", self.server));
         sys::create_dir_all(&logs)
             .map_err(|e| PaneError::Failed(format!("cannot create {}: {e}", show_path(&logs))))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
+        let log = sys::open_append(&log_path)
             .map_err(|e| PaneError::Failed(format!("cannot open {}: {e}", show_path(&log_path))))?;
         let log2 = log.try_clone().map_err(|e| PaneError::Failed(format!("{}: {e}", show_path(&log_path))))?;
         let mut c = Command::new("herdr");

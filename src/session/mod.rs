@@ -502,7 +502,7 @@ pub fn run_self(ctx: &Ctx, args: &[&str], limit: Duration) -> Result<ChildOut, S
     let tag = sys::random_hex(8).map_err(|e| format!("random: {e}"))?;
     let out_p = tmp.join(format!(".mam-child-{tag}.out"));
     let err_p = tmp.join(format!(".mam-child-{tag}.err"));
-    let open = |p: &Path| fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", show_path(p)));
+    let open = |p: &Path| sys::create_new(p).map_err(|e| format!("cannot create {}: {e}", show_path(p)));
     let (out_f, err_f) = (open(&out_p)?, open(&err_p)?);
     let mut c = Command::new(&exe);
     c.args(args).env_clear().envs(ctx.child_env()).current_dir(ctx.cwd());
