@@ -3,7 +3,7 @@
 //! through `setpriv` when the suite runs as root (A31); as a non-root user they say so and return.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -51,6 +51,133 @@ fn victim(td: &TestDir, rel: &str) -> (PathBuf, Vec<u8>) {
     let p = td.write(rel, &content);
     chmod(&p, 0o644);
     (p, content)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Env file trust
+
+#[test]
+fn env_file_of_another_user_in_the_cwd_is_refused_and_its_openssl_never_runs() {
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("sec-env-other");
+    // The attacker's directory, where root happens to run `mam pub`.
+    let dir = td.path("theirs");
+    fs::create_dir_all(&dir).unwrap();
+    chown_nobody(&dir);
+    let marker = td.path("theirs/ran");
+    let port = free_port();
+    as_attacker(
+        &td,
+        &dir,
+        &format!(
+            "printf '#!/bin/sh\\ntouch {m}\\n' > evil.sh && chmod 755 evil.sh && \
+             printf 'MQTT_TLS=1\\nMQTT_BROKER=127.0.0.1\\nMQTT_PORT={port}\\nMAM_OPENSSL={d}/evil.sh\\n' > .mam.env",
+            m = marker.display(),
+            d = dir.display()
+        ),
+    );
+    let env = dir.join(".mam.env");
+    assert_eq!(fs::metadata(&env).unwrap().uid(), NOBODY);
+    let r = td.mam().env_remove("MAM_ENV_FILE").cwd(&dir).args(["pub", "-t", "x", "-m", "y"]).run();
+    assert!(!marker.exists(), "root ran the attacker's MAM_OPENSSL\n{}", r.stderr());
+    r.expect_rc(1);
+    eqnice!(format!("ERROR: {}: refused: owned by uid {NOBODY}, not you (uid 0)\n", env.display()), r.stderr());
+    // Refused by every command that loads it, not only pub.
+    for args in [&["env", "--shell"][..], &["registry", "list"], &["paths"]] {
+        let r = td.mam().env_remove("MAM_ENV_FILE").cwd(&dir).args(args).run();
+        r.expect_rc(1);
+        assert_eq!(r.stdout(), "", "{args:?}");
+        assert!(r.stderr().contains(": refused: owned by uid 65534"), "{args:?}: {}", r.stderr());
+    }
+}
+
+#[test]
+fn env_file_of_another_user_in_workspace_root_is_refused() {
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("sec-env-ws");
+    let f = td.write("shared/.mam.env", "MQTT_PORT=1\n");
+    chown_nobody(&f);
+    let r = td.mam().env_remove("MAM_ENV_FILE").env("WORKSPACE_ROOT", td.path("shared")).args(["env", "--shell"]).run();
+    r.expect_rc(1);
+    eqnice!(format!("ERROR: {}: refused: owned by uid {NOBODY}, not you (uid 0)\n", f.display()), r.stderr());
+    assert_eq!(r.stdout(), "");
+}
+
+#[test]
+fn env_file_writable_by_group_or_others_is_refused() {
+    let td = TestDir::new("sec-env-mode");
+    let f = td.write("ws/.mam.env", "A=1\n");
+    let ambient = |args: &[&str]| td.mam().env_remove("MAM_ENV_FILE").args(args).run();
+    for (m, who) in [(0o666, "others"), (0o620, "group")] {
+        chmod(&f, m);
+        for args in [&["env", "--shell"][..], &["registry", "list"], &["pub", "-t", "x", "-m", "y"]] {
+            let r = ambient(args);
+            r.expect_rc(1);
+            eqnice!(format!("ERROR: {}: refused: writable by {who} (mode {m:04o})\n", f.display()), r.stderr());
+            assert_eq!(r.stdout(), "");
+        }
+    }
+    // Its directory counts too: a 0600 file in a directory others may write.
+    chmod(&f, 0o600);
+    let dir = td.path("open");
+    let g = td.write("open/x.env", "A=1\n");
+    chmod(&g, 0o600);
+    chmod(&dir, 0o777);
+    let r = td.mam().env("MAM_ENV_FILE", &g).args(["env", "--shell"]).run();
+    chmod(&dir, 0o755);
+    r.expect_rc(1);
+    eqnice!(
+        format!("ERROR: {}: refused: directory {}: writable by others (mode 0777)\n", g.display(), dir.display()),
+        r.stderr()
+    );
+    // A symlink is not followed.
+    std::os::unix::fs::symlink(&f, td.path("link.env")).unwrap();
+    let r = td.mam().env("MAM_ENV_FILE", td.path("link.env")).args(["env", "--shell"]).run();
+    r.expect_rc(1);
+    eqnice!(format!("ERROR: {}: refused: is a symbolic link\n", td.path("link.env").display()), r.stderr());
+    // The good file still loads.
+    let r = ambient(&["env", "--shell"]);
+    r.expect_rc(0);
+    eqnice!("export A='1'\n", r.stdout());
+}
+
+#[test]
+fn program_paths_in_an_own_env_file_are_ignored_with_a_warning() {
+    let td = TestDir::new("sec-env-prog");
+    let marker = td.path("ran");
+    let evil = td.write("evil.sh", format!("#!/bin/sh\ntouch {}\n", marker.display()));
+    chmod(&evil, 0o755);
+    let port = free_port();
+    let f = td.write(
+        "ws/.mam.env",
+        format!(
+            "MQTT_TLS=1\nMAM_OPENSSL={e}\nMQTT_BROKER=127.0.0.1\nMQTT_PORT={port}\nMAM_BIN={e}\nMAM_MQTT_CONNECT_TIMEOUT_S=2\n",
+            e = evil.display()
+        ),
+    );
+    chmod(&f, 0o600);
+    let r = td.mam().env_remove("MAM_ENV_FILE").args(["pub", "-t", "x", "-m", "y"]).run();
+    assert!(!marker.exists(), "mam ran MAM_OPENSSL from the env file\n{}", r.stderr());
+    let err = r.stderr();
+    let shown = f.display().to_string();
+    for (n, key) in [(2, "MAM_OPENSSL"), (5, "MAM_BIN")] {
+        let want = format!("WARNING: {shown}:{n}: {key} is taken from the environment only; line skipped");
+        assert!(err.lines().any(|l| l == want), "missing {want:?} in\n{err}");
+    }
+    assert!(!err.contains(&evil.display().to_string()), "a value leaked into a diagnostic: {err}");
+    let r = td.mam().env_remove("MAM_ENV_FILE").args(["env", "--shell"]).run();
+    r.expect_rc(0);
+    assert!(!r.stdout().contains("MAM_OPENSSL") && !r.stdout().contains("MAM_BIN"), "{}", r.stdout());
+    assert!(r.stdout().contains("export MQTT_TLS='1'"), "{}", r.stdout());
+    // The publish command line an agent is given never names the env file's MAM_BIN.
+    let id = register_job(&td, &[("MAM_ENV_FILE", f.display().to_string())], &[]);
+    let r = td.mam().env("MAM_ENV_FILE", &f).args(["registry", "publish-cmd", &id]).run();
+    r.expect_rc(0);
+    assert!(!r.stdout().contains(&evil.display().to_string()), "{}", r.stdout());
 }
 
 // ---------------------------------------------------------------------------------------------
