@@ -122,6 +122,12 @@ pub fn session_failure(cmd: &str, e: &SessionError) -> Failure {
     }
 }
 
+impl From<crate::paths::Untrusted> for Failure {
+    fn from(e: crate::paths::Untrusted) -> Failure {
+        Failure::runtime(e)
+    }
+}
+
 impl From<lexopt::Error> for Failure {
     fn from(e: lexopt::Error) -> Failure {
         Failure::usage(one_line(&e.to_string()))

@@ -46,7 +46,7 @@ impl Fake {
     pub fn new(ctx: &Ctx, _server: Option<&str>, knobs: Knobs) -> Fake {
         let dir = match ctx.path_var("MAM_FAKE_PANES_DIR") {
             Some(d) => sys::absolutize(ctx.cwd(), &d),
-            None => crate::paths::control_root(ctx).join(".mam").join("fake-panes"),
+            None => crate::paths::find_control_root(ctx).join(".mam").join("fake-panes"),
         };
         Fake { ctx: ctx.clone(), dir, knobs }
     }

@@ -181,6 +181,111 @@ fn program_paths_in_an_own_env_file_are_ignored_with_a_warning() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 2. Control root trust
+
+/// `<td>/shared/.mam` owned by uid 65534, and a subdirectory of it to run in.
+fn foreign_root(td: &TestDir) -> (PathBuf, PathBuf) {
+    let shared = td.path("shared");
+    fs::create_dir_all(shared.join(".mam")).unwrap();
+    fs::create_dir_all(shared.join("src/deep")).unwrap();
+    chown_nobody(&shared.join(".mam"));
+    (shared.clone(), shared.join("src/deep"))
+}
+
+#[test]
+fn control_root_of_another_user_in_an_ancestor_is_refused_unless_trusted() {
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("sec-root");
+    let (shared, deep) = foreign_root(&td);
+    let dotmam = shared.join(".mam");
+    let want = format!(
+        "ERROR: {}: refused: owned by uid {NOBODY}, not you (uid 0); trust it with MAM_TRUSTED_ROOTS\n",
+        dotmam.display()
+    );
+    let r = td.mam().cwd(&deep).args(["paths"]).run();
+    r.expect_rc(1);
+    eqnice!(want, r.stderr());
+    assert_eq!(r.stdout(), "");
+    let r = td.mam().cwd(&deep).args(["registry", "register", "--session", "s1", "--job-id", "j1"]).run();
+    r.expect_rc(1);
+    eqnice!(want, r.stderr());
+    assert_eq!(tree(&dotmam), Vec::<String>::new(), "nothing written under the refused root");
+    // Every command that writes there refuses the same way, the daemon first of all.
+    for args in [
+        &["daemon", "run", "--workspace", shared.to_str().unwrap(), "--idle-timeout", "1"][..],
+        &["daemon", "ensure"],
+        &["monitor", "start"],
+        &["jobs"],
+        &["publish", "--job-id", "j1", "--event", "started"],
+    ] {
+        let r = td.mam().cwd(&deep).env_remove("MAM_NO_SUBSCRIBER_DAEMON").args(args).run();
+        r.expect_rc(1);
+        assert!(
+            r.stderr().contains(&format!("{}: refused: owned by uid {NOBODY}", dotmam.display())),
+            "{args:?}: {}",
+            r.stderr()
+        );
+        assert_eq!(tree(&dotmam), Vec::<String>::new(), "{args:?} wrote under the refused root");
+    }
+    // Trusted by name (or by `*`), it is used.
+    for trusted in [shared.display().to_string(), format!("/nonexistent:{}", shared.display()), "*".to_string()] {
+        let r = td.mam().cwd(&deep).env("MAM_TRUSTED_ROOTS", &trusted).args(["paths"]).run();
+        r.expect_rc(0);
+        assert!(r.stdout().contains(&format!("control_root={}\n", shared.display())), "{}", r.stdout());
+    }
+    let r = td
+        .mam()
+        .cwd(&deep)
+        .env("MAM_TRUSTED_ROOTS", &shared)
+        .args(["registry", "register", "--session", "s1", "--job-id", "j1"])
+        .run();
+    r.expect_rc(0);
+    assert!(dotmam.join("jobs/j1.json").is_file());
+    // MAM_TRUSTED_ROOTS is taken from the environment only: an env file cannot trust a root.
+    let f = td.write("trust.env", format!("MAM_TRUSTED_ROOTS={}\n", shared.display()));
+    chmod(&f, 0o600);
+    let r = td.mam().cwd(&deep).env("MAM_ENV_FILE", &f).args(["paths"]).run();
+    r.expect_rc(1);
+    assert!(r.stderr().contains(":1: MAM_TRUSTED_ROOTS is taken from the environment only; line skipped"));
+}
+
+#[test]
+fn registry_or_logs_writable_by_others_is_refused() {
+    let td = TestDir::new("sec-root-mode");
+    let open = td.path("open");
+    fs::create_dir_all(open.join("jobs")).unwrap();
+    chmod(&open.join("jobs"), 0o777);
+    let r = td.mam().env("MAM_JOBS_DIR", open.join("jobs")).args(["registry", "register", "--session", "s1"]).run();
+    r.expect_rc(1);
+    eqnice!(
+        format!(
+            "ERROR: {}: refused: writable by others (mode 0777); trust it with MAM_TRUSTED_ROOTS\n",
+            open.join("jobs").display()
+        ),
+        r.stderr()
+    );
+    assert_eq!(tree(&open), vec!["jobs".to_string()]);
+    // A registry that does not exist yet is judged by the directory it would be created in.
+    chmod(&open.join("jobs"), 0o755);
+    chmod(&open, 0o775);
+    let r = td
+        .mam()
+        .env("DELEGATE_JOB_LOGS_DIR", open.join("logs"))
+        .args(["registry", "register", "--session", "s1"])
+        .run();
+    r.expect_rc(1);
+    assert!(
+        r.stderr().contains(&format!("{}: refused: writable by group (mode 0775)", open.display())),
+        "{}",
+        r.stderr()
+    );
+    assert!(!open.join("logs").exists());
+    chmod(&open, 0o755);
+}
+
+// ---------------------------------------------------------------------------------------------
 // 3. No symlink followed when writing
 
 #[test]
