@@ -122,6 +122,12 @@ pub fn session_failure(cmd: &str, e: &SessionError) -> Failure {
     }
 }
 
+impl From<crate::paths::Untrusted> for Failure {
+    fn from(e: crate::paths::Untrusted) -> Failure {
+        Failure::runtime(e)
+    }
+}
+
 impl From<lexopt::Error> for Failure {
     fn from(e: lexopt::Error) -> Failure {
         Failure::usage(one_line(&e.to_string()))
@@ -155,7 +161,8 @@ pub fn parse_or_help<A>(
 }
 
 /// Loads the env file once (CORE 1.4), printing its warnings; an unreadable file is rc 1 with
-/// exactly `ERROR: <path>: cannot read (<kind>)` (CORE 1.3).
+/// exactly `ERROR: <path>: cannot read (<kind>)` (CORE 1.3), and an untrusted one rc 1 with
+/// `ERROR: <path>: refused: <why>` (issue 12): fatal for every command, never silently skipped.
 pub fn load_env(ctx: &mut Ctx) -> Result<(), Failure> {
     match envfile::ensure_env_loaded(ctx) {
         Ok(warnings) => {

@@ -114,6 +114,13 @@ impl Ctx {
         }
     }
 
+    /// A program path or trust setting (`MAM_OPENSSL`, `MAM_BIN`, `MAM_TRUSTED_ROOTS`): the real
+    /// environment only, never the env-file overlay (issue 12; `envfile::ENV_ONLY` skips those lines
+    /// too). An empty value counts as unset.
+    pub fn env_only(&self, key: &str) -> Option<PathBuf> {
+        self.env.get(OsStr::new(key)).filter(|v| !v.is_empty()).map(PathBuf::from)
+    }
+
     /// True when `key` exists in the real environment, even with an empty value (CORE 1.2 rule 11).
     pub fn in_real_env(&self, key: &str) -> bool {
         self.env.contains_key(OsStr::new(key))

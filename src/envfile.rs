@@ -4,6 +4,11 @@
 //! It never prints and never exits: warnings come back as lines for the entry point to print, and
 //! a file that cannot be read or decoded is an `EnvFileError`. Values never appear in a warning or
 //! an error (A2).
+//!
+//! It loads only a file it can trust (issue 12, docs/SECURITY.md): opened without following a
+//! symlink, then the open descriptors of the file and its directory must both be owned by the user
+//! or root and not writable by group or others; and it never takes a program path from a file
+//! (`ENV_ONLY`).
 
 use std::fmt;
 use std::fs;
@@ -12,6 +17,7 @@ use std::path::PathBuf;
 
 use crate::ctx::Ctx;
 use crate::text::show_path;
+use crate::trust::{self, Why};
 
 /// Why a present file could not be loaded; the legacy names are part of the output (CORE 1.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,15 +26,21 @@ pub enum ErrorKind {
     IsADirectory,
     UnicodeDecode,
     Os,
+    /// The file is not trusted (issue 12): someone else's, writable by others, or a symlink.
+    Refused(Why),
+    /// The file's directory is not trusted.
+    RefusedDir(Why),
 }
 
 impl ErrorKind {
-    pub fn legacy_name(self) -> &'static str {
+    /// The legacy name of a read failure (CORE 1.3); `None` for a refusal, which has its own words.
+    pub fn legacy_name(self) -> Option<&'static str> {
         match self {
-            ErrorKind::Permission => "PermissionError",
-            ErrorKind::IsADirectory => "IsADirectoryError",
-            ErrorKind::UnicodeDecode => "UnicodeDecodeError",
-            ErrorKind::Os => "OSError",
+            ErrorKind::Permission => Some("PermissionError"),
+            ErrorKind::IsADirectory => Some("IsADirectoryError"),
+            ErrorKind::UnicodeDecode => Some("UnicodeDecodeError"),
+            ErrorKind::Os => Some("OSError"),
+            ErrorKind::Refused(_) | ErrorKind::RefusedDir(_) => None,
         }
     }
 
@@ -36,6 +48,8 @@ impl ErrorKind {
         match e.raw_os_error() {
             Some(libc::EACCES) | Some(libc::EPERM) => ErrorKind::Permission,
             Some(libc::EISDIR) => ErrorKind::IsADirectory,
+            // O_NOFOLLOW met a symlink as the last component.
+            Some(libc::ELOOP) => ErrorKind::Refused(Why::Symlink),
             _ => ErrorKind::Os,
         }
     }
@@ -50,7 +64,15 @@ pub struct EnvFileError {
 
 impl fmt::Display for EnvFileError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: cannot read ({})", show_path(&self.path), self.kind.legacy_name())
+        let shown = show_path(&self.path);
+        match self.kind {
+            ErrorKind::Refused(why) => write!(f, "{shown}: refused: {why}"),
+            ErrorKind::RefusedDir(why) => {
+                let dir = self.path.parent().unwrap_or(std::path::Path::new("/"));
+                write!(f, "{shown}: refused: directory {}: {why}", show_path(dir))
+            }
+            kind => write!(f, "{shown}: cannot read ({})", kind.legacy_name().unwrap_or("OSError")),
+        }
     }
 }
 
@@ -95,6 +117,12 @@ const BASH_OWNED: &[&str] = &[
     "OSTYPE",
     "ENV",
 ];
+
+/// Keys taken from the real environment only, never from an env file (issue 12): the programs mam
+/// runs (`MAM_OPENSSL`, `MAM_BIN`, and `PATH` with the loader's variables, which pick the `tmux`,
+/// `herdr`, `sh` and libraries its children run) and the trust list itself. A file line setting
+/// one is skipped with a warning naming the line.
+pub const ENV_ONLY: &[&str] = &["MAM_OPENSSL", "MAM_BIN", "MAM_TRUSTED_ROOTS", "PATH", "LD_PRELOAD", "LD_LIBRARY_PATH"];
 
 fn is_bash_owned(key: &str) -> bool {
     key.starts_with("BASH_") || BASH_OWNED.contains(&key)
@@ -150,6 +178,10 @@ pub fn parse(shown: &str, bytes: &[u8]) -> Result<Parsed, ErrorKind> {
             warnings.push(warn(n, "key is owned by bash"));
             continue;
         }
+        if ENV_ONLY.contains(&key) {
+            warnings.push(warn(n, &format!("{key} is taken from the environment only")));
+            continue;
+        }
         let value = unquote(value);
         if !seen.insert(key.to_string()) {
             warnings.push(warn(n, "duplicate key; first value kept"));
@@ -194,10 +226,25 @@ pub fn resolve(ctx: &Ctx) -> Option<PathBuf> {
     candidates.into_iter().find(|p| !matches!(fs::metadata(p), Err(ref e) if e.kind() == io::ErrorKind::NotFound))
 }
 
-/// Reads and parses `path`, mapping failures to the legacy kinds.
+/// Reads and parses `path`, mapping failures to the legacy kinds, after the trust check of issue 12:
+/// the file is opened without following a symlink, and the descriptors of the file and of its
+/// directory are judged (fstat, so what is judged is what is read).
 pub fn read(path: &std::path::Path) -> Result<Parsed, EnvFileError> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
     let err = |kind| EnvFileError { path: path.to_path_buf(), kind };
-    let bytes = fs::read(path).map_err(|e| err(ErrorKind::from_io(&e)))?;
+    let io_err = |e: io::Error| err(ErrorKind::from_io(&e));
+    let (dir, mut file) = crate::sys::open_read_nofollow_with_dir(path).map_err(io_err)?;
+    let meta = file.metadata().map_err(io_err)?;
+    if meta.is_dir() {
+        return Err(err(ErrorKind::IsADirectory));
+    }
+    let me = crate::sys::geteuid();
+    trust::judge(me, meta.uid(), meta.mode()).map_err(|w| err(ErrorKind::Refused(w)))?;
+    let dmeta = dir.metadata().map_err(io_err)?;
+    trust::judge(me, dmeta.uid(), dmeta.mode()).map_err(|w| err(ErrorKind::RefusedDir(w)))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(io_err)?;
     parse(&show_path(path), &bytes).map_err(err)
 }
 
@@ -282,6 +329,29 @@ mod tests {
         let got = parse("f", b"A=1\nB=le\0ft\nC=3\n").unwrap();
         assert_eq!(got.entries.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["A", "C"]);
         assert_eq!(got.warnings, vec!["WARNING: f:2: contains NUL; line skipped"]);
+    }
+
+    #[test]
+    fn program_paths_and_the_trust_list_are_never_taken_from_a_file() {
+        let got = p("A=1\nMAM_OPENSSL=/x/evil\nMAM_BIN=/x/evil\nMAM_TRUSTED_ROOTS=*\nPATH=/x\nB=2\n");
+        assert_eq!(got.entries.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["A", "B"]);
+        assert_eq!(got.warnings[0], "WARNING: f:2: MAM_OPENSSL is taken from the environment only; line skipped");
+        assert_eq!(got.warnings.len(), 4);
+        assert!(got.warnings.iter().all(|w| !w.contains("/x")), "{:?}", got.warnings);
+    }
+
+    #[test]
+    fn refusals_name_the_file_and_why() {
+        let e = |kind| EnvFileError { path: "/x/.mam.env".into(), kind }.to_string();
+        assert_eq!(
+            e(ErrorKind::Refused(Why::OwnedBy { owner: 65534, me: 0 })),
+            "/x/.mam.env: refused: owned by uid 65534, not you (uid 0)"
+        );
+        assert_eq!(
+            e(ErrorKind::RefusedDir(Why::WritableByOthers { mode: 0o777 })),
+            "/x/.mam.env: refused: directory /x: writable by others (mode 0777)"
+        );
+        assert_eq!(e(ErrorKind::Permission), "/x/.mam.env: cannot read (PermissionError)");
     }
 
     #[test]

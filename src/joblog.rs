@@ -5,7 +5,7 @@
 //! It knows nothing of the engine, the wire or the timer; it never prints.
 
 use std::fmt;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -52,8 +52,7 @@ pub fn prepare_events_log(path: &Path) -> Result<(), JoblogError> {
             err,
         })?;
     }
-    use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new().append(true).create(true).mode(0o600).open(path).map(drop).map_err(|err| JoblogError {
+    sys::open_append(path).map(drop).map_err(|err| JoblogError {
         what: "cannot open events.log for appending",
         path: path.to_path_buf(),
         err,

@@ -27,5 +27,6 @@ pub mod sign;
 pub mod sys;
 pub mod testdouble;
 pub mod text;
+pub mod trust;
 pub mod watch;
 pub mod wire;

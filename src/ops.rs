@@ -375,9 +375,10 @@ fn stop_timer_quiet(ctx: &Ctx, store: &Store, job_id: &str) -> Vec<String> {
     out
 }
 
-/// The mam executable a command line for an agent names: `MAM_BIN` (absolute), else this binary.
+/// The mam executable a command line for an agent names: `MAM_BIN` (absolute; from the real
+/// environment only, never the env file: issue 12), else this binary.
 pub fn mam_exe(ctx: &Ctx) -> Result<PathBuf, OpsError> {
-    match ctx.path_var("MAM_BIN") {
+    match ctx.env_only("MAM_BIN") {
         Some(p) => Ok(sys::absolutize(ctx.cwd(), &p)),
         None => std::env::current_exe().map_err(OpsError::Exe),
     }

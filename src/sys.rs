@@ -62,8 +62,84 @@ pub fn hex(bytes: &[u8]) -> String {
 // Directories and files (CORE 0.5)
 
 /// Creates `dir` and its missing parents with mode 0700. Existing directories keep their mode.
+/// The last component must end up a real directory: a planted symlink there (to a directory of
+/// someone else's choosing) is an error, never followed by the writes that come next (issue 12).
 pub fn create_dir_all(dir: &Path) -> io::Result<()> {
-    DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    if fs::symlink_metadata(dir)?.file_type().is_symlink() {
+        return Err(symlink_refused());
+    }
+    Ok(())
+}
+
+fn symlink_refused() -> io::Error {
+    io::Error::other("is a symbolic link; not followed")
+}
+
+/// ELOOP from an `O_NOFOLLOW` open means the last component is a symlink: say so.
+fn nofollow_error(e: io::Error) -> io::Error {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        symlink_refused()
+    } else {
+        e
+    }
+}
+
+/// Only regular files are written, appended to or locked: not a FIFO, device or directory that a
+/// planted name might hold.
+fn regular(f: File) -> io::Result<File> {
+    if f.metadata()?.file_type().is_file() {
+        Ok(f)
+    } else {
+        Err(io::Error::other("not a regular file; not written"))
+    }
+}
+
+/// `OpenOptions` for every open that writes: `O_NOFOLLOW` (a symlink as last component fails with
+/// ELOOP instead of being followed) and new files 0600 (CORE 0.5, issue 12).
+fn write_options() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    o
+}
+
+/// Opens `path` for appending, creating it 0600; never follows a symlink (issue 12).
+pub fn open_append(path: &Path) -> io::Result<File> {
+    write_options().append(true).create(true).open(path).map_err(nofollow_error).and_then(regular)
+}
+
+/// Creates `path`, which must not exist yet (O_EXCL), 0600, for writing.
+pub fn create_new(path: &Path) -> io::Result<File> {
+    write_options().write(true).create_new(true).open(path).map_err(nofollow_error)
+}
+
+/// Writes `bytes` to `path` (created 0600 or truncated) without following a symlink. For files whose
+/// readers tolerate a torn write (the fake backend's pane state); records use `atomic_write`.
+pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f =
+        write_options().write(true).create(true).truncate(true).open(path).map_err(nofollow_error).and_then(regular)?;
+    f.write_all(bytes)
+}
+
+/// Opens `path` read-only without following a symlink as its last component, together with its
+/// directory, so the caller can fstat both descriptors (no check-then-open race): the directory is
+/// opened first, then the file relative to it (`openat`, `O_NOFOLLOW`).
+pub fn open_read_nofollow_with_dir(path: &Path) -> io::Result<(File, File)> {
+    use std::os::fd::FromRawFd;
+    let dir_path = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let dir = OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(dir_path)?;
+    let cname = std::ffi::CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `dir` is an open directory descriptor owned for the whole call and `cname` is a valid
+    // NUL-terminated string; openat does not keep either pointer.
+    let fd =
+        unsafe { libc::openat(dir.as_raw_fd(), cname.as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by openat, is valid, and nothing else owns it.
+    let file = unsafe { File::from_raw_fd(fd) };
+    Ok((dir, file))
 }
 
 fn fsync_dir(dir: &Path) -> io::Result<()> {
@@ -72,7 +148,8 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
 
 /// Writes `bytes` to `path` atomically: a temp file of its own in the same directory, fsync, rename
 /// over the target, fsync the directory. A reader sees the old file or the new one, never a mix.
-/// The parent directory must exist (creation is the caller's decision, CORE 2.1 "lazy").
+/// The result is always mode 0600; a symlink at `path` is replaced by the file, never written
+/// through. The parent directory must exist (creation is the caller's decision, CORE 2.1 "lazy").
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
@@ -81,12 +158,13 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     tmp_name.extend_from_slice(format!(".{}.{}.tmp", std::process::id(), random_hex(8)?).as_bytes());
     let tmp = dir.join(OsStr::from_bytes(&tmp_name));
     let result = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-        if let Ok(meta) = fs::metadata(path) {
-            // Existing modes are left alone (CORE 0.5): carry the target's mode over.
+        // O_EXCL|O_NOFOLLOW: a name planted in the directory is never opened. The mode is 0600
+        // whatever the umask and whatever the target was (or pointed at): a record holds auth_token,
+        // so its mode is never taken from an existing file or a link's target (issue 12).
+        let mut f = create_new(&tmp)?;
+        {
             use std::os::unix::fs::PermissionsExt;
-            let mode = meta.permissions().mode() & 0o7777;
-            f.set_permissions(fs::Permissions::from_mode(mode))?;
+            f.set_permissions(fs::Permissions::from_mode(0o600))?;
         }
         f.write_all(bytes)?;
         f.sync_all()?;
@@ -107,9 +185,10 @@ pub fn is_temp_name(name: &OsStr) -> bool {
 }
 
 /// Appends `line` (which must end in `\n`) to `path` in one write(2) on an O_APPEND descriptor
-/// while holding flock on that descriptor (CORE 0.5, A20). Creates the file with mode 0600.
+/// while holding flock on that descriptor (CORE 0.5, A20). Creates the file with mode 0600; a
+/// symlink at `path` is an error, never followed.
 pub fn append_locked(path: &Path, line: &[u8]) -> io::Result<()> {
-    let f = OpenOptions::new().append(true).create(true).mode(0o600).open(path)?;
+    let f = open_append(path)?;
     let lock = Flock::acquire(f, LockMode::Exclusive)?;
     let mut written = 0;
     // One write(2) for the whole line; a short write (disk nearly full) continues rather than tears.
@@ -201,9 +280,18 @@ impl Drop for Flock {
     }
 }
 
-/// Opens a lock file for flock, creating it (0600) when missing. Lock files are never deleted.
+/// Opens a lock file for flock, creating it (0600) when missing. Lock files are never deleted. A
+/// symlink at `path` is an error: a planted link must not make mam create or lock a file of
+/// someone else's choosing (issue 12).
 pub fn open_lock_file(path: &Path) -> io::Result<File> {
-    OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)
+    write_options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(nofollow_error)
+        .and_then(regular)
 }
 
 thread_local! {
@@ -371,6 +459,12 @@ pub fn getuid() -> u32 {
     unsafe { libc::getuid() }
 }
 
+/// The current process's effective user id: the owner of the files it creates.
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid cannot fail and has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
 /// Absolute form of `p` against `base`, normalised lexically (no symlink resolution, CORE 2.1).
 pub fn absolutize(base: &Path, p: &Path) -> PathBuf {
     let joined = if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
@@ -438,7 +532,12 @@ pub fn group_alive(pgid: i32) -> bool {
 /// monitor lock's JSON is written through the locked descriptor, never by rename). A reader between
 /// the two calls sees an empty file, which it treats as "pid not yet known".
 pub fn write_in_place(file: &File, bytes: &[u8]) -> io::Result<()> {
-    use std::os::unix::fs::FileExt;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    // Truncating a file that has another name too would change that other file (issue 12).
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() || meta.nlink() != 1 {
+        return Err(io::Error::other("not a plain file with one link; not overwritten"));
+    }
     file.set_len(0)?;
     file.write_all_at(bytes, 0)?;
     file.sync_data()

@@ -6,8 +6,6 @@
 //! signals a process whose argv and start time were not checked against monitor.lock.
 
 use std::ffi::OsString;
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -161,8 +159,11 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     cli::load_env(ctx)?;
     let workspace = match &a.workspace {
         Some(w) => sys::absolutize(ctx.cwd(), w),
-        None => paths::control_root(ctx),
+        None => paths::find_control_root(ctx),
     };
+    // Issue 12: every daemon verb reads or writes under <workspace>/.mam (monitor.lock names a pid
+    // that `stop` signals), so each checks it first.
+    paths::check(ctx, &workspace, &[])?;
     match a.sub {
         Sub::Run => run_daemon(ctx, &a, &workspace),
         Sub::Ensure => ensure(ctx, &a, &workspace),
@@ -178,8 +179,14 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
 
 /// A19: the registry is `--registry-dir` (against the cwd), else `MAM_JOBS_DIR` (against the
 /// workspace), else `<workspace>/.mam/jobs`; the log root is `--logs-dir`, else
-/// `DELEGATE_JOB_LOGS_DIR` (against the workspace), else beside the registry. All absolute.
-pub fn resolve_store(ctx: &Ctx, workspace: &Path, registry_dir: Option<&Path>, logs_dir: Option<&Path>) -> Store {
+/// `DELEGATE_JOB_LOGS_DIR` (against the workspace), else beside the registry. All absolute, and
+/// trusted (`paths::check`, issue 12).
+pub fn resolve_store(
+    ctx: &Ctx,
+    workspace: &Path,
+    registry_dir: Option<&Path>,
+    logs_dir: Option<&Path>,
+) -> Result<Store, Failure> {
     let registry = match (registry_dir, ctx.path_var("MAM_JOBS_DIR")) {
         (Some(flag), _) => sys::absolutize(ctx.cwd(), flag),
         (None, Some(env)) => sys::absolutize(workspace, &env),
@@ -190,7 +197,8 @@ pub fn resolve_store(ctx: &Ctx, workspace: &Path, registry_dir: Option<&Path>, l
         (None, Some(env)) => sys::absolutize(workspace, &env),
         (None, None) => paths::logs_beside(&registry),
     };
-    Store::new(registry, logs)
+    paths::check(ctx, workspace, &[&registry, &logs])?;
+    Ok(Store::new(registry, logs))
 }
 
 fn secs_knob(ctx: &Ctx, name: &str, default: u32) -> Result<Duration, Failure> {
@@ -213,7 +221,7 @@ fn run_daemon(ctx: &mut Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure>
             )))
         }
     };
-    let store = resolve_store(ctx, workspace, a.registry_dir.as_deref(), a.logs_dir.as_deref());
+    let store = resolve_store(ctx, workspace, a.registry_dir.as_deref(), a.logs_dir.as_deref())?;
     let cfg = Config {
         workspace: workspace.to_path_buf(),
         store,
@@ -265,11 +273,11 @@ fn ensure(ctx: &Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure> {
         ctx.say(&pid.to_string());
         return Ok(0);
     }
-    let store = resolve_store(ctx, workspace, a.registry_dir.as_deref(), None);
+    let store = resolve_store(ctx, workspace, a.registry_dir.as_deref(), None)?;
     let exe = std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find the mam binary ({e})")))?;
     let log_path = lock::log_path(workspace);
     let log_file = sys::create_dir_all(&workspace.join(".mam"))
-        .and_then(|_| OpenOptions::new().append(true).create(true).mode(0o600).open(&log_path))
+        .and_then(|_| sys::open_append(&log_path))
         .map_err(|e| Failure::runtime(format!("{}: cannot open ({e})", text::show_path(&log_path))))?;
     let log_err =
         log_file.try_clone().map_err(|e| Failure::runtime(format!("cannot duplicate log descriptor ({e})")))?;

@@ -22,7 +22,11 @@ Options:
 
 Environment: MAM_ENV_FILE (explicit file; missing means load nothing), WORKSPACE_ROOT.
 
-Exit codes: 0 ok, 1 env file unreadable or undecodable, 2 usage or invalid integer.
+The file is loaded only when it and its directory are yours (or root's) and not writable by group
+or others, and not a symlink (docs/SECURITY.md); MAM_OPENSSL, MAM_BIN, MAM_TRUSTED_ROOTS, PATH,
+LD_PRELOAD and LD_LIBRARY_PATH lines are skipped with a warning (environment only).
+
+Exit codes: 0 ok, 1 env file unreadable, undecodable or refused, 2 usage or invalid integer.
 ";
 
 #[derive(Debug)]

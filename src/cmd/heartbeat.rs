@@ -193,7 +193,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers ({e})")))?;
     }
     cli::load_env(ctx)?;
-    let resolved = paths::resolve(ctx, a.registry_dir.as_deref());
+    let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
     match a.sub {
         Sub::Status => {

@@ -255,7 +255,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
-    let resolved = paths::resolve(ctx, a.registry_dir.as_deref());
+    let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
     if a.follow {
         sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;

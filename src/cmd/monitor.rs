@@ -58,7 +58,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
-    let root = paths::control_root(ctx).to_string_lossy().into_owned();
+    let root = paths::control_root(ctx)?.to_string_lossy().into_owned();
     let out = run_self(ctx, &["daemon", verb, "--workspace", &root], LIMIT)
         .map_err(|e| Failure::runtime(format!("monitor: {e}")))?;
     ctx.say_raw(out.stdout.as_bytes());

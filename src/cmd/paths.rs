@@ -22,7 +22,11 @@ Options:
   --control-plane-prefix   the binding as POSIX-quoted K=V words for a command line
   -h, --help               print this help
 
-Exit codes: 0 ok, 1 env file unreadable, 2 usage.
+The control root's .mam/, the registry, the audit-log root and the sessions file must be yours (or
+root's) and not writable by group or others, unless listed in MAM_TRUSTED_ROOTS (`:`-separated
+paths, `*` for all; docs/SECURITY.md): otherwise this prints the refused path and why, and exits 1.
+
+Exit codes: 0 ok, 1 env file unreadable or refused, or a refused path, 2 usage.
 ";
 
 #[derive(Debug, Default)]
@@ -69,7 +73,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
-    let r = paths::resolve(ctx, a.registry_dir.as_deref());
+    let r = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
     match a.format {
         Format::Lines => {

@@ -173,7 +173,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     };
     cli::load_env(ctx)?;
     let settings = Settings::from_ctx(ctx)?;
-    let resolved = paths::resolve(ctx, a.registry_dir.as_deref());
+    let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
     let id = a.req.job_id.clone();
     let event = a.req.event.name();

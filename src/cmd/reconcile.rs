@@ -76,8 +76,8 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         }
         return Ok(r.rc());
     }
-    let root = paths::control_root(ctx);
-    let store = super::daemon::resolve_store(ctx, &root, a.registry_dir.as_deref(), None);
+    let root = paths::control_root(ctx)?;
+    let store = super::daemon::resolve_store(ctx, &root, a.registry_dir.as_deref(), None)?;
     let exe = std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find the mam binary ({e})")))?;
     let mut cmd = Command::new(exe);
     cmd.arg("daemon")

@@ -158,7 +158,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         .var_nonempty("MAM_DISPATCH_SECRET")
         .map(String::into_bytes)
         .ok_or_else(|| Failure::runtime("MAM_DISPATCH_SECRET is not set"))?;
-    let resolved = paths::resolve(ctx, a.registry_dir.as_deref());
+    let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
     match a.sub {
         Sub::Dispatch { job_id, brief_file } => dispatch_job(ctx, &store, &secret, &job_id, brief_file),

@@ -58,7 +58,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
-    let target = paths::resolve(ctx, None).sessions;
+    let target = paths::resolve(ctx, None)?.sessions;
     let source = a.file.map(|f| sys::absolutize(ctx.cwd(), &f)).unwrap_or_else(|| target.clone());
     match import(&source, &target).map_err(|e| crate::cli::session_failure("session import-yaml", &e))? {
         Imported::AlreadyJson => ctx.diag(&format!("NOTE: {} already is JSON; nothing to do", show_path(&target))),

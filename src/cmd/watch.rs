@@ -122,7 +122,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
 fn watch(ctx: &Ctx, a: &Args, printed: &AtomicBool) -> Result<i32, Failure> {
     let poll_ms = knob::env_or(ctx, "MAM_WATCH_POLL_MS", 1, 1000)?;
     let env_cfg = MqttConfig::from_ctx(ctx)?;
-    let resolved = paths::resolve(ctx, a.registry_dir.as_deref());
+    let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
     let rec = store.read_existing(&a.job_id).map_err(Failure::runtime)?;
     let job = Job::from_record(&rec).map_err(Failure::runtime)?;

@@ -227,7 +227,8 @@ pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finis
     if !TYPES.contains(&req.job_type.as_str()) {
         return Err(DelegateError::Usage(format!("--type: invalid type '{}'", one_line(&req.job_type))));
     }
-    let resolved = paths::resolve(ctx, req.registry_dir.as_deref());
+    let resolved =
+        paths::resolve(ctx, req.registry_dir.as_deref()).map_err(|e| DelegateError::Failed(e.to_string()))?;
     let store = Store::from_resolved(&resolved);
     let target = preflight(ctx, &resolved, &req.session)?;
     let remote = matches!(target, Target::Remote);
@@ -875,7 +876,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("mam-u-collide-{}", sys::random_hex(4).unwrap()));
         fs::create_dir_all(dir.join(".mam")).unwrap();
         let ctx = Ctx::with_env([("WORKSPACE_ROOT", dir.as_os_str())], &dir);
-        let resolved = paths::resolve(&ctx, None);
+        let resolved = paths::resolve(&ctx, None).unwrap();
         let store = Store::from_resolved(&resolved);
         let req = Request::new("w1", "the task");
         let mut plant = || Ok("aaaaaaaa".to_string());

@@ -15,7 +15,7 @@ use crate::session::Notes;
 /// daemon closes it if it goes silent (A15). `Err` makes create run the verified rollback and exit 1
 /// (2.8 test 10). The delegation's diagnostics are kept in `notes`.
 pub fn onboard(ctx: &Ctx, name: &str, placed: &Placed, notes: &mut Notes) -> Result<Option<String>, String> {
-    let root = paths::control_root(ctx);
+    let root = paths::control_root(ctx).map_err(|e| e.to_string())?;
     let task = onboarding_task(name, &root, &placed.pane);
     let mut req = super::request_from_env(ctx, name, &task).map_err(|e| e.to_string())?;
     req.until_started = true;

@@ -8,7 +8,7 @@
 //! on the broker. Nothing here prints: the CLI passes a log callback (heartbeat.log).
 
 use std::ffi::OsString;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -213,11 +213,7 @@ pub fn start_timer(store: &Store, job_id: &str, spec: &StartSpec) -> Result<Star
     let log_dir = audit::job_dir(&store.logs, job_id);
     sys::create_dir_all(&log_dir).map_err(io_err("cannot create log directory", &log_dir))?;
     let log_path = log_dir.join("heartbeat.log");
-    let open_log = || {
-        use std::os::unix::fs::OpenOptionsExt;
-        OpenOptions::new().append(true).create(true).mode(0o600).open(&log_path)
-    };
-    let out = open_log().map_err(io_err("cannot open heartbeat.log", &log_path))?;
+    let out = sys::open_append(&log_path).map_err(io_err("cannot open heartbeat.log", &log_path))?;
     let err = out.try_clone().map_err(io_err("cannot open heartbeat.log", &log_path))?;
     let mut cmd = Command::new(&spec.exe);
     cmd.arg("heartbeat")

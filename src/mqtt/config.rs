@@ -8,6 +8,7 @@
 use std::ffi::OsString;
 use std::fmt;
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -52,7 +53,7 @@ pub struct MqttConfig {
     pub connect_timeout: Duration,
     /// Seconds, as sent in CONNECT.
     pub keepalive_s: u16,
-    /// The TLS shim executable (`MAM_OPENSSL`).
+    /// The TLS shim executable (`MAM_OPENSSL`, from the real environment only: issue 12).
     pub openssl: OsString,
     /// The environment the TLS shim runs with: the context's child environment minus secrets.
     pub child_env: Vec<(OsString, OsString)>,
@@ -94,7 +95,7 @@ impl MqttConfig {
             topic_root: ctx.var_nonempty("MQTT_TOPIC_ROOT").unwrap_or_else(|| "mam".into()),
             connect_timeout: Duration::from_secs(connect_s.into()),
             keepalive_s,
-            openssl: ctx.var_nonempty("MAM_OPENSSL").unwrap_or_else(|| "openssl".into()).into(),
+            openssl: ctx.env_only("MAM_OPENSSL").map_or_else(|| "openssl".into(), PathBuf::into_os_string),
             child_env,
         })
     }

@@ -46,7 +46,7 @@ impl Fake {
     pub fn new(ctx: &Ctx, _server: Option<&str>, knobs: Knobs) -> Fake {
         let dir = match ctx.path_var("MAM_FAKE_PANES_DIR") {
             Some(d) => sys::absolutize(ctx.cwd(), &d),
-            None => crate::paths::control_root(ctx).join(".mam").join("fake-panes"),
+            None => crate::paths::find_control_root(ctx).join(".mam").join("fake-panes"),
         };
         Fake { ctx: ctx.clone(), dir, knobs }
     }
@@ -67,7 +67,7 @@ impl Fake {
     }
 
     fn write(&self, p: &Path, bytes: &[u8]) -> PaneResult<()> {
-        fs::write(p, bytes).map_err(|e| io_err("write", p, e))
+        sys::write_file(p, bytes).map_err(|e| io_err("write", p, e))
     }
 
     fn make_pane(&self, ws: &str, cwd: &Path, env: &[(String, String)]) -> PaneResult<String> {
@@ -246,7 +246,8 @@ impl Backend for Fake {
         }
         self.write(&d.join("inbox"), b"")?;
         let exe = std::env::current_exe().map_err(|e| PaneError::Failed(format!("cannot find the mam binary: {e}")))?;
-        let log = fs::File::create(d.join("agent.log")).map_err(|e| io_err("create", &d.join("agent.log"), e))?;
+        let _ = fs::remove_file(d.join("agent.log"));
+        let log = sys::create_new(&d.join("agent.log")).map_err(|e| io_err("create", &d.join("agent.log"), e))?;
         let log2 = log.try_clone().map_err(|e| io_err("open", &d.join("agent.log"), e))?;
         let mut c = Command::new(exe);
         c.arg0(kind).args(["test-double", "agent", "--"]).args(args);

@@ -331,14 +331,14 @@ impl Herdr {
         if no_autostart(&self.ctx) {
             return Err(PaneError::NoServer(format!("server {} not running (MAM_NO_AUTOSTART=1)", self.server)));
         }
-        let logs = crate::paths::control_root(&self.ctx).join(".mam").join("logs");
+        let logs = crate::paths::control_root(&self.ctx)
+            .map_err(|e| PaneError::Failed(e.to_string()))?
+            .join(".mam")
+            .join("logs");
         let log_path = logs.join(format!("herdr-server-{}.log", self.server));
         sys::create_dir_all(&logs)
             .map_err(|e| PaneError::Failed(format!("cannot create {}: {e}", show_path(&logs))))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
+        let log = sys::open_append(&log_path)
             .map_err(|e| PaneError::Failed(format!("cannot open {}: {e}", show_path(&log_path))))?;
         let log2 = log.try_clone().map_err(|e| PaneError::Failed(format!("{}: {e}", show_path(&log_path))))?;
         let mut c = Command::new("herdr");

@@ -12,8 +12,7 @@
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fmt;
-use std::fs::{self, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -448,7 +447,7 @@ fn spawn(r: &Runner, d: &Dispatch, brief: &Path, report: &Path) -> Result<Child,
     let log_dir = r.store.logs.join(&d.job_id);
     let log_path = log_dir.join("exec.log");
     let out = sys::create_dir_all(&log_dir)
-        .and_then(|_| OpenOptions::new().append(true).create(true).mode(0o600).open(&log_path))
+        .and_then(|_| sys::open_append(&log_path))
         .map_err(|e| format!("{}: cannot open ({e})", show_path(&log_path)))?;
     let err = out.try_clone().map_err(|e| format!("{}: cannot open ({e})", show_path(&log_path)))?;
     let mut cmd = Command::new("sh");

@@ -59,7 +59,7 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
     if !w.is_dir() {
         return Err(SessionError::Refused(format!("--workspace {} is not a directory", show_path(&w))));
     }
-    let resolved = paths::resolve(ctx, None);
+    let resolved = paths::resolve(ctx, None)?;
     let file = resolved.sessions.clone();
     let doc = load(&file)?;
     let name = match &a.name {

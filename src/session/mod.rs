@@ -57,6 +57,12 @@ pub enum SessionError {
     ConversationKept { name: String, why: String },
 }
 
+impl From<crate::paths::Untrusted> for SessionError {
+    fn from(e: crate::paths::Untrusted) -> SessionError {
+        SessionError::Failed(e.to_string())
+    }
+}
+
 impl fmt::Display for SessionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -402,7 +408,7 @@ pub fn binding_of(r: &Resolved) -> Result<ControlPlane, String> {
 
 /// The caller's binding B.
 pub fn caller_binding(ctx: &Ctx) -> Result<ControlPlane, String> {
-    binding_of(&paths::resolve(ctx, None))
+    binding_of(&paths::resolve(ctx, None).map_err(|e| e.to_string())?)
 }
 
 /// The implied binding I of 2.3 step 3: what 0.2 yields for a process started in `w` with none of
@@ -410,7 +416,7 @@ pub fn caller_binding(ctx: &Ctx) -> Result<ControlPlane, String> {
 pub fn implied_binding(ctx: &Ctx, w: &Path) -> Option<ControlPlane> {
     let env = ctx.child_env().into_iter().filter(|(k, _)| !BINDING_VARS.iter().any(|v| k == v));
     let sub = Ctx::with_env(env, w);
-    binding_of(&paths::resolve(&sub, None)).ok()
+    binding_of(&paths::resolve(&sub, None).ok()?).ok()
 }
 
 /// The forwarding decision (2.3 steps 3-4): `Ok(None)` when `b` is what `w` implies anyway,
@@ -502,7 +508,7 @@ pub fn run_self(ctx: &Ctx, args: &[&str], limit: Duration) -> Result<ChildOut, S
     let tag = sys::random_hex(8).map_err(|e| format!("random: {e}"))?;
     let out_p = tmp.join(format!(".mam-child-{tag}.out"));
     let err_p = tmp.join(format!(".mam-child-{tag}.err"));
-    let open = |p: &Path| fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", show_path(p)));
+    let open = |p: &Path| sys::create_new(p).map_err(|e| format!("cannot create {}: {e}", show_path(p)));
     let (out_f, err_f) = (open(&out_p)?, open(&err_p)?);
     let mut c = Command::new(&exe);
     c.args(args).env_clear().envs(ctx.child_env()).current_dir(ctx.cwd());

@@ -111,7 +111,7 @@ pub fn list_server(ctx: &Ctx, backend: &str, server: &str) -> ServerState {
 pub fn reconcile_once(ctx: &Ctx) -> Result<Reconciled, SessionError> {
     let mut ctx = ctx.clone();
     ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
-    let file = paths::resolve(&ctx, None).sessions;
+    let file = paths::resolve(&ctx, None)?.sessions;
     let doc = load(&file)?;
     // Server -> incarnations of the running local rows on it.
     let mut groups: BTreeMap<(String, String), Vec<Row>> = BTreeMap::new();

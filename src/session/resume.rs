@@ -28,7 +28,7 @@ pub struct ResumeArgs {
 
 /// The whole of 2.4. Returns the stdout lines.
 pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String>, SessionError> {
-    let resolved = paths::resolve(ctx, None);
+    let resolved = paths::resolve(ctx, None)?;
     let file = resolved.sessions.clone();
     let doc = load(&file)?;
     // 1. The row.

@@ -106,7 +106,8 @@ impl Report {
 
 /// The registries of 2.6 for one row, in lookup order, without repeats.
 fn registries(ctx: &Ctx, row: &Row) -> Vec<Store> {
-    let root = paths::control_root(ctx);
+    // The control root was checked when `status` resolved the sessions file (issue 12).
+    let root = paths::find_control_root(ctx);
     let mut regs: Vec<PathBuf> = Vec::new();
     if let Some(env) = ctx.path_var("MAM_JOBS_DIR") {
         regs.push(sys::absolutize(&root, &env));
@@ -117,7 +118,7 @@ fn registries(ctx: &Ctx, row: &Row) -> Vec<Store> {
     if let Some(ws) = ctx.path_var("WORKSPACE_ROOT") {
         regs.push(sys::absolutize(ctx.cwd(), &ws).join(".mam").join("jobs"));
     }
-    regs.push(paths::resolve(ctx, None).registry);
+    regs.push(paths::resolve_unchecked(ctx, None).registry);
     let mut seen = BTreeSet::new();
     regs.retain(|r| seen.insert(r.clone()));
     let row_logs = row.control_plane.as_ref().and_then(|c| c.delegate_job_logs_dir.as_ref()).map(PathBuf::from);
@@ -216,7 +217,7 @@ fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache) -> Vec<JobLine> {
 pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
     let mut ctx = ctx.clone();
     ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
-    let file = paths::resolve(&ctx, None).sessions;
+    let file = paths::resolve(&ctx, None)?.sessions;
     let doc = load(&file)?;
     let rows: Vec<Row> = match only {
         Some(n) => vec![doc.row(n).cloned().ok_or_else(|| {

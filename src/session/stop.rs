@@ -55,12 +55,13 @@ impl Stopped {
 /// `$WORKSPACE_ROOT/.mam/jobs` > the resolver's default; the caller's `DELEGATE_JOB_LOGS_DIR` > the
 /// row's `delegate_job_logs_dir` > the directory beside the registry in use.
 pub fn row_store(ctx: &Ctx, row: &Row) -> Store {
-    let root = paths::control_root(ctx);
+    // The control root was checked when `stop` resolved the sessions file (issue 12).
+    let root = paths::find_control_root(ctx);
     let cp = row.control_plane.clone().unwrap_or_default();
     let registry = match (ctx.path_var("MAM_JOBS_DIR"), &cp.mam_jobs_dir) {
         (Some(env), _) => sys::absolutize(&root, &env),
         (None, Some(r)) => PathBuf::from(r),
-        (None, None) => paths::resolve(ctx, None).registry,
+        (None, None) => paths::resolve_unchecked(ctx, None).registry,
     };
     let logs = match (ctx.path_var("DELEGATE_JOB_LOGS_DIR"), &cp.delegate_job_logs_dir) {
         (Some(env), _) => sys::absolutize(&root, &env),
@@ -189,7 +190,7 @@ pub fn stop(ctx: &Ctx, a: &StopArgs, notes: &mut Notes) -> Result<Vec<Stopped>, 
     }
     let mut ctx = ctx.clone();
     ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
-    let file = paths::resolve(&ctx, None).sessions;
+    let file = paths::resolve(&ctx, None)?.sessions;
     let doc = load(&file)?;
     for n in &a.names {
         if doc.row(n).is_none() {

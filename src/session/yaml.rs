@@ -375,7 +375,9 @@ fn update_raw(target: &Path, source: &Path, backup: &Path, doc: Sessions) -> Res
             }
         }
     }
-    fs::copy(source, backup).map_err(|e| super::io_failed("back up to", backup, e))?;
+    fs::read(source)
+        .and_then(|b| sys::atomic_write(backup, &b))
+        .map_err(|e| super::io_failed("back up to", backup, e))?;
     sys::atomic_write(target, &doc.to_bytes()).map_err(|e| super::io_failed("write", target, e))?;
     Ok(())
 }

@@ -299,7 +299,7 @@ fn handle_prompt(agent: &Agent, s: &Script, prompt: &str, handled: &mut u64) -> 
                     if let Some(parent) = rp.parent() {
                         let _ = sys::create_dir_all(parent);
                     }
-                    let _ = std::fs::write(&rp, body);
+                    let _ = sys::write_file(&rp, body.as_bytes());
                 }
                 if let Some(l) = cmds.get("success") {
                     agent.run_line(l, &[]);

@@ -22,6 +22,7 @@ mod publish;
 mod registry;
 mod regress;
 mod remote;
+mod security;
 mod session;
 mod sign;
 mod spec;

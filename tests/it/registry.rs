@@ -778,6 +778,8 @@ fn full_disk_fails_the_write_and_keeps_the_record() {
         return;
     }
     let _guard = Mount(mnt.clone());
+    // A fresh tmpfs is 1777, which mam refuses to write under (issue 12): make it the user's own.
+    fs::set_permissions(&mnt, fs::Permissions::from_mode(0o755)).unwrap();
     let reg = mnt.join("jobs");
     let reg_s = reg.to_str().unwrap();
     td.mam()

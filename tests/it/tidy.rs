@@ -87,6 +87,25 @@ fn unsafe_lives_only_in_sys() {
     }
 }
 
+/// Issue 12: every open that writes, appends or locks goes through `sys` (O_NOFOLLOW, 0600), so no
+/// writer outside it can follow a planted symlink. Unit tests (after `#[cfg(test)]`) set up fixtures.
+#[test]
+fn every_write_open_goes_through_sys() {
+    for f in rust_files(&root().join("src")) {
+        if f.ends_with("src/sys.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&f).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for (i, line) in code.lines().enumerate() {
+            let code = line.split("//").next().unwrap();
+            for bad in ["OpenOptions", "File::create", "fs::write(", "fs::copy(", "fs::create_dir", "DirBuilder"] {
+                assert!(!code.contains(bad), "{}:{}: {bad} outside sys.rs (use the sys helpers)", f.display(), i + 1);
+            }
+        }
+    }
+}
+
 #[test]
 fn only_main_and_ctx_read_the_process_environment() {
     for f in rust_files(&root().join("src")) {

@@ -1,0 +1,411 @@
+//! Issue 12, "Trust what you load": each test performs one attack of the issue and checks that it
+//! no longer gets through (docs/SECURITY.md). The other-user attacks run the attacker as uid 65534
+//! through `setpriv` when the suite runs as root (A31); as a non-root user they say so and return.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::publish::{logs, mam_at, new_job, registry};
+use crate::support::*;
+
+const NOBODY: u32 = 65534;
+
+/// True when the other-user attacks can run: as root with setpriv (MAM_REQUIRE_SETPRIV fails a
+/// missing tool).
+fn can_attack() -> bool {
+    if mam::sys::getuid() != 0 {
+        eprintln!("skipped: the other-user attacks need root (to act as uid {NOBODY})");
+        return false;
+    }
+    have_tool("setpriv", "MAM_REQUIRE_SETPRIV")
+}
+
+fn chown_nobody(p: &Path) {
+    let st = Command::new("chown").args(["-R", &format!("{NOBODY}:{NOBODY}")]).arg(p).status().unwrap();
+    assert!(st.success(), "chown {}", p.display());
+}
+
+/// Runs `script` with `sh -c` as uid 65534 in `dir` (the attacker planting files).
+fn as_attacker(td: &TestDir, dir: &Path, script: &str) {
+    let r = td
+        .command("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+        .cwd(dir)
+        .run();
+    assert_eq!(r.rc(), 0, "attacker script failed: {}", r.stderr());
+}
+
+fn mode(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+fn chmod(p: &Path, m: u32) {
+    fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+}
+
+/// A victim file with known content and mode 0644, owned by root (the test's user).
+fn victim(td: &TestDir, rel: &str) -> (PathBuf, Vec<u8>) {
+    let content = format!("precious {}\n", rand_hex(4)).into_bytes();
+    let p = td.write(rel, &content);
+    chmod(&p, 0o644);
+    (p, content)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Env file trust
+
+#[test]
+fn env_file_of_another_user_in_the_cwd_is_refused_and_its_openssl_never_runs() {
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("sec-env-other");
+    // The attacker's directory, where root happens to run `mam pub`.
+    let dir = td.path("theirs");
+    fs::create_dir_all(&dir).unwrap();
+    chown_nobody(&dir);
+    let marker = td.path("theirs/ran");
+    let port = free_port();
+    as_attacker(
+        &td,
+        &dir,
+        &format!(
+            "printf '#!/bin/sh\\ntouch {m}\\n' > evil.sh && chmod 755 evil.sh && \
+             printf 'MQTT_TLS=1\\nMQTT_BROKER=127.0.0.1\\nMQTT_PORT={port}\\nMAM_OPENSSL={d}/evil.sh\\n' > .mam.env",
+            m = marker.display(),
+            d = dir.display()
+        ),
+    );
+    let env = dir.join(".mam.env");
+    assert_eq!(fs::metadata(&env).unwrap().uid(), NOBODY);
+    let r = td.mam().env_remove("MAM_ENV_FILE").cwd(&dir).args(["pub", "-t", "x", "-m", "y"]).run();
+    assert!(!marker.exists(), "root ran the attacker's MAM_OPENSSL\n{}", r.stderr());
+    r.expect_rc(1);
+    eqnice!(format!("ERROR: {}: refused: owned by uid {NOBODY}, not you (uid 0)\n", env.display()), r.stderr());
+    // Refused by every command that loads it, not only pub.
+    for args in [&["env", "--shell"][..], &["registry", "list"], &["paths"]] {
+        let r = td.mam().env_remove("MAM_ENV_FILE").cwd(&dir).args(args).run();
+        r.expect_rc(1);
+        assert_eq!(r.stdout(), "", "{args:?}");
+        assert!(r.stderr().contains(": refused: owned by uid 65534"), "{args:?}: {}", r.stderr());
+    }
+}
+
+#[test]
+fn env_file_of_another_user_in_workspace_root_is_refused() {
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("sec-env-ws");
+    let f = td.write("shared/.mam.env", "MQTT_PORT=1\n");
+    chown_nobody(&f);
+    let r = td.mam().env_remove("MAM_ENV_FILE").env("WORKSPACE_ROOT", td.path("shared")).args(["env", "--shell"]).run();
+    r.expect_rc(1);
+    eqnice!(format!("ERROR: {}: refused: owned by uid {NOBODY}, not you (uid 0)\n", f.display()), r.stderr());
+    assert_eq!(r.stdout(), "");
+}
+
+#[test]
+fn env_file_writable_by_group_or_others_is_refused() {
+    let td = TestDir::new("sec-env-mode");
+    let f = td.write("ws/.mam.env", "A=1\n");
+    let ambient = |args: &[&str]| td.mam().env_remove("MAM_ENV_FILE").args(args).run();
+    for (m, who) in [(0o666, "others"), (0o620, "group")] {
+        chmod(&f, m);
+        for args in [&["env", "--shell"][..], &["registry", "list"], &["pub", "-t", "x", "-m", "y"]] {
+            let r = ambient(args);
+            r.expect_rc(1);
+            eqnice!(format!("ERROR: {}: refused: writable by {who} (mode {m:04o})\n", f.display()), r.stderr());
+            assert_eq!(r.stdout(), "");
+        }
+    }
+    // Its directory counts too: a 0600 file in a directory others may write.
+    chmod(&f, 0o600);
+    let dir = td.path("open");
+    let g = td.write("open/x.env", "A=1\n");
+    chmod(&g, 0o600);
+    chmod(&dir, 0o777);
+    let r = td.mam().env("MAM_ENV_FILE", &g).args(["env", "--shell"]).run();
+    chmod(&dir, 0o755);
+    r.expect_rc(1);
+    eqnice!(
+        format!("ERROR: {}: refused: directory {}: writable by others (mode 0777)\n", g.display(), dir.display()),
+        r.stderr()
+    );
+    // A symlink is not followed.
+    std::os::unix::fs::symlink(&f, td.path("link.env")).unwrap();
+    let r = td.mam().env("MAM_ENV_FILE", td.path("link.env")).args(["env", "--shell"]).run();
+    r.expect_rc(1);
+    eqnice!(format!("ERROR: {}: refused: is a symbolic link\n", td.path("link.env").display()), r.stderr());
+    // The good file still loads.
+    let r = ambient(&["env", "--shell"]);
+    r.expect_rc(0);
+    eqnice!("export A='1'\n", r.stdout());
+}
+
+#[test]
+fn program_paths_in_an_own_env_file_are_ignored_with_a_warning() {
+    let td = TestDir::new("sec-env-prog");
+    let marker = td.path("ran");
+    let evil = td.write("evil.sh", format!("#!/bin/sh\ntouch {}\n", marker.display()));
+    chmod(&evil, 0o755);
+    let port = free_port();
+    let f = td.write(
+        "ws/.mam.env",
+        format!(
+            "MQTT_TLS=1\nMAM_OPENSSL={e}\nMQTT_BROKER=127.0.0.1\nMQTT_PORT={port}\nMAM_BIN={e}\nMAM_MQTT_CONNECT_TIMEOUT_S=2\n",
+            e = evil.display()
+        ),
+    );
+    chmod(&f, 0o600);
+    let r = td.mam().env_remove("MAM_ENV_FILE").args(["pub", "-t", "x", "-m", "y"]).run();
+    assert!(!marker.exists(), "mam ran MAM_OPENSSL from the env file\n{}", r.stderr());
+    let err = r.stderr();
+    let shown = f.display().to_string();
+    for (n, key) in [(2, "MAM_OPENSSL"), (5, "MAM_BIN")] {
+        let want = format!("WARNING: {shown}:{n}: {key} is taken from the environment only; line skipped");
+        assert!(err.lines().any(|l| l == want), "missing {want:?} in\n{err}");
+    }
+    assert!(!err.contains(&evil.display().to_string()), "a value leaked into a diagnostic: {err}");
+    let r = td.mam().env_remove("MAM_ENV_FILE").args(["env", "--shell"]).run();
+    r.expect_rc(0);
+    assert!(!r.stdout().contains("MAM_OPENSSL") && !r.stdout().contains("MAM_BIN"), "{}", r.stdout());
+    assert!(r.stdout().contains("export MQTT_TLS='1'"), "{}", r.stdout());
+    // The publish command line an agent is given never names the env file's MAM_BIN.
+    let id = register_job(&td, &[("MAM_ENV_FILE", f.display().to_string())], &[]);
+    let r = td.mam().env("MAM_ENV_FILE", &f).args(["registry", "publish-cmd", &id]).run();
+    r.expect_rc(0);
+    assert!(!r.stdout().contains(&evil.display().to_string()), "{}", r.stdout());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Control root trust
+
+/// `<td>/shared/.mam` owned by uid 65534, and a subdirectory of it to run in.
+fn foreign_root(td: &TestDir) -> (PathBuf, PathBuf) {
+    let shared = td.path("shared");
+    fs::create_dir_all(shared.join(".mam")).unwrap();
+    fs::create_dir_all(shared.join("src/deep")).unwrap();
+    chown_nobody(&shared.join(".mam"));
+    (shared.clone(), shared.join("src/deep"))
+}
+
+#[test]
+fn control_root_of_another_user_in_an_ancestor_is_refused_unless_trusted() {
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("sec-root");
+    let (shared, deep) = foreign_root(&td);
+    let dotmam = shared.join(".mam");
+    let want = format!(
+        "ERROR: {}: refused: owned by uid {NOBODY}, not you (uid 0); trust it with MAM_TRUSTED_ROOTS\n",
+        dotmam.display()
+    );
+    let r = td.mam().cwd(&deep).args(["paths"]).run();
+    r.expect_rc(1);
+    eqnice!(want, r.stderr());
+    assert_eq!(r.stdout(), "");
+    let r = td.mam().cwd(&deep).args(["registry", "register", "--session", "s1", "--job-id", "j1"]).run();
+    r.expect_rc(1);
+    eqnice!(want, r.stderr());
+    assert_eq!(tree(&dotmam), Vec::<String>::new(), "nothing written under the refused root");
+    // Every command that writes there refuses the same way, the daemon first of all.
+    for args in [
+        &["daemon", "run", "--workspace", shared.to_str().unwrap(), "--idle-timeout", "1"][..],
+        &["daemon", "ensure"],
+        &["monitor", "start"],
+        &["jobs"],
+        &["publish", "--job-id", "j1", "--event", "started"],
+    ] {
+        let r = td.mam().cwd(&deep).env_remove("MAM_NO_SUBSCRIBER_DAEMON").args(args).run();
+        r.expect_rc(1);
+        assert!(
+            r.stderr().contains(&format!("{}: refused: owned by uid {NOBODY}", dotmam.display())),
+            "{args:?}: {}",
+            r.stderr()
+        );
+        assert_eq!(tree(&dotmam), Vec::<String>::new(), "{args:?} wrote under the refused root");
+    }
+    // Trusted by name (or by `*`), it is used.
+    for trusted in [shared.display().to_string(), format!("/nonexistent:{}", shared.display()), "*".to_string()] {
+        let r = td.mam().cwd(&deep).env("MAM_TRUSTED_ROOTS", &trusted).args(["paths"]).run();
+        r.expect_rc(0);
+        assert!(r.stdout().contains(&format!("control_root={}\n", shared.display())), "{}", r.stdout());
+    }
+    let r = td
+        .mam()
+        .cwd(&deep)
+        .env("MAM_TRUSTED_ROOTS", &shared)
+        .args(["registry", "register", "--session", "s1", "--job-id", "j1"])
+        .run();
+    r.expect_rc(0);
+    assert!(dotmam.join("jobs/j1.json").is_file());
+    // MAM_TRUSTED_ROOTS is taken from the environment only: an env file cannot trust a root.
+    let f = td.write("trust.env", format!("MAM_TRUSTED_ROOTS={}\n", shared.display()));
+    chmod(&f, 0o600);
+    let r = td.mam().cwd(&deep).env("MAM_ENV_FILE", &f).args(["paths"]).run();
+    r.expect_rc(1);
+    assert!(r.stderr().contains(":1: MAM_TRUSTED_ROOTS is taken from the environment only; line skipped"));
+}
+
+#[test]
+fn registry_or_logs_writable_by_others_is_refused() {
+    let td = TestDir::new("sec-root-mode");
+    let open = td.path("open");
+    fs::create_dir_all(open.join("jobs")).unwrap();
+    chmod(&open.join("jobs"), 0o777);
+    let r = td.mam().env("MAM_JOBS_DIR", open.join("jobs")).args(["registry", "register", "--session", "s1"]).run();
+    r.expect_rc(1);
+    eqnice!(
+        format!(
+            "ERROR: {}: refused: writable by others (mode 0777); trust it with MAM_TRUSTED_ROOTS\n",
+            open.join("jobs").display()
+        ),
+        r.stderr()
+    );
+    assert_eq!(tree(&open), vec!["jobs".to_string()]);
+    // A registry that does not exist yet is judged by the directory it would be created in.
+    chmod(&open.join("jobs"), 0o755);
+    chmod(&open, 0o775);
+    let r = td
+        .mam()
+        .env("DELEGATE_JOB_LOGS_DIR", open.join("logs"))
+        .args(["registry", "register", "--session", "s1"])
+        .run();
+    r.expect_rc(1);
+    assert!(
+        r.stderr().contains(&format!("{}: refused: writable by group (mode 0775)", open.display())),
+        "{}",
+        r.stderr()
+    );
+    assert!(!open.join("logs").exists());
+    chmod(&open, 0o755);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. No symlink followed when writing
+
+#[test]
+fn planted_events_log_and_audit_symlinks_are_not_followed() {
+    let td = TestDir::new("sec-link-log");
+    let port = free_port();
+    let id = new_job(&td, port, &[]);
+    let (v1, c1) = victim(&td, "victim-events");
+    let (v2, c2) = victim(&td, "victim-audit");
+    let ev = registry(&td).join(&id).join("events.log");
+    fs::create_dir_all(ev.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&v1, &ev).unwrap();
+    let audit = logs(&td).join(&id).join("audit.jsonl");
+    fs::remove_file(&audit).ok();
+    std::os::unix::fs::symlink(&v2, &audit).unwrap();
+    let r = mam_at(&td, port).args(["publish", "--job-id", &id, "--event", "started"]).run();
+    assert_eq!(fs::read(&v1).unwrap(), c1, "events.log's victim was appended to\n{}", r.stderr());
+    assert_eq!(fs::read(&v2).unwrap(), c2, "audit.jsonl's victim was appended to\n{}", r.stderr());
+    r.expect_rc(1);
+    assert!(r.stderr().contains("events.log"), "{}", r.stderr());
+    // With events.log fixed, the engine's audit append is what meets the link.
+    fs::remove_file(&ev).unwrap();
+    let r = td.mam().args(["registry", "status", &id, "--set", "running"]).run();
+    assert_eq!(fs::read(&v2).unwrap(), c2, "audit.jsonl's victim was appended to\n{}", r.stderr());
+    assert!(fs::symlink_metadata(&audit).unwrap().file_type().is_symlink());
+}
+
+#[test]
+fn planted_lock_file_symlinks_create_nothing() {
+    let td = TestDir::new("sec-link-lock");
+    let target = td.path("created-by-root");
+    fs::create_dir_all(registry(&td)).unwrap();
+    std::os::unix::fs::symlink(&target, registry(&td).join(".registry.lock")).unwrap();
+    let r = td.mam().args(["registry", "register", "--session", "s1", "--job-id", "j1"]).run();
+    assert!(!target.exists(), "the registry lock's link target was created");
+    r.expect_rc(1);
+    assert!(r.stderr().contains(".registry.lock"), "{}", r.stderr());
+    fs::remove_file(registry(&td).join(".registry.lock")).unwrap();
+    let port = free_port();
+    let id = new_job(&td, port, &[]);
+    std::os::unix::fs::symlink(&target, registry(&td).join(format!("{id}.publish.lock"))).unwrap();
+    let r = mam_at(&td, port).args(["publish", "--job-id", &id, "--event", "progress"]).run();
+    assert!(!target.exists(), "the in-flight lock's link target was created\n{}", r.stderr());
+    r.expect_rc(1);
+}
+
+#[test]
+fn planted_heartbeat_log_symlink_is_not_followed() {
+    let td = TestDir::new("sec-link-hb");
+    let port = free_port();
+    let id = new_job(&td, port, &[]);
+    let _timers = TimerGuard(id.clone());
+    let (v, c) = victim(&td, "victim-hb");
+    let dir = logs(&td).join(&id);
+    fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(&v, dir.join("heartbeat.log")).unwrap();
+    let r =
+        mam_at(&td, port).args(["heartbeat", "start", "--job-id", &id, "--interval", "1", "--watch-pid", "0"]).run();
+    r.expect_rc(1);
+    assert!(r.stderr().contains("heartbeat.log"), "{}", r.stderr());
+    assert!(timer_pids(&id).is_empty(), "a timer was started with its output on the victim");
+    assert_eq!(fs::read(&v).unwrap(), c);
+}
+
+#[test]
+fn monitor_lock_symlink_to_a_root_file_keeps_its_content() {
+    let td = TestDir::new("sec-link-monitor");
+    let (v, c) = victim(&td, "victim-monitor");
+    std::os::unix::fs::symlink(&v, td.ws().join(".mam/monitor.lock")).unwrap();
+    let got = mam::daemon::lock::acquire(&td.ws());
+    assert!(got.is_err(), "the monitor lock was taken through a symlink: {got:?}");
+    assert_eq!(fs::read(&v).unwrap(), c, "the link's target was truncated or overwritten");
+    // Through the CLI too.
+    let r = td.mam().args(["daemon", "run", "--workspace", td.ws().to_str().unwrap(), "--idle-timeout", "1"]).run();
+    r.expect_rc(1);
+    assert_eq!(fs::read(&v).unwrap(), c);
+}
+
+#[test]
+fn record_rewritten_over_a_symlink_to_a_0644_file_ends_0600() {
+    let td = TestDir::new("sec-link-record");
+    let id = register_job(&td, &[], &["--job-id", "jr1"]);
+    let rec = registry(&td).join(format!("{id}.json"));
+    let (v, _) = victim(&td, "victim.json");
+    fs::copy(&rec, &v).unwrap();
+    chmod(&v, 0o644);
+    let c = fs::read(&v).unwrap();
+    fs::remove_file(&rec).unwrap();
+    std::os::unix::fs::symlink(&v, &rec).unwrap();
+    td.mam().args(["registry", "set-meta", &id, "note=x"]).run().expect_rc(0);
+    let meta = fs::symlink_metadata(&rec).unwrap();
+    assert!(meta.file_type().is_file(), "the record is a plain file again");
+    assert_eq!(mode(&rec), 0o600, "the record took the link target's mode");
+    assert_eq!(fs::read(&v).unwrap(), c, "the link's target was changed");
+    assert_eq!(mode(&v), 0o644);
+    // A plain record someone made 0644 is rewritten 0600 as well: it holds auth_token.
+    chmod(&rec, 0o644);
+    td.mam().args(["registry", "set-meta", &id, "note=y"]).run().expect_rc(0);
+    assert_eq!(mode(&rec), 0o600);
+}
+
+#[test]
+fn attacker_cannot_reach_a_victims_file_through_a_trusted_looking_registry() {
+    // The same symlink planted by uid 65534 in a registry it owns, which root was told to trust:
+    // root's write still does not follow it.
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("sec-link-nobody");
+    let (v, c) = victim(&td, "victim-nobody");
+    let reg = td.path("theirs/jobs");
+    fs::create_dir_all(&reg).unwrap();
+    chown_nobody(&td.path("theirs"));
+    as_attacker(&td, &reg, &format!("ln -s {} .registry.lock", v.display()));
+    let r = td
+        .mam()
+        .env("MAM_JOBS_DIR", &reg)
+        .env("MAM_TRUSTED_ROOTS", td.path("theirs"))
+        .args(["registry", "register", "--session", "s1", "--job-id", "j1"])
+        .run();
+    r.expect_rc(1);
+    assert_eq!(fs::read(&v).unwrap(), c);
+}
