@@ -12,11 +12,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::knob::{self, ConfigError};
-
-/// Variables that must not reach the TLS shim's environment (A2: secrets stay in this process).
-const SECRET_VARS: &[&str] = &["MQTT_PASSWORD", "MAM_DISPATCH_SECRET"];
 
 /// A secret value: compared and sent inside CONNECT, never displayed.
 #[derive(Clone, PartialEq, Eq)]
@@ -83,7 +80,7 @@ impl MqttConfig {
         let keepalive = knob::env_or(ctx, "MAM_MQTT_KEEPALIVE_S", 1, 60)?;
         let keepalive_s = u16::try_from(keepalive)
             .map_err(|_| ConfigError::var("MAM_MQTT_KEEPALIVE_S", "a decimal integer 1-65535"))?;
-        let child_env = ctx.child_env().into_iter().filter(|(k, _)| !SECRET_VARS.iter().any(|s| k == *s)).collect();
+        let child_env = ctx.child_env_for(ChildRole::Tool);
         Ok(MqttConfig {
             host: ctx.var_nonempty("MQTT_BROKER").unwrap_or_else(|| "127.0.0.1".into()),
             port,

@@ -70,7 +70,7 @@ pub struct Runner {
     pub once: bool,
     /// TERM-to-KILL grace (CORE 9.3: 5 s; `MAM_RUNNER_GRACE_MS` shortens it in tests).
     pub grace: Duration,
-    /// The environment for `CMD` (the caller's child environment).
+    /// The environment for `CMD`: the caller's `child_env_for(ChildRole::Agent)` (no secret).
     pub child_env: Vec<(OsString, OsString)>,
 }
 
@@ -455,7 +455,7 @@ fn spawn(r: &Runner, d: &Dispatch, brief: &Path, report: &Path) -> Result<Child,
     cmd.arg("-c")
         .arg(&r.exec)
         .env_clear()
-        .envs(r.child_env.iter().filter(|(k, _)| k != "MAM_DISPATCH_SECRET").cloned())
+        .envs(r.child_env.iter().cloned())
         .env("MAM_JOB_ID", &d.job_id)
         .env("MAM_ATTEMPT", d.attempt.to_string())
         .env("MAM_BRIEF_FILE", brief)

@@ -1,0 +1,175 @@
+//! Integration tests: issue 12 items 5-9 and the log half of 10 ("Secrets, replays and bounds" in
+//! docs/SECURITY.md). Each test performs the attack as the issue reports it and fails on the code
+//! before its fix: secrets in every child's environment, a replayed dispatch run twice, a password
+//! sent over a record's plaintext broker block, whole-log reads, an audit flood, raw control
+//! characters in log lines.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::*;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers: a process's environment from /proc
+
+/// The `NAME=value` entries of a live process's environment.
+fn environ(pid: i32) -> Vec<String> {
+    let raw = fs::read(format!("/proc/{pid}/environ")).unwrap_or_else(|e| panic!("environ of {pid}: {e}"));
+    raw.split(|&b| b == 0).filter(|e| !e.is_empty()).map(|e| String::from_utf8_lossy(e).into_owned()).collect()
+}
+
+fn has_var(env: &[String], name: &str) -> bool {
+    env.iter().any(|e| e.starts_with(&format!("{name}=")))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Item 5: secrets reach only the processes that need them
+
+/// A fake-backend delegation: the agent, the heartbeat timer its `started` armed and the wrapper's
+/// `mam watch` are all alive; none holds MAM_DISPATCH_SECRET, the agent holds no MQTT_PASSWORD, and
+/// watch (a broker client) still has the password.
+#[test]
+fn i5_a_delegation_gives_no_secret_to_the_agent_and_the_dispatch_secret_to_no_child() {
+    let td = TestDir::new("sw_env");
+    let Some(broker) = start_target(Target::Embedded, &td) else { return };
+    let (pw, ds) = (format!("pw{}", rand_hex(8)), format!("ds{}", rand_hex(8)));
+    let env: Vec<(&str, String)> = vec![
+        ("MAM_PANE_BACKEND", "fake".into()),
+        ("MAM_FAKE_PANES_DIR", td.path("panes").to_string_lossy().into_owned()),
+        ("MQTT_PORT", broker.port().to_string()),
+        ("MQTT_USERNAME", "u".into()),
+        ("MQTT_PASSWORD", pw.clone()),
+        ("MAM_DISPATCH_SECRET", ds.clone()),
+        ("MAM_SKS_POLL_MS", "50".into()),
+        ("MAM_SKS_QUIESCE_GAP_MS", "50".into()),
+        ("MAM_WATCH_POLL_MS", "100".into()),
+        ("MAM_MQTT_CONNECT_TIMEOUT_S", "2".into()),
+        ("MAM_AGENT_START_TIMEOUT_MS", "20000".into()),
+    ];
+    let mam = || {
+        let mut c = td.mam();
+        for (k, v) in &env {
+            c = c.env(k, v);
+        }
+        c
+    };
+    let script = td.write("w1.script", "work_s=40\n");
+    let r = mam()
+        .args(["create", "claude", "--name", "w1", "--no-onboard", "--", "test-double", "agent"])
+        .env("MAM_FAKE_AGENT_SCRIPT", &script)
+        .run();
+    r.expect_rc(0);
+    let pane = r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string();
+    let agent: i32 =
+        fs::read_to_string(td.path("panes/panes").join(&pane).join("pid")).unwrap().trim().parse().unwrap();
+    struct Reap(i32, PathBuf);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = mam::sys::kill(-self.0, 9);
+            for e in fs::read_dir(&self.1).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(id) = name.strip_suffix(".json") {
+                    for pid in timer_pids(id) {
+                        let _ = mam::sys::kill(pid, 9);
+                    }
+                }
+            }
+        }
+    }
+    let _reap = Reap(agent, td.ws().join(".mam/jobs"));
+    let task = td.write("task.md", "Work for a while.\n");
+    let args = ["--heartbeat", "1", "--heartbeat-misses", "5", "--ack-timeout", "10", "--timeout", "60"];
+    let mut dj =
+        mam().args(["delegate-job", "--session", "w1", "--brief-file"]).args([&task]).args(args).spawn_bg(&td, "dj");
+    let reg = td.ws().join(".mam/jobs");
+    let id = wait_for("a job record", Duration::from_secs(20), || {
+        fs::read_dir(&reg)
+            .ok()?
+            .flatten()
+            .find_map(|e| e.file_name().to_string_lossy().strip_suffix(".json").map(str::to_string))
+    });
+    let timer = wait_for("the job's heartbeat timer", Duration::from_secs(20), || timer_pids(&id).first().copied());
+    let watch = wait_for("the wrapper's watch", Duration::from_secs(10), || {
+        mam::sys::list_pids().unwrap_or_default().into_iter().find(|&pid| {
+            let args: Vec<String> = mam::sys::proc_cmdline(pid)
+                .unwrap_or_default()
+                .iter()
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            args.iter().any(|a| a == "watch") && args.windows(2).any(|w| w[0] == "--job-id" && w[1] == id)
+        })
+    });
+    for (what, pid) in [("agent", agent), ("timer", timer), ("watch", watch)] {
+        let e = environ(pid);
+        assert!(!has_var(&e, "MAM_DISPATCH_SECRET"), "MAM_DISPATCH_SECRET reached the {what} (pid {pid})");
+        assert!(!e.iter().any(|v| v.contains(&ds)), "the dispatch secret's value reached the {what}");
+    }
+    let agent_env = environ(agent);
+    assert!(!has_var(&agent_env, "MQTT_PASSWORD"), "MQTT_PASSWORD reached the agent");
+    assert!(!agent_env.iter().any(|v| v.contains(&pw)), "the password's value reached the agent");
+    assert!(has_var(&environ(watch), "MQTT_PASSWORD"), "watch connects to the broker and keeps the password");
+    dj.kill();
+}
+
+/// A tmux pane: neither the tmux server nor the pane's shell holds a secret.
+#[test]
+fn i5_a_tmux_pane_and_its_server_hold_no_secret() {
+    if !have_tool("tmux", "MAM_REQUIRE_TMUX") {
+        return;
+    }
+    let td = TestDir::new("sw_tmux");
+    let bin = td.path("bin");
+    fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
+    let sock = format!("mam-test-{}", rand_hex(6));
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let p = Command::new("tmux").args(["-L", &self.0, "display-message", "-p", "#{socket_path}"]).output();
+            let _ = Command::new("tmux").args(["-L", &self.0, "kill-server"]).output();
+            if let Ok(out) = p {
+                let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                if p.ends_with(self.0.as_str()) {
+                    let _ = fs::remove_file(p);
+                }
+            }
+        }
+    }
+    let _kill = Kill(sock.clone());
+    let proj = td.path("proj");
+    fs::create_dir_all(&proj).unwrap();
+    let (pw, ds) = (format!("pw{}", rand_hex(8)), format!("ds{}", rand_hex(8)));
+    td.write("agent.script", "work_s=30\n");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    td.mam()
+        .args(["pane", "new-session", "--agent", "claude", "--name", "a0", "--cwd", proj.to_str().unwrap()])
+        .args(["--", "test-double", "agent"])
+        .env("PATH", path)
+        .env("MAM_PANE_BACKEND", "tmux")
+        .env("MAM_TMUX_SOCKET", &sock)
+        .env("MAM_FAKE_AGENT_SCRIPT", td.path("agent.script"))
+        .env("MAM_AGENT_START_TIMEOUT_MS", "20000")
+        .env("MAM_TMUX_STABLE_MS", "200")
+        .env("MQTT_PASSWORD", &pw)
+        .env("MAM_DISPATCH_SECRET", &ds)
+        .run()
+        .expect_rc(0);
+    let tm = |args: &[&str]| {
+        let out = Command::new("tmux").arg("-L").arg(&sock).args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let server: i32 = tm(&["display-message", "-p", "#{pid}"]).parse().unwrap();
+    let panes: Vec<i32> = tm(&["list-panes", "-a", "-F", "#{pane_pid}"]).lines().map(|l| l.parse().unwrap()).collect();
+    assert!(!panes.is_empty());
+    let global = tm(&["show-environment", "-g"]);
+    for (what, env) in
+        std::iter::once(("tmux server", environ(server))).chain(panes.iter().map(|&p| ("pane shell", environ(p))))
+    {
+        for (k, v) in [("MQTT_PASSWORD", &pw), ("MAM_DISPATCH_SECRET", &ds)] {
+            assert!(!has_var(&env, k) && !env.iter().any(|e| e.contains(v.as_str())), "{k} reached the {what}");
+            assert!(!global.contains(v.as_str()), "{k} is in the server's global environment");
+        }
+    }
+}
