@@ -1,6 +1,8 @@
 //! The runner (`mam remote run`, CORE 9.3; A12, A21): a reader thread keeps one subscription to
-//! `<root>/jobs/+/dispatch/+`, filters what arrives and queues admitted dispatches in arrival order
-//! (at most 100); the calling thread takes them one at a time, drops the stale ones, mirrors the
+//! `<root>/jobs/+/state` and `<root>/jobs/+/dispatch/+`, remembers which attempts the wire shows as
+//! started (a verified state), filters what arrives and queues admitted dispatches in arrival order
+//! (at most 100); the calling thread takes them one at a time, drops the stale ones and those whose
+//! attempt already has a state (a replay, issue 12 item 6), mirrors the
 //! job through the engine, reports `started` and arms the heartbeat timer on the runner's own pid,
 //! runs `sh -c CMD` in its own session and process group, reports the terminal event, and clears
 //! the attempt's retained dispatch. Events go through the publish library, the one publish path.
@@ -9,7 +11,7 @@
 //! event), the report tail (A12). It never prints (lines go to the caller's `Log`), never puts the
 //! dispatch secret in a record, argv or a child's environment, and never runs two jobs at once.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::fmt;
 use std::fs::{self, OpenOptions};
@@ -31,11 +33,13 @@ use crate::publish::{self, Event, Outcome};
 use crate::registry::engine::{Authority, Kind, Request};
 use crate::registry::store::{Decided, Store};
 use crate::sys;
-use crate::text::show_path;
+use crate::text::{one_line, show_path};
 use crate::wire::Settings;
 
 /// A21: the queue bound.
 pub const QUEUE_LIMIT: usize = 100;
+/// The most jobs whose started attempt the runner remembers (one small entry each).
+pub const SEEN_LIMIT: usize = 100_000;
 /// A12: the most of MAM_REPORT_FILE a terminal event carries.
 pub const MAX_REPORT: usize = 256 * 1024;
 /// The `data` limit the runner gives the publish library: the report of A12 once JSON-escaped, with
@@ -135,9 +139,47 @@ pub fn report_tail(bytes: &[u8], limit: usize) -> (String, Option<u64>) {
     (String::from_utf8_lossy(&bytes[start..]).into_owned(), Some(start as u64))
 }
 
+/// The latest attempt of a job the wire shows a verified state for: that attempt was claimed (or
+/// closed) somewhere, so its dispatch must not run again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub attempt: u64,
+    pub dispatch_token: String,
+    pub status: String,
+}
+
+/// A state message for a remote job, verified with the auth token the dispatch secret derives
+/// (CORE 9.2): `(job_id, what it shows)`, or `None` for anything else (a local job's state, a
+/// forgery, a cleared topic). Pure.
+pub fn verified_state(topic: &str, payload: &[u8], secret: &[u8]) -> Option<(String, Seen)> {
+    let v: Value = serde_json::from_slice(payload).ok()?;
+    if v.get("v").and_then(Value::as_u64) != Some(1) || v.get("kind").and_then(Value::as_str) != Some("state") {
+        return None;
+    }
+    let job_id = v.get("job_id")?.as_str()?;
+    if !crate::clock::valid_job_id(job_id) || !topic.ends_with(&format!("/jobs/{job_id}/state")) {
+        return None;
+    }
+    let attempt = v.get("attempt")?.as_u64()?;
+    let token = v.get("dispatch_token")?.as_str()?;
+    let key = crate::registry::remote_auth_token(secret, job_id, attempt, token);
+    if !crate::sign::verify(key.as_bytes(), &v) {
+        return None;
+    }
+    let status = v.get("status")?.as_str()?.to_string();
+    Some((job_id.to_string(), Seen { attempt, dispatch_token: token.to_string(), status }))
+}
+
+/// True when `seen` shows the dispatch's attempt as started or superseded (issue 12 item 6).
+pub fn already_served(seen: Option<&Seen>, d: &Dispatch) -> bool {
+    seen.is_some_and(|s| s.attempt > d.attempt || (s.attempt == d.attempt && s.dispatch_token == d.dispatch_token))
+}
+
 #[derive(Default)]
 struct Shared {
     queue: Mutex<VecDeque<Dispatch>>,
+    /// Per job: the latest attempt with a verified state on the wire.
+    seen: Mutex<HashMap<String, Seen>>,
     cv: Condvar,
     shutdown: AtomicBool,
     initial: Mutex<Option<Result<(), MqttError>>>,
@@ -194,6 +236,20 @@ pub fn run(r: &Runner, log: Log) -> Result<(), RunnerError> {
             log(&format!("stale dispatch ignored job={} attempt={}", d.job_id, d.attempt));
             continue;
         }
+        // Issue 12 item 6: a captured dispatch replayed to a runner without the mirror record (a
+        // fresh registry) must not run again: the wire's retained state shows the attempt began.
+        // With a local record, the mirror admission decides (and audits) as before.
+        let no_record = matches!(r.store.read(&d.job_id), Ok(None));
+        if let Some(s) = lock(&shared.seen).get(&d.job_id).filter(|s| no_record && already_served(Some(s), &d)) {
+            log(&format!(
+                "dispatch already served job={} attempt={} (state {} of attempt {} on the wire); not run again",
+                d.job_id,
+                d.attempt,
+                one_line(&s.status),
+                s.attempt
+            ));
+            continue;
+        }
         match serve(r, &d, &log) {
             Served::Skipped => {}
             Served::Ran { interrupted } => {
@@ -216,13 +272,12 @@ fn read_loop(shared: &Arc<Shared>, r: &Runner, log: &Log) {
         Stop::from_fn(move || sys::pending_signal().is_some() || sh.shutdown.load(Ordering::SeqCst))
     };
     let filter = format!("{}/jobs/+/dispatch/+", r.settings.mqtt.topic_root);
+    // States first: a broker replays retained messages filter by filter, so a job's retained state
+    // is known before its retained dispatch is queued.
+    let filters = [format!("{}/jobs/+/state", r.settings.mqtt.topic_root), filter.clone()];
     let mut conn = Persistent::new(r.settings.mqtt.clone(), Role::Rmt, stop.clone());
-    let subscribed = mqtt::with_retry(
-        &RetryPolicy::standard("subscribe"),
-        &stop,
-        |w| log(&w),
-        |_| conn.subscribe(std::slice::from_ref(&filter), 1),
-    );
+    let subscribed =
+        mqtt::with_retry(&RetryPolicy::standard("subscribe"), &stop, |w| log(&w), |_| conn.subscribe(&filters, 1));
     let ok = subscribed.is_ok();
     *lock(&shared.initial) = Some(subscribed.map(|_| ()));
     shared.cv.notify_all();
@@ -267,6 +322,16 @@ fn read_loop(shared: &Arc<Shared>, r: &Runner, log: &Log) {
 }
 
 fn on_message(shared: &Shared, r: &Runner, log: &Log, topic: &str, payload: &[u8]) {
+    if topic.ends_with("/state") {
+        if let Some((id, s)) = verified_state(topic, payload, &r.secret) {
+            let mut seen = lock(&shared.seen);
+            let newer = seen.get(&id).is_none_or(|old| s.attempt >= old.attempt);
+            if newer && (seen.len() < SEEN_LIMIT || seen.contains_key(&id)) {
+                seen.insert(id, s);
+            }
+        }
+        return;
+    }
     match dispatch::judge(topic, payload, &r.secret, &r.session) {
         Judged::Cleared | Judged::ForeignSession => {}
         Judged::BadSignature => log(&format!("dropped: bad signature topic={topic}")),
@@ -656,5 +721,31 @@ mod tests {
         assert_eq!((tail.as_str(), cut), ("é\nVERDICT: ok\n", Some(4)));
         let (tail, cut) = report_tail(text.as_bytes(), 14);
         assert_eq!((tail.as_str(), cut), ("\nVERDICT: ok\n", Some(6)), "a split é is skipped, not mangled");
+    }
+
+    #[test]
+    fn a_verified_state_marks_its_attempt_served() {
+        let secret = b"s3cret";
+        let state = |id: &str, attempt: u64, token: &str, key: &str| {
+            let v = serde_json::json!({"v": 1, "kind": "state", "job_id": id, "attempt": attempt,
+                "dispatch_token": token, "status": "completed", "last_event": "completed", "seq": 2,
+                "ts": "2026-01-01T00:00:00.000Z"});
+            serde_json::to_vec(&crate::sign::signed(key.as_bytes(), v.as_object().unwrap().clone()).unwrap()).unwrap()
+        };
+        let key = crate::registry::remote_auth_token(secret, "a", 1, "t");
+        let (id, seen) = verified_state("mam/jobs/a/state", &state("a", 1, "t", &key), secret).unwrap();
+        assert_eq!((id.as_str(), seen.attempt, seen.status.as_str()), ("a", 1, "completed"));
+        // A local job's key, another job's topic, a cleared topic: not evidence.
+        assert!(verified_state("mam/jobs/a/state", &state("a", 1, "t", "local-token"), secret).is_none());
+        assert!(verified_state("mam/jobs/b/state", &state("a", 1, "t", &key), secret).is_none());
+        assert!(verified_state("mam/jobs/a/state", b"", secret).is_none());
+        let mut disp = d("a", 0);
+        assert!(already_served(Some(&seen), &disp));
+        disp.attempt = 2;
+        assert!(!already_served(Some(&seen), &disp), "a newer attempt runs");
+        disp.attempt = 1;
+        disp.dispatch_token = "other".into();
+        assert!(!already_served(Some(&seen), &disp), "another token of the attempt is the engine's to refuse");
+        assert!(!already_served(None, &disp));
     }
 }

@@ -173,3 +173,76 @@ fn i5_a_tmux_pane_and_its_server_hold_no_secret() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 6: a replayed dispatch does not run twice
+
+use std::path::Path;
+use std::time::Instant;
+
+use mam::mqtt::Stop;
+
+use crate::watch::World;
+
+/// Dispatch, let a runner run it to completion, stop it; a fresh runner of the same session (new
+/// process, its own fresh registry) gets the captured dispatch bytes republished, retained, within
+/// the staleness window: the job's command (which leaves one marker line per run) runs once.
+#[test]
+fn i6_a_captured_dispatch_replayed_to_a_fresh_runner_does_not_run_again() {
+    let Some(w) = World::new("sw_replay", Target::Embedded) else { return };
+    let session = format!("r{}", rand_hex(4));
+    let id = w.register_session(
+        &format!("remote:{session}"),
+        &["--transport", "remote", "--heartbeat-sec", "1", "--heartbeat-misses", "3", "--ack-timeout", "30"],
+    );
+    let rec = w.record(&id);
+    let topic = format!("{}/dispatch/{}", rec["topic_prefix"].as_str().unwrap(), rec["attempt"]);
+    // The attacker's capture: a subscriber on the dispatch topic.
+    let ctx = mam::ctx::Ctx::with_env([("MQTT_PORT", w.port.to_string())], Path::new("/"));
+    let cfg = mam::mqtt::MqttConfig::from_ctx(&ctx).unwrap();
+    let mut spy = mam::mqtt::Client::connect(&cfg, mam::mqtt::Role::Sub, &Stop::never()).unwrap();
+    spy.subscribe(std::slice::from_ref(&topic), 1).unwrap();
+    w.mam().args(["remote", "dispatch", "--job-id", &id]).run().expect_rc(0);
+    let captured = wait_for("the captured dispatch", Duration::from_secs(10), || {
+        spy.recv(Instant::now() + Duration::from_millis(200)).ok().flatten().filter(|m| !m.payload.is_empty())
+    })
+    .payload;
+    spy.disconnect();
+
+    let marker = w.td.path("marker");
+    let exec = format!("echo run >> '{}'", marker.display());
+    let runner = |reg: &str, name: &str| {
+        let mut r = w
+            .mam()
+            .args(["remote", "run", "--session", &session, "--exec", &exec, "--registry-dir"])
+            .args([w.td.path(reg)])
+            .spawn_bg(&w.td, name);
+        r.wait_stdout("subscribed topic=", Duration::from_secs(10));
+        r
+    };
+    let mut first = runner("runner1/jobs", "runner1");
+    first.wait_stdout("DONE rc=0", Duration::from_secs(20));
+    first.wait_stdout("cleared dispatch", Duration::from_secs(10));
+    first.signal(libc::SIGTERM);
+    assert_eq!(first.wait(Duration::from_secs(10)).0, 0, "{}", first.stderr());
+    assert_eq!(fs::read_to_string(&marker).unwrap().lines().count(), 1);
+    for pid in timer_pids(&id) {
+        let _ = mam::sys::kill(pid, 9);
+    }
+
+    let mut fresh = runner("runner2/jobs", "runner2");
+    publish_raw(w.port, &topic, &captured, true);
+    wait_until("the fresh runner to judge the replay", Duration::from_secs(20), || {
+        let out = fresh.stdout();
+        out.contains("DONE rc=") || out.contains("not run again")
+    });
+    // A run that was started would have written its marker by DONE; give nothing else a chance.
+    fresh.signal(libc::SIGTERM);
+    assert_eq!(fresh.wait(Duration::from_secs(10)).0, 0, "{}", fresh.stderr());
+    for pid in timer_pids(&id) {
+        let _ = mam::sys::kill(pid, 9);
+    }
+    let runs = fs::read_to_string(&marker).unwrap().lines().count();
+    assert_eq!(runs, 1, "the replayed dispatch ran again:\n{}", fresh.stdout());
+    assert!(fresh.stdout().contains(&format!("dispatch already served job={id} attempt=1")), "{}", fresh.stdout());
+}
