@@ -246,3 +246,73 @@ fn i6_a_captured_dispatch_replayed_to_a_fresh_runner_does_not_run_again() {
     assert_eq!(runs, 1, "the replayed dispatch ran again:\n{}", fresh.stdout());
     assert!(fresh.stdout().contains(&format!("dispatch already served job={id} attempt=1")), "{}", fresh.stdout());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 7: a record's broker block cannot weaken the transport the password travels over
+
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+
+/// A plain TCP listener that records every CONNECT it receives and answers CONNACK 5.
+struct Capture {
+    port: u16,
+    bytes: Arc<Mutex<Vec<u8>>>,
+    _thread: std::thread::JoinHandle<()>,
+}
+
+impl Capture {
+    fn start() -> Capture {
+        let (l, port) = loopback_listener();
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let b2 = bytes.clone();
+        // Serves until the test binary exits; each accept is bounded by the client's own timeout.
+        let thread = std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { continue };
+                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                let mut buf = [0u8; 1024];
+                if let Ok(n) = s.read(&mut buf) {
+                    b2.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+                let _ = s.write_all(&[0x20, 2, 0, 5]);
+            }
+        });
+        Capture { port, bytes, _thread: thread }
+    }
+
+    fn seen(&self) -> Vec<u8> {
+        self.bytes.lock().unwrap().clone()
+    }
+}
+
+#[test]
+fn i7_a_record_that_turns_tls_off_does_not_get_the_password() {
+    let td = TestDir::new("sw_tls");
+    let cap = Capture::start();
+    let port = cap.port.to_string();
+    // The record's broker block: plaintext (registered without TLS) on the same host and port.
+    let id = register_job(&td, &[("MQTT_PORT", port.clone())], &[]);
+    assert_eq!(read_record(&td, &id)["broker"]["tls"], false);
+    let pw = format!("pw{}", rand_hex(8));
+    let r = td
+        .mam()
+        .args(["publish", "--job-id", &id, "--event", "started"])
+        .env("MQTT_PORT", &port)
+        .env("MQTT_TLS", "1")
+        .env("MQTT_USERNAME", "u")
+        .env("MQTT_PASSWORD", &pw)
+        .env("MAM_PUBLISH_BUDGET_S", "2")
+        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "2")
+        .run();
+    let seen = cap.seen();
+    assert!(!seen.is_empty(), "no CONNECT reached the listener: {}", r.stderr());
+    assert!(
+        !seen.windows(pw.len()).any(|w| w == pw.as_bytes()),
+        "the password was sent in plaintext to a record's tls=false broker"
+    );
+    assert!(
+        r.stderr().contains("WARNING: broker in record differs from environment (tls); connecting without password"),
+        "{}",
+        r.stderr()
+    );
+}
