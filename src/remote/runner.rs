@@ -441,8 +441,8 @@ fn serve(r: &Runner, d: &Dispatch, log: &Log) -> Served {
             ("error", 127, false)
         }
     };
-    if let Ok(bytes) = fs::read(&report) {
-        report_data(&mut data, &bytes, MAX_EVENT_DATA);
+    if let Some((bytes, skipped)) = read_report(&report) {
+        report_data(&mut data, &bytes, skipped, MAX_EVENT_DATA);
     }
     let event = Event::parse(event).unwrap_or(Event::Error);
     send_event(r, log, d, event, data);
@@ -456,16 +456,42 @@ fn exit_code(st: &ExitStatus) -> i64 {
     st.code().map_or_else(|| 128 + i64::from(st.signal().unwrap_or(0)), i64::from)
 }
 
-/// A12 inside the event limit: the report's last `MAX_REPORT` bytes, cut further (halving) while
-/// the JSON-escaped `data` would exceed `max_data`, with `report_truncated` when anything was cut.
-pub fn report_data(data: &mut Map<String, Value>, bytes: &[u8], max_data: usize) {
+/// The last `MAX_REPORT` bytes of the job's report and how many bytes before them were not read
+/// (issue 12 item 8: a job may leave a report of any size; only its tail is ever read). Anything
+/// but a regular file (a FIFO, a device behind a link) is no report.
+fn read_report(path: &Path) -> Option<(Vec<u8>, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    if !fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let mut f = fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let start = len.saturating_sub(MAX_REPORT as u64);
+    f.seek(SeekFrom::Start(start)).ok()?;
+    let mut bytes = Vec::with_capacity((len - start) as usize);
+    f.take(MAX_REPORT as u64).read_to_end(&mut bytes).ok()?;
+    Some((bytes, start))
+}
+
+/// A12 inside the event limit: the report's last `MAX_REPORT` bytes (`bytes`, read after
+/// `skipped` bytes that were left unread), cut further (halving) while the JSON-escaped `data`
+/// would exceed `max_data`, with `report_truncated` (all bytes dropped) when anything was cut.
+pub fn report_data(data: &mut Map<String, Value>, bytes: &[u8], skipped: u64, max_data: usize) {
+    // Reading started at an arbitrary byte: a cut character's continuation bytes go too.
+    let mut lead = 0;
+    if skipped > 0 {
+        while lead < bytes.len() && bytes[lead] & 0xC0 == 0x80 {
+            lead += 1;
+        }
+    }
+    let (bytes, skipped) = (&bytes[lead..], skipped + lead as u64);
     let mut limit = MAX_REPORT;
     loop {
         let (text, cut) = report_tail(bytes, limit);
         data.insert("report".into(), text.into());
-        match cut {
-            Some(n) => data.insert("report_truncated".into(), n.into()),
-            None => data.remove("report_truncated"),
+        match skipped + cut.unwrap_or(0) {
+            0 => data.remove("report_truncated"),
+            n => data.insert("report_truncated".into(), n.into()),
         };
         if publish::data_len(data) <= max_data || limit == 0 {
             return;
@@ -697,19 +723,25 @@ mod tests {
     fn a12_report_data_fits_the_event_limit() {
         let mut data = Map::new();
         data.insert("rc".into(), 1.into());
-        report_data(&mut data, b"ok\n", MAX_EVENT_DATA);
+        report_data(&mut data, b"ok\n", 0, MAX_EVENT_DATA);
         assert_eq!((data["report"].as_str(), data.get("report_truncated")), (Some("ok\n"), None));
         // Control characters escape to six bytes each: 256 KiB of them is cut until it fits.
         let ctl = vec![1u8; 300 * 1024];
-        report_data(&mut data, &ctl, MAX_EVENT_DATA);
+        report_data(&mut data, &ctl, 0, MAX_EVENT_DATA);
         assert!(publish::data_len(&data) <= MAX_EVENT_DATA);
         let kept = data["report"].as_str().unwrap().len();
         assert!((64 * 1024..MAX_REPORT).contains(&kept), "{kept}");
         assert_eq!(data["report_truncated"].as_u64(), Some((ctl.len() - kept) as u64));
         assert_eq!(data["rc"], 1);
         // Plain text keeps the whole 256 KiB tail, well over the CLI's 64 KiB.
-        report_data(&mut data, &vec![b'x'; 300 * 1024], MAX_EVENT_DATA);
+        report_data(&mut data, &vec![b'x'; 300 * 1024], 0, MAX_EVENT_DATA);
         assert_eq!(data["report"].as_str().unwrap().len(), MAX_REPORT);
+        // Bytes left unread before the tail count as dropped; a cut character at the start goes.
+        let mut tail = "é".as_bytes()[1..].to_vec();
+        tail.extend_from_slice(b"VERDICT: ok\n");
+        report_data(&mut data, &tail, 3_000_000_000, MAX_EVENT_DATA);
+        assert_eq!(data["report"].as_str(), Some("VERDICT: ok\n"));
+        assert_eq!(data["report_truncated"].as_u64(), Some(3_000_000_001));
     }
 
     #[test]

@@ -292,7 +292,9 @@ impl Watch<'_> {
                             Vec::new()
                         }
                     };
-                    next_poll = Instant::now() + self.settings.poll;
+                    // A long log is read in bounded pieces: the next one right after the
+                    // deadlines and signals above were checked again (issue 12 item 8).
+                    next_poll = if t.more() { Instant::now() } else { Instant::now() + self.settings.poll };
                     for l in lines {
                         if let Some(v) = self.on_log_line(&l, &mut budgets) {
                             return self.end(v, &mut conn);

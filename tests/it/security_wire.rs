@@ -316,3 +316,180 @@ fn i7_a_record_that_turns_tls_off_does_not_get_the_password() {
         r.stderr()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 8: bounded reads of logs and reports
+
+use serde_json::Value;
+
+/// VmHWM (peak resident set) of a live process, in KiB.
+fn vm_hwm_kb(pid: i32) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Samples a background process's VmHWM until it exits (or `limit`), returning the peak seen in
+/// KiB, its rc and how long it ran.
+fn run_sampling(mut p: Background, limit: Duration) -> (u64, i32, Duration, Background) {
+    let mut peak = 0;
+    let started = p.started;
+    let _ = poll(limit, || {
+        if let Some(kb) = vm_hwm_kb(p.pid()) {
+            peak = peak.max(kb);
+        }
+        p.exited().then_some(())
+    });
+    let (rc, at) = p.wait(Duration::from_secs(1));
+    (peak, rc, at - started, p)
+}
+
+/// A sparse file of `size` zero bytes followed by `tail` (written in well under a second).
+fn sparse_with_tail(path: &Path, size: u64, tail: &[u8]) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let f = fs::OpenOptions::new().create(true).write(true).truncate(true).open(path).unwrap();
+    f.set_len(size).unwrap();
+    let mut f = fs::OpenOptions::new().append(true).open(path).unwrap();
+    f.write_all(b"\n").unwrap();
+    f.write_all(tail).unwrap();
+}
+
+const BIG: u64 = 300 * 1024 * 1024;
+/// Peak RSS allowed to a command reading a 300 MB-1 GB file (it needs a few MiB; the code before
+/// the fix needed the whole file).
+const RSS_BOUND_KB: u64 = 96 * 1024;
+
+/// A repeated `publish` over a 300 MB events.log (the real lines at its end) reads it from the end:
+/// peak RSS stays small. The repeat resends to a silent listener, so the process lives long enough
+/// to be sampled.
+#[test]
+fn i8_a_repeated_publish_does_not_read_the_whole_events_log() {
+    let td = TestDir::new("sw_pubbig");
+    let silent = FakeBroker::start(Fake::Silent);
+    let env = [("MQTT_PORT", silent.port.to_string())];
+    let id = register_job(&td, &env, &[]);
+    let first = td
+        .mam()
+        .args(["publish", "--job-id", &id, "--event", "started"])
+        .env("MQTT_PORT", silent.port.to_string())
+        .env("MAM_PUBLISH_BUDGET_S", "1")
+        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "1")
+        .run();
+    first.expect_rc(3);
+    let log = td.ws().join(".mam/jobs").join(&id).join("events.log");
+    let lines = fs::read(&log).unwrap();
+    sparse_with_tail(&log, BIG, &lines);
+    let p = td
+        .mam()
+        .args(["publish", "--job-id", &id, "--event", "started"])
+        .env("MQTT_PORT", silent.port.to_string())
+        .env("MAM_PUBLISH_BUDGET_S", "2")
+        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "2")
+        .spawn_bg(&td, "repeat");
+    let (peak, rc, took, p) = run_sampling(p, Duration::from_secs(30));
+    assert_eq!(rc, 3, "{}", p.stderr());
+    assert!(p.stdout().contains("already running"), "{}", p.stdout());
+    eprintln!("i8 publish repeat over {} MB: VmHWM {peak} KiB, {took:?}", BIG >> 20);
+    assert!(peak < RSS_BOUND_KB, "publish peaked at {peak} KiB reading a {} MB events.log", BIG >> 20);
+}
+
+/// `watch --timeout 2` over a 1 GB events.log ends within its timeout plus a small margin and
+/// without reading the log into memory; the real line at the end still counts.
+#[test]
+fn i8_watch_over_a_huge_events_log_keeps_its_deadline_and_memory() {
+    let Some(w) = World::new("sw_watchbig", Target::Embedded) else { return };
+    let id = w.register(&["--heartbeat-sec", "1", "--heartbeat-misses", "30", "--ack-timeout", "30"]);
+    let e = w.emitter(&id);
+    let mut started = e.event(1, "started");
+    started.push(b'\n');
+    sparse_with_tail(&e.events_log, 1024 * 1024 * 1024, &started);
+    let p = w.watch(&id, &["--timeout", "2"]);
+    let (peak, rc, took, p) = run_sampling(p, Duration::from_secs(60));
+    eprintln!("i8 watch over 1 GB: VmHWM {peak} KiB, rc {rc}, {took:?}");
+    assert_eq!(rc, 13, "{}{}", p.stdout(), p.stderr());
+    assert!(p.stdout().contains("accepted seq=1 event=started"), "{}", p.stdout());
+    assert!(took < Duration::from_secs(4), "watch --timeout 2 took {took:?}");
+    assert!(peak < RSS_BOUND_KB, "watch peaked at {peak} KiB over a 1 GB events.log");
+}
+
+/// The daemon's polling pass over a job with a 1 GB events.log reads only its end: the pass
+/// applies the real `started` at the end, and peak RSS stays small.
+#[test]
+fn i8_a_daemon_poll_pass_reads_only_the_end_of_a_huge_log() {
+    let td = TestDir::new("sw_dmnbig");
+    let id = register_job(&td, &[], &[]);
+    let rec = read_record(&td, &id);
+    let mut started = signed_event(&rec, "started", 1, false);
+    started.push(b'\n');
+    sparse_with_tail(&td.ws().join(".mam/jobs").join(&id).join("events.log"), 1024 * 1024 * 1024, &started);
+    let down = FakeBroker::start(Fake::Close);
+    let d = td
+        .mam()
+        .args(["daemon", "run", "--workspace"])
+        .args([td.ws()])
+        .args(["--interval", "1"])
+        .env("MQTT_PORT", down.port.to_string())
+        .spawn_bg(&td, "daemon");
+    let mut peak = 0;
+    wait_until("a poll pass to mark the job running", Duration::from_secs(30), || {
+        peak = peak.max(vm_hwm_kb(d.pid()).unwrap_or(0));
+        read_record(&td, &id)["status"] == "running"
+    });
+    wait_until("the pass to end", Duration::from_secs(10), || {
+        peak = peak.max(vm_hwm_kb(d.pid()).unwrap_or(0));
+        d.stdout().contains("poll pass done") || d.stderr().contains("poll pass done")
+    });
+    eprintln!("i8 daemon pass over 1 GB: VmHWM {peak} KiB");
+    d.signal(libc::SIGTERM);
+    assert!(peak < RSS_BOUND_KB, "the daemon peaked at {peak} KiB polling a 1 GB events.log");
+}
+
+/// A job that leaves a 300 MB report: the runner reads only its tail, says it was truncated, and
+/// keeps the trailing VERDICT line.
+#[test]
+fn i8_the_runner_reads_only_the_tail_of_a_huge_report() {
+    let Some(w) = World::new("sw_report", Target::Embedded) else { return };
+    let session = format!("r{}", rand_hex(4));
+    let id = w.register_session(
+        &format!("remote:{session}"),
+        &["--transport", "remote", "--heartbeat-sec", "1", "--heartbeat-misses", "3", "--ack-timeout", "30"],
+    );
+    let exec = r#"truncate -s 300M "$MAM_REPORT_FILE" && echo "VERDICT: ok" >> "$MAM_REPORT_FILE""#;
+    let reg = w.td.path("runner/jobs");
+    let r = w
+        .mam()
+        .args(["remote", "run", "--session", &session, "--exec", exec, "--registry-dir"])
+        .args([&reg])
+        .spawn_bg(&w.td, "runner");
+    let mut peak = 0;
+    let sample = |peak: &mut u64| *peak = (*peak).max(vm_hwm_kb(r.pid()).unwrap_or(0));
+    wait_until("the runner to subscribe", Duration::from_secs(10), || {
+        sample(&mut peak);
+        r.stdout().contains("subscribed topic=")
+    });
+    w.mam().args(["remote", "dispatch", "--job-id", &id]).run().expect_rc(0);
+    wait_until("the job to end", Duration::from_secs(60), || {
+        sample(&mut peak);
+        r.stdout().contains("DONE rc=")
+    });
+    sample(&mut peak);
+    r.signal(libc::SIGTERM);
+    for pid in timer_pids(&id) {
+        let _ = mam::sys::kill(pid, 9);
+    }
+    eprintln!("i8 runner with a 300 MB report: VmHWM {peak} KiB");
+    assert!(r.stdout().contains("DONE rc=0"), "{}{}", r.stdout(), r.stderr());
+    assert!(peak < RSS_BOUND_KB, "the runner peaked at {peak} KiB reading a 300 MB report");
+    let events = fs::read_to_string(reg.join(&id).join("events.log")).unwrap();
+    let done: Value = events
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["event"] == "completed")
+        .expect("a completed event");
+    assert!(done["data"]["report"].as_str().unwrap().ends_with("VERDICT: ok\n"));
+    assert!(
+        done["data"]["report_truncated"].as_u64().unwrap() > 299 * 1024 * 1024,
+        "{}",
+        done["data"]["report_truncated"]
+    );
+}
