@@ -2,7 +2,8 @@
 //! (CORE 10.2 steps 3 and 5, A12): a message for a job with a record here is judged by the CORE 8.3
 //! acceptance rules (`watch::accept`, one `Acceptor` per job keyed by attempt and dispatch token)
 //! and mirrored with agent authority through `registry::store`: `started` -> `claim`, a terminal
-//! event or state -> `terminal S`. The engine audits refusals; drops are audited once per seq.
+//! event or state -> `terminal S`. The engine audits refusals; drops are audited once per seq,
+//! within the per-job budget of `watch::accept::DropBudget`.
 //!
 //! Nothing here prints or touches the network: callers hand in payloads and get log lines back.
 
@@ -19,7 +20,7 @@ use crate::registry::is_terminal;
 use crate::registry::record::Record;
 use crate::registry::store::{Decided, Store};
 use crate::sys;
-use crate::watch::accept::{Acceptor, Identity, Outcome};
+use crate::watch::accept::{Acceptor, DropAudit, Identity, Outcome, DROP_WINDOW_MS};
 
 /// How much of the end of each events.log a polling pass reads.
 pub const POLL_WINDOW: u64 = 8 * 1024 * 1024;
@@ -110,17 +111,22 @@ impl Mirror {
         let mut lines = Vec::new();
         match &outcome {
             Outcome::Dropped { seq, reason, audit: true } => {
-                let e = audit::entry(
-                    now_ms,
-                    id,
-                    Some(attempt),
-                    "dropped",
-                    json!({"reason": reason.as_str(), "seq": seq, "by": "daemon", "topic": topic}),
-                );
-                if let Err(err) = audit::flush(&self.store.logs, id, &[e], None) {
-                    lines.push(format!("job {id}: audit not written ({err})"));
+                // Issue 12 item 9: at most DROP_AUDITS_PER_WINDOW audit lines per job and window,
+                // then one summary of how many more were dropped.
+                if let DropAudit::Write { summary } = acc.drops.admit(now_ms) {
+                    let mut entries = Vec::new();
+                    if let Some(n) = summary {
+                        let rest = json!({"more": n, "window_ms": DROP_WINDOW_MS, "by": "daemon"});
+                        entries.push(audit::entry(now_ms, id, Some(attempt), "dropped_summary", rest));
+                        lines.push(format!("job {id}: dropped {n} more (not audited one by one)"));
+                    }
+                    let rest = json!({"reason": reason.as_str(), "seq": seq, "by": "daemon", "topic": topic});
+                    entries.push(audit::entry(now_ms, id, Some(attempt), "dropped", rest));
+                    if let Err(err) = audit::flush(&self.store.logs, id, &entries, None) {
+                        lines.push(format!("job {id}: audit not written ({err})"));
+                    }
+                    lines.push(format!("job {id}: dropped seq={} reason={}", seq.unwrap_or(0), reason.as_str()));
                 }
-                lines.push(format!("job {id}: dropped seq={} reason={}", seq.unwrap_or(0), reason.as_str()));
             }
             Outcome::Event { event, .. } if event == "started" && rec.status() == "pending" => {
                 lines.extend(self.request(&rec, id, Kind::Claim, None, now_ms).0);

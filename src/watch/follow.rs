@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::accept::{Acceptor, Budgets, Identity, Outcome, Silence};
+use super::accept::{Acceptor, Budgets, DropAudit, Identity, Outcome, Silence, DROP_WINDOW_MS};
 use super::tail::Tail;
 use crate::clock;
 use crate::mqtt::{self, BrokerBlock, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
@@ -416,12 +416,31 @@ impl Watch<'_> {
             Outcome::Duplicate { .. } => None,
             Outcome::Dropped { seq, reason, audit } => {
                 if audit {
-                    let shown = seq.map_or_else(|| "?".to_string(), |s| s.to_string());
-                    self.line(&format!("dropped seq={shown} reason={}", reason.as_str()));
-                    self.audit("dropped", json!({"reason": reason.as_str(), "seq": seq, "source": source}));
+                    // Issue 12 item 9: a flood of forged messages writes a bounded audit.
+                    if let DropAudit::Write { summary } = self.acceptor.drops.admit(clock::now_ms()) {
+                        if let Some(n) = summary {
+                            self.drop_summary(n);
+                        }
+                        let shown = seq.map_or_else(|| "?".to_string(), |s| s.to_string());
+                        self.line(&format!("dropped seq={shown} reason={}", reason.as_str()));
+                        self.audit("dropped", json!({"reason": reason.as_str(), "seq": seq, "source": source}));
+                    }
                 }
                 None
             }
+        }
+    }
+
+    /// One line and one audit entry for `n` drops the budget kept out of the audit.
+    fn drop_summary(&mut self, n: u64) {
+        self.line(&format!("dropped {n} more (not audited one by one)"));
+        self.audit("dropped_summary", json!({"more": n, "window_ms": DROP_WINDOW_MS}));
+    }
+
+    /// At the end of a watch: the summary of drops still unreported.
+    fn flush_drops(&mut self) {
+        if let Some(n) = self.acceptor.drops.take_suppressed() {
+            self.drop_summary(n);
         }
     }
 
@@ -484,6 +503,7 @@ impl Watch<'_> {
     }
 
     fn end(&mut self, v: Verdict, conn: &mut Persistent) -> Verdict {
+        self.flush_drops();
         if let Verdict::Terminal(s) = &v {
             self.line(&format!("result {s}"));
         }
@@ -492,6 +512,7 @@ impl Watch<'_> {
     }
 
     fn silence(&mut self, s: Silence, budgets: &Budgets, conn: &mut Persistent) -> Verdict {
+        self.flush_drops();
         let result = match s {
             Silence::Unresponsive => "unresponsive",
             Silence::NoStarted => "no_started",
@@ -520,6 +541,7 @@ impl Watch<'_> {
 
     /// CORE 8.3 Signals: the line, then DISCONNECT if connected.
     fn signal(&mut self, sig: i32, conn: &mut Persistent) -> Verdict {
+        self.flush_drops();
         let msg = signal_line(sig);
         (self.out)(Output::Signal(&msg));
         conn.drop_connection();

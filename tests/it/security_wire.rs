@@ -493,3 +493,46 @@ fn i8_the_runner_reads_only_the_tail_of_a_huge_report() {
         done["data"]["report_truncated"]
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 9: a flood of forged events writes a bounded audit
+
+use mam::mqtt::Message;
+use serde_json::json;
+
+#[test]
+fn i9_a_flood_of_forged_events_grows_the_audit_by_a_bounded_amount() {
+    let Some(w) = World::new("sw_flood", Target::Embedded) else { return };
+    let id = w.register(&["--heartbeat-sec", "1", "--heartbeat-misses", "60", "--ack-timeout", "60"]);
+    let mut watch = w.watch_subscribed(&id, &["--timeout", "120"]);
+    let e = w.emitter(&id);
+    let topic = format!("{}/events", e.prefix);
+    const N: u64 = 20_000;
+    let mut c = e.client();
+    for seq in 1..=N {
+        let forged = e.event_as(seq, "progress", json!({}), e.attempt, &e.token, "not-the-auth-token");
+        c.publish(&Message::new(topic.clone(), forged, 0, false)).unwrap();
+    }
+    // The last forgery went out at QoS 1: once it is acknowledged, the broker has routed them all.
+    let last = e.event_as(N + 1, "progress", json!({}), e.attempt, &e.token, "not-the-auth-token");
+    c.publish(&Message::new(topic.clone(), last, 1, false)).unwrap();
+    c.disconnect();
+    // A real event is still accepted after the flood.
+    e.send_event(&e.event(1, "started"));
+    watch.wait_stdout("accepted seq=1 event=started", Duration::from_secs(60));
+    let audit = w.logs().join(&id).join("audit.jsonl");
+    let dropped = w.audit_of(&id, "dropped").len();
+    let size = fs::metadata(&audit).map(|m| m.len()).unwrap_or(0);
+    eprintln!("i9 {N} forged events: {dropped} dropped audit lines, audit.jsonl {size} bytes");
+    assert!(dropped >= 1, "the first forgeries are audited");
+    assert!(dropped <= 40, "{dropped} dropped lines for {N} forgeries");
+    assert!(size < 64 * 1024, "audit.jsonl grew to {size} bytes");
+    let sublog = fs::metadata(w.logs().join(&id).join("subscriber.log")).map(|m| m.len()).unwrap_or(0);
+    assert!(sublog < 64 * 1024, "subscriber.log grew to {sublog} bytes");
+    // Ending the watch writes the summary of what was not audited one by one.
+    watch.signal(libc::SIGTERM);
+    watch.wait(Duration::from_secs(5));
+    let summary = w.audit_of(&id, "dropped_summary");
+    assert_eq!(summary.len(), 1, "{summary:?}");
+    assert!(summary[0]["more"].as_u64().unwrap() > N / 2, "{summary:?}");
+}
