@@ -334,8 +334,9 @@ fn on_message(shared: &Shared, r: &Runner, log: &Log, topic: &str, payload: &[u8
     }
     match dispatch::judge(topic, payload, &r.secret, &r.session) {
         Judged::Cleared | Judged::ForeignSession => {}
-        Judged::BadSignature => log(&format!("dropped: bad signature topic={topic}")),
-        Judged::Malformed(why) => log(&format!("dropped: {why} topic={topic}")),
+        // The topic is the sender's text: one escaped line (issue 12 item 10).
+        Judged::BadSignature => log(&format!("dropped: bad signature topic={}", one_line(topic))),
+        Judged::Malformed(why) => log(&format!("dropped: {} topic={}", one_line(&why), one_line(topic))),
         Judged::Ok(d) => {
             let (id, attempt) = (d.job_id.clone(), d.attempt);
             let res = enqueue(&mut lock(&shared.queue), d, clock::now_ms(), QUEUE_LIMIT);

@@ -24,7 +24,7 @@ use crate::registry::engine::{Authority, Kind, Request};
 use crate::registry::record::Record;
 use crate::registry::store::{Decided, Store};
 use crate::sys;
-use crate::text::show_path;
+use crate::text::{one_line, show_path};
 
 /// The first reconnect wait and the cap of the doubling backoff (CORE 8.3).
 pub const BACKOFF_FIRST: Duration = Duration::from_secs(1);
@@ -374,7 +374,8 @@ impl Watch<'_> {
         let outcome = self.acceptor.offer(payload);
         match outcome {
             Outcome::Event { seq, ref event, gap, ref terminal } => {
-                self.line(&format!("accepted seq={seq} event={event}"));
+                // Wire text reaches a log line only through the one-line sanitiser (issue 12 item 10).
+                self.line(&format!("accepted seq={seq} event={}", one_line(event)));
                 if let Some((expected, got)) = gap {
                     self.audit("seq_gap", json!({"expected": expected, "got": got, "source": source}));
                 }
@@ -398,7 +399,7 @@ impl Watch<'_> {
                 }
             }
             Outcome::State { seq, ref status, ref terminal, .. } => {
-                self.line(&format!("accepted-state seq={seq} status={status}"));
+                self.line(&format!("accepted-state seq={seq} status={}", one_line(status)));
                 if !outcome.is_evidence() {
                     return None;
                 }
@@ -447,7 +448,7 @@ impl Watch<'_> {
     fn advance(&mut self, status: &str) {
         if self.advanced.as_deref() != Some(status) {
             self.advanced = Some(status.to_string());
-            self.line(&format!("advanced status={status}"));
+            self.line(&format!("advanced status={}", one_line(status)));
         }
     }
 

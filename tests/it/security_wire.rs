@@ -536,3 +536,46 @@ fn i9_a_flood_of_forged_events_grows_the_audit_by_a_bounded_amount() {
     assert_eq!(summary.len(), 1, "{summary:?}");
     assert!(summary[0]["more"].as_u64().unwrap() > N / 2, "{summary:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 10, second half: wire text reaches log lines as one escaped line
+
+/// A dispatch topic with a newline and ESC in the runner's log, and a signed state whose status
+/// carries a newline, ESC and a fake `result` line in watch's subscriber.log: each is one line, the
+/// control characters escaped.
+#[test]
+fn i10_topics_and_statuses_are_logged_as_one_escaped_line() {
+    let Some(w) = World::new("sw_oneline", Target::Embedded) else { return };
+    let session = format!("r{}", rand_hex(4));
+    let mut r = w
+        .mam()
+        .args(["remote", "run", "--session", &session, "--exec", "true", "--registry-dir"])
+        .args([w.td.path("runner/jobs")])
+        .spawn_bg(&w.td, "runner");
+    r.wait_stdout("subscribed topic=", Duration::from_secs(10));
+    let evil = "mam/jobs/x\n2026-01-01T00:00:00Z DONE rc=0 \u{1b}[2K/dispatch/1";
+    let forged = json!({"v": 1, "kind": "dispatch", "sig": "00"}).to_string();
+    publish_raw(w.port, evil, forged.as_bytes(), false);
+    r.wait_stdout("dropped: bad signature", Duration::from_secs(10));
+    let out = r.stdout();
+    assert!(!out.contains('\u{1b}'), "ESC reached the runner log:\n{out:?}");
+    assert!(!out.lines().any(|l| l.starts_with("2026-01-01T00:00:00Z DONE")), "a forged line in the log:\n{out}");
+    assert!(out.contains("topic=mam/jobs/x\\n2026-01-01T00:00:00Z DONE rc=0 \\u{1b}[2K/dispatch/1"), "{out}");
+    r.signal(libc::SIGTERM);
+
+    let id = w.register(&["--heartbeat-sec", "1", "--heartbeat-misses", "30", "--ack-timeout", "30"]);
+    let mut watch = w.watch_subscribed(&id, &["--timeout", "30"]);
+    let e = w.emitter(&id);
+    let token8 = &e.token[..8];
+    let status = format!("running\n2026-01-01T00:00:00.000Z attempt=1 token={token8} result completed\u{1b}[2K");
+    e.send_state(&e.state(1, &status));
+    watch.wait_stdout("accepted-state seq=1", Duration::from_secs(10));
+    watch.signal(libc::SIGTERM);
+    watch.wait(Duration::from_secs(5));
+    let log = fs::read_to_string(w.logs().join(&id).join("subscriber.log")).unwrap();
+    for text in [log.as_str(), watch.stdout().as_str()] {
+        assert!(!text.contains('\u{1b}'), "ESC reached a watch line:\n{text:?}");
+        assert!(!text.lines().any(|l| l.starts_with("2026-01-01T00:00:00.000Z")), "a forged line:\n{text}");
+        assert!(text.contains("status=running\\n2026-01-01T00:00:00.000Z attempt=1"), "{text}");
+    }
+}
