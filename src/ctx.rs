@@ -4,13 +4,47 @@
 //! stderr) or by a test from explicit values. Nothing below `main` reads the process environment:
 //! lookups go through `Ctx::var`, which checks the real environment first and the env-file overlay
 //! second. Values from the env file are never written into the process environment; children get
-//! them through `Ctx::child_env`.
+//! them through `Ctx::child_env_for`, which is also the one place that decides which secrets a child
+//! receives (its `ChildRole`).
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+/// The variables that hold secrets (A2). A child gets one only when its `ChildRole` needs it.
+pub const SECRET_VARS: &[&str] = &["MQTT_PASSWORD", "MAM_DISPATCH_SECRET"];
+
+/// What a child process is, which decides the secrets it is given (docs/SECURITY.md "Secrets,
+/// replays and bounds"). Anything that is not a mam process talking to the broker gets none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildRole {
+    /// An agent, a pane backend call or pane server (tmux, herdr, the fake agent), a remote job's
+    /// `sh -c`, `mam agents purge`: no secret.
+    Agent,
+    /// A helper program that is not mam (the TLS shim): no secret.
+    Tool,
+    /// A mam process that connects to the broker and signs no dispatch: the heartbeat timer, `mam
+    /// watch`, the daemon (`daemon ensure`, `monitor`, `reconcile --subscribe`): `MQTT_PASSWORD`.
+    BrokerClient,
+    /// `mam remote dispatch` (and register/submit `--transport remote`, which derive the remote
+    /// auth token): `MQTT_PASSWORD` and `MAM_DISPATCH_SECRET`.
+    Dispatcher,
+    /// `mam remote run`: `MQTT_PASSWORD` and `MAM_DISPATCH_SECRET`.
+    Runner,
+}
+
+impl ChildRole {
+    /// The secret variables a child of this role keeps.
+    pub fn secrets(self) -> &'static [&'static str] {
+        match self {
+            ChildRole::Agent | ChildRole::Tool => &[],
+            ChildRole::BrokerClient => &["MQTT_PASSWORD"],
+            ChildRole::Dispatcher | ChildRole::Runner => SECRET_VARS,
+        }
+    }
+}
 
 /// Where a command's stdout or stderr lines go.
 #[derive(Clone, Debug)]
@@ -144,15 +178,29 @@ impl Ctx {
         self.loaded = true;
     }
 
-    /// The environment a child should receive: the real environment plus the overlay.
-    pub fn child_env(&self) -> Vec<(OsString, OsString)> {
-        let mut all: Vec<(OsString, OsString)> = self.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    /// The environment a child of `role` receives: the real environment plus the overlay, minus the
+    /// secrets that role does not need (`ChildRole::secrets`). Every spawn site goes through here, so
+    /// a new one has to say what its child is.
+    pub fn child_env_for(&self, role: ChildRole) -> Vec<(OsString, OsString)> {
+        let keep = role.secrets();
+        let withheld = |k: &OsStr| SECRET_VARS.iter().any(|s| k == *s) && !keep.iter().any(|s| k == *s);
+        let mut all: Vec<(OsString, OsString)> =
+            self.env.iter().filter(|(k, _)| !withheld(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
         for (k, v) in &self.overlay {
-            if !self.env.contains_key(OsStr::new(k)) {
+            if !self.env.contains_key(OsStr::new(k)) && !withheld(OsStr::new(k)) {
                 all.push((k.into(), v.into()));
             }
         }
         all
+    }
+
+    /// The names of every variable this context sees (real environment and overlay), sorted; for
+    /// test doubles that report what they were given.
+    pub fn var_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.env.keys().map(|k| k.to_string_lossy().into_owned()).collect();
+        names.extend(self.overlay.keys().filter(|k| !self.env.contains_key(OsStr::new(k.as_str()))).cloned());
+        names.sort();
+        names
     }
 
     /// Sets or removes a variable in this context's environment (for children and later lookups).
@@ -207,5 +255,38 @@ impl Ctx {
         bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
         let _ = self.err.write(&bytes, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(ctx: &Ctx, role: ChildRole) -> Vec<String> {
+        ctx.child_env_for(role).into_iter().map(|(k, _)| k.to_string_lossy().into_owned()).collect()
+    }
+
+    /// Issue 12 item 5: the role decides which secrets a child gets, from the environment and the
+    /// env-file overlay alike.
+    #[test]
+    fn each_role_gets_only_its_secrets() {
+        let mut ctx = Ctx::with_env([("MQTT_PASSWORD", "pw"), ("PATH", "/bin")], Path::new("/"));
+        ctx.apply_overlay(vec![("MAM_DISPATCH_SECRET".into(), "ds".into()), ("MQTT_PORT".into(), "1".into())]);
+        let all = ["MAM_DISPATCH_SECRET", "MQTT_PASSWORD", "MQTT_PORT", "PATH"];
+        let mut got = names(&ctx, ChildRole::Runner);
+        got.sort();
+        assert_eq!(got, all);
+        let mut got = names(&ctx, ChildRole::Dispatcher);
+        got.sort();
+        assert_eq!(got, all);
+        let mut got = names(&ctx, ChildRole::BrokerClient);
+        got.sort();
+        assert_eq!(got, ["MQTT_PASSWORD", "MQTT_PORT", "PATH"]);
+        for role in [ChildRole::Agent, ChildRole::Tool] {
+            let mut got = names(&ctx, role);
+            got.sort();
+            assert_eq!(got, ["MQTT_PORT", "PATH"], "{role:?}");
+        }
+        assert_eq!(ctx.var_names(), all);
     }
 }

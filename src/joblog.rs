@@ -1,12 +1,14 @@
 //! A job's files below publish and the timer (CORE 6.3, 6.4, 7.5): the events.log path, preparing it
-//! and appending one signed line under L4, reading the latest line of an attempt, and the in-flight
-//! lock L3 that orders one-shot publishes against the terminal.
+//! and appending one signed line under L4, reading the latest line of an attempt, the in-flight
+//! lock L3 that orders one-shot publishes against the terminal, and the bounded backwards line
+//! reader every reader of a job's logs uses (issue 12 item 8: a log may be huge or hostile).
 //!
-//! It knows nothing of the engine, the wire or the timer; it never prints.
+//! It knows nothing of the engine, the wire or the timer; it never prints; it never reads a whole
+//! log into memory.
 
 use std::fmt;
-use std::fs;
-use std::io;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -99,21 +101,164 @@ pub fn inflight_exclusive(registry: &Path, job_id: &str, limit: Duration) -> io:
     }
 }
 
-/// The latest events.log line of `attempt` and `event`: its seq and bytes.
-pub fn latest_event_line(events: &Path, attempt: u64, event: &str) -> io::Result<Option<(u64, Vec<u8>)>> {
-    let text = match fs::read(events) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+/// The longest log line the bounded readers hand on; a longer one is skipped whole (no line mam
+/// writes comes close: an event's data is at most 768 KiB before escaping).
+pub const MAX_LINE: usize = 4 * 1024 * 1024;
+
+/// How much of the end of events.log `latest_event_line` reads at most (the current attempt's
+/// lines are at the end; a log bigger than this was not written by mam's own publishes alone).
+pub const LATEST_SCAN_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The read size of the backwards reader.
+const CHUNK: usize = 64 * 1024;
+
+/// Calls `f` with the lines of `path` from the last one backwards (without their newline; empty
+/// lines are skipped), reading `CHUNK` bytes at a time and at most `max_bytes` from the end. A line
+/// longer than `max_line` is skipped whole; so is the line cut by the `max_bytes` limit. Stops when
+/// `f` returns true. A missing file has no lines. Memory: one chunk plus one line.
+pub fn scan_lines_back(
+    path: &Path,
+    max_line: usize,
+    max_bytes: u64,
+    mut f: impl FnMut(&[u8]) -> bool,
+) -> io::Result<()> {
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     };
-    let mut found = None;
-    for line in text.split(|&b| b == b'\n') {
-        let Ok(v) = serde_json::from_slice::<Value>(line) else { continue };
-        if v["kind"] == "event" && v["attempt"].as_u64() == Some(attempt) && v["event"] == event {
-            if let Some(seq) = v["seq"].as_u64() {
-                found = Some((seq, line.to_vec()));
+    let len = file.metadata()?.len();
+    let floor = len.saturating_sub(max_bytes);
+    let mut pos = len;
+    // The end of a line whose start has not been read yet, and whether that line is already too long.
+    let mut acc: Vec<u8> = Vec::new();
+    let mut skipping = false;
+    let mut chunk = vec![0u8; CHUNK];
+    while pos > floor {
+        let n = (pos - floor).min(CHUNK as u64) as usize;
+        pos -= n as u64;
+        file.seek(SeekFrom::Start(pos))?;
+        file.read_exact(&mut chunk[..n])?;
+        let mut piece = &chunk[..n];
+        while let Some(i) = piece.iter().rposition(|&b| b == b'\n') {
+            let head = &piece[i + 1..];
+            if !skipping && head.len() + acc.len() <= max_line && !(head.is_empty() && acc.is_empty()) {
+                let stop = if acc.is_empty() {
+                    f(head)
+                } else {
+                    let mut line = Vec::with_capacity(head.len() + acc.len());
+                    line.extend_from_slice(head);
+                    line.extend_from_slice(&acc);
+                    f(&line)
+                };
+                if stop {
+                    return Ok(());
+                }
+            }
+            acc.clear();
+            skipping = false;
+            piece = &piece[..i];
+        }
+        if !skipping {
+            if piece.len() + acc.len() > max_line {
+                skipping = true;
+                acc = Vec::new();
+            } else {
+                let mut v = Vec::with_capacity(piece.len() + acc.len());
+                v.extend_from_slice(piece);
+                v.extend_from_slice(&acc);
+                acc = v;
             }
         }
     }
+    // The file's first line, unless the byte limit cut it.
+    if pos == 0 && !skipping && !acc.is_empty() {
+        f(&acc);
+    }
+    Ok(())
+}
+
+/// The latest events.log line of `attempt` and `event`: its seq and bytes. Reads backwards from the
+/// end (at most `LATEST_SCAN_BYTES`) and stops at the first match or at a line of an earlier
+/// attempt (attempts only grow along the file).
+pub fn latest_event_line(events: &Path, attempt: u64, event: &str) -> io::Result<Option<(u64, Vec<u8>)>> {
+    let mut found = None;
+    scan_lines_back(events, MAX_LINE, LATEST_SCAN_BYTES, |line| {
+        let Ok(v) = serde_json::from_slice::<Value>(line) else { return false };
+        if v["kind"] != "event" {
+            return false;
+        }
+        match v["attempt"].as_u64() {
+            Some(a) if a < attempt => return true,
+            Some(a) if a == attempt && v["event"] == event => {
+                if let Some(seq) = v["seq"].as_u64() {
+                    found = Some((seq, line.to_vec()));
+                    return true;
+                }
+            }
+            _ => {}
+        }
+        false
+    })?;
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mam-joblog-{}", crate::sys::random_hex(6).unwrap()));
+        fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    fn back(p: &Path, max_line: usize, max_bytes: u64) -> Vec<String> {
+        let mut v = Vec::new();
+        scan_lines_back(p, max_line, max_bytes, |l| {
+            v.push(String::from_utf8_lossy(l).into_owned());
+            false
+        })
+        .unwrap();
+        v
+    }
+
+    #[test]
+    fn scan_lines_back_reads_lines_in_reverse_across_chunks_and_skips_long_ones() {
+        let p = tmp("a.log", b"one\ntwo\n\nthree");
+        assert_eq!(back(&p, 100, u64::MAX), ["three", "two", "one"]);
+        // Lines that span chunk boundaries, and one too long to keep.
+        let long = "x".repeat(CHUNK * 2 + 17);
+        let mid = "m".repeat(CHUNK + 3);
+        let text = format!("first\n{long}\n{mid}\nlast\n");
+        let p = tmp("b.log", text.as_bytes());
+        assert_eq!(back(&p, CHUNK * 2, u64::MAX), ["last".to_string(), mid.clone(), "first".to_string()]);
+        assert_eq!(back(&p, usize::MAX, u64::MAX), ["last".to_string(), mid.clone(), long, "first".to_string()]);
+        // The byte limit: only whole lines inside it.
+        assert_eq!(back(&p, usize::MAX, 6), ["last"]);
+        assert_eq!(back(&p, usize::MAX, 5), Vec::<String>::new(), "its start is not inside the limit");
+        // Stopping early, and a missing file.
+        let mut n = 0;
+        scan_lines_back(&p, usize::MAX, u64::MAX, |_| {
+            n += 1;
+            true
+        })
+        .unwrap();
+        assert_eq!(n, 1);
+        assert!(back(&p.with_file_name("none"), 10, 10).is_empty());
+    }
+
+    #[test]
+    fn latest_event_line_skips_a_huge_line_and_stops_at_an_earlier_attempt() {
+        let ev = |a: u64, e: &str, seq: u64| format!(r#"{{"kind":"event","attempt":{a},"event":"{e}","seq":{seq}}}"#);
+        let junk = "\0".repeat(MAX_LINE + 1);
+        let text = format!("{}\n{junk}\n{}\n{}\n", ev(1, "started", 1), ev(2, "started", 2), ev(2, "progress", 3));
+        let p = tmp("events.log", text.as_bytes());
+        assert_eq!(latest_event_line(&p, 2, "started").unwrap().map(|x| x.0), Some(2));
+        assert_eq!(latest_event_line(&p, 1, "started").unwrap().map(|x| x.0), Some(1));
+        assert_eq!(latest_event_line(&p, 2, "completed").unwrap(), None);
+    }
 }

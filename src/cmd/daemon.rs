@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::cli::{self, rc, Failure, Parsed};
 use crate::clock;
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::daemon::{self, lock, Acquire, Config};
 use crate::knob;
 use crate::mqtt::{MqttConfig, Stop};
@@ -291,7 +291,7 @@ fn ensure(ctx: &Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure> {
         .arg("--logs-dir")
         .arg(&store.logs)
         .env_clear()
-        .envs(ctx.child_env())
+        .envs(ctx.child_env_for(ChildRole::BrokerClient))
         .current_dir(workspace)
         .stdin(Stdio::null())
         .stdout(log_file)

@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use crate::cli::{self, Failure, Parsed};
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::paths;
 use crate::session::run_self;
 use crate::text;
@@ -59,7 +59,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     };
     cli::load_env(ctx)?;
     let root = paths::control_root(ctx)?.to_string_lossy().into_owned();
-    let out = run_self(ctx, &["daemon", verb, "--workspace", &root], LIMIT)
+    let out = run_self(ctx, ChildRole::BrokerClient, &["daemon", verb, "--workspace", &root], LIMIT)
         .map_err(|e| Failure::runtime(format!("monitor: {e}")))?;
     ctx.say_raw(out.stdout.as_bytes());
     for l in out.stderr.lines() {

@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use crate::cli::{self, Failure, Parsed};
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::{knob, paths};
 
 pub const USAGE: &str = "
@@ -91,7 +91,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         .arg("--idle-timeout")
         .arg(a.idle_timeout.unwrap_or(0).to_string())
         .env_clear()
-        .envs(ctx.child_env());
+        .envs(ctx.child_env_for(ChildRole::BrokerClient));
     // exec only returns on failure.
     let e = cmd.exec();
     Err(Failure::runtime(format!("cannot exec mam daemon run ({e})")))

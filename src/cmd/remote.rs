@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::heartbeat::arm;
 use crate::knob;
 use crate::mqtt::{self, Client, Message, MqttConfig, RetryPolicy, Role, Stop};
@@ -255,9 +255,8 @@ fn serve(
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let grace_ms = knob::env_or(ctx, "MAM_RUNNER_GRACE_MS", 1, 5000)?;
     let settings = Settings::from_ctx(ctx)?;
-    let mut timer = arm::base_spec(ctx, &settings).map_err(Failure::runtime)?;
-    // The timer signs with the job's auth token; the dispatch secret stays with the runner.
-    timer.env.retain(|(k, _)| k != "MAM_DISPATCH_SECRET");
+    // The timer signs with the job's auth token (`base_spec` gives it no dispatch secret).
+    let timer = arm::base_spec(ctx, &settings).map_err(Failure::runtime)?;
     let r = Runner {
         session,
         exec,
@@ -268,7 +267,8 @@ fn serve(
         default_timeout: Duration::from_secs(timeout.map_or(3600, u64::from)),
         once,
         grace: Duration::from_millis(grace_ms.into()),
-        child_env: ctx.child_env(),
+        // The job is an agent: it reports through the runner and gets no secret.
+        child_env: ctx.child_env_for(ChildRole::Agent),
     };
     let out = ctx.clone();
     let log: runner::Log = Arc::new(move |line: &str| {

@@ -2,24 +2,28 @@
 //! (CORE 10.2 steps 3 and 5, A12): a message for a job with a record here is judged by the CORE 8.3
 //! acceptance rules (`watch::accept`, one `Acceptor` per job keyed by attempt and dispatch token)
 //! and mirrored with agent authority through `registry::store`: `started` -> `claim`, a terminal
-//! event or state -> `terminal S`. The engine audits refusals; drops are audited once per seq.
+//! event or state -> `terminal S`. The engine audits refusals; drops are audited once per seq,
+//! within the per-job budget of `watch::accept::DropBudget`.
 //!
 //! Nothing here prints or touches the network: callers hand in payloads and get log lines back.
 
 use std::collections::HashMap;
-use std::fs;
 use std::path::Path;
 
 use serde_json::{json, Value};
 
 use super::sweep::TerminalCache;
+use crate::joblog;
 use crate::registry::audit;
 use crate::registry::engine::{Authority, Kind, Request};
 use crate::registry::is_terminal;
 use crate::registry::record::Record;
 use crate::registry::store::{Decided, Store};
 use crate::sys;
-use crate::watch::accept::{Acceptor, Identity, Outcome};
+use crate::watch::accept::{Acceptor, DropAudit, Identity, Outcome, DROP_WINDOW_MS};
+
+/// How much of the end of each events.log a polling pass reads.
+pub const POLL_WINDOW: u64 = 8 * 1024 * 1024;
 
 /// The mirror of one workspace registry.
 #[derive(Debug)]
@@ -107,17 +111,22 @@ impl Mirror {
         let mut lines = Vec::new();
         match &outcome {
             Outcome::Dropped { seq, reason, audit: true } => {
-                let e = audit::entry(
-                    now_ms,
-                    id,
-                    Some(attempt),
-                    "dropped",
-                    json!({"reason": reason.as_str(), "seq": seq, "by": "daemon", "topic": topic}),
-                );
-                if let Err(err) = audit::flush(&self.store.logs, id, &[e], None) {
-                    lines.push(format!("job {id}: audit not written ({err})"));
+                // Issue 12 item 9: at most DROP_AUDITS_PER_WINDOW audit lines per job and window,
+                // then one summary of how many more were dropped.
+                if let DropAudit::Write { summary } = acc.drops.admit(now_ms) {
+                    let mut entries = Vec::new();
+                    if let Some(n) = summary {
+                        let rest = json!({"more": n, "window_ms": DROP_WINDOW_MS, "by": "daemon"});
+                        entries.push(audit::entry(now_ms, id, Some(attempt), "dropped_summary", rest));
+                        lines.push(format!("job {id}: dropped {n} more (not audited one by one)"));
+                    }
+                    let rest = json!({"reason": reason.as_str(), "seq": seq, "by": "daemon", "topic": topic});
+                    entries.push(audit::entry(now_ms, id, Some(attempt), "dropped", rest));
+                    if let Err(err) = audit::flush(&self.store.logs, id, &entries, None) {
+                        lines.push(format!("job {id}: audit not written ({err})"));
+                    }
+                    lines.push(format!("job {id}: dropped seq={} reason={}", seq.unwrap_or(0), reason.as_str()));
                 }
-                lines.push(format!("job {id}: dropped seq={} reason={}", seq.unwrap_or(0), reason.as_str()));
             }
             Outcome::Event { event, .. } if event == "started" && rec.status() == "pending" => {
                 lines.extend(self.request(&rec, id, Kind::Claim, None, now_ms).0);
@@ -183,9 +192,9 @@ impl Mirror {
         (lines, applied)
     }
 
-    /// One polling pass (CORE 10.2 step 5): for each non-terminal job, read its events.log and apply
-    /// the `started` and terminal lines of the current attempt and token. Lines go to `log` as they
-    /// happen, starting with `poll pass: N open job(s)` when there is anything to look at. It runs to
+    /// One polling pass (CORE 10.2 step 5): for each non-terminal job, read the end of its events.log
+    /// (at most `POLL_WINDOW` bytes) and apply the `started` and terminal lines of the current
+    /// attempt and token. Lines go to `log` as they happen, starting with `poll pass: N open job(s)` when there is anything to look at. It runs to
     /// the end once started; signals are the caller's business between passes.
     pub fn poll_pass(&mut self, now_ms: u64, log: &mut dyn FnMut(&str)) -> Pass {
         let mut pass = Pass::default();
@@ -199,11 +208,21 @@ impl Mirror {
         log(&format!("poll pass: {} open job(s)", open.len()));
         for (id, rec) in open {
             let Some(ident) = identity(&rec) else { continue };
-            let Ok(text) = fs::read(self.store.registry.join(&id).join("events.log")) else { continue };
-            // A fresh acceptor per pass: the file is read from the start every time (CORE 8.2).
+            // The last POLL_WINDOW bytes of events.log, whole lines only (issue 12 item 8): the
+            // current attempt's lines are at the end, and a huge log must not stall the pass.
+            let mut lines_back = Vec::new();
+            let events = self.store.registry.join(&id).join("events.log");
+            let read = joblog::scan_lines_back(&events, joblog::MAX_LINE, POLL_WINDOW, |l| {
+                lines_back.push(l.to_vec());
+                false
+            });
+            if read.is_err() {
+                continue;
+            }
+            // A fresh acceptor per pass: the window is read again every time (CORE 8.2).
             let mut acc = Acceptor::new(ident);
             let (mut started, mut terminal) = (false, None);
-            for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            for line in lines_back.iter().rev() {
                 let out = acc.offer(line);
                 if let Outcome::Event { event, .. } = &out {
                     started |= event == "started";

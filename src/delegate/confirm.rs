@@ -53,15 +53,17 @@ pub fn record_token(j: &JobRef) -> Option<String> {
 /// True when the job's own `started` carries `token`: an `events.log` line with event `started` and
 /// that token, or the record `running` with that token.
 pub fn job_started(j: &JobRef, token: &str) -> bool {
-    if let Ok(text) = std::fs::read_to_string(joblog::events_log_path(&j.registry, &j.job_id)) {
-        for line in text.lines() {
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-            if v.get("event").and_then(|e| e.as_str()) == Some("started")
-                && v.get("dispatch_token").and_then(|e| e.as_str()) == Some(token)
-            {
-                return true;
-            }
-        }
+    // Backwards and bounded (issue 12 item 8): this attempt's `started` is near the end.
+    let mut seen = false;
+    let events = joblog::events_log_path(&j.registry, &j.job_id);
+    let _ = joblog::scan_lines_back(&events, joblog::MAX_LINE, joblog::LATEST_SCAN_BYTES, |line| {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else { return false };
+        seen = v.get("event").and_then(|e| e.as_str()) == Some("started")
+            && v.get("dispatch_token").and_then(|e| e.as_str()) == Some(token);
+        seen
+    });
+    if seen {
+        return true;
     }
     read_json(&j.registry.join(format!("{}.json", j.job_id))).is_some_and(|rec| {
         rec.get("status").and_then(|s| s.as_str()) == Some("running")

@@ -32,7 +32,7 @@ pub use error::DelegateError;
 use confirm::{JobRef, JobStarted};
 
 use crate::clock;
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::knob;
 use crate::ops::{self, Close, NewJob, Timing};
 use crate::pane::{self, Knobs, ListOutcome, SksOutcome};
@@ -480,7 +480,7 @@ impl<'a> Delegation<'a> {
         let rem = self.remaining_s().map(|r| r.max(1));
         let spec = Spec {
             exe,
-            env: self.ctx.child_env(),
+            env: self.ctx.child_env_for(ChildRole::BrokerClient),
             job_id: self.job_id.clone(),
             registry: self.store.registry.clone(),
             logs: self.store.logs.clone(),
@@ -560,6 +560,7 @@ impl<'a> Delegation<'a> {
         child_ctx.set_var("DELEGATE_JOB_LOGS_DIR", Some(self.store.logs.as_os_str()));
         match session::run_self(
             &child_ctx,
+            ChildRole::Dispatcher,
             &["remote", "dispatch", "--job-id", &self.job_id, "--registry-dir", &reg],
             limit,
         ) {

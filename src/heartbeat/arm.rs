@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use super::timer::{self, StartSpec, Started, TimerError};
 use super::timer_proc;
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::wire::Settings;
@@ -91,7 +91,7 @@ pub fn base_spec(ctx: &Ctx, settings: &Settings) -> Result<StartSpec, TimerError
         lifetime: 0,
         drain: settings.drain,
         exe,
-        env: ctx.child_env(),
+        env: ctx.child_env_for(ChildRole::BrokerClient),
         cwd: ctx.cwd().to_path_buf(),
         fault: timer::fault_from_ctx(ctx),
     })

@@ -13,11 +13,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::knob::{self, ConfigError};
-
-/// Variables that must not reach the TLS shim's environment (A2: secrets stay in this process).
-const SECRET_VARS: &[&str] = &["MQTT_PASSWORD", "MAM_DISPATCH_SECRET"];
 
 /// A secret value: compared and sent inside CONNECT, never displayed.
 #[derive(Clone, PartialEq, Eq)]
@@ -84,7 +81,7 @@ impl MqttConfig {
         let keepalive = knob::env_or(ctx, "MAM_MQTT_KEEPALIVE_S", 1, 60)?;
         let keepalive_s = u16::try_from(keepalive)
             .map_err(|_| ConfigError::var("MAM_MQTT_KEEPALIVE_S", "a decimal integer 1-65535"))?;
-        let child_env = ctx.child_env().into_iter().filter(|(k, _)| !SECRET_VARS.iter().any(|s| k == *s)).collect();
+        let child_env = ctx.child_env_for(ChildRole::Tool);
         Ok(MqttConfig {
             host: ctx.var_nonempty("MQTT_BROKER").unwrap_or_else(|| "127.0.0.1".into()),
             port,
@@ -119,8 +116,10 @@ impl MqttConfig {
 
     /// The configuration for connecting to a record's broker block (CORE 3.1): the block's fields,
     /// this configuration's timeouts and shim, and the password only when the block's host and port
-    /// equal this (effective environment) configuration's. Otherwise a warning naming the differing
-    /// field(s) is returned; it is only produced when there is a password to withhold.
+    /// equal this (effective environment) configuration's and its transport is at least as strong:
+    /// TLS on whenever the environment's is, and, with TLS, the environment's CA (or the system
+    /// store on both sides). Otherwise a warning naming the differing field(s) is returned; it is
+    /// only produced when there is a password to withhold.
     pub fn for_block(&self, block: &BrokerBlock) -> (MqttConfig, Option<String>) {
         let mut differs = Vec::new();
         if block.host != self.host {
@@ -128,6 +127,14 @@ impl MqttConfig {
         }
         if block.port != self.port {
             differs.push("port");
+        }
+        // A record must not turn TLS off (the password would travel in plaintext) ...
+        if self.tls && !block.tls {
+            differs.push("tls");
+        }
+        // ... nor name another CA (a broker the environment does not trust would get it).
+        if block.tls && block.ca_file != self.ca_file {
+            differs.push("ca_file");
         }
         let mut warning = None;
         let password = if differs.is_empty() {
@@ -346,6 +353,41 @@ mod tests {
         let other = BrokerBlock { port: 1999, ..block };
         let (_, w) = env.for_block(&other);
         assert!(w.unwrap().contains("(port)"));
+    }
+
+    /// Issue 12 item 7: a block cannot weaken the transport the password travels over.
+    #[test]
+    fn block_cannot_turn_tls_off_or_swap_the_ca_and_keep_the_password() {
+        let vars = [("MQTT_PASSWORD", "s3cret"), ("MQTT_TLS", "1"), ("MQTT_CA_FILE", "/etc/ca.pem")];
+        let env = MqttConfig::from_ctx(&ctx(&vars)).unwrap();
+        let block = env.broker_block();
+        let (c, w) = env.for_block(&block);
+        assert_eq!((c.password.as_ref().map(Secret::expose), w), (Some("s3cret"), None));
+        let plain = BrokerBlock { tls: false, ..block.clone() };
+        let (c, w) = env.for_block(&plain);
+        assert!(c.password.is_none() && !c.tls);
+        assert_eq!(
+            w.as_deref(),
+            Some("WARNING: broker in record differs from environment (tls); connecting without password")
+        );
+        for ca in [Some("/tmp/evil.pem".to_string()), None] {
+            let swapped = BrokerBlock { ca_file: ca, ..block.clone() };
+            let (c, w) = env.for_block(&swapped);
+            assert!(c.password.is_none());
+            assert!(w.unwrap().contains("(ca_file)"));
+        }
+        // No CA in the environment: the block may not bring one either.
+        let env = MqttConfig::from_ctx(&ctx(&[("MQTT_PASSWORD", "s3cret"), ("MQTT_TLS", "1")])).unwrap();
+        let (c, _) = env.for_block(&env.broker_block());
+        assert!(c.password.is_some());
+        let (c, w) = env.for_block(&BrokerBlock { ca_file: Some("/tmp/evil.pem".into()), ..env.broker_block() });
+        assert!(c.password.is_none() && w.unwrap().contains("(ca_file)"));
+        // Turning TLS on is stronger, not weaker; with TLS off in both, the CA does not matter.
+        let env = MqttConfig::from_ctx(&ctx(&[("MQTT_PASSWORD", "s3cret"), ("MQTT_PORT", "8883")])).unwrap();
+        let (c, _) = env.for_block(&BrokerBlock { tls: true, ..env.broker_block() });
+        assert!(c.password.is_some());
+        let (c, _) = env.for_block(&BrokerBlock { ca_file: Some("/x.pem".into()), ..env.broker_block() });
+        assert!(c.password.is_some());
     }
 
     #[test]

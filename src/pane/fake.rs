@@ -18,7 +18,7 @@ use super::contract::{
     Workspace,
 };
 use super::knobs::Knobs;
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::sys::{self, Flock, LockMode};
 use crate::text::show_path;
 
@@ -251,7 +251,7 @@ impl Backend for Fake {
         let log2 = log.try_clone().map_err(|e| io_err("open", &d.join("agent.log"), e))?;
         let mut c = Command::new(exe);
         c.arg0(kind).args(["test-double", "agent", "--"]).args(args);
-        c.env_clear().envs(self.ctx.child_env()).envs(env);
+        c.env_clear().envs(self.ctx.child_env_for(ChildRole::Agent)).envs(env);
         c.env("MAM_FAKE_PANE_DIR", &d).env("MAM_FAKE_AGENT_NAME", name);
         c.current_dir(&cwd).stdin(Stdio::null()).stdout(log).stderr(log2);
         sys::set_new_session(&mut c);

@@ -21,7 +21,7 @@ use super::contract::{
 };
 use super::knobs::Knobs;
 use super::proc::{no_autostart, on_path, run_capture, server_env};
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::sys;
 use crate::text::{one_line, show_path};
 
@@ -226,7 +226,7 @@ impl Herdr {
 
     fn command(&self) -> Command {
         let mut c = Command::new("herdr");
-        c.env_clear().envs(self.ctx.child_env());
+        c.env_clear().envs(self.ctx.child_env_for(ChildRole::Agent));
         c.env_remove("HERDR_SOCKET_PATH");
         c.env("HERDR_SESSION", &self.server);
         c.current_dir(self.ctx.cwd());

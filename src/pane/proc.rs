@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::contract::{PaneError, PaneResult};
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::sys;
 
 /// The per-session agent runtime markers a bootstrapped server must not inherit (1.3): exact names,
@@ -45,10 +45,10 @@ pub fn on_path(ctx: &Ctx, tool: &str) -> Option<PathBuf> {
     std::env::split_paths(&path).map(|d| d.join(tool)).find(|p| p.is_file())
 }
 
-/// The environment for a child that may start a server: the context's minus the denylist and the
-/// herdr addressing variables (1.3).
+/// The environment for a child that may start a server: the context's minus the secrets (an agent
+/// pane inherits the server's environment), the denylist and the herdr addressing variables (1.3).
 pub fn server_env(ctx: &Ctx) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
-    ctx.child_env()
+    ctx.child_env_for(ChildRole::Agent)
         .into_iter()
         .filter(|(k, _)| {
             let k = k.to_string_lossy();

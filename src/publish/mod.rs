@@ -12,7 +12,6 @@
 pub mod close;
 
 use std::fmt;
-use std::fs::{self};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -21,6 +20,7 @@ use serde_json::{json, Map, Value};
 
 use crate::clock;
 use crate::heartbeat::timer;
+use crate::joblog;
 use crate::joblog::{
     append_event, events_log_path, inflight_exclusive, inflight_lock_path, inflight_shared, latest_event_line,
     prepare_events_log, JoblogError,
@@ -470,14 +470,20 @@ fn emit(
     Ok(Outcome::Published { seq, report })
 }
 
-/// True when the job's audit has `published: true` for `seq`.
+/// How much of the end of audit.jsonl `audit_confirms` reads at most: the entry of a repeat's seq
+/// is recent, and a flooded audit must not be read whole (issue 12 item 8).
+pub const AUDIT_SCAN_BYTES: u64 = 16 * 1024 * 1024;
+
+/// True when the job's audit has `published: true` for `seq` (read backwards, bounded).
 pub fn audit_confirms(logs: &Path, job_id: &str, seq: u64) -> bool {
-    let Ok(text) = fs::read(audit::job_dir(logs, job_id).join("audit.jsonl")) else {
-        return false;
-    };
-    text.split(|&b| b == b'\n')
-        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
-        .any(|v| v["kind"] == "published" && v["seq"].as_u64() == Some(seq) && v["published"] == Value::Bool(true))
+    let mut confirmed = false;
+    let path = audit::job_dir(logs, job_id).join("audit.jsonl");
+    let _ = joblog::scan_lines_back(&path, joblog::MAX_LINE, AUDIT_SCAN_BYTES, |l| {
+        let Ok(v) = serde_json::from_slice::<Value>(l) else { return false };
+        confirmed = v["kind"] == "published" && v["seq"].as_u64() == Some(seq) && v["published"] == Value::Bool(true);
+        confirmed
+    });
+    confirmed
 }
 
 /// CORE 6.5: an idempotent repeat allocates no seq. The unconfirmed latest line of this attempt and
@@ -592,6 +598,7 @@ mod tests {
 
     #[test]
     fn latest_line_and_audit_confirmation() {
+        use std::fs;
         let dir = std::env::temp_dir().join(format!("mam-pubunit-{}", std::process::id()));
         fs::create_dir_all(dir.join("logs/j")).unwrap();
         let ev = dir.join("events.log");

@@ -1,6 +1,8 @@
 //! The runner (`mam remote run`, CORE 9.3; A12, A21): a reader thread keeps one subscription to
-//! `<root>/jobs/+/dispatch/+`, filters what arrives and queues admitted dispatches in arrival order
-//! (at most 100); the calling thread takes them one at a time, drops the stale ones, mirrors the
+//! `<root>/jobs/+/state` and `<root>/jobs/+/dispatch/+`, remembers which attempts the wire shows as
+//! started (a verified state), filters what arrives and queues admitted dispatches in arrival order
+//! (at most 100); the calling thread takes them one at a time, drops the stale ones and those whose
+//! attempt already has a state (a replay, issue 12 item 6), mirrors the
 //! job through the engine, reports `started` and arms the heartbeat timer on the runner's own pid,
 //! runs `sh -c CMD` in its own session and process group, reports the terminal event, and clears
 //! the attempt's retained dispatch. Events go through the publish library, the one publish path.
@@ -9,7 +11,7 @@
 //! event), the report tail (A12). It never prints (lines go to the caller's `Log`), never puts the
 //! dispatch secret in a record, argv or a child's environment, and never runs two jobs at once.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::fmt;
 use std::fs;
@@ -30,11 +32,13 @@ use crate::publish::{self, Event, Outcome};
 use crate::registry::engine::{Authority, Kind, Request};
 use crate::registry::store::{Decided, Store};
 use crate::sys;
-use crate::text::show_path;
+use crate::text::{one_line, show_path};
 use crate::wire::Settings;
 
 /// A21: the queue bound.
 pub const QUEUE_LIMIT: usize = 100;
+/// The most jobs whose started attempt the runner remembers (one small entry each).
+pub const SEEN_LIMIT: usize = 100_000;
 /// A12: the most of MAM_REPORT_FILE a terminal event carries.
 pub const MAX_REPORT: usize = 256 * 1024;
 /// The `data` limit the runner gives the publish library: the report of A12 once JSON-escaped, with
@@ -69,7 +73,7 @@ pub struct Runner {
     pub once: bool,
     /// TERM-to-KILL grace (CORE 9.3: 5 s; `MAM_RUNNER_GRACE_MS` shortens it in tests).
     pub grace: Duration,
-    /// The environment for `CMD` (the caller's child environment).
+    /// The environment for `CMD`: the caller's `child_env_for(ChildRole::Agent)` (no secret).
     pub child_env: Vec<(OsString, OsString)>,
 }
 
@@ -134,9 +138,47 @@ pub fn report_tail(bytes: &[u8], limit: usize) -> (String, Option<u64>) {
     (String::from_utf8_lossy(&bytes[start..]).into_owned(), Some(start as u64))
 }
 
+/// The latest attempt of a job the wire shows a verified state for: that attempt was claimed (or
+/// closed) somewhere, so its dispatch must not run again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub attempt: u64,
+    pub dispatch_token: String,
+    pub status: String,
+}
+
+/// A state message for a remote job, verified with the auth token the dispatch secret derives
+/// (CORE 9.2): `(job_id, what it shows)`, or `None` for anything else (a local job's state, a
+/// forgery, a cleared topic). Pure.
+pub fn verified_state(topic: &str, payload: &[u8], secret: &[u8]) -> Option<(String, Seen)> {
+    let v: Value = serde_json::from_slice(payload).ok()?;
+    if v.get("v").and_then(Value::as_u64) != Some(1) || v.get("kind").and_then(Value::as_str) != Some("state") {
+        return None;
+    }
+    let job_id = v.get("job_id")?.as_str()?;
+    if !crate::clock::valid_job_id(job_id) || !topic.ends_with(&format!("/jobs/{job_id}/state")) {
+        return None;
+    }
+    let attempt = v.get("attempt")?.as_u64()?;
+    let token = v.get("dispatch_token")?.as_str()?;
+    let key = crate::registry::remote_auth_token(secret, job_id, attempt, token);
+    if !crate::sign::verify(key.as_bytes(), &v) {
+        return None;
+    }
+    let status = v.get("status")?.as_str()?.to_string();
+    Some((job_id.to_string(), Seen { attempt, dispatch_token: token.to_string(), status }))
+}
+
+/// True when `seen` shows the dispatch's attempt as started or superseded (issue 12 item 6).
+pub fn already_served(seen: Option<&Seen>, d: &Dispatch) -> bool {
+    seen.is_some_and(|s| s.attempt > d.attempt || (s.attempt == d.attempt && s.dispatch_token == d.dispatch_token))
+}
+
 #[derive(Default)]
 struct Shared {
     queue: Mutex<VecDeque<Dispatch>>,
+    /// Per job: the latest attempt with a verified state on the wire.
+    seen: Mutex<HashMap<String, Seen>>,
     cv: Condvar,
     shutdown: AtomicBool,
     initial: Mutex<Option<Result<(), MqttError>>>,
@@ -193,6 +235,20 @@ pub fn run(r: &Runner, log: Log) -> Result<(), RunnerError> {
             log(&format!("stale dispatch ignored job={} attempt={}", d.job_id, d.attempt));
             continue;
         }
+        // Issue 12 item 6: a captured dispatch replayed to a runner without the mirror record (a
+        // fresh registry) must not run again: the wire's retained state shows the attempt began.
+        // With a local record, the mirror admission decides (and audits) as before.
+        let no_record = matches!(r.store.read(&d.job_id), Ok(None));
+        if let Some(s) = lock(&shared.seen).get(&d.job_id).filter(|s| no_record && already_served(Some(s), &d)) {
+            log(&format!(
+                "dispatch already served job={} attempt={} (state {} of attempt {} on the wire); not run again",
+                d.job_id,
+                d.attempt,
+                one_line(&s.status),
+                s.attempt
+            ));
+            continue;
+        }
         match serve(r, &d, &log) {
             Served::Skipped => {}
             Served::Ran { interrupted } => {
@@ -215,13 +271,12 @@ fn read_loop(shared: &Arc<Shared>, r: &Runner, log: &Log) {
         Stop::from_fn(move || sys::pending_signal().is_some() || sh.shutdown.load(Ordering::SeqCst))
     };
     let filter = format!("{}/jobs/+/dispatch/+", r.settings.mqtt.topic_root);
+    // States first: a broker replays retained messages filter by filter, so a job's retained state
+    // is known before its retained dispatch is queued.
+    let filters = [format!("{}/jobs/+/state", r.settings.mqtt.topic_root), filter.clone()];
     let mut conn = Persistent::new(r.settings.mqtt.clone(), Role::Rmt, stop.clone());
-    let subscribed = mqtt::with_retry(
-        &RetryPolicy::standard("subscribe"),
-        &stop,
-        |w| log(&w),
-        |_| conn.subscribe(std::slice::from_ref(&filter), 1),
-    );
+    let subscribed =
+        mqtt::with_retry(&RetryPolicy::standard("subscribe"), &stop, |w| log(&w), |_| conn.subscribe(&filters, 1));
     let ok = subscribed.is_ok();
     *lock(&shared.initial) = Some(subscribed.map(|_| ()));
     shared.cv.notify_all();
@@ -266,10 +321,21 @@ fn read_loop(shared: &Arc<Shared>, r: &Runner, log: &Log) {
 }
 
 fn on_message(shared: &Shared, r: &Runner, log: &Log, topic: &str, payload: &[u8]) {
+    if topic.ends_with("/state") {
+        if let Some((id, s)) = verified_state(topic, payload, &r.secret) {
+            let mut seen = lock(&shared.seen);
+            let newer = seen.get(&id).is_none_or(|old| s.attempt >= old.attempt);
+            if newer && (seen.len() < SEEN_LIMIT || seen.contains_key(&id)) {
+                seen.insert(id, s);
+            }
+        }
+        return;
+    }
     match dispatch::judge(topic, payload, &r.secret, &r.session) {
         Judged::Cleared | Judged::ForeignSession => {}
-        Judged::BadSignature => log(&format!("dropped: bad signature topic={topic}")),
-        Judged::Malformed(why) => log(&format!("dropped: {why} topic={topic}")),
+        // The topic is the sender's text: one escaped line (issue 12 item 10).
+        Judged::BadSignature => log(&format!("dropped: bad signature topic={}", one_line(topic))),
+        Judged::Malformed(why) => log(&format!("dropped: {} topic={}", one_line(&why), one_line(topic))),
         Judged::Ok(d) => {
             let (id, attempt) = (d.job_id.clone(), d.attempt);
             let res = enqueue(&mut lock(&shared.queue), d, clock::now_ms(), QUEUE_LIMIT);
@@ -375,8 +441,8 @@ fn serve(r: &Runner, d: &Dispatch, log: &Log) -> Served {
             ("error", 127, false)
         }
     };
-    if let Ok(bytes) = fs::read(&report) {
-        report_data(&mut data, &bytes, MAX_EVENT_DATA);
+    if let Some((bytes, skipped)) = read_report(&report) {
+        report_data(&mut data, &bytes, skipped, MAX_EVENT_DATA);
     }
     let event = Event::parse(event).unwrap_or(Event::Error);
     send_event(r, log, d, event, data);
@@ -390,16 +456,42 @@ fn exit_code(st: &ExitStatus) -> i64 {
     st.code().map_or_else(|| 128 + i64::from(st.signal().unwrap_or(0)), i64::from)
 }
 
-/// A12 inside the event limit: the report's last `MAX_REPORT` bytes, cut further (halving) while
-/// the JSON-escaped `data` would exceed `max_data`, with `report_truncated` when anything was cut.
-pub fn report_data(data: &mut Map<String, Value>, bytes: &[u8], max_data: usize) {
+/// The last `MAX_REPORT` bytes of the job's report and how many bytes before them were not read
+/// (issue 12 item 8: a job may leave a report of any size; only its tail is ever read). Anything
+/// but a regular file (a FIFO, a device behind a link) is no report.
+fn read_report(path: &Path) -> Option<(Vec<u8>, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    if !fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let mut f = fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let start = len.saturating_sub(MAX_REPORT as u64);
+    f.seek(SeekFrom::Start(start)).ok()?;
+    let mut bytes = Vec::with_capacity((len - start) as usize);
+    f.take(MAX_REPORT as u64).read_to_end(&mut bytes).ok()?;
+    Some((bytes, start))
+}
+
+/// A12 inside the event limit: the report's last `MAX_REPORT` bytes (`bytes`, read after
+/// `skipped` bytes that were left unread), cut further (halving) while the JSON-escaped `data`
+/// would exceed `max_data`, with `report_truncated` (all bytes dropped) when anything was cut.
+pub fn report_data(data: &mut Map<String, Value>, bytes: &[u8], skipped: u64, max_data: usize) {
+    // Reading started at an arbitrary byte: a cut character's continuation bytes go too.
+    let mut lead = 0;
+    if skipped > 0 {
+        while lead < bytes.len() && bytes[lead] & 0xC0 == 0x80 {
+            lead += 1;
+        }
+    }
+    let (bytes, skipped) = (&bytes[lead..], skipped + lead as u64);
     let mut limit = MAX_REPORT;
     loop {
         let (text, cut) = report_tail(bytes, limit);
         data.insert("report".into(), text.into());
-        match cut {
-            Some(n) => data.insert("report_truncated".into(), n.into()),
-            None => data.remove("report_truncated"),
+        match skipped + cut.unwrap_or(0) {
+            0 => data.remove("report_truncated"),
+            n => data.insert("report_truncated".into(), n.into()),
         };
         if publish::data_len(data) <= max_data || limit == 0 {
             return;
@@ -454,7 +546,7 @@ fn spawn(r: &Runner, d: &Dispatch, brief: &Path, report: &Path) -> Result<Child,
     cmd.arg("-c")
         .arg(&r.exec)
         .env_clear()
-        .envs(r.child_env.iter().filter(|(k, _)| k != "MAM_DISPATCH_SECRET").cloned())
+        .envs(r.child_env.iter().cloned())
         .env("MAM_JOB_ID", &d.job_id)
         .env("MAM_ATTEMPT", d.attempt.to_string())
         .env("MAM_BRIEF_FILE", brief)
@@ -631,19 +723,25 @@ mod tests {
     fn a12_report_data_fits_the_event_limit() {
         let mut data = Map::new();
         data.insert("rc".into(), 1.into());
-        report_data(&mut data, b"ok\n", MAX_EVENT_DATA);
+        report_data(&mut data, b"ok\n", 0, MAX_EVENT_DATA);
         assert_eq!((data["report"].as_str(), data.get("report_truncated")), (Some("ok\n"), None));
         // Control characters escape to six bytes each: 256 KiB of them is cut until it fits.
         let ctl = vec![1u8; 300 * 1024];
-        report_data(&mut data, &ctl, MAX_EVENT_DATA);
+        report_data(&mut data, &ctl, 0, MAX_EVENT_DATA);
         assert!(publish::data_len(&data) <= MAX_EVENT_DATA);
         let kept = data["report"].as_str().unwrap().len();
         assert!((64 * 1024..MAX_REPORT).contains(&kept), "{kept}");
         assert_eq!(data["report_truncated"].as_u64(), Some((ctl.len() - kept) as u64));
         assert_eq!(data["rc"], 1);
         // Plain text keeps the whole 256 KiB tail, well over the CLI's 64 KiB.
-        report_data(&mut data, &vec![b'x'; 300 * 1024], MAX_EVENT_DATA);
+        report_data(&mut data, &vec![b'x'; 300 * 1024], 0, MAX_EVENT_DATA);
         assert_eq!(data["report"].as_str().unwrap().len(), MAX_REPORT);
+        // Bytes left unread before the tail count as dropped; a cut character at the start goes.
+        let mut tail = "é".as_bytes()[1..].to_vec();
+        tail.extend_from_slice(b"VERDICT: ok\n");
+        report_data(&mut data, &tail, 3_000_000_000, MAX_EVENT_DATA);
+        assert_eq!(data["report"].as_str(), Some("VERDICT: ok\n"));
+        assert_eq!(data["report_truncated"].as_u64(), Some(3_000_000_001));
     }
 
     #[test]
@@ -655,5 +753,31 @@ mod tests {
         assert_eq!((tail.as_str(), cut), ("é\nVERDICT: ok\n", Some(4)));
         let (tail, cut) = report_tail(text.as_bytes(), 14);
         assert_eq!((tail.as_str(), cut), ("\nVERDICT: ok\n", Some(6)), "a split é is skipped, not mangled");
+    }
+
+    #[test]
+    fn a_verified_state_marks_its_attempt_served() {
+        let secret = b"s3cret";
+        let state = |id: &str, attempt: u64, token: &str, key: &str| {
+            let v = serde_json::json!({"v": 1, "kind": "state", "job_id": id, "attempt": attempt,
+                "dispatch_token": token, "status": "completed", "last_event": "completed", "seq": 2,
+                "ts": "2026-01-01T00:00:00.000Z"});
+            serde_json::to_vec(&crate::sign::signed(key.as_bytes(), v.as_object().unwrap().clone()).unwrap()).unwrap()
+        };
+        let key = crate::registry::remote_auth_token(secret, "a", 1, "t");
+        let (id, seen) = verified_state("mam/jobs/a/state", &state("a", 1, "t", &key), secret).unwrap();
+        assert_eq!((id.as_str(), seen.attempt, seen.status.as_str()), ("a", 1, "completed"));
+        // A local job's key, another job's topic, a cleared topic: not evidence.
+        assert!(verified_state("mam/jobs/a/state", &state("a", 1, "t", "local-token"), secret).is_none());
+        assert!(verified_state("mam/jobs/b/state", &state("a", 1, "t", &key), secret).is_none());
+        assert!(verified_state("mam/jobs/a/state", b"", secret).is_none());
+        let mut disp = d("a", 0);
+        assert!(already_served(Some(&seen), &disp));
+        disp.attempt = 2;
+        assert!(!already_served(Some(&seen), &disp), "a newer attempt runs");
+        disp.attempt = 1;
+        disp.dispatch_token = "other".into();
+        assert!(!already_served(Some(&seen), &disp), "another token of the attempt is the engine's to refuse");
+        assert!(!already_served(None, &disp));
     }
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::knob::ConfigError;
 use crate::pane::{self, Backend, ListOutcome, Placed};
 use crate::pane::{OpenError, PaneError};
@@ -414,7 +414,7 @@ pub fn caller_binding(ctx: &Ctx) -> Result<ControlPlane, String> {
 /// The implied binding I of 2.3 step 3: what 0.2 yields for a process started in `w` with none of
 /// the four variables set. `None` when even that cannot be recorded.
 pub fn implied_binding(ctx: &Ctx, w: &Path) -> Option<ControlPlane> {
-    let env = ctx.child_env().into_iter().filter(|(k, _)| !BINDING_VARS.iter().any(|v| k == v));
+    let env = ctx.child_env_for(ChildRole::Agent).into_iter().filter(|(k, _)| !BINDING_VARS.iter().any(|v| k == v));
     let sub = Ctx::with_env(env, w);
     binding_of(&paths::resolve(&sub, None).ok()?).ok()
 }
@@ -502,7 +502,7 @@ pub struct ChildOut {
 
 /// Runs `mam <args>` (this very binary) with the context's environment, within `limit`. Output goes
 /// through temp files, not pipes, so a daemon the child leaves behind cannot hold us up.
-pub fn run_self(ctx: &Ctx, args: &[&str], limit: Duration) -> Result<ChildOut, String> {
+pub fn run_self(ctx: &Ctx, role: ChildRole, args: &[&str], limit: Duration) -> Result<ChildOut, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the mam binary: {e}"))?;
     let tmp = ctx.path_var("TMPDIR").unwrap_or_else(|| PathBuf::from("/tmp"));
     let tag = sys::random_hex(8).map_err(|e| format!("random: {e}"))?;
@@ -511,7 +511,7 @@ pub fn run_self(ctx: &Ctx, args: &[&str], limit: Duration) -> Result<ChildOut, S
     let open = |p: &Path| sys::create_new(p).map_err(|e| format!("cannot create {}: {e}", show_path(p)));
     let (out_f, err_f) = (open(&out_p)?, open(&err_p)?);
     let mut c = Command::new(&exe);
-    c.args(args).env_clear().envs(ctx.child_env()).current_dir(ctx.cwd());
+    c.args(args).env_clear().envs(ctx.child_env_for(role)).current_dir(ctx.cwd());
     c.stdin(Stdio::null()).stdout(out_f).stderr(err_f);
     let what = format!("mam {}", args.first().copied().unwrap_or(""));
     let res = (|| {
@@ -545,7 +545,7 @@ const DAEMON_ENSURE_LIMIT: Duration = Duration::from_secs(30);
 /// failure of the session command.
 pub fn ensure_daemon(ctx: &Ctx, root: &Path, notes: &mut Notes) -> Option<String> {
     let root_s = root.to_string_lossy().into_owned();
-    match run_self(ctx, &["daemon", "ensure", "--workspace", &root_s], DAEMON_ENSURE_LIMIT) {
+    match run_self(ctx, ChildRole::BrokerClient, &["daemon", "ensure", "--workspace", &root_s], DAEMON_ENSURE_LIMIT) {
         Ok(out) => {
             let (pid, lines) = daemon_relay(&out, root);
             for l in lines {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::reconcile::row_target;
 use super::{load, run_self, update, Notes, Row, SessionError};
 use crate::clock;
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::pane::{self, ListOutcome};
 use crate::paths;
 use crate::publish::close;
@@ -175,7 +175,7 @@ fn purge(ctx: &Ctx, row: &Row) -> Result<bool, String> {
     let Some(uuid) = row.conversation_id.as_deref().filter(|u| !u.is_empty()) else {
         return Ok(false);
     };
-    let out = run_self(ctx, &["agents", "purge", &row.agent, uuid], PURGE_LIMIT)?;
+    let out = run_self(ctx, ChildRole::Agent, &["agents", "purge", &row.agent, uuid], PURGE_LIMIT)?;
     if out.rc == 0 {
         return Ok(true);
     }

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::delegate::brief::{parse_commands, parse_prompt, parse_report_path};
 use crate::sys;
 
@@ -175,7 +175,7 @@ pub fn run(ctx: &Ctx) -> Result<i32, String> {
         .and_then(|p| std::fs::read_to_string(p).ok())
         .map(|t| parse_script(&t))
         .unwrap_or_else(|| parse_script(""));
-    let agent = Agent { pane_dir: ctx.path_var("MAM_FAKE_PANE_DIR"), env: ctx.child_env() };
+    let agent = Agent { pane_dir: ctx.path_var("MAM_FAKE_PANE_DIR"), env: ctx.child_env_for(ChildRole::Agent) };
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     // Start-up dialog: blocked until enough `enter` keys arrived.

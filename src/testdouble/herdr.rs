@@ -513,9 +513,7 @@ fn socket_path(ctx: &Ctx, session: &str) -> String {
 /// The mock herdr's main: log the call, answer from the state file, return the exit code.
 pub fn run(ctx: &Ctx, argv: Vec<String>) -> i32 {
     if let Some(log) = ctx.path_var("MAM_MOCK_LOG") {
-        let mut names: Vec<String> =
-            ctx.child_env().into_iter().map(|(k, _)| k.to_string_lossy().into_owned()).collect();
-        names.sort();
+        let names = ctx.var_names();
         let mut env = Map::new();
         for k in LOGGED_ENV.iter().copied().chain(names.iter().map(String::as_str).filter(|n| denied(n))) {
             if let Some(v) = ctx.var(k) {

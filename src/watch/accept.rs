@@ -85,18 +85,83 @@ impl Outcome {
     }
 }
 
-/// The two watermarks and the once-per-seq audit memory of CORE 8.3.
+/// Audit lines for dropped messages one job may write per window (issue 12 item 9).
+pub const DROP_AUDITS_PER_WINDOW: u32 = 20;
+/// The window of `DROP_AUDITS_PER_WINDOW`.
+pub const DROP_WINDOW_MS: u64 = 60_000;
+/// The most (reason, seq) pairs remembered for once-per-seq auditing; past it, the budget alone
+/// bounds the audit (a forger's distinct seqs must not grow memory without end).
+pub const AUDITED_MEMORY: usize = 4096;
+
+/// Whether one audit-worthy drop is written (issue 12 item 9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropAudit {
+    /// Write it; `summary` is the count suppressed in the window that just ended (write that
+    /// first, as one `M more dropped` line).
+    Write { summary: Option<u64> },
+    /// The window's budget is spent: count it, write nothing.
+    Suppress,
+}
+
+/// A per-job budget of audit lines for dropped messages: at most `per_window` in each window, then
+/// one summary of how many more were dropped. Pure: `now` is passed in.
+#[derive(Debug, Clone)]
+pub struct DropBudget {
+    per_window: u32,
+    window_ms: u64,
+    start: Option<u64>,
+    used: u32,
+    suppressed: u64,
+}
+
+impl DropBudget {
+    pub fn new(per_window: u32, window_ms: u64) -> DropBudget {
+        DropBudget { per_window, window_ms, start: None, used: 0, suppressed: 0 }
+    }
+
+    /// One audit-worthy drop at `now`.
+    pub fn admit(&mut self, now: u64) -> DropAudit {
+        let mut summary = None;
+        if self.start.is_none_or(|s| now >= s.saturating_add(self.window_ms)) {
+            summary = self.take_suppressed();
+            self.start = Some(now);
+            self.used = 0;
+        }
+        if self.used < self.per_window {
+            self.used += 1;
+            DropAudit::Write { summary }
+        } else {
+            self.suppressed += 1;
+            DropAudit::Suppress
+        }
+    }
+
+    /// The drops suppressed since the last summary, if any (for a summary at the end of a watch).
+    pub fn take_suppressed(&mut self) -> Option<u64> {
+        Some(std::mem::take(&mut self.suppressed)).filter(|&n| n > 0)
+    }
+}
+
+impl Default for DropBudget {
+    fn default() -> DropBudget {
+        DropBudget::new(DROP_AUDITS_PER_WINDOW, DROP_WINDOW_MS)
+    }
+}
+
+/// The two watermarks, the once-per-seq audit memory of CORE 8.3, and the drop-audit budget.
 #[derive(Debug)]
 pub struct Acceptor {
     pub id: Identity,
     event_hw: u64,
     state_hw: u64,
     audited: HashSet<(DropReason, u64)>,
+    /// How many audit lines drops may still produce (issue 12 item 9); the caller asks it.
+    pub drops: DropBudget,
 }
 
 impl Acceptor {
     pub fn new(id: Identity) -> Acceptor {
-        Acceptor { id, event_hw: 0, state_hw: 0, audited: HashSet::new() }
+        Acceptor { id, event_hw: 0, state_hw: 0, audited: HashSet::new(), drops: DropBudget::default() }
     }
 
     pub fn event_hw(&self) -> u64 {
@@ -140,7 +205,13 @@ impl Acceptor {
     }
 
     fn drop(&mut self, seq: Option<u64>, reason: DropReason) -> Outcome {
-        let audit = reason != DropReason::Malformed && self.audited.insert((reason, seq.unwrap_or(0)));
+        let key = (reason, seq.unwrap_or(0));
+        let audit = reason != DropReason::Malformed
+            && if self.audited.len() < AUDITED_MEMORY {
+                self.audited.insert(key)
+            } else {
+                !self.audited.contains(&key)
+            };
         Outcome::Dropped { seq, reason, audit }
     }
 
@@ -380,5 +451,36 @@ mod tests {
         assert_eq!(b.no_event_message(), "no event within 1s (ack budget 5s cut by the wall clock)");
         let b = Budgets::new(0, 0, 2000, 3000, None);
         assert_eq!(b.no_event_message(), "no event within 2s (ack budget 2s)");
+    }
+
+    #[test]
+    fn drop_budget_writes_n_per_window_then_one_summary() {
+        let mut b = DropBudget::new(3, 1000);
+        let t0 = 5_000;
+        for i in 0..3 {
+            assert_eq!(b.admit(t0 + i), DropAudit::Write { summary: None });
+        }
+        for i in 0..10 {
+            assert_eq!(b.admit(t0 + 10 + i), DropAudit::Suppress);
+        }
+        // The next window: the first drop carries the summary of the last one.
+        assert_eq!(b.admit(t0 + 1000), DropAudit::Write { summary: Some(10) });
+        assert_eq!(b.take_suppressed(), None);
+        b.admit(t0 + 1001);
+        b.admit(t0 + 1002);
+        assert_eq!(b.admit(t0 + 1003), DropAudit::Suppress);
+        assert_eq!(b.take_suppressed(), Some(1), "the end of a watch writes what is left");
+    }
+
+    #[test]
+    fn once_per_seq_memory_is_bounded() {
+        let mut a = Acceptor::new(Identity { attempt: 1, dispatch_token: "t".into(), auth_token: "k".into() });
+        for seq in 0..(AUDITED_MEMORY as u64 + 100) {
+            let p = format!(r#"{{"v":1,"kind":"event","seq":{seq},"sig":"00"}}"#);
+            assert!(matches!(a.offer(p.as_bytes()), Outcome::Dropped { audit: true, .. }));
+        }
+        assert_eq!(a.audited.len(), AUDITED_MEMORY);
+        let p = r#"{"v":1,"kind":"event","seq":1,"sig":"00"}"#;
+        assert!(matches!(a.offer(p.as_bytes()), Outcome::Dropped { audit: false, .. }), "remembered seqs stay once");
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::accept::{Acceptor, Budgets, Identity, Outcome, Silence};
+use super::accept::{Acceptor, Budgets, DropAudit, Identity, Outcome, Silence, DROP_WINDOW_MS};
 use super::tail::Tail;
 use crate::clock;
 use crate::mqtt::{self, BrokerBlock, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
@@ -24,7 +24,7 @@ use crate::registry::engine::{Authority, Kind, Request};
 use crate::registry::record::Record;
 use crate::registry::store::{Decided, Store};
 use crate::sys;
-use crate::text::show_path;
+use crate::text::{one_line, show_path};
 
 /// The first reconnect wait and the cap of the doubling backoff (CORE 8.3).
 pub const BACKOFF_FIRST: Duration = Duration::from_secs(1);
@@ -292,7 +292,9 @@ impl Watch<'_> {
                             Vec::new()
                         }
                     };
-                    next_poll = Instant::now() + self.settings.poll;
+                    // A long log is read in bounded pieces: the next one right after the
+                    // deadlines and signals above were checked again (issue 12 item 8).
+                    next_poll = if t.more() { Instant::now() } else { Instant::now() + self.settings.poll };
                     for l in lines {
                         if let Some(v) = self.on_log_line(&l, &mut budgets) {
                             return self.end(v, &mut conn);
@@ -372,7 +374,8 @@ impl Watch<'_> {
         let outcome = self.acceptor.offer(payload);
         match outcome {
             Outcome::Event { seq, ref event, gap, ref terminal } => {
-                self.line(&format!("accepted seq={seq} event={event}"));
+                // Wire text reaches a log line only through the one-line sanitiser (issue 12 item 10).
+                self.line(&format!("accepted seq={seq} event={}", one_line(event)));
                 if let Some((expected, got)) = gap {
                     self.audit("seq_gap", json!({"expected": expected, "got": got, "source": source}));
                 }
@@ -396,7 +399,7 @@ impl Watch<'_> {
                 }
             }
             Outcome::State { seq, ref status, ref terminal, .. } => {
-                self.line(&format!("accepted-state seq={seq} status={status}"));
+                self.line(&format!("accepted-state seq={seq} status={}", one_line(status)));
                 if !outcome.is_evidence() {
                     return None;
                 }
@@ -414,19 +417,38 @@ impl Watch<'_> {
             Outcome::Duplicate { .. } => None,
             Outcome::Dropped { seq, reason, audit } => {
                 if audit {
-                    let shown = seq.map_or_else(|| "?".to_string(), |s| s.to_string());
-                    self.line(&format!("dropped seq={shown} reason={}", reason.as_str()));
-                    self.audit("dropped", json!({"reason": reason.as_str(), "seq": seq, "source": source}));
+                    // Issue 12 item 9: a flood of forged messages writes a bounded audit.
+                    if let DropAudit::Write { summary } = self.acceptor.drops.admit(clock::now_ms()) {
+                        if let Some(n) = summary {
+                            self.drop_summary(n);
+                        }
+                        let shown = seq.map_or_else(|| "?".to_string(), |s| s.to_string());
+                        self.line(&format!("dropped seq={shown} reason={}", reason.as_str()));
+                        self.audit("dropped", json!({"reason": reason.as_str(), "seq": seq, "source": source}));
+                    }
                 }
                 None
             }
         }
     }
 
+    /// One line and one audit entry for `n` drops the budget kept out of the audit.
+    fn drop_summary(&mut self, n: u64) {
+        self.line(&format!("dropped {n} more (not audited one by one)"));
+        self.audit("dropped_summary", json!({"more": n, "window_ms": DROP_WINDOW_MS}));
+    }
+
+    /// At the end of a watch: the summary of drops still unreported.
+    fn flush_drops(&mut self) {
+        if let Some(n) = self.acceptor.drops.take_suppressed() {
+            self.drop_summary(n);
+        }
+    }
+
     fn advance(&mut self, status: &str) {
         if self.advanced.as_deref() != Some(status) {
             self.advanced = Some(status.to_string());
-            self.line(&format!("advanced status={status}"));
+            self.line(&format!("advanced status={}", one_line(status)));
         }
     }
 
@@ -482,6 +504,7 @@ impl Watch<'_> {
     }
 
     fn end(&mut self, v: Verdict, conn: &mut Persistent) -> Verdict {
+        self.flush_drops();
         if let Verdict::Terminal(s) = &v {
             self.line(&format!("result {s}"));
         }
@@ -490,6 +513,7 @@ impl Watch<'_> {
     }
 
     fn silence(&mut self, s: Silence, budgets: &Budgets, conn: &mut Persistent) -> Verdict {
+        self.flush_drops();
         let result = match s {
             Silence::Unresponsive => "unresponsive",
             Silence::NoStarted => "no_started",
@@ -518,6 +542,7 @@ impl Watch<'_> {
 
     /// CORE 8.3 Signals: the line, then DISCONNECT if connected.
     fn signal(&mut self, sig: i32, conn: &mut Persistent) -> Verdict {
+        self.flush_drops();
         let msg = signal_line(sig);
         (self.out)(Output::Signal(&msg));
         conn.drop_connection();
