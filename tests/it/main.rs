@@ -19,6 +19,7 @@ mod publish;
 mod registry;
 mod regress;
 mod remote;
+mod security_broker;
 mod session;
 mod sign;
 mod spec;
