@@ -559,7 +559,7 @@ pub fn nofile_limit() -> Option<u64> {
     let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `r` is a valid, writable rlimit for the duration of the call.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
-    (rc == 0 && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur as u64)
+    (rc == 0 && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
 #[cfg(test)]

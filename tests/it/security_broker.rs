@@ -37,8 +37,12 @@ impl MamBroker {
         let (stdout, stderr) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
         let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
         let (o, e) = (stdout.clone(), stderr.clone());
-        std::thread::spawn(move || BufReader::new(out).lines().map_while(Result::ok).for_each(|l| o.lock().unwrap().push(l)));
-        std::thread::spawn(move || BufReader::new(err).lines().map_while(Result::ok).for_each(|l| e.lock().unwrap().push(l)));
+        std::thread::spawn(move || {
+            BufReader::new(out).lines().map_while(Result::ok).for_each(|l| o.lock().unwrap().push(l))
+        });
+        std::thread::spawn(move || {
+            BufReader::new(err).lines().map_while(Result::ok).for_each(|l| e.lock().unwrap().push(l))
+        });
         let line = poll(WAIT, || stdout.lock().unwrap().first().cloned());
         let Some(line) = line else {
             let _ = child.kill();
@@ -178,7 +182,11 @@ fn i4_anonymous_and_wrong_password_clients_are_refused_and_cannot_read_or_delete
         // file (CORE 11.1, docs/SECURITY.md) it reads the brief, the password never in its argv.
         let port = b.port().to_string();
         let topic = "mam/jobs/third/dispatch/1";
-        td.mam().args(["pub", "-t", topic, "-m", "brief-3", "-r", "-q", "1"]).env("MQTT_PORT", &port).run().expect_rc(0);
+        td.mam()
+            .args(["pub", "-t", topic, "-m", "brief-3", "-r", "-q", "1"])
+            .env("MQTT_PORT", &port)
+            .run()
+            .expect_rc(0);
         let anon = run_tool(Command::new("mosquitto_sub").args(["-p", &port, "-t", topic, "-C", "1", "-W", "3"]));
         assert!(!anon.status.success() && anon.stdout.is_empty(), "{anon:?}");
         let xdg = td.path("xdg");
@@ -397,7 +405,9 @@ fn i4_a_forged_retained_state_does_not_change_what_watch_the_daemon_and_jobs_rep
 
     // The daemon gets it retained on subscribe and drops it, once, with an audit line.
     let mut daemon = with_env(td.mam()).args(["daemon", "run", "--workspace"]).args([td.ws()]).spawn_bg(&td, "daemon");
-    wait_until("the daemon to subscribe", WAIT, || daemon.stdout().contains("subscribed ") || daemon.stderr().contains("subscribed "));
+    wait_until("the daemon to subscribe", WAIT, || {
+        daemon.stdout().contains("subscribed ") || daemon.stderr().contains("subscribed ")
+    });
     forger.publish(&state_topic, &serde_json::to_vec(&wrong_key).unwrap(), 1, true);
     let audit = td.ws().join(".mam/delegate_job_logs").join(&id).join("audit.jsonl");
     let dropped = || -> Vec<Value> {
@@ -410,7 +420,8 @@ fn i4_a_forged_retained_state_does_not_change_what_watch_the_daemon_and_jobs_rep
     };
     wait_until("the daemon's drop audits", WAIT, || dropped().len() >= 2);
     // watch sees the forged (retained) state, drops it and does not report completed.
-    let r = with_env(td.mam()).args(["watch", "--job-id", &id, "--idle-timeout", "2", "--timeout", "4"]).run_within(WAIT);
+    let r =
+        with_env(td.mam()).args(["watch", "--job-id", &id, "--idle-timeout", "2", "--timeout", "4"]).run_within(WAIT);
     assert_ne!(r.rc(), 0, "watch reported the forged completion:\n{}{}", r.stdout(), r.stderr());
     assert!(r.stdout().contains("dropped seq=100 reason=bad_sig"), "{}", r.stdout());
     assert!(!r.stdout().contains("completed"), "{}", r.stdout());

@@ -71,7 +71,13 @@ fn encode(p: &mqttrs::Packet) -> Vec<u8> {
     buf
 }
 
-pub(crate) fn connect_bytes(id: &str, keep_alive: u16, clean: bool, user: Option<&str>, pass: Option<&[u8]>) -> Vec<u8> {
+pub(crate) fn connect_bytes(
+    id: &str,
+    keep_alive: u16,
+    clean: bool,
+    user: Option<&str>,
+    pass: Option<&[u8]>,
+) -> Vec<u8> {
     encode(&mqttrs::Packet::Connect(mqttrs::Connect {
         protocol: mqttrs::Protocol::MQTT311,
         keep_alive,
