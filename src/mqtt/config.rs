@@ -91,7 +91,7 @@ impl MqttConfig {
         if username.is_none() && password.is_none() && !tls && is_loopback(&host) {
             if let Some(c) = workspace_creds(ctx, port) {
                 username = Some(c.username);
-                password = Some(c.password);
+                password = Some(Secret(c.password.expose().to_string()));
             }
         }
         Ok(MqttConfig {

@@ -14,7 +14,6 @@ use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::config::Secret;
 use crate::sys;
 
 /// The file's name inside `<control root>/.mam/`.
@@ -29,12 +28,33 @@ pub fn path(control_root: &Path) -> PathBuf {
     control_root.join(".mam").join(FILE_NAME)
 }
 
-/// The broker's credentials and the port it listens on.
+/// The broker's credentials and the port it listens on. `config` turns the password into a
+/// `Secret`; here it is a `Password` (this file stays below `config`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Creds {
     pub username: String,
-    pub password: Secret,
+    pub password: Password,
     pub port: u16,
+}
+
+/// The password: no Display, a redacting Debug.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl Password {
+    pub fn new(s: impl Into<String>) -> Password {
+        Password(s.into())
+    }
+    /// The raw value, for CONNECT and the file only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 impl fmt::Debug for Creds {
@@ -72,7 +92,7 @@ impl fmt::Display for ReadError {
 impl Creds {
     /// Fresh credentials: username `mam`, 32 random bytes as hex for the password.
     pub fn generate(port: u16) -> io::Result<Creds> {
-        Ok(Creds { username: USERNAME.to_string(), password: Secret::new(sys::random_hex(32)?), port })
+        Ok(Creds { username: USERNAME.to_string(), password: Password::new(sys::random_hex(32)?), port })
     }
 
     /// The file's bytes.
@@ -110,7 +130,7 @@ impl Creds {
         }
         let port =
             port.ok_or("no -p line")?.parse::<u16>().ok().filter(|p| *p > 0).ok_or("-p is not a port 1-65535")?;
-        Ok(Creds { username: user.ok_or("no -u line")?, password: Secret::new(pass.ok_or("no -P line")?), port })
+        Ok(Creds { username: user.ok_or("no -u line")?, password: Password::new(pass.ok_or("no -P line")?), port })
     }
 }
 
