@@ -48,7 +48,8 @@ PY
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 start_mam() {
-    "$MAM_BIN" broker --port 0 >"$WORK/mam.out" 2>"$WORK/mam.err" &
+    # Anonymous: mosquitto runs anonymous too, and the load clients are python and mosquitto_pub.
+    "$MAM_BIN" broker --port 0 --allow-anonymous >"$WORK/mam.out" 2>"$WORK/mam.err" &
     BPID=$!
     PIDS+=("$BPID")
     for _ in $(seq 100); do

@@ -12,7 +12,22 @@ use std::time::Duration;
 /// Where broker log lines go besides the in-memory ring: called once per line, from any thread.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// Broker settings. `Default` is the CLI's default: `127.0.0.1:1883`, no auth, 1 MiB packets.
+/// Default `max_connections`: each connection holds 4 descriptors and 2 threads (CORE 11.2).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1000;
+/// Default `max_subscriptions` per client (mam's own clients hold at most a handful).
+pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 100;
+/// Default `max_retained_bytes`: topic plus payload of every retained message.
+pub const DEFAULT_MAX_RETAINED_BYTES: usize = 64 * 1024 * 1024;
+/// Default `max_retained_message` and `max_packet`: 1 MiB, room for a 768 KiB inline brief (A12).
+pub const DEFAULT_MAX_PACKET: usize = 1024 * 1024;
+/// Descriptors one connection holds (its socket, the acceptor's handle, the writer's, the routing
+/// entry's): `mam broker` keeps `max_connections` under the descriptor limit with this.
+pub const FDS_PER_CONNECTION: usize = 4;
+
+/// Broker settings. `Default` is the library and test default: `127.0.0.1:1883`, **no
+/// authentication** (anonymous clients accepted, as the in-process test broker needs), 1 MiB
+/// packets and the caps above. `mam broker` does not use this default for auth: it requires a
+/// username and password unless started with `--allow-anonymous` (CORE 11.1).
 #[derive(Clone)]
 pub struct BrokerConfig {
     pub bind: SocketAddr,
@@ -30,6 +45,15 @@ pub struct BrokerConfig {
     pub queue_limit: usize,
     /// Keep a bounded record of received PUBLISHes for `BrokerHandle::received` (off in `mam broker`).
     pub record: bool,
+    /// Open connections beyond this are closed as soon as they are accepted, before any byte is
+    /// read (as mosquitto does with `max_connections`).
+    pub max_connections: usize,
+    /// Subscriptions one client may hold; more filters get 0x80 in the SUBACK.
+    pub max_subscriptions: usize,
+    /// Bytes the retained store may hold (topic plus payload per message).
+    pub max_retained_bytes: usize,
+    /// Largest retained payload stored; a larger one is forwarded but not retained.
+    pub max_retained_message: usize,
 }
 
 impl Default for BrokerConfig {
@@ -39,11 +63,15 @@ impl Default for BrokerConfig {
             allow_remote: false,
             username: None,
             password: None,
-            max_packet: 1024 * 1024,
+            max_packet: DEFAULT_MAX_PACKET,
             log: None,
             connect_timeout: Duration::from_secs(10),
             queue_limit: 1000,
             record: true,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
+            max_retained_bytes: DEFAULT_MAX_RETAINED_BYTES,
+            max_retained_message: DEFAULT_MAX_PACKET,
         }
     }
 }
@@ -60,6 +88,10 @@ impl fmt::Debug for BrokerConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("queue_limit", &self.queue_limit)
             .field("record", &self.record)
+            .field("max_connections", &self.max_connections)
+            .field("max_subscriptions", &self.max_subscriptions)
+            .field("max_retained_bytes", &self.max_retained_bytes)
+            .field("max_retained_message", &self.max_retained_message)
             .finish()
     }
 }

@@ -26,6 +26,9 @@ const READ_CHUNK: usize = 8 * 1024;
 const WRITE_BATCH: usize = 64 * 1024;
 /// A writer blocked this long on one write gives up on the client.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest first packet (CONNECT) accepted before the client is authenticated, so a connection
+/// that has not authenticated cannot make the broker buffer a max-packet frame.
+const CONNECT_MAX: usize = 64 * 1024;
 
 fn writer_loop(mut stream: TcpStream, rx: Receiver<Out>) {
     let mut batch: Vec<u8> = Vec::new();
@@ -70,6 +73,10 @@ struct Conn {
     buf: Vec<u8>,
     pos: usize,
     client_id: Option<String>,
+    /// The frame size limit now: `CONNECT_MAX` until CONNECT is accepted, then `max_packet`.
+    frame_limit: usize,
+    /// A retained message of this connection was already refused at a cap (logged once).
+    retain_refusal_logged: bool,
 }
 
 pub(super) fn serve(shared: Arc<Shared>, conn: u64, stream: TcpStream, peer: SocketAddr) {
@@ -86,7 +93,19 @@ pub(super) fn serve(shared: Arc<Shared>, conn: u64, stream: TcpStream, peer: Soc
             return;
         }
     };
-    let mut c = Conn { shared, conn, peer, stream, tx, buf: Vec::new(), pos: 0, client_id: None };
+    let frame_limit = shared.cfg.max_packet.min(CONNECT_MAX);
+    let mut c = Conn {
+        shared,
+        conn,
+        peer,
+        stream,
+        tx,
+        buf: Vec::new(),
+        pos: 0,
+        client_id: None,
+        frame_limit,
+        retain_refusal_logged: false,
+    };
     let end = c.run();
     if let Some(why) = end {
         let line = c.who(&why);
@@ -106,10 +125,13 @@ pub(super) fn serve(shared: Arc<Shared>, conn: u64, stream: TcpStream, peer: Soc
     forget_conn(&shared, conn);
 }
 
+/// The connection has ended: its slot no longer holds a socket and it leaves the
+/// `max_connections` count. Called exactly once per `serve`.
 fn forget_conn(shared: &Shared, conn: u64) {
     if let Some(slot) = lock(&shared.conns).get_mut(&conn) {
         slot.stream = None;
     }
+    shared.active.fetch_sub(1, Ordering::SeqCst);
 }
 
 enum ReadEnd {
@@ -150,7 +172,7 @@ impl Conn {
                 Err(e) => return Err(ReadEnd::Malformed(e)),
                 Ok(Some((remaining, hlen))) => {
                     let total = hlen + remaining;
-                    if total > self.shared.cfg.max_packet {
+                    if total > self.frame_limit {
                         return Err(ReadEnd::TooLarge(total));
                     }
                     if avail.len() >= total {
@@ -208,6 +230,9 @@ impl Conn {
                 io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => None,
                 _ => Some(format!("read failed: {e}")),
             },
+            ReadEnd::TooLarge(n) if self.client_id.is_none() => {
+                Some(format!("first packet of {n} bytes exceeds the CONNECT limit {}; closing", self.frame_limit))
+            }
             ReadEnd::TooLarge(n) => {
                 Some(format!("packet of {n} bytes exceeds max-packet {}; closing", self.shared.cfg.max_packet))
             }
@@ -233,6 +258,7 @@ impl Conn {
             Ok(k) => k,
             Err(end) => return end,
         };
+        self.frame_limit = self.shared.cfg.max_packet;
         let limit = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
         if self.stream.set_read_timeout(limit).is_err() {
             return Some("cannot set a read timeout".into());
@@ -281,14 +307,16 @@ impl Conn {
             let _ = self.send(codec::connack(0x03));
             return Err(Some("will messages are not supported".into()));
         }
-        if let Some(want_user) = &self.shared.cfg.username {
-            let Some(user) = c.username else {
+        let cfg = &self.shared.cfg;
+        let want = cfg.username.as_deref().map(|u| (u, cfg.password.as_deref().unwrap_or("").as_bytes()));
+        match route::authorize(want, c.username, c.password) {
+            0x00 => {}
+            0x05 => {
                 let _ = self.send(codec::connack(0x05));
                 return Err(Some("no username; not authorized (0x05)".into()));
-            };
-            let want_pass = self.shared.cfg.password.as_deref().unwrap_or("").as_bytes();
-            if user != want_user || c.password != Some(want_pass) {
-                let _ = self.send(codec::connack(0x04));
+            }
+            code => {
+                let _ = self.send(codec::connack(code));
                 return Err(Some("bad username or password (0x04)".into()));
             }
         }
@@ -356,7 +384,9 @@ impl Conn {
         let Some(cl) = clients.get_mut(id).filter(|cl| cl.conn == self.conn) else {
             return Err(None);
         };
-        let decided = route::subscribe(&mut cl.session, retained, filters);
+        let max_subs = self.shared.cfg.max_subscriptions;
+        let decided = route::subscribe(&mut cl.session, retained, max_subs, filters);
+        let over_cap = decided.over_cap;
         let mut out = vec![codec::suback(pid, &decided.codes)];
         for r in decided.replay {
             out.push(codec::publish(r.topic, r.payload, r.qos, r.pid, true));
@@ -373,6 +403,12 @@ impl Conn {
         }
         pending.extend(rest);
         drop(st);
+        if over_cap > 0 {
+            let line = self.who(&format!(
+                "WARNING: {over_cap} filter(s) refused (0x80): max-subscriptions {max_subs} per client reached"
+            ));
+            self.shared.log(line);
+        }
         for p in pending {
             if !send_with_grace(&self.tx, p, &self.shared.stop) {
                 self.evict(id, self.conn);
@@ -396,10 +432,10 @@ impl Conn {
 
     /// Stores and forwards one PUBLISH (`route::route` decides, this queues). `Err` when the
     /// message is refused; `Ok(Some(line))` when this very client overflowed.
-    fn publish(&self, msg: &Publish<'_>) -> Result<Option<String>, End> {
-        let shared = &self.shared;
+    fn publish(&mut self, msg: &Publish<'_>) -> Result<Option<String>, End> {
+        let shared = self.shared.clone();
         let mut st = lock(&shared.state);
-        let State { clients, retained, .. } = &mut *st;
+        let State { clients, retained, retained_bytes, .. } = &mut *st;
         let mut targets: Vec<(&String, &mut Client)> = clients.iter_mut().collect();
         let routed = route::route(targets.iter_mut().map(|(_, cl)| &mut cl.session), msg).map_err(|r| {
             Some(match r {
@@ -411,8 +447,13 @@ impl Conn {
             })
         })?;
         let (t, payload) = (msg.topic, msg.payload);
+        let mut refused_retain = None;
         if let Some(op) = routed.retain {
-            op.apply(retained, t);
+            let limits = route::RetainLimits {
+                max_message: shared.cfg.max_retained_message,
+                max_total: shared.cfg.max_retained_bytes,
+            };
+            refused_retain = route::apply_retain(retained, retained_bytes, t, op, &limits).err();
         }
         let mut qos0: Option<Arc<[u8]>> = None;
         let mut blocked: Vec<(String, u64, SyncSender<Out>, Out)> = Vec::new();
@@ -431,6 +472,24 @@ impl Conn {
             st.note_received(msg);
         }
         drop(st);
+        if let Some(over) = refused_retain {
+            if !self.retain_refusal_logged {
+                self.retain_refusal_logged = true;
+                let why = match over {
+                    route::RetainOver::Message { size, max } => {
+                        format!("{size} bytes exceed max-retained-message {max}")
+                    }
+                    route::RetainOver::Total { size, used, max } => {
+                        format!("{size} more bytes would exceed max-retained-bytes {max} ({used} held)")
+                    }
+                };
+                let line = self.who(&format!(
+                    "WARNING: retained message on '{}' not stored: {why}; forwarded only (further refusals of this connection are not logged)",
+                    short_id(t)
+                ));
+                shared.log(line);
+            }
+        }
         // Backpressure: a full queue makes this publisher wait (outside the lock) for room; a
         // queue that stays full for OVERFLOW_GRACE is an overflow and the client is dropped.
         let mut mine = None;

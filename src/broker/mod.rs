@@ -27,5 +27,8 @@ mod state;
 pub mod codec;
 pub mod topic;
 
-pub use config::{BrokerConfig, LogSink};
+pub use config::{
+    BrokerConfig, LogSink, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PACKET, DEFAULT_MAX_RETAINED_BYTES,
+    DEFAULT_MAX_SUBSCRIPTIONS, FDS_PER_CONNECTION,
+};
 pub use server::{start, BrokerHandle};

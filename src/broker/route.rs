@@ -1,7 +1,9 @@
-//! Routing decisions of the embedded broker (CORE 11.2 Delivery, Retain): which connected client
-//! gets a PUBLISH at which QoS and packet id, how the retained store changes, and which retained
-//! messages a SUBSCRIBE replays. Pure functions over explicit inputs (each client's `Session`, the
-//! retained store, one message), tested cell by cell below.
+//! Routing decisions of the embedded broker (CORE 11.2 Delivery, Retain, Auth): whether a CONNECT's
+//! credentials are accepted (compared in constant time), which connected client gets a PUBLISH at
+//! which QoS and packet id, how the retained store changes within its byte caps, and which retained
+//! messages a SUBSCRIBE replays within the per-client subscription cap. Pure functions over explicit
+//! inputs (each client's `Session`, the retained store, one message, the limits), tested cell by
+//! cell below.
 //!
 //! It never touches a socket, a channel, a thread, a lock or a clock: the connection code calls it
 //! under the state lock and then queues the packets it describes. There are no persistent sessions
@@ -67,6 +69,92 @@ pub enum Refusal {
     InvalidTopic,
 }
 
+/// The retained store's caps (CORE 11.2 Retained, issue 12 item 4): no single retained message
+/// larger than `max_message` payload bytes is stored, and the store never holds more than
+/// `max_total` bytes (topic plus payload of every entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetainLimits {
+    pub max_message: usize,
+    pub max_total: usize,
+}
+
+/// Why a retained message was not stored (it is still forwarded to current subscribers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetainOver {
+    /// The payload alone is larger than `max_message`.
+    Message { size: usize, max: usize },
+    /// Storing it would take the store past `max_total` (`used` bytes are held now).
+    Total { size: usize, used: usize, max: usize },
+}
+
+/// What one retained entry costs against `RetainLimits::max_total`.
+pub fn retained_cost(topic: &str, r: &Retained) -> usize {
+    topic.len() + r.payload.len()
+}
+
+/// Applies `op` to `store` unless it breaks `limits`; `used` is the store's byte count
+/// (`retained_cost` summed), kept in step. A refused op leaves both unchanged. Clearing is always
+/// allowed; replacing a topic's message counts only the difference.
+pub fn apply_retain(
+    store: &mut RetainedStore,
+    used: &mut usize,
+    topic: &str,
+    op: RetainOp,
+    limits: &RetainLimits,
+) -> Result<(), RetainOver> {
+    let old = store.get(topic).map(|r| retained_cost(topic, r)).unwrap_or(0);
+    match op {
+        RetainOp::Clear => {
+            if store.remove(topic).is_some() {
+                *used -= old;
+            }
+            Ok(())
+        }
+        RetainOp::Set(r) => {
+            if r.payload.len() > limits.max_message {
+                return Err(RetainOver::Message { size: r.payload.len(), max: limits.max_message });
+            }
+            let new = retained_cost(topic, &r);
+            let after = *used - old + new;
+            if after > limits.max_total {
+                return Err(RetainOver::Total { size: new, used: *used, max: limits.max_total });
+            }
+            store.insert(topic.to_string(), r);
+            *used = after;
+            Ok(())
+        }
+    }
+}
+
+/// Byte-wise equality that takes the same time wherever the inputs differ (only their lengths
+/// show): the broker's password comparison, so a client cannot learn a password prefix by timing.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len().max(b.len());
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..n {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= std::hint::black_box(x ^ y);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// The CONNACK code for a CONNECT's credentials (CORE 11.2 Auth): 0 accepted, 0x05 no username
+/// (or a password without one), 0x04 wrong username or password. `want` is the broker's
+/// `(username, password)`; None accepts anyone. Username and password are both compared in
+/// constant time, and both are always compared, so the time does not tell which one was wrong.
+pub fn authorize(want: Option<(&str, &[u8])>, user: Option<&str>, pass: Option<&[u8]>) -> u8 {
+    let Some((want_user, want_pass)) = want else { return 0x00 };
+    let Some(user) = user else { return 0x05 };
+    let user_ok = constant_time_eq(user.as_bytes(), want_user.as_bytes());
+    let pass_ok = constant_time_eq(pass.unwrap_or(b""), want_pass) && pass.is_some();
+    if user_ok & pass_ok {
+        0x00
+    } else {
+        0x04
+    }
+}
+
 /// How a PUBLISH changes the retained store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RetainOp {
@@ -74,19 +162,6 @@ pub enum RetainOp {
     Set(Retained),
     /// An empty retained payload clears the topic's retained message.
     Clear,
-}
-
-impl RetainOp {
-    pub fn apply(self, store: &mut RetainedStore, topic: &str) {
-        match self {
-            RetainOp::Set(r) => {
-                store.insert(topic.to_string(), r);
-            }
-            RetainOp::Clear => {
-                store.remove(topic);
-            }
-        }
-    }
 }
 
 /// One copy of a PUBLISH for one client: `to` is the client's position in the sessions given to
@@ -152,13 +227,22 @@ pub struct Subscribed<'r> {
     pub codes: Vec<u8>,
     /// Retained messages to send after the SUBACK, in topic order.
     pub replay: Vec<Replay<'r>>,
+    /// Valid filters refused (0x80) because the client already holds `max_subs` subscriptions.
+    pub over_cap: usize,
 }
 
 /// Adds (or re-grants) `filters` to `session`, QoS capped at 1, and picks the retained messages to
 /// replay: one copy per topic even when several filters match it, at min(retained QoS, highest
-/// grant among those filters of this SUBSCRIBE).
-pub fn subscribe<'r>(session: &mut Session, retained: &'r RetainedStore, filters: &[(&str, u8)]) -> Subscribed<'r> {
+/// grant among those filters of this SUBSCRIBE). A new filter beyond `max_subs` subscriptions of
+/// this client is refused with 0x80 (re-granting a filter it holds is always allowed).
+pub fn subscribe<'r>(
+    session: &mut Session,
+    retained: &'r RetainedStore,
+    max_subs: usize,
+    filters: &[(&str, u8)],
+) -> Subscribed<'r> {
     let mut codes = Vec::with_capacity(filters.len());
+    let mut over_cap = 0;
     // Retained messages to deliver: topic -> granted QoS (one copy per topic, highest QoS).
     let mut deliver: BTreeMap<&str, u8> = BTreeMap::new();
     for &(f, q) in filters {
@@ -167,11 +251,17 @@ pub fn subscribe<'r>(session: &mut Session, retained: &'r RetainedStore, filters
             continue;
         }
         let g = q.min(1);
-        codes.push(g);
+        let held = session.subs.len();
         match session.subs.iter_mut().find(|(sf, _)| sf == f) {
             Some(s) => s.1 = g,
+            None if held >= max_subs => {
+                codes.push(0x80);
+                over_cap += 1;
+                continue;
+            }
             None => session.subs.push((f.to_string(), g)),
         }
+        codes.push(g);
         for (t, _) in retained.iter().filter(|(t, _)| topic::matches(f, t)) {
             let e = deliver.entry(t.as_str()).or_insert(g);
             *e = (*e).max(g);
@@ -184,7 +274,7 @@ pub fn subscribe<'r>(session: &mut Session, retained: &'r RetainedStore, filters
         let pid = if qos > 0 { session.next_pid() } else { 0 };
         replay.push(Replay { topic: t, payload: &r.payload, qos, pid });
     }
-    Subscribed { codes, replay }
+    Subscribed { codes, replay, over_cap }
 }
 
 #[cfg(test)]
@@ -270,20 +360,24 @@ mod tests {
     #[test]
     fn retained_set_replace_and_clear_by_empty_payload() {
         let mut st = RetainedStore::new();
+        let mut used = 0;
+        let big = RetainLimits { max_message: 1 << 20, max_total: 1 << 20 };
+        let mut apply =
+            |op: RetainOp, st: &mut RetainedStore, t: &str| apply_retain(st, &mut used, t, op, &big).unwrap();
         let r = route([], &publish("t", b"one", 1, true)).unwrap();
         assert_eq!(r.retain, Some(RetainOp::Set(Retained { payload: b"one".to_vec(), qos: 1 })));
-        r.retain.unwrap().apply(&mut st, "t");
+        apply(r.retain.unwrap(), &mut st, "t");
         assert_eq!(st, store(&[("t", b"one", 1)]));
         let r = route([], &publish("t", b"two", 0, true)).unwrap();
-        r.retain.unwrap().apply(&mut st, "t");
+        apply(r.retain.unwrap(), &mut st, "t");
         assert_eq!(st, store(&[("t", b"two", 0)]), "a new retained message replaces the old, QoS included");
         assert_eq!(route([], &publish("t", b"live", 1, false)).unwrap().retain, None, "retain=0 leaves the store");
         let r = route([], &publish("t", b"", 0, true)).unwrap();
         assert_eq!(r.retain, Some(RetainOp::Clear));
-        r.retain.unwrap().apply(&mut st, "t");
+        apply(r.retain.unwrap(), &mut st, "t");
         assert!(st.is_empty(), "an empty retained payload clears the topic");
         // Clearing a topic with nothing retained is not an error.
-        RetainOp::Clear.apply(&mut st, "t");
+        apply(RetainOp::Clear, &mut st, "t");
         assert!(st.is_empty());
     }
 
@@ -312,12 +406,12 @@ mod tests {
     fn subscribe_grants_at_most_qos_1_and_refuses_invalid_filters() {
         let mut s = Session::default();
         let st = RetainedStore::new();
-        let r = subscribe(&mut s, &st, &[("a", 0), ("b", 1), ("c", 2), ("a/#/b", 1), ("", 0)]);
+        let r = subscribe(&mut s, &st, 100, &[("a", 0), ("b", 1), ("c", 2), ("a/#/b", 1), ("", 0)]);
         assert_eq!(r.codes, vec![0, 1, 1, 0x80, 0x80]);
         assert_eq!(s.subs, vec![("a".to_string(), 0), ("b".to_string(), 1), ("c".to_string(), 1)]);
         assert!(r.replay.is_empty());
         // Subscribing to the same filter again replaces its grant instead of adding a filter.
-        subscribe(&mut s, &st, &[("a", 1)]);
+        subscribe(&mut s, &st, 100, &[("a", 1)]);
         assert_eq!(s.subs[0], ("a".to_string(), 1));
         assert_eq!(s.subs.len(), 3);
         s.unsubscribe(&["a", "zzz"]);
@@ -329,7 +423,7 @@ mod tests {
         let st = store(&[("a/1", b"p1", 1), ("a/2", b"p2", 0), ("b", b"pb", 1), ("$SYS/x", b"sys", 1)]);
         let mut s = Session::default();
         // a/1 matches both filters: one copy at the higher grant. a/2 was retained at QoS 0.
-        let r = subscribe(&mut s, &st, &[("a/#", 0), ("a/1", 1), ("#", 0)]);
+        let r = subscribe(&mut s, &st, 100, &[("a/#", 0), ("a/1", 1), ("#", 0)]);
         assert_eq!(r.codes, vec![0, 1, 0]);
         let got: Vec<(&str, &[u8], u8, u16)> = r.replay.iter().map(|p| (p.topic, p.payload, p.qos, p.pid)).collect();
         assert_eq!(got, vec![("a/1", &b"p1"[..], 1, 1), ("a/2", &b"p2"[..], 0, 0), ("b", &b"pb"[..], 0, 0)]);
@@ -337,7 +431,64 @@ mod tests {
         assert_eq!(routed(std::slice::from_mut(&mut s), publish("a/1", b"x", 1, false)), vec![(0, 1, 2)]);
         // A subscription granted QoS 0 downgrades a QoS 1 retained message; $-topics need a $ filter.
         let mut s = Session::default();
-        let r = subscribe(&mut s, &st, &[("$SYS/+", 0)]);
+        let r = subscribe(&mut s, &st, 100, &[("$SYS/+", 0)]);
         assert_eq!(r.replay, vec![Replay { topic: "$SYS/x", payload: b"sys", qos: 0, pid: 0 }]);
+    }
+
+    #[test]
+    fn subscriptions_beyond_the_cap_are_refused_but_regrants_are_not() {
+        let mut s = Session::default();
+        let st = RetainedStore::new();
+        let r = subscribe(&mut s, &st, 2, &[("a", 1), ("b", 1), ("c", 1), ("", 0)]);
+        assert_eq!((r.codes, r.over_cap), (vec![1, 1, 0x80, 0x80], 1));
+        let r = subscribe(&mut s, &st, 2, &[("a", 0), ("d", 1)]);
+        assert_eq!((r.codes, r.over_cap), (vec![0, 0x80], 1), "a held filter is re-granted at the cap");
+        s.unsubscribe(&["b"]);
+        assert_eq!(subscribe(&mut s, &st, 2, &[("d", 1)]).codes, vec![1], "room again after an unsubscribe");
+    }
+
+    #[test]
+    fn retained_caps_refuse_without_changing_the_store() {
+        let limits = RetainLimits { max_message: 4, max_total: 10 };
+        let (mut st, mut used) = (RetainedStore::new(), 0);
+        let set = |p: &[u8]| RetainOp::Set(Retained { payload: p.to_vec(), qos: 1 });
+        assert_eq!(apply_retain(&mut st, &mut used, "t", set(b"abcd"), &limits), Ok(()));
+        assert_eq!(used, 5);
+        assert_eq!(
+            apply_retain(&mut st, &mut used, "u", set(b"abcde"), &limits),
+            Err(RetainOver::Message { size: 5, max: 4 })
+        );
+        assert_eq!(apply_retain(&mut st, &mut used, "u", set(b"abc"), &limits), Ok(()));
+        assert_eq!(used, 9);
+        assert_eq!(
+            apply_retain(&mut st, &mut used, "v", set(b"ab"), &limits),
+            Err(RetainOver::Total { size: 3, used: 9, max: 10 })
+        );
+        assert_eq!((st.len(), used), (2, 9), "a refused message changes nothing");
+        // Replacing counts the difference; clearing frees the entry's bytes.
+        assert_eq!(apply_retain(&mut st, &mut used, "t", set(b"a"), &limits), Ok(()));
+        assert_eq!(used, 6);
+        assert_eq!(apply_retain(&mut st, &mut used, "u", RetainOp::Clear, &limits), Ok(()));
+        assert_eq!(apply_retain(&mut st, &mut used, "zz", RetainOp::Clear, &limits), Ok(()));
+        assert_eq!((st.len(), used), (1, 2));
+    }
+
+    #[test]
+    fn credentials_are_compared_in_full() {
+        assert!(constant_time_eq(b"", b"") && constant_time_eq(b"s3cret", b"s3cret"));
+        for (a, b) in [(&b"s3cret"[..], &b"s3creT"[..]), (b"s3cret", b"s3cre"), (b"s3cret", b"s3cret\0"), (b"", b"x")] {
+            assert!(!constant_time_eq(a, b) && !constant_time_eq(b, a), "{a:?} {b:?}");
+        }
+        let want = Some(("mam", &b"pw"[..]));
+        assert_eq!(authorize(None, None, None), 0);
+        assert_eq!(authorize(want, Some("mam"), Some(b"pw")), 0);
+        assert_eq!(authorize(want, None, None), 5);
+        assert_eq!(authorize(want, None, Some(b"pw")), 5);
+        assert_eq!(authorize(want, Some("mam"), None), 4);
+        assert_eq!(authorize(want, Some("mam"), Some(b"pX")), 4);
+        assert_eq!(authorize(want, Some("mAm"), Some(b"pw")), 4);
+        // An empty configured password still needs the password field.
+        assert_eq!(authorize(Some(("u", b"")), Some("u"), None), 4);
+        assert_eq!(authorize(Some(("u", b"")), Some("u"), Some(b"")), 0);
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -45,6 +45,7 @@ pub fn start(cfg: BrokerConfig) -> io::Result<BrokerHandle> {
         state: Mutex::new(State::default()),
         conns: Mutex::new(HashMap::new()),
         next_conn: AtomicU64::new(1),
+        active: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         stalled: Mutex::new(Vec::new()),
         stall_cv: Condvar::new(),
@@ -162,6 +163,16 @@ impl BrokerHandle {
         v
     }
 
+    /// Connections accepted and not yet ended (what `max_connections` counts).
+    pub fn active_connections(&self) -> usize {
+        self.shared.active.load(Ordering::SeqCst)
+    }
+
+    /// The bytes the retained store holds (what `max_retained_bytes` caps).
+    pub fn retained_bytes(&self) -> usize {
+        lock(&self.shared.state).retained_bytes
+    }
+
     /// The most recent log lines (up to 2000), oldest first.
     pub fn log_lines(&self) -> Vec<String> {
         lock(&self.shared.log_ring).iter().cloned().collect()
@@ -176,6 +187,9 @@ impl Drop for BrokerHandle {
 
 fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     let mut last_error: Option<io::ErrorKind> = None;
+    // Connections closed at the cap since the last one let in: the first is logged, the rest
+    // are counted into one line when a connection is let in again (a flood logs two lines).
+    let mut refused = 0usize;
     loop {
         let accepted = listener.accept();
         if shared.stop.load(Ordering::SeqCst) {
@@ -194,9 +208,30 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             }
         };
         last_error = None;
+        let max = shared.cfg.max_connections;
+        if shared.active.load(Ordering::SeqCst) >= max {
+            // Closed before a byte is read: no thread, no buffer, one descriptor for an instant.
+            drop(stream);
+            refused += 1;
+            if refused == 1 {
+                shared.log(format!(
+                    "WARNING: broker: connection from {peer} refused: max-connections {max} reached; closing"
+                ));
+            }
+            continue;
+        }
+        if refused > 1 {
+            shared.log(format!(
+                "WARNING: broker: {} more connections were refused at max-connections {max}",
+                refused - 1
+            ));
+        }
+        refused = 0;
+        shared.active.fetch_add(1, Ordering::SeqCst);
         let _ = stream.set_nodelay(true);
         let id = shared.next_conn.fetch_add(1, Ordering::SeqCst);
         let Ok(registry_copy) = stream.try_clone() else {
+            shared.active.fetch_sub(1, Ordering::SeqCst);
             continue;
         };
         let sh = shared.clone();
@@ -212,6 +247,7 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             }
             Err(e) => {
                 drop(conns);
+                shared.active.fetch_sub(1, Ordering::SeqCst);
                 shared.log(format!("WARNING: broker: connection from {peer}: cannot start a thread: {e}"));
             }
         }

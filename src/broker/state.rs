@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -44,6 +44,8 @@ pub(super) struct Client {
 pub(super) struct State {
     pub(super) clients: HashMap<String, Client>,
     pub(super) retained: RetainedStore,
+    /// Bytes held by `retained` (`route::retained_cost` summed).
+    pub(super) retained_bytes: usize,
     pub(super) received: VecDeque<(String, Vec<u8>, bool)>,
     pub(super) received_bytes: usize,
     pub(super) connects: Vec<String>,
@@ -85,6 +87,8 @@ pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     pub(super) conns: Mutex<HashMap<u64, ConnSlot>>,
     pub(super) next_conn: AtomicU64,
+    /// Connections accepted and not yet ended (the `max_connections` count).
+    pub(super) active: AtomicUsize,
     pub(super) stop: AtomicBool,
     pub(super) stalled: Mutex<Vec<String>>,
     pub(super) stall_cv: Condvar,

@@ -1,9 +1,12 @@
 //! `mam broker` (CORE 11.1): parses the flags, refuses a non-loopback bind without
-//! `--allow-remote`, reads the password from a file (never argv), starts `broker::start`, prints
-//! the listening line, and runs until SIGTERM or SIGINT.
+//! `--allow-remote`, settles the credentials (the operator's `--username`/`--password-file`, none
+//! with `--allow-anonymous`, else the workspace's generated ones in `<control root>/.mam/broker.cred`),
+//! keeps the connection cap under the descriptor limit, starts `broker::start`, writes the
+//! credential file with the bound port, prints the listening line and the credential file's path,
+//! and runs until SIGTERM or SIGINT.
 //!
 //! Broker log lines go to stderr, one line each. It never holds the password anywhere but the
-//! broker config.
+//! broker config and the 0600 credential file; it never prints it.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -15,27 +18,46 @@ use std::time::Duration;
 use crate::broker::{self, BrokerConfig};
 use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
+use crate::mqtt::cred::{self, Creds, ReadError};
 use crate::text;
-use crate::{knob, sys};
+use crate::{knob, paths, sys};
 
 pub const USAGE: &str = "
-Usage: mam broker [--bind ADDR] [--port N] [--allow-remote] [--username U --password-file F]
-                  [--max-packet BYTES]
+Usage: mam broker [--bind ADDR] [--port N] [--allow-remote]
+                  [--allow-anonymous | --username U --password-file F] [--max-packet BYTES]
+                  [--max-connections N] [--max-subscriptions N] [--max-retained-bytes BYTES]
+                  [--max-retained-message BYTES]
 
 Runs the embedded MQTT 3.1.1 broker (CORE 11) until SIGTERM or SIGINT. Prints
-`mam broker listening on <addr>:<port>` on stdout when ready; log lines go to stderr.
+`mam broker listening on <addr>:<port>` on stdout when ready, then `credentials in <path>`
+unless it runs anonymous; log lines go to stderr.
+
+Every client must authenticate. By default the broker uses the workspace's credential file
+<control root>/.mam/broker.cred (username mam, a random password; created 0600 on first start,
+kept across restarts, rewritten with the bound port). Every mam command of the workspace that has
+no MQTT_USERNAME/MQTT_PASSWORD and a loopback MQTT_BROKER without TLS reads it. The file is also a
+mosquitto client options file: `cp .mam/broker.cred ~/.config/mosquitto_sub` (or mosquitto_pub)
+lets those clients in without the password on their command line. Delete it to rotate.
 
 Options:
-  --bind ADDR           IP address to listen on (default 127.0.0.1)
-  --port N              TCP port (default 1883; 0 picks a free port)
-  --allow-remote        allow a non-loopback --bind
-  --username U          require this username on every CONNECT (needs --password-file)
-  --password-file F     the password: the file's content without its trailing newline
-  --max-packet BYTES    largest accepted packet (default 1048576)
-  -h, --help            print this help
+  --bind ADDR                   IP address to listen on (default 127.0.0.1)
+  --port N                      TCP port (default 1883; 0 picks a free port)
+  --allow-remote                allow a non-loopback --bind
+  --allow-anonymous             accept clients without credentials (no credential file)
+  --username U                  the operator's credentials instead of the generated ones
+  --password-file F             (together) the password: the file's content without its
+                                trailing newline; no credential file is written
+  --max-packet BYTES            largest accepted packet (default 1048576)
+  --max-connections N           open connections; more are closed at once (default 1000,
+                                lowered to fit the open-file limit, 4 descriptors each)
+  --max-subscriptions N         subscriptions per client; more get 0x80 (default 100)
+  --max-retained-bytes BYTES    retained topics and payloads in all (default 67108864)
+  --max-retained-message BYTES  largest retained payload kept (default 1048576); a retained
+                                message over either cap is forwarded but not stored
+  -h, --help                    print this help
 
-Exit codes: 0 stopped by a signal, 1 runtime error (bind failed, password file unreadable),
-2 usage (including a non-loopback bind without --allow-remote).
+Exit codes: 0 stopped by a signal, 1 runtime error (bind failed, password file unreadable,
+credential file not writable), 2 usage (including a non-loopback bind without --allow-remote).
 ";
 
 #[derive(Debug)]
@@ -45,7 +67,12 @@ struct Args {
     allow_remote: bool,
     username: Option<String>,
     password_file: Option<PathBuf>,
+    allow_anonymous: bool,
     max_packet: usize,
+    max_connections: usize,
+    max_subscriptions: usize,
+    max_retained_bytes: usize,
+    max_retained_message: usize,
 }
 
 fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
@@ -57,7 +84,12 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         allow_remote: false,
         username: None,
         password_file: None,
-        max_packet: 1024 * 1024,
+        allow_anonymous: false,
+        max_packet: broker::DEFAULT_MAX_PACKET,
+        max_connections: broker::DEFAULT_MAX_CONNECTIONS,
+        max_subscriptions: broker::DEFAULT_MAX_SUBSCRIPTIONS,
+        max_retained_bytes: broker::DEFAULT_MAX_RETAINED_BYTES,
+        max_retained_message: broker::DEFAULT_MAX_PACKET,
     };
     while let Some(arg) = p.next()? {
         match arg {
@@ -80,12 +112,26 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 // Room for a CONNECT with credentials; smaller limits only confuse clients.
                 a.max_packet = knob::flag("--max-packet", &p.value()?, 64)? as usize;
             }
+            Long("allow-anonymous") => a.allow_anonymous = true,
+            Long("max-connections") => a.max_connections = knob::flag("--max-connections", &p.value()?, 1)? as usize,
+            Long("max-subscriptions") => {
+                a.max_subscriptions = knob::flag("--max-subscriptions", &p.value()?, 1)? as usize;
+            }
+            Long("max-retained-bytes") => {
+                a.max_retained_bytes = knob::flag("--max-retained-bytes", &p.value()?, 0)? as usize;
+            }
+            Long("max-retained-message") => {
+                a.max_retained_message = knob::flag("--max-retained-message", &p.value()?, 0)? as usize;
+            }
             Short('h') | Long("help") => return Ok(Parsed::Help),
             _ => return Err(arg.unexpected().into()),
         }
     }
     if a.username.is_some() != a.password_file.is_some() {
         return Err(Failure::usage("--username and --password-file go together"));
+    }
+    if a.allow_anonymous && a.username.is_some() {
+        return Err(Failure::usage("--allow-anonymous and --username exclude each other"));
     }
     if !a.bind.is_loopback() && !a.allow_remote {
         return Err(Failure::usage("refusing to bind non-loopback address without --allow-remote"));
@@ -108,15 +154,50 @@ fn read_password(path: &std::path::Path) -> Result<String, Failure> {
     Ok(s)
 }
 
+/// The workspace's credentials: the file's when it is trustworthy, else fresh ones (the file is
+/// replaced once the broker is bound). A file that cannot be trusted is named in a NOTE.
+fn workspace_creds(ctx: &Ctx, path: &std::path::Path) -> Result<Creds, Failure> {
+    if let Some(dir) = path.parent() {
+        cred::check_dir(dir).map_err(|e| Failure::runtime(format!("broker credentials: {}", text::one_line(&e))))?;
+    }
+    match cred::read(path) {
+        Ok(c) => return Ok(c),
+        Err(ReadError::Missing) => {}
+        Err(e) => {
+            ctx.diag(&format!("NOTE: broker: {}: {e}; generating new credentials in its place", text::show_path(path)))
+        }
+    }
+    Creds::generate(0).map_err(|e| Failure::runtime(format!("broker credentials: no random bytes ({e})")))
+}
+
+/// `max` lowered so that `max` connections fit the open-file limit (4 descriptors each, 64 kept
+/// for everything else), with a NOTE when it had to be lowered.
+fn fit_descriptor_limit(ctx: &Ctx, max: usize) -> usize {
+    let Some(limit) = sys::nofile_limit() else { return max };
+    let room = (usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(64) / broker::FDS_PER_CONNECTION).max(1);
+    if max <= room {
+        return max;
+    }
+    ctx.diag(&format!("NOTE: broker: max-connections lowered from {max} to {room} to fit the open-file limit {limit}"));
+    room
+}
+
 pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
         return Ok(0);
     };
-    let password = match &a.password_file {
-        Some(p) => Some(read_password(p)?),
-        None => None,
+    // The credentials: the operator's, none, or the workspace's (reused or generated).
+    let (username, password, cred_file) = match (&a.username, &a.password_file) {
+        (Some(u), Some(p)) => (Some(u.clone()), Some(read_password(p)?), None),
+        _ if a.allow_anonymous => (None, None, None),
+        _ => {
+            let path = cred::path(&paths::control_root(ctx)?);
+            let creds = workspace_creds(ctx, &path)?;
+            (Some(creds.username.clone()), Some(creds.password.expose().to_string()), Some((path, creds)))
+        }
     };
-    if a.allow_remote && !a.bind.is_loopback() && a.username.is_none() {
+    let max_connections = fit_descriptor_limit(ctx, a.max_connections);
+    if a.allow_remote && !a.bind.is_loopback() && username.is_none() {
         ctx.diag(&format!(
             "WARNING: remote access without authentication: anyone who can reach {} may publish and subscribe",
             a.bind
@@ -138,16 +219,29 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let cfg = BrokerConfig {
         bind: SocketAddr::new(a.bind, a.port),
         allow_remote: a.allow_remote,
-        username: a.username,
+        username,
         password,
         max_packet: a.max_packet,
         log: Some(log),
         record: false,
+        max_connections,
+        max_subscriptions: a.max_subscriptions,
+        max_retained_bytes: a.max_retained_bytes,
+        max_retained_message: a.max_retained_message,
         ..BrokerConfig::default()
     };
     let handle = broker::start(cfg).map_err(|e| Failure::runtime(text::one_line(&e.to_string())))?;
     let addr = handle.addr();
+    // The file names the bound port, and is in place before anyone is told the broker is up.
+    if let Some((path, creds)) = &cred_file {
+        let creds = Creds { port: addr.port(), ..creds.clone() };
+        cred::write(path, &creds)
+            .map_err(|e| Failure::runtime(format!("broker credentials: {}", text::one_line(&e))))?;
+    }
     ctx.say(&format!("mam broker listening on {addr}"));
+    if let Some((path, _)) = &cred_file {
+        ctx.say(&format!("credentials in {}", text::show_path(path)));
+    }
     while sys::pending_signal().is_none() {
         sys::sleep(Duration::from_millis(100));
     }

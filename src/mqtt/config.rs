@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::cred;
 use crate::ctx::{ChildRole, Ctx};
 use crate::knob::{self, ConfigError};
 
@@ -82,12 +83,21 @@ impl MqttConfig {
         let keepalive_s = u16::try_from(keepalive)
             .map_err(|_| ConfigError::var("MAM_MQTT_KEEPALIVE_S", "a decimal integer 1-65535"))?;
         let child_env = ctx.child_env_for(ChildRole::Tool);
+        let host = ctx.var_nonempty("MQTT_BROKER").unwrap_or_else(|| "127.0.0.1".into());
+        let mut username = ctx.var_nonempty("MQTT_USERNAME");
+        let mut password = ctx.var_nonempty("MQTT_PASSWORD").map(Secret);
+        if username.is_none() && password.is_none() && !tls && is_loopback(&host) {
+            if let Some(c) = workspace_creds(ctx, port) {
+                username = Some(c.username);
+                password = Some(Secret(c.password.expose().to_string()));
+            }
+        }
         Ok(MqttConfig {
-            host: ctx.var_nonempty("MQTT_BROKER").unwrap_or_else(|| "127.0.0.1".into()),
+            host,
             port,
             tls,
-            username: ctx.var_nonempty("MQTT_USERNAME"),
-            password: ctx.var_nonempty("MQTT_PASSWORD").map(Secret),
+            username,
+            password,
             ca_file: ctx.var_nonempty("MQTT_CA_FILE"),
             topic_root: ctx.var_nonempty("MQTT_TOPIC_ROOT").unwrap_or_else(|| "mam".into()),
             connect_timeout: Duration::from_secs(connect_s.into()),
@@ -178,6 +188,36 @@ impl MqttConfig {
     /// True when the host is an IP literal (A22: `-verify_ip` instead of `-servername`).
     pub fn host_is_ip(&self) -> bool {
         self.host.parse::<IpAddr>().is_ok()
+    }
+}
+
+/// True for a host that names this machine: `localhost`, `127.0.0.0/8`, `::1`.
+pub fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The embedded broker's generated credentials for `port` from the workspace's credential file
+/// (`<control root>/.mam/broker.cred`, issue 12 item 4), if it is there, trustworthy and names this
+/// port. An untrustworthy or broken file is ignored with one WARNING per file and process.
+fn workspace_creds(ctx: &Ctx, port: u16) -> Option<cred::Creds> {
+    // An untrusted control root (another user's) gives no credentials.
+    let path = cred::path(&crate::paths::control_root(ctx).ok()?);
+    match cred::read(&path) {
+        Ok(c) if c.port == port => Some(c),
+        Ok(_) | Err(cred::ReadError::Missing) => None,
+        Err(e) => {
+            static WARNED: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+            let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+            if !warned.contains(&path) {
+                warned.push(path.clone());
+                ctx.diag(&format!(
+                    "WARNING: {}: broker credentials ignored ({e}); connecting without them",
+                    crate::text::show_path(&path)
+                ));
+            }
+            None
+        }
     }
 }
 
@@ -415,5 +455,40 @@ mod tests {
         let long = client_id_from(Role::Dmn, u32::MAX, "abcdef");
         assert_eq!(long, "mam-dmn-94967295-abcdef");
         assert_eq!(long.len(), 23);
+    }
+
+    #[test]
+    fn workspace_credentials_are_used_only_for_a_loopback_plain_broker_on_their_port() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = std::env::temp_dir().join(format!("mam-cfg-cred-{}", crate::sys::random_hex(6).unwrap()));
+        let creds = cred::Creds::generate(1999).unwrap();
+        let file = cred::path(&root);
+        cred::write(&file, &creds).unwrap();
+        let at = |vars: &[(&str, &str)]| {
+            let c = Ctx::with_env(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())), &root);
+            let cfg = MqttConfig::from_ctx(&c).unwrap();
+            (cfg.username, cfg.password.map(|p| p.expose().to_string()), c.err.text())
+        };
+        let want = (Some("mam".to_string()), Some(creds.password.expose().to_string()), String::new());
+        assert_eq!(at(&[("MQTT_PORT", "1999")]), want);
+        assert_eq!(at(&[("MQTT_PORT", "1999"), ("MQTT_BROKER", "localhost")]), want);
+        for vars in [
+            &[("MQTT_PORT", "1883")][..],
+            &[("MQTT_PORT", "1999"), ("MQTT_BROKER", "10.0.0.9")],
+            &[("MQTT_PORT", "1999"), ("MQTT_TLS", "1")],
+        ] {
+            assert_eq!(at(vars), (None, None, String::new()), "{vars:?}");
+        }
+        // Configured credentials win: none of the file's is mixed in.
+        assert_eq!(at(&[("MQTT_PORT", "1999"), ("MQTT_USERNAME", "bob")]).1, None);
+        assert_eq!(at(&[("MQTT_PORT", "1999"), ("MQTT_PASSWORD", "pw")]).0, None);
+        // A file readable by others is ignored with one warning naming it, never its content.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let (u, p, err) = at(&[("MQTT_PORT", "1999")]);
+        assert_eq!((u, p), (None, None));
+        assert!(err.starts_with("WARNING: ") && err.contains("broker.cred") && err.contains("0640"), "{err}");
+        assert!(!err.contains(creds.password.expose()));
+        assert_eq!(at(&[("MQTT_PORT", "1999")]).2, "", "warned once per file");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

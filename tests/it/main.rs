@@ -23,6 +23,7 @@ mod registry;
 mod regress;
 mod remote;
 mod security;
+mod security_broker;
 mod security_wire;
 mod session;
 mod sign;

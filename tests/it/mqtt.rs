@@ -682,16 +682,13 @@ fn b4_embedded_drop_connections_fails_once_then_reconnects() {
     assert_eq!(got, vec![b"before".to_vec(), b"after".to_vec()]);
 }
 
-/// K1: `mam pub` and `mam sub` against `mam broker` run as a process, both started by the test.
+/// K1: `mam pub` and `mam sub` against `mam broker` run as a process, both started by the test in
+/// the same workspace: the clients find the broker's generated credentials with no configuration.
 #[test]
 fn k1_mam_pub_and_sub_against_mam_broker_process() {
     let td = TestDir::new("k1p");
-    let mut broker = Command::new(mam_bin())
-        .args(["broker", "--port", "0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut broker = td.mam().args(["broker", "--port", "0"]).cmd;
+    let mut broker = broker.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(broker.stdout.take().unwrap()), &mut line).unwrap();
     let port: u16 = line.trim().rsplit(':').next().unwrap().parse().unwrap_or_else(|_| panic!("{line}"));

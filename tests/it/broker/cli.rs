@@ -67,7 +67,8 @@ fn k1_mosquitto_clients_against_mam_broker() {
         return;
     }
     let td = TestDir::new("k1");
-    let b = BrokerProc::start(&td, &[]);
+    // The protocol subset with third-party clients; credentials are security_broker's business.
+    let b = BrokerProc::start(&td, &["--allow-anonymous"]);
     let port = b.port();
     // Retained, QoS 1 (mosquitto_pub exits 0 only after the PUBACK).
     for (t, m) in [("k1/a/x", "ax"), ("k1/b/x", "bx"), ("k1/b/y", "by")] {
@@ -132,7 +133,7 @@ fn mam_broker_auth_with_password_file_and_sigterm() {
 #[test]
 fn mam_broker_sigint_exits_0() {
     let td = TestDir::new("broker-int");
-    let mut b = BrokerProc::start(&td, &[]);
+    let mut b = BrokerProc::start(&td, &["--allow-anonymous"]);
     let _c = Raw::connect(b.addr, "held-open");
     mam::sys::kill(b.child.id() as i32, 2).unwrap();
     let status = exit_within(&mut b.child, WAIT).unwrap_or_else(|| panic!("mam broker ignored SIGINT for {WAIT:?}"));
@@ -159,6 +160,10 @@ fn cli_usage_errors() {
         &["broker", "--username", "u"],
         &["broker", "--max-packet", "10"],
         &["broker", "--password", "x"],
+        &["broker", "--allow-anonymous", "--username", "u", "--password-file", "/dev/null"],
+        &["broker", "--max-connections", "0"],
+        &["broker", "--max-subscriptions", "0"],
+        &["broker", "--max-retained-bytes", "-1"],
     ] {
         let r = td.mam().args(args).run();
         r.expect_rc(2);

@@ -41,7 +41,7 @@ fn wait_log(b: &BrokerHandle, needle: &str) {
 
 /// A packet from the broker, owned.
 #[derive(Debug, Clone, PartialEq)]
-enum Got {
+pub(crate) enum Got {
     Connack { session_present: bool, code: u8 },
     Suback(Vec<u8>),
     Unsuback,
@@ -52,13 +52,13 @@ enum Got {
 }
 
 #[derive(Debug, PartialEq)]
-enum Next {
+pub(crate) enum Next {
     Packet(Got),
     Closed,
     Timeout,
 }
 
-struct Raw {
+pub(crate) struct Raw {
     s: TcpStream,
     buf: Vec<u8>,
     pid: u16,
@@ -71,7 +71,13 @@ fn encode(p: &mqttrs::Packet) -> Vec<u8> {
     buf
 }
 
-fn connect_bytes(id: &str, keep_alive: u16, clean: bool, user: Option<&str>, pass: Option<&[u8]>) -> Vec<u8> {
+pub(crate) fn connect_bytes(
+    id: &str,
+    keep_alive: u16,
+    clean: bool,
+    user: Option<&str>,
+    pass: Option<&[u8]>,
+) -> Vec<u8> {
     encode(&mqttrs::Packet::Connect(mqttrs::Connect {
         protocol: mqttrs::Protocol::MQTT311,
         keep_alive,
@@ -92,21 +98,21 @@ fn qos_of(q: u8) -> QoS {
 }
 
 impl Raw {
-    fn open(addr: SocketAddr) -> Raw {
+    pub(crate) fn open(addr: SocketAddr) -> Raw {
         let s = TcpStream::connect_timeout(&addr, WAIT).unwrap();
         s.set_nodelay(true).unwrap();
         Raw { s, buf: Vec::new(), pid: 0 }
     }
 
     /// Connects with CleanSession=1 and keepalive 60, expecting CONNACK 0.
-    fn connect(addr: SocketAddr, id: &str) -> Raw {
+    pub(crate) fn connect(addr: SocketAddr, id: &str) -> Raw {
         let (r, code) = Raw::connect_with(addr, &connect_bytes(id, 60, true, None, None));
         assert_eq!(code, 0, "CONNACK for {id}");
         r
     }
 
     /// Sends `connect` as the first packet; returns the CONNACK code.
-    fn connect_with(addr: SocketAddr, connect: &[u8]) -> (Raw, u8) {
+    pub(crate) fn connect_with(addr: SocketAddr, connect: &[u8]) -> (Raw, u8) {
         let mut r = Raw::open(addr);
         r.send(connect);
         match r.next(WAIT) {
@@ -115,18 +121,18 @@ impl Raw {
         }
     }
 
-    fn send(&mut self, bytes: &[u8]) {
+    pub(crate) fn send(&mut self, bytes: &[u8]) {
         // A broker that already closed may reset the connection; the reads report it.
         let _ = self.s.write_all(bytes);
     }
 
-    fn next_pid(&mut self) -> u16 {
+    pub(crate) fn next_pid(&mut self) -> u16 {
         self.pid += 1;
         self.pid
     }
 
     /// The next packet within `within`, or Closed / Timeout.
-    fn next(&mut self, within: Duration) -> Next {
+    pub(crate) fn next(&mut self, within: Duration) -> Next {
         let deadline = Instant::now() + within;
         loop {
             if let Ok(Some(p)) = mqttrs::decode_slice(&self.buf) {
@@ -191,7 +197,7 @@ impl Raw {
     }
 
     /// The next packet, which must arrive within the default wait.
-    fn expect(&mut self) -> Got {
+    pub(crate) fn expect(&mut self) -> Got {
         match self.next(WAIT) {
             Next::Packet(p) => p,
             other => panic!("expected a packet, got {other:?}"),
@@ -199,7 +205,7 @@ impl Raw {
     }
 
     /// The next PUBLISH, acknowledging QoS 1 ones; returns a one-line description.
-    fn expect_publish(&mut self) -> String {
+    pub(crate) fn expect_publish(&mut self) -> String {
         match self.expect() {
             Got::Publish { topic, payload, qos, retain, pid } => {
                 if qos == 1 {
@@ -212,7 +218,7 @@ impl Raw {
     }
 
     /// Waits for the broker to close the connection.
-    fn expect_closed(&mut self, within: Duration) {
+    pub(crate) fn expect_closed(&mut self, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             match self.next(deadline.saturating_duration_since(Instant::now())) {
@@ -223,7 +229,7 @@ impl Raw {
         }
     }
 
-    fn subscribe(&mut self, filters: &[(&str, u8)]) -> Vec<u8> {
+    pub(crate) fn subscribe(&mut self, filters: &[(&str, u8)]) -> Vec<u8> {
         let pid = mqttrs::Pid::try_from(self.next_pid()).unwrap();
         let topics = filters
             .iter()
@@ -236,7 +242,7 @@ impl Raw {
         }
     }
 
-    fn unsubscribe(&mut self, filters: &[&str]) {
+    pub(crate) fn unsubscribe(&mut self, filters: &[&str]) {
         let pid = mqttrs::Pid::try_from(self.next_pid()).unwrap();
         let topics = filters.iter().map(|f| f.to_string()).collect();
         self.send(&encode(&mqttrs::Packet::Unsubscribe(mqttrs::Unsubscribe::new(pid, topics))));
@@ -244,7 +250,7 @@ impl Raw {
     }
 
     /// Publishes; for QoS 1 waits for the matching PUBACK.
-    fn publish(&mut self, topic: &str, payload: &[u8], qos: u8, retain: bool) {
+    pub(crate) fn publish(&mut self, topic: &str, payload: &[u8], qos: u8, retain: bool) {
         let pid = self.next_pid();
         let qospid = match qos {
             0 => mqttrs::QosPid::AtMostOnce,
