@@ -5,6 +5,13 @@
 //! Times are scaled down from the spec's (N=1 s, K=2..5, T=2..5 s); each test says how. Every wait
 //! polls a condition with a deadline; every process a test starts is killed and reaped (the harness
 //! kills the fake agents' process groups and the jobs' heartbeat timers on drop).
+//!
+//! Every 3.7 test whose behaviour can happen in a real herdr pane also runs there (`Backend::Herdr`: a
+//! private `HerdrHome` world, the embedded broker): the same fake agent, started by the real herdr
+//! through a `claude SCRIPT ...` wrapper, because a herdr pane inherits the server's environment
+//! (fixed at bootstrap) and not the creator's, so each session's script, and any per-session
+//! variable (`SCRIPT.env`), travels in argv. herdr_mam.rs has the delegations' verdicts side by side.
+//! Skips when herdr is absent, fails when `MAM_REQUIRE_HERDR=1`.
 
 use std::ffi::OsString;
 use std::fs;
@@ -15,8 +22,22 @@ use serde_json::Value;
 
 use crate::support::*;
 
-/// One world: a control root, a broker (or none), the fake pane backend, and the sessions in it.
+/// The pane backend of a world.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Backend {
+    Fake,
+    /// The real herdr (`HERDR_BIN` or PATH).
+    Herdr,
+}
+
+/// Both backends, for a test that runs on each.
+const BACKENDS: &[Backend] = &[Backend::Fake, Backend::Herdr];
+
+/// One world: a control root, a broker (or none), a pane backend, and the sessions in it.
 struct H {
+    /// The real herdr's world (dropped first: its server and every pane process end with it).
+    real: Option<HerdrHome>,
+    backend: Backend,
     td: TestDir,
     broker: Option<Broker>,
     root: PathBuf,
@@ -69,11 +90,52 @@ fn last_line(stdout: &str) -> (String, String, PathBuf) {
 
 impl H {
     fn new(name: &str, target: Target) -> Option<H> {
+        H::on(name, target, Backend::Fake)
+    }
+
+    /// A world on `backend`, or `None` (skip) when the broker or herdr is absent and not required.
+    fn on(name: &str, target: Target, backend: Backend) -> Option<H> {
         let td = TestDir::new(name);
         let broker = start_target(target, &td)?;
         let port = broker.port();
         let root = td.ws();
-        Some(H::build(td, Some(broker), port, root))
+        H::build(td, Some(broker), port, root).with(backend)
+    }
+
+    /// The world on the real herdr when `backend` says so (`None` when herdr is absent).
+    fn with(mut self, backend: Backend) -> Option<H> {
+        if backend == Backend::Fake {
+            return Some(self);
+        }
+        let home = HerdrHome::new(&self.td)?;
+        let wrapper = format!(
+            "#!/usr/bin/env bash\nexport MAM_FAKE_AGENT_SCRIPT=\"$1\"\n[ -f \"$1.env\" ] && {{ set -a; . \"$1.env\"; set +a; }}\nshift\nexec -a claude '{}' \"$@\"\n",
+            mam_bin().display()
+        );
+        let claude = home.bin.join("claude");
+        fs::write(&claude, wrapper).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
+        self.env.retain(|(k, _)| k != "MAM_PANE_BACKEND" && k != "MAM_FAKE_PANES_DIR");
+        self.env.extend(home.env());
+        for (k, v) in [
+            ("MAM_PANE_BACKEND", "herdr"),
+            ("MAM_SKS_QUIESCE_GAP_MS", "100"),
+            ("MAM_SKS_QUIESCE_S", "2"),
+            ("MAM_SKS_IDLE_WAIT_S", "10"),
+            ("SKS_DELIVERY_GRACE_S", "8"),
+            // herdr sees a dialog about 0.5 s after `agent start` returns (ORCH 1.5 step 7).
+            ("MAM_STARTUP_DIALOG_SETTLE_MS", "1000"),
+        ] {
+            self.env.push((k.into(), v.into()));
+        }
+        self.real = Some(home);
+        self.backend = backend;
+        Some(self)
+    }
+
+    fn real(&self) -> &HerdrHome {
+        self.real.as_ref().expect("a real herdr world")
     }
 
     /// A world with no broker at all (preflight and bad-input tests): MQTT_PORT names a closed port.
@@ -84,13 +146,13 @@ impl H {
     }
 
     /// A world whose control root is `rel` under the test directory (e.g. with a space).
-    fn at_root(name: &str, target: Target, rel: &str) -> Option<H> {
+    fn at_root(name: &str, target: Target, rel: &str, backend: Backend) -> Option<H> {
         let td = TestDir::new(name);
         let broker = start_target(target, &td)?;
         let port = broker.port();
         let root = td.path(rel);
         fs::create_dir_all(root.join(".mam")).unwrap();
-        Some(H::build(td, Some(broker), port, root))
+        H::build(td, Some(broker), port, root).with(backend)
     }
 
     fn build(td: TestDir, broker: Option<Broker>, port: u16, root: PathBuf) -> H {
@@ -105,7 +167,16 @@ impl H {
             ("MAM_MQTT_CONNECT_TIMEOUT_S".into(), "2".into()),
             ("MAM_AGENT_START_TIMEOUT_MS".into(), "20000".into()),
         ];
-        H { td, broker, root, env, agents: Default::default(), registries: Default::default() }
+        H {
+            real: None,
+            backend: Backend::Fake,
+            td,
+            broker,
+            root,
+            env,
+            agents: Default::default(),
+            registries: Default::default(),
+        }
     }
 
     fn mam(&self) -> Cmd {
@@ -132,6 +203,19 @@ impl H {
 
     fn create_with(&self, session: &str, script: &str, env: &[(&str, &str)]) -> String {
         let sp = self.td.write(&format!("{session}.script"), script);
+        if self.backend == Backend::Herdr {
+            // The wrapper exports `SCRIPT.env` for the agent (the creator's environment stops at
+            // the herdr server).
+            let vars: String = env.iter().map(|(k, v)| format!("{k}='{v}'\n")).collect();
+            self.td.write(&format!("{session}.script.env"), vars);
+            let r = self
+                .mam()
+                .args(["create", "claude", "--name", session, "--no-onboard", "--"])
+                .args([sp.as_os_str(), "test-double".as_ref(), "agent".as_ref()])
+                .run_within(Duration::from_secs(60));
+            r.expect_rc(0);
+            return r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string();
+        }
         let mut c = self
             .mam()
             .args(["create", "claude", "--name", session, "--no-onboard", "--", "test-double", "agent"])
@@ -152,7 +236,18 @@ impl H {
     }
 
     fn agent_pid(&self, pane: &str) -> i32 {
+        if self.backend == Backend::Herdr {
+            return self.real().agent_process(pane).0;
+        }
         fs::read_to_string(self.pane_dir(pane).join("pid")).unwrap().trim().parse().unwrap()
+    }
+
+    /// The agent in `pane` finished its first prompt (fake: its status file; herdr: its screen).
+    fn agent_done(&self, pane: &str) -> bool {
+        if self.backend == Backend::Herdr {
+            return self.real().herdr(&["pane", "read", pane, "--source", "recent"]).stdout().contains("prompt 1 done");
+        }
+        fs::read_to_string(self.pane_dir(pane).join("status")).is_ok_and(|s| s.trim() == "done")
     }
 
     fn task(&self, text: &str) -> PathBuf {
@@ -244,8 +339,10 @@ const FAST: &[&str] = &["--heartbeat", "1", "--heartbeat-misses", "3", "--ack-ti
 /// publishes land in the wrapper's registry and log root; the report comes back, exit 0.
 #[test]
 fn o3_7_1_paths_are_absolute_and_lines_run_anywhere() {
-    for &t in TARGETS {
-        let Some(h) = H::at_root("dj_paths", t, "control root") else { continue };
+    // Both brokers on the fake backend; the real herdr with the embedded one.
+    let worlds = TARGETS.iter().map(|&t| (t, Backend::Fake)).chain([(Target::Embedded, Backend::Herdr)]);
+    for (t, b) in worlds {
+        let Some(h) = H::at_root("dj_paths", t, "control root", b) else { continue };
         h.create("w1", "work_s=0.5\nreport_text=hello from the fake agent\n");
         let task = h.task("Say hello.\n");
         let r = h.delegate("w1", &task, FAST).run();
@@ -282,7 +379,13 @@ fn o3_7_1_paths_are_absolute_and_lines_run_anywhere() {
 /// 3.7 test 2: `MAM_JOBS_DIR=rel/jobs` from a subdirectory resolves against the control root.
 #[test]
 fn o3_7_2_relative_mam_jobs_dir_resolves_against_the_control_root() {
-    let Some(h) = H::new("dj_rel", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_rel", Target::Embedded, b) else { continue };
+        o3_7_2_body(&h);
+    }
+}
+
+fn o3_7_2_body(h: &H) {
     let sub = h.root.join("deep/sub");
     fs::create_dir_all(&sub).unwrap();
     let pane = h.create("w1", "work_s=0.2\n");
@@ -304,7 +407,13 @@ fn o3_7_2_relative_mam_jobs_dir_resolves_against_the_control_root() {
 /// `agent_blocked` (exit 3) and its later events are refused.
 #[test]
 fn o3_7_3_late_started_within_t_completes_and_after_t_is_refused() {
-    let Some(h) = H::new("dj_late", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_late", Target::Embedded, b) else { continue };
+        o3_7_3_body(&h);
+    }
+}
+
+fn o3_7_3_body(h: &H) {
     h.create("w1", "ack_delay_s=3\nwork_s=0.2\n");
     let task = h.task("t\n");
     let r = h.delegate("w1", &task, &["--heartbeat", "1", "--heartbeat-misses", "3", "--ack-timeout", "5"]).run();
@@ -318,9 +427,7 @@ fn o3_7_3_late_started_within_t_completes_and_after_t_is_refused() {
     assert_eq!(status, "agent_blocked");
     assert!(r.stderr().contains("no started within 2 s (ack timeout 2 s)"), "{}", r.stderr());
     // The agent goes on and reports; every late event is refused, the status stays.
-    wait_until("the fake agent to finish its prompt", Duration::from_secs(20), || {
-        fs::read_to_string(h.pane_dir(&pane).join("status")).is_ok_and(|s| s.trim() == "done")
-    });
+    wait_until("the fake agent to finish its prompt", Duration::from_secs(20), || h.agent_done(&pane));
     let rec = h.record(&jid);
     assert_eq!(rec["status"], "agent_blocked");
     let refused: Vec<Value> = h.audit(&jid).into_iter().filter(|e| e["kind"] == "refused").collect();
@@ -333,7 +440,13 @@ fn o3_7_3_late_started_within_t_completes_and_after_t_is_refused() {
 /// 3.7 test 4: a `started` in events.log carrying another dispatch token does not satisfy step 9.
 #[test]
 fn o3_7_4_started_with_another_token_does_not_count() {
-    let Some(h) = H::new("dj_token", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_token", Target::Embedded, b) else { continue };
+        o3_7_4_body(&h);
+    }
+}
+
+fn o3_7_4_body(h: &H) {
     h.create("w1", "never_start=1\n");
     let task = h.task("t\n");
     let mut bg = h.delegate("w1", &task, &["--ack-timeout", "3"]).spawn_bg(&h.td, "dj");
@@ -351,14 +464,25 @@ fn o3_7_4_started_with_another_token_does_not_count() {
 /// 3.7 test 5: when the deadline cuts T, the ack error names the budget actually applied.
 #[test]
 fn o3_7_5_ack_error_names_the_budget_cut_by_the_deadline() {
-    let Some(h) = H::new("dj_cut", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_cut", Target::Embedded, b) else { continue };
+        o3_7_5_body(&h);
+    }
+}
+
+fn o3_7_5_body(h: &H) {
     h.create("w1", "never_start=1\n");
     let task = h.task("t\n");
     let r = h.delegate("w1", &task, &["--timeout", "2", "--ack-timeout", "300"]).run();
     r.expect_rc(3);
     let (jid, status, _) = last_line(&r.stdout());
     assert_eq!(status, "agent_blocked");
-    assert!(r.stderr().contains("no started within 2 s (ack timeout 300 s cut by the job deadline)"), "{}", r.stderr());
+    // The budget left after the injection: 2 s on the fake backend, less where the injection itself
+    // takes time (the real herdr's idle handshake and quiescence).
+    let err = r.stderr();
+    let within = err.split("no started within ").nth(1).and_then(|t| t.split(' ').next()?.parse::<u64>().ok());
+    assert!(within.is_some_and(|n| n <= 2), "{err}");
+    assert!(err.contains(" s (ack timeout 300 s cut by the job deadline)"), "{err}");
     assert!(h.record(&jid)["reason"].as_str().unwrap().contains("cut by the job deadline"));
     assert!(r.elapsed < Duration::from_secs(10), "{:?}", r.elapsed);
 }
@@ -368,7 +492,13 @@ fn o3_7_5_ack_error_names_the_budget_cut_by_the_deadline() {
 /// closed `deadline_timeout` reason `deadline` at its deadline, and the wrapper ends soon after.
 #[test]
 fn o3_7_6_disk_heartbeats_and_slow_probes_end_at_the_deadline() {
-    let Some(h) = H::new("dj_slow", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_slow", Target::Embedded, b) else { continue };
+        o3_7_6_body(&h);
+    }
+}
+
+fn o3_7_6_body(h: &H) {
     h.create_with("w1", "work_s=60\n", &[("MAM_PUBLISH_BUDGET_S", "1")]);
     let Some(Broker::Embedded(b)) = &h.broker else { unreachable!() };
     b.stall_connack("mam-");
@@ -392,7 +522,13 @@ fn o3_7_6_disk_heartbeats_and_slow_probes_end_at_the_deadline() {
 /// disk do: the job is not closed for silence although the wire is quiet for longer than IDLE.
 #[test]
 fn o3_7_7_disk_heartbeats_keep_a_job_alive_when_the_wire_copy_is_late() {
-    let Some(h) = H::new("dj_diskbeat", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_diskbeat", Target::Embedded, b) else { continue };
+        o3_7_7_body(&h);
+    }
+}
+
+fn o3_7_7_body(h: &H) {
     h.create("w1", "work_s=5\n");
     let Some(Broker::Embedded(b)) = &h.broker else { unreachable!() };
     b.stall_connack("mam-hb-");
@@ -417,7 +553,13 @@ fn o3_7_7_disk_heartbeats_keep_a_job_alive_when_the_wire_copy_is_late() {
 /// later than IDLE + 2 s after the last evidence.
 #[test]
 fn o3_7_8_silence_closes_unresponsive_within_idle_plus_2() {
-    let Some(h) = H::new("dj_silence", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_silence", Target::Embedded, b) else { continue };
+        o3_7_8_body(&h);
+    }
+}
+
+fn o3_7_8_body(h: &H) {
     h.create("w1", "crash_after_s=1.5\nwork_s=60\n");
     let task = h.task("t\n");
     let r = h.delegate("w1", &task, FAST).run();
@@ -436,7 +578,13 @@ fn o3_7_8_silence_closes_unresponsive_within_idle_plus_2() {
 /// closed within the idle policy.
 #[test]
 fn o3_7_9_killing_the_agent_stops_its_heartbeat_and_closes_the_job() {
-    let Some(h) = H::new("dj_kill", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_kill", Target::Embedded, b) else { continue };
+        o3_7_9_body(&h);
+    }
+}
+
+fn o3_7_9_body(h: &H) {
     let pane = h.create("w1", "work_s=60\n");
     let task = h.task("t\n");
     let mut bg = h.delegate("w1", &task, FAST).spawn_bg(&h.td, "dj");
@@ -460,8 +608,10 @@ fn o3_7_9_killing_the_agent_stops_its_heartbeat_and_closes_the_job() {
 /// exit 5, well within the deadline.
 #[test]
 fn o3_7_10_broker_loss_after_started() {
-    for &t in TARGETS {
-        let Some(mut h) = H::new("dj_brokerloss", t) else { continue };
+    // Both brokers on the fake backend; the real herdr with the embedded one.
+    let worlds = TARGETS.iter().map(|&t| (t, Backend::Fake)).chain([(Target::Embedded, Backend::Herdr)]);
+    for (t, b) in worlds {
+        let Some(mut h) = H::on("dj_brokerloss", t, b) else { continue };
         h.create_with("w1", "work_s=3\n", &[("MAM_PUBLISH_BUDGET_S", "1")]);
         let task = h.task("t\n");
         let mut bg = h.delegate("w1", &task, FAST).spawn_bg(&h.td, "dj");
@@ -472,7 +622,7 @@ fn o3_7_10_broker_loss_after_started() {
         assert_eq!(rc, 0, "{}", bg.stderr());
         assert_eq!(last_line(&bg.stdout()).1, "completed");
 
-        let Some(mut h) = H::new("dj_brokerloss2", t) else { continue };
+        let Some(mut h) = H::on("dj_brokerloss2", t, b) else { continue };
         h.create_with("w2", "crash_after_s=1.5\nwork_s=60\n", &[("MAM_PUBLISH_BUDGET_S", "1")]);
         let mut bg = h.delegate("w2", &task, FAST).spawn_bg(&h.td, "dj");
         let jid = h.wait_job();
@@ -488,6 +638,9 @@ fn o3_7_10_broker_loss_after_started() {
 
 /// 3.7 test 11: an agent that never reports `working` (the submission is only accepted, not settled)
 /// but publishes `started` is not closed `agent_blocked`: its own `started` confirms delivery.
+/// On the real herdr this is the `quiet` session of herdr_mam.rs's
+/// `o3_7_delegations_on_real_herdr_give_the_contract_verdicts` (herdr really answers
+/// `agent_prompt_stalled` after 5 s, and the prompt is typed once), not repeated here.
 #[test]
 fn o3_7_11_no_working_status_but_started_is_not_blocked() {
     let Some(h) = H::new("dj_noworking", Target::Embedded) else { return };
@@ -503,7 +656,13 @@ fn o3_7_11_no_working_status_but_started_is_not_blocked() {
 /// 3.7 test 12: after an ack failure no subscriber process remains (it did run: its log exists).
 #[test]
 fn o3_7_12_no_subscriber_remains_after_an_ack_failure() {
-    let Some(h) = H::new("dj_reap", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_reap", Target::Embedded, b) else { continue };
+        o3_7_12_body(&h);
+    }
+}
+
+fn o3_7_12_body(h: &H) {
     h.create("w1", "never_start=1\n");
     let task = h.task("t\n");
     let mut bg = h.delegate("w1", &task, &["--ack-timeout", "2"]).spawn_bg(&h.td, "dj");
@@ -517,11 +676,18 @@ fn o3_7_12_no_subscriber_remains_after_an_ack_failure() {
 
 /// 3.7 test 13: `remote:NAME` with a runner on the test broker (random session and secret): no pane
 /// or herdr call, the brief has no Commands section (A12), the report is written locally, exit 0.
+/// With the real herdr on PATH (its calls cannot be logged): no herdr server comes up.
 #[test]
 fn o3_7_13_remote_session_through_a_runner() {
-    let Some(h) = H::new("dj_remote", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_remote", Target::Embedded, b) else { continue };
+        o3_7_13_body(&h);
+    }
+}
+
+fn o3_7_13_body(h: &H) {
     let session = format!("r{}", rand_hex(4));
-    // A herdr on PATH that records any call: there must be none.
+    // A herdr on PATH that records any call: there must be none. Or the real one.
     let bin = h.td.path("bin");
     fs::create_dir_all(&bin).unwrap();
     let herdr_log = h.td.path("herdr-calls.log");
@@ -529,7 +695,10 @@ fn o3_7_13_remote_session_through_a_runner() {
     fs::write(bin.join("herdr"), script).unwrap();
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(bin.join("herdr"), fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let path = match h.env.iter().find(|(k, _)| k == "PATH") {
+        Some((_, p)) if h.backend == Backend::Herdr => p.to_string_lossy().into_owned(),
+        _ => format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default()),
+    };
     let runner_reg = h.td.path("runner/jobs");
     h.registries.borrow_mut().push(runner_reg.clone());
     let exec = r#"grep -q 'Say hello remotely' "$MAM_BRIEF_FILE" && printf 'remote report\nVERDICT: PASS\n' > "$MAM_REPORT_FILE""#;
@@ -560,12 +729,22 @@ fn o3_7_13_remote_session_through_a_runner() {
     assert!(!herdr_log.exists(), "herdr was called: {}", fs::read_to_string(&herdr_log).unwrap_or_default());
     let (rc, _) = runner.wait(Duration::from_secs(20));
     assert_eq!(rc, 0, "{}", runner.stderr());
+    if h.backend == Backend::Herdr {
+        assert!(!h.real().answers(), "a herdr server was bootstrapped");
+        assert!(h.real().processes().is_empty(), "{:?}", h.real().processes());
+    }
 }
 
 /// 3.7 test 14 (A24): while a job runs, no process's argv contains the brief's text.
 #[test]
 fn o3_7_14_brief_text_never_in_any_argv() {
-    let Some(h) = H::new("dj_argv", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_argv", Target::Embedded, b) else { continue };
+        o3_7_14_body(&h);
+    }
+}
+
+fn o3_7_14_body(h: &H) {
     h.create("w1", "work_s=2\n");
     let marker = format!("MARKER-{}", rand_hex(8));
     let task = h.task(&format!("Find {marker} and report it.\n"));
@@ -591,7 +770,13 @@ fn o3_7_14_brief_text_never_in_any_argv() {
 /// 3.7 test 15: stopping the target session cancels the job; delegate-job exits 6.
 #[test]
 fn o3_7_15_stopping_the_session_exits_6() {
-    let Some(h) = H::new("dj_stop", Target::Embedded) else { return };
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_stop", Target::Embedded, b) else { continue };
+        o3_7_15_body(&h);
+    }
+}
+
+fn o3_7_15_body(h: &H) {
     h.create("w1", "work_s=30\n");
     let task = h.task("t\n");
     let mut bg = h.delegate("w1", &task, FAST).spawn_bg(&h.td, "dj");

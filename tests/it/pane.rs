@@ -4,6 +4,12 @@
 //! mock's state shape (herdr's field names and ids, a split tree per workspace).
 //! Test 11 runs one contract suite (tests 4-8 where applicable) over the fake backend always and over
 //! real tmux when it is installed (required under MAM_REQUIRE_TMUX=1), on a random socket per test.
+//!
+//! On the real herdr (a private `HerdrHome` world; skipped when herdr is absent, required under
+//! MAM_REQUIRE_HERDR=1): test 11 (the contract suite, which carries tests 4, 5, 7 and 8 there), tests
+//! 1 and 2 (the server's own `/proc/<pid>/environ`), 6 (labels from `herdr workspace list`) and 9 (two
+//! servers of one world); test 10 and the 1.5 grid are in herdr_mam.rs. What only the mock's argv log
+//! or injected answers can show stays mock-only; each such test says why.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -142,6 +148,7 @@ const DENIED: &[&str] = &[
 // ---------------------------------------------------------------------------------------------
 // ORCH 1.9 tests 1-10 (mock herdr)
 
+/// On the real herdr: `o1_9_1_2_real_herdr_no_autostart_then_bootstrap_env_denylist`.
 #[test]
 fn o1_9_1_bootstrap_env_denylist() {
     let m = Mock::new("o1_9_1", json!({"running": false}));
@@ -168,6 +175,7 @@ fn o1_9_1_bootstrap_env_denylist() {
     assert_eq!(m.state()["running"], true);
 }
 
+/// Mock only: the real herdr cannot be made to answer `agent list` with garbage.
 #[test]
 fn o1_9_1_bootstrap_only_on_structured_server_not_running() {
     // An unrelated failure of the list is not a reason to start a server.
@@ -178,6 +186,7 @@ fn o1_9_1_bootstrap_only_on_structured_server_not_running() {
     assert!(m.calls_of(&["--session"]).is_empty());
 }
 
+/// On the real herdr: `o1_9_1_2_real_herdr_no_autostart_then_bootstrap_env_denylist`.
 #[test]
 fn o1_9_2_no_autostart_never_spawns_a_server() {
     for where_ in ["server_not_running_stdout", "server_not_running_stderr"] {
@@ -201,6 +210,9 @@ fn o1_9_2_no_autostart_never_spawns_a_server() {
     }
 }
 
+/// Mock only: the real herdr cannot be made to print garbage or an unrelated error document. The
+/// Confirmed half (the exact `ls` line of a live agent) is checked on the real herdr in
+/// `o1_9_9_real_herdr_cross_server_calls_reach_the_rows_server`.
 #[test]
 fn o1_9_3_ls_error_document_or_garbage_is_state_unknown() {
     for inject in ["error_doc", "error_doc_exit1", "garbage"] {
@@ -227,6 +239,9 @@ fn o1_9_3_ls_error_document_or_garbage_is_state_unknown() {
     assert_eq!(v[0]["name"], "a1");
 }
 
+/// The split arguments are the mock log's. On the real herdr the packing is the contract suite's
+/// (`o1_9_11_contract_real_herdr`) and the geometry herdr_mam.rs's
+/// `o1_5_one_to_six_agents_fill_the_grid_of_real_herdr` (read from `pane layout`).
 #[test]
 fn o1_9_4_packing_six_agents_give_four_and_two() {
     let m = Mock::new("o1_9_4", json!({"running": true}));
@@ -252,6 +267,8 @@ fn o1_9_4_packing_six_agents_give_four_and_two() {
     assert_eq!(m.sizes(), [4, 2, 1]);
 }
 
+/// "No split or create call" is the mock log's; on the real herdr the reuse of the second
+/// workspace's idle pane is the contract suite's (`o1_9_11_contract_real_herdr`, agent b0).
 #[test]
 fn o1_9_5_idle_pane_in_second_workspace_is_reused() {
     let m = Mock::new("o1_9_5", json!({}));
@@ -270,6 +287,7 @@ fn o1_9_5_idle_pane_in_second_workspace_is_reused() {
     assert!(m.calls_of(&["workspace", "create"]).is_empty());
 }
 
+/// On the real herdr: `o1_9_6_real_herdr_ws_label_renames_only_the_chosen_workspace`.
 #[test]
 fn o1_9_6_ws_label_renames_only_the_chosen_workspace() {
     let m = Mock::new("o1_9_6", json!({}));
@@ -300,6 +318,9 @@ fn o1_9_6_ws_label_renames_only_the_chosen_workspace() {
     assert_eq!(m.calls_of(&["workspace", "rename"]).len(), 1);
 }
 
+/// The `--env` flags of the split/create calls are the mock log's. On the real herdr the contract
+/// suite (`o1_9_11_contract_real_herdr`, agent c0) checks what they are for: the idle pane is not used,
+/// the agent sees MY_TEST_FLAG, and its argv is the bare command (no `env`, no K=V).
 #[test]
 fn o1_9_7_env_flags_travel_only_as_env_on_create_or_split() {
     let m = Mock::new("o1_9_7", json!({}));
@@ -361,6 +382,10 @@ fn started_line(token: &str) -> String {
     json!({"event": "started", "attempt": 1, "dispatch_token": token}).to_string()
 }
 
+/// Injected prompt results are the mock's. On the real herdr the contract suite
+/// (`o1_9_11_contract_real_herdr`) checks a stalled prompt confirmed by the job's `started` (0), one
+/// never confirmed although the screen changed (4, typed once) and an unknown target (3); herdr_mam.rs
+/// a settled prompt (the `ok` delegation) and a pane closed mid-prompt (the transport lost: 3 or 4).
 #[test]
 fn o1_9_8_send_keys_safe_outcomes() {
     let case = |name: &str, inject: Value, agent_status: &str, never_working: bool| -> (Mock, PathBuf) {
@@ -429,6 +454,7 @@ fn o1_9_8_send_keys_safe_outcomes() {
     assert!(m.calls_of(&["agent", "prompt"]).is_empty());
 }
 
+/// On the real herdr: `o1_9_9_real_herdr_cross_server_calls_reach_the_rows_server`.
 #[test]
 fn o1_9_9_cross_server_calls_carry_the_rows_server() {
     let m = Mock::new("o1_9_9", json!({}));
@@ -454,6 +480,7 @@ fn o1_9_9_cross_server_calls_carry_the_rows_server() {
     }
 }
 
+/// On the real herdr: herdr_mam.rs's `o1_9_10_startup_dialog_is_answered_on_real_herdr`.
 #[test]
 fn o1_9_10_blocked_agent_gets_enter_at_most_three_times() {
     let m = Mock::new("o1_9_10", json!({"running": true, "inject": {"start_status": "blocked"}}));
@@ -679,6 +706,10 @@ fn contract_suite(h: &Harness) {
     assert_eq!(kv(&out, "REUSED"), "0");
     assert_ne!(kv(&out, "PANE"), placed[4].0);
     assert_eq!(kv(&out, "WORKSPACE"), placed[4].1, "the second workspace still has room");
+    if let Some(home) = &h.herdr {
+        // Test 7 on the real herdr: the env went to the pane, never into the agent's argv.
+        assert_eq!(home.agent_process(&kv(&out, "PANE")).1, ["claude", "test-double", "agent"]);
+    }
     h.brief(&reg, "tok1");
     h.sks("c0", &reg, stalled).expect_rc(0);
     wait_until("c0 flag", Duration::from_secs(10), || {
@@ -752,6 +783,164 @@ fn o1_9_11_contract_tmux_backend() {
 fn o1_9_11_contract_real_herdr() {
     let Some(h) = Harness::herdr("o1_9_11_herdr") else { return };
     contract_suite(&h);
+}
+
+/// ORCH 1.9 tests 2 and 1 on the real herdr, in one world: with no server, `MAM_NO_AUTOSTART=1`
+/// commands start none (`ls` says `NOTE: no server running`, exit 1); then the server mam bootstraps
+/// has, in its own `/proc/<pid>/environ`, none of the denylisted markers and no HERDR_SOCKET_PATH,
+/// but the user's CLAUDE_PROJECT_DIR.
+#[test]
+fn o1_9_1_2_real_herdr_no_autostart_then_bootstrap_env_denylist() {
+    let Some(h) = Harness::herdr("o1_9_12_herdr") else { return };
+    let home = h.herdr.as_ref().unwrap();
+    let proj = h.td.path("proj");
+    fs::create_dir_all(&proj).unwrap();
+    // Test 2.
+    let r = h.pane(&["ls"]).run();
+    r.expect_rc(1);
+    assert_eq!(r.stderr().trim(), "NOTE: no server running");
+    assert_eq!(r.stdout(), "");
+    assert_eq!(h.status("a1"), "absent");
+    let r = h
+        .pane(&["new-session", "--agent", "claude", "--name", "a1", "--cwd", proj.to_str().unwrap()])
+        .env("MAM_NO_AUTOSTART", "1")
+        .run();
+    r.expect_rc(1);
+    let want = format!("server {} not running (MAM_NO_AUTOSTART=1)", home.session);
+    assert!(r.stderr().contains(&want), "{}", r.stderr());
+    let mut st = h.td.mam();
+    for (k, v) in &h.env {
+        st = st.env(k, v);
+    }
+    st.args(["status"]).run().expect_rc(0);
+    assert!(!home.answers(), "a server was started");
+    assert!(home.processes().is_empty(), "{:?}", home.processes());
+    // Test 1.
+    let mut c = h
+        .pane(&["server-start"])
+        .env("CLAUDE_PROJECT_DIR", "/proj/cfg")
+        .env("HERDR_SOCKET_PATH", "/tmp/a.sock")
+        .env("HERDR_SESSION", "other");
+    for d in DENIED {
+        c = c.env(d, "marker");
+    }
+    let r = c.run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout().trim(), format!("SERVER={}", home.session));
+    let servers: Vec<i32> = home
+        .processes()
+        .into_iter()
+        .filter(|(_, a)| a.contains(&format!("--session {} server", home.session)))
+        .map(|p| p.0)
+        .collect();
+    assert_eq!(servers.len(), 1, "exactly one server: {:?}", home.processes());
+    let env = environ(servers[0]);
+    let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+    for d in DENIED {
+        assert!(!names.contains(d), "{d} reached the bootstrapped server");
+    }
+    assert!(!names.contains(&"HERDR_SOCKET_PATH"), "{names:?}");
+    assert!(env.iter().any(|(k, v)| k == "CLAUDE_PROJECT_DIR" && v == "/proj/cfg"), "{names:?}");
+    let log = h.td.ws().join(format!(".mam/logs/herdr-server-{}.log", home.session));
+    assert!(log.is_file(), "{}", log.display());
+    assert!(home.answers());
+}
+
+/// ORCH 1.9 test 6 on the real herdr: two workspaces of one cwd, the first full (four panes whose
+/// foreground is not a shell), the second with room: the agent placed with `MAM_WS_LABEL` renames the
+/// second only; once both are full, the workspace created for the next one carries the label and
+/// nothing else is renamed (labels from `herdr workspace list`).
+#[test]
+fn o1_9_6_real_herdr_ws_label_renames_only_the_chosen_workspace() {
+    let Some(h) = Harness::herdr("o1_9_6_herdr") else { return };
+    let home = h.herdr.as_ref().unwrap();
+    let proj = h.td.path("proj");
+    fs::create_dir_all(&proj).unwrap();
+    let dir = fs::canonicalize(&proj).unwrap().to_string_lossy().into_owned();
+    h.pane(&["server-start"]).run().expect_rc(0);
+    h.td.write("agent.script", "report_working=0\n");
+    // A pane busy with `sleep` (neither an agent nor an idle shell).
+    let busy = |pane: &str| {
+        home.herdr(&["pane", "run", pane, "sleep 600"]).expect_rc(0);
+        wait_until(&format!("sleep in {pane}"), Duration::from_secs(10), || {
+            home.pane_processes(pane).iter().any(|(_, a)| a.first().is_some_and(|a0| a0 == "sleep"))
+        });
+    };
+    let workspace = |label: &str| -> String {
+        let v = home.herdr_json(&["workspace", "create", "--cwd", &dir, "--label", label, "--no-focus"]);
+        v["result"]["root_pane"]["pane_id"].as_str().unwrap_or_else(|| panic!("{v}")).to_string()
+    };
+    let split = |pane: &str, d: &str| -> String {
+        let v = home.herdr_json(&["pane", "split", pane, "--direction", d, "--cwd", &dir, "--no-focus"]);
+        v["result"]["pane"]["pane_id"].as_str().unwrap_or_else(|| panic!("{v}")).to_string()
+    };
+    let p1 = workspace("one");
+    let p2 = split(&p1, "right");
+    let p3 = split(&p1, "down");
+    let p4 = split(&p2, "down");
+    for p in [&p1, &p2, &p3, &p4] {
+        busy(p);
+    }
+    let q1 = workspace("two");
+    busy(&q1);
+    let labels = || home.workspaces().into_iter().map(|w| w.1).collect::<Vec<_>>();
+    assert_eq!(labels(), ["one", "two"]);
+    let r = h.pane(&["new-session", "--agent", "claude", "--name", "a6", "--cwd", &dir, "--", "test-double", "agent"]);
+    let r = r.env("MAM_WS_LABEL", "lbl").run();
+    r.expect_rc(0);
+    assert_eq!(kv(&r.stdout(), "WORKSPACE"), home.workspaces()[1].0, "{}", r.stdout());
+    assert_eq!(labels(), ["one", "lbl"], "only the chosen workspace is renamed");
+    // Both full: a created workspace carries the label and nothing is renamed.
+    let a6 = kv(&r.stdout(), "PANE");
+    let q3 = split(&q1, "down");
+    let q4 = split(&a6, "down");
+    busy(&q3);
+    busy(&q4);
+    let r = h.pane(&["new-session", "--agent", "claude", "--name", "a9", "--cwd", &dir, "--", "test-double", "agent"]);
+    r.env("MAM_WS_LABEL", "new").run().expect_rc(0);
+    assert_eq!(labels(), ["one", "lbl", "new"]);
+}
+
+/// ORCH 1.9 test 9 on the real herdr: a caller that sits in server A (its HERDR_SESSION and
+/// HERDR_SOCKET_PATH) operating on a row of server B reaches B for every call: B's agent is listed,
+/// its status read, a prompt delivered and its pane closed, while A never sees it. (Were A's socket
+/// or session used, none of these would find the agent.) Also 1.9 test 3's Confirmed half: the `ls`
+/// line of a live agent.
+#[test]
+fn o1_9_9_real_herdr_cross_server_calls_reach_the_rows_server() {
+    let Some(h) = Harness::herdr("o1_9_9_herdr") else { return };
+    let home = h.herdr.as_ref().unwrap();
+    let b = home.session.clone();
+    let a = format!("mam-a-{}", rand_hex(3));
+    h.pane(&["server-start", "--server", &a]).run().expect_rc(0);
+    let proj = h.td.path("proj");
+    fs::create_dir_all(&proj).unwrap();
+    let pane = kv(&h.start("a1", proj.to_str().unwrap(), &[]), "PANE");
+    let sock = home.config.join("herdr/sessions").join(&a).join("herdr.sock");
+    assert!(sock.exists(), "{}", sock.display());
+    let caller = |args: &[&str]| h.pane(args).env("HERDR_SOCKET_PATH", &sock).env("HERDR_SESSION", &a);
+    let r = caller(&["ls", "--server", &b]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), format!("a1\t{pane}\tclaude\tidle\n"));
+    let r = caller(&["ls", "--server", &b, "--json"]).run();
+    r.expect_rc(0);
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(v[0]["name"], "a1");
+    let r = caller(&["status", "--target", "a1", "--server", &b]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout().trim(), "idle");
+    let pf = h.td.write("prompt.txt", "hello\n");
+    let r = caller(&["send-keys-safe", "--target", "a1", "--server", &b, "--prompt-file"]).args([&pf]).run();
+    r.expect_rc(0);
+    wait_until("the prompt reached B's agent", Duration::from_secs(10), || {
+        home.herdr(&["pane", "read", &pane, "--source", "recent"]).stdout().contains("prompt 1: hello")
+    });
+    caller(&["close", "--pane", &pane, "--server", &b]).run().expect_rc(0);
+    assert!(!home.pane_ids().contains(&pane), "B's pane was closed");
+    // Server A never saw the agent.
+    let r = h.pane(&["ls", "--server", &a]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), "");
 }
 
 #[test]

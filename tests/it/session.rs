@@ -4,6 +4,13 @@
 //! for reconcile) runs against the MOCK herdr (`mam test-double herdr`, compared with the real herdr
 //! by `herdr_contract.rs`); the main flow (create -> status -> stop -> resume) and the "pane not at a
 //! shell" refusal also run on real tmux with a random socket per test, killed on drop.
+//!
+//! Every 2.8 test whose behaviour can happen on a real herdr also runs on one (`Kind::RealHerdr`: a
+//! private `HerdrHome` world whose server mam bootstraps before the test's first call, so the
+//! per-call environment of later calls never becomes the server's). There the mock's argv log is
+//! replaced by what the real herdr shows: `/proc/<agent>/environ` for `--env` forwarding, the agent's
+//! argv for bare start arguments, `herdr workspace list` / `pane list` for mutations and labels.
+//! Skips when herdr is absent, fails when `MAM_REQUIRE_HERDR=1`.
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
@@ -19,15 +26,23 @@ use crate::support::*;
 // ---------------------------------------------------------------------------------------------
 // Harness
 
-#[derive(PartialEq)]
+#[derive(PartialEq, Clone, Copy, Debug)]
 enum Kind {
     Fake,
     Tmux,
+    /// The MOCK herdr.
     Herdr,
+    /// The real herdr (`HERDR_BIN` or PATH), in a private world.
+    RealHerdr,
 }
+
+/// The variables of a control-plane binding (2.3 step 3).
+const BINDING: &[&str] = &["WORKSPACE_ROOT", "AGENT_SESSIONS_YAML", "MAM_JOBS_DIR", "DELEGATE_JOB_LOGS_DIR"];
 
 /// One backend under test with its environment; kills what it started on drop.
 struct S {
+    /// The real herdr's world (dropped first: its server and every pane process end with it).
+    real: Option<HerdrHome>,
     td: TestDir,
     kind: Kind,
     env: Vec<(String, OsString)>,
@@ -57,6 +72,14 @@ fn kill_tmux(sock: &str) {
 
 impl S {
     fn new(kind: Kind, name: &str) -> S {
+        S::on(kind, name).unwrap_or_else(|| panic!("no {kind:?} backend"))
+    }
+
+    /// The world of `kind`, or `None` (skip) when that backend is absent and not required.
+    fn on(kind: Kind, name: &str) -> Option<S> {
+        if kind == Kind::Tmux && !have_tool("tmux", "MAM_REQUIRE_TMUX") {
+            return None;
+        }
         let td = TestDir::new(name);
         let bin = td.path("bin");
         fs::create_dir_all(&bin).unwrap();
@@ -74,6 +97,7 @@ impl S {
             ("MAM_PUBLISH_BUDGET_S".into(), "1".into()),
         ];
         let mut tmux = None;
+        let mut real = None;
         match kind {
             Kind::Fake => {
                 env.push(("MAM_PANE_BACKEND".into(), "fake".into()));
@@ -98,9 +122,79 @@ impl S {
                 env.push(("MAM_MOCK_WAIT_CAP_MS".into(), "1000".into()));
                 td.write("mock-state.json", json!({"running": true}).to_string());
             }
+            Kind::RealHerdr => {
+                let home = HerdrHome::new(&td)?;
+                home.link("claude", &mam_bin());
+                env.retain(|(k, _)| k != "PATH" && k != "MAM_STARTUP_DIALOG_SETTLE_MS");
+                env.extend(home.env());
+                env.push(("MAM_PANE_BACKEND".into(), "herdr".into()));
+                // herdr sees a dialog about 0.5 s after `agent start` returns (ORCH 1.5 step 7).
+                env.push(("MAM_STARTUP_DIALOG_SETTLE_MS".into(), "1000".into()));
+                real = Some(home);
+            }
         }
         td.write("agent.script", "");
-        S { td, kind, env, tmux }
+        let s = S { real, td, kind, env, tmux };
+        if kind == Kind::RealHerdr {
+            // The server is mam's (its bootstrap, 1.3), started with the harness environment only.
+            s.mam(["pane", "server-start"]).run().expect_rc(0);
+        }
+        Some(s)
+    }
+
+    /// The real herdr world (a panic on another kind).
+    fn real(&self) -> &HerdrHome {
+        self.real.as_ref().expect("a real herdr world")
+    }
+
+    /// The real-herdr variant of a test, or `None` (skip) when herdr is absent and not required.
+    fn real_herdr(name: &str) -> Option<S> {
+        S::on(Kind::RealHerdr, name)
+    }
+
+    /// `backend/server` as `status` prints it.
+    fn backend_server(&self) -> String {
+        match self.kind {
+            Kind::Fake => "fake/fake".into(),
+            Kind::Tmux => format!("tmux/{}", self.tmux.as_deref().unwrap()),
+            Kind::Herdr => "herdr/multi-agent-mux".into(),
+            Kind::RealHerdr => format!("herdr/{}", self.real().session),
+        }
+    }
+
+    /// The backend's panes (fake pane directories, or the real herdr's `pane list`).
+    fn panes(&self) -> Vec<String> {
+        match self.kind {
+            Kind::Fake => self.fake_panes(),
+            Kind::RealHerdr => self.real().pane_ids(),
+            Kind::Tmux => self.tmux_panes(),
+            Kind::Herdr => panic!("the mock's panes are in its state"),
+        }
+    }
+
+    /// The binding variables the agent in `pane` sees (fake: the pane's env file; real herdr: the
+    /// agent process's environment), as a JSON object.
+    fn pane_env(&self, pane: &str) -> Value {
+        match self.kind {
+            Kind::RealHerdr => {
+                let (pid, _) = self.real().agent_process(pane);
+                let env = environ(pid);
+                let mut m = serde_json::Map::new();
+                for (k, v) in env.into_iter().filter(|(k, _)| BINDING.contains(&k.as_str())) {
+                    m.insert(k, Value::String(v));
+                }
+                Value::Object(m)
+            }
+            _ => self.fake_env(pane),
+        }
+    }
+
+    /// The live agent processes of the backend.
+    fn live_agents(&self) -> usize {
+        match self.kind {
+            Kind::RealHerdr => self.real().processes().iter().filter(|(_, a)| a.starts_with("claude ")).count(),
+            _ => self.live_fake_agents().len(),
+        }
     }
 
     fn fake(name: &str) -> S {
@@ -283,8 +377,8 @@ fn root_binding(td: &TestDir) -> Value {
 
 #[test]
 fn o2_8_1_create_from_control_root_records_binding_without_forwarding() {
-    for kind in [Kind::Fake, Kind::Herdr] {
-        let h = S::new(kind, "o2_8_1");
+    for kind in [Kind::Fake, Kind::Herdr, Kind::RealHerdr] {
+        let Some(h) = S::on(kind, "o2_8_1") else { continue };
         let r = h.create(&[]).run();
         r.expect_rc(0);
         let out = r.stdout();
@@ -306,14 +400,19 @@ fn o2_8_1_create_from_control_root_records_binding_without_forwarding() {
             let after: Vec<&String> = start.iter().skip_while(|a| *a != "--").skip(1).collect();
             assert_eq!(after, ["test-double", "agent"], "bare agent args: {start:?}");
         } else {
-            let panes = h.fake_panes();
+            let panes = h.panes();
             assert_eq!(panes.len(), 1);
-            assert_eq!(h.fake_env(&panes[0]), json!({}), "nothing forwarded");
+            assert_eq!(h.pane_env(&panes[0]), json!({}), "nothing forwarded");
+            if h.kind == Kind::RealHerdr {
+                // The agent's own argv is the bare command: nothing after `--` of `agent start`
+                // but the agent's arguments.
+                assert_eq!(h.real().agent_process(&panes[0]).1, ["claude", "test-double", "agent"]);
+            }
             // Default names take the lowest free suffix.
             h.create(&[]).run().expect_rc(0);
             h.row("claude-02");
             h.mam(["stop", "claude-01", "claude-02"]).run().expect_rc(0);
-            assert!(h.live_fake_agents().is_empty());
+            assert_eq!(h.live_agents(), 0);
         }
     }
 }
@@ -355,13 +454,29 @@ fn o2_8_2_worktree_create_forwards_all_four_on_pane_creation() {
     h.mam(["stop", "wa", "wb"]).run().expect_rc(0);
     assert_eq!(h.calls_of(&["pane", "close"]).len(), 2);
     assert_eq!(h.mock_state()["agents"], json!([]));
-    // Same over the fake backend: the pane's environment holds the four.
-    let f = S::fake("o2_8_2f");
-    let wt = worktree(&f.td, "wt");
-    f.create(&["--workspace", &s(&wt)]).run().expect_rc(0);
-    let env = f.fake_env(&f.fake_panes()[0]);
-    assert_eq!(env["MAM_JOBS_DIR"], root_binding(&f.td)["mam_jobs_dir"]);
-    assert_eq!(env.as_object().unwrap().len(), 4);
+    // Same over the fake backend and the real herdr: the agent's environment holds the four, in a
+    // fresh pane (workspace create) and in a split one (packing), and its argv no K=V.
+    for kind in [Kind::Fake, Kind::RealHerdr] {
+        let Some(f) = S::on(kind, "o2_8_2f") else { continue };
+        let wt = worktree(&f.td, "wt");
+        let b = root_binding(&f.td);
+        let want = json!({
+            "WORKSPACE_ROOT": b["workspace_root"], "AGENT_SESSIONS_YAML": b["agent_sessions_yaml"],
+            "MAM_JOBS_DIR": b["mam_jobs_dir"], "DELEGATE_JOB_LOGS_DIR": b["delegate_job_logs_dir"],
+        });
+        for n in ["wa", "wb"] {
+            let r = f.create(&["--name", n, "--workspace", &s(&wt)]).run();
+            r.expect_rc(0);
+            let pane = kv(&r.stdout(), "PANE");
+            assert_eq!(f.pane_env(&pane), want, "{kind:?} {n}");
+            if kind == Kind::RealHerdr {
+                assert!(!f.real().agent_process(&pane).1.iter().any(|a| a.contains('=')), "no K=V in argv");
+            }
+        }
+        assert_eq!(f.panes().len(), 2);
+        f.mam(["stop", "wa", "wb"]).run().expect_rc(0);
+        assert!(f.panes().is_empty(), "{kind:?}: both panes closed");
+    }
 }
 
 #[test]
@@ -385,11 +500,34 @@ fn o2_8_3_whitespace_in_a_forwarded_binding_is_refused_not_otherwise() {
     assert!(creates[0].windows(2).any(|w| w == ["--label", "lab"]), "{:?}", creates[0]);
     let doc: Value = serde_json::from_slice(&fs::read(root.join(".mam/agent_sessions.json")).unwrap()).unwrap();
     assert_eq!(doc["herdr_sessions"][0]["control_plane"]["workspace_root"], s(&root));
+    // The real herdr: no workspace or pane appears for the refusal; the control root with a space
+    // gets a workspace with the label and an agent without forwarded variables.
+    let Some(h) = S::real_herdr("o2_8_3r") else { return };
+    let r = h.create(&["--name", "sp"]).env("MAM_JOBS_DIR", h.td.path("with space/jobs")).run();
+    r.expect_rc(2);
+    assert!(r.stderr().starts_with("REFUSED: create: the binding must be forwarded"), "{}", r.stderr());
+    assert!(h.real().workspaces().is_empty(), "no herdr mutation: {:?}", h.real().workspaces());
+    assert!(!h.file().exists(), "no row");
+    let root = h.td.path("my ws");
+    fs::create_dir_all(root.join(".mam")).unwrap();
+    let r = h.create(&["--name", "ok", "--label", "lab"]).cwd(&root).run();
+    r.expect_rc(0);
+    let ws = h.real().workspaces();
+    assert_eq!(ws.iter().map(|w| w.1.as_str()).collect::<Vec<_>>(), ["lab"], "{ws:?}");
+    assert_eq!(h.pane_env(&kv(&r.stdout(), "PANE")), json!({}));
+    let doc: Value = serde_json::from_slice(&fs::read(root.join(".mam/agent_sessions.json")).unwrap()).unwrap();
+    assert_eq!(doc["herdr_sessions"][0]["control_plane"]["workspace_root"], s(&root));
 }
 
 #[test]
 fn o2_8_4_binding_failure_refuses_a_worktree_and_warns_at_the_root() {
-    let h = S::fake("o2_8_4");
+    for kind in [Kind::Fake, Kind::RealHerdr] {
+        let Some(h) = S::on(kind, "o2_8_4") else { continue };
+        o2_8_4_body(&h);
+    }
+}
+
+fn o2_8_4_body(h: &S) {
     // A registry path that cannot be recorded (not UTF-8) makes the binding fail.
     let mut bad = h.td.root.as_os_str().as_bytes().to_vec();
     bad.extend_from_slice(b"/jobs-\xff");
@@ -399,19 +537,25 @@ fn o2_8_4_binding_failure_refuses_a_worktree_and_warns_at_the_root() {
     r.expect_rc(2);
     assert!(r.stderr().starts_with("REFUSED: create: cannot compute the control-plane binding"), "{}", r.stderr());
     assert!(!h.file().exists());
-    assert!(h.fake_panes().is_empty(), "nothing spawned");
+    assert!(h.panes().is_empty(), "nothing spawned");
     // At the control root: a warning, and a row without control_plane.
     let r = h.create(&[]).env("MAM_JOBS_DIR", &bad).run();
     r.expect_rc(0);
     assert!(r.stderr().contains("WARNING: control-plane binding not computed"), "{}", r.stderr());
     let row = h.row("claude-01");
     assert!(row.get("control_plane").is_none(), "{row}");
-    assert_eq!(h.fake_env(&h.fake_panes()[0]), json!({}));
+    assert_eq!(h.pane_env(&h.panes()[0]), json!({}));
 }
 
 #[test]
 fn o2_8_5_resume_checks_the_directory_first() {
-    let h = S::fake("o2_8_5");
+    for kind in [Kind::Fake, Kind::RealHerdr] {
+        let Some(h) = S::on(kind, "o2_8_5") else { continue };
+        o2_8_5_body(&h);
+    }
+}
+
+fn o2_8_5_body(h: &S) {
     let (p1, p2, other) = (h.td.path("p1"), h.td.path("p2"), h.td.path("other"));
     for d in [&p1, &p2, &other] {
         fs::create_dir_all(d).unwrap();
@@ -435,31 +579,36 @@ fn o2_8_5_resume_checks_the_directory_first() {
     assert!(h.row("s1")["resumed_at"].is_string());
     // A row without pane.cwd: no check; it starts where --workspace says.
     let mut doc = h.doc();
-    doc["herdr_sessions"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"name": "legacy1", "agent": "claude", "status": "stopped"}));
+    doc["herdr_sessions"].as_array_mut().unwrap().push(
+        json!({"name": "legacy1", "agent": "claude", "status": "stopped", "agent_args": ["test-double", "agent"]}),
+    );
     fs::write(h.file(), doc.to_string()).unwrap();
     let r = h.mam(["resume", "legacy1", "--workspace", &s(&other)]).run();
     r.expect_rc(0);
     assert_eq!(h.row("legacy1")["pane"]["cwd"], s(&other));
-    assert_eq!(h.row("legacy1")["backend"], "fake");
+    assert_eq!(h.row("legacy1")["backend"], h.backend_server().split('/').next().unwrap());
 }
 
 #[test]
 fn o2_8_6_resume_binding_rules() {
-    let h = S::fake("o2_8_6");
+    for kind in [Kind::Fake, Kind::RealHerdr] {
+        let Some(h) = S::on(kind, "o2_8_6") else { continue };
+        o2_8_6_body(&h);
+    }
+}
+
+fn o2_8_6_body(h: &S) {
     h.create(&["--name", "s1"]).run().expect_rc(0);
     // An alive legacy row records the caller's binding without spawning.
     h.edit_row("s1", |r| {
         r.as_object_mut().unwrap().remove("control_plane");
     });
-    let panes = h.fake_panes();
+    let panes = h.panes();
     let r = h.mam(["resume", "s1"]).run();
     r.expect_rc(0);
     assert_eq!(r.stdout().trim(), "SESSION=s1 already running");
     assert_eq!(h.row("s1")["control_plane"], root_binding(&h.td));
-    assert_eq!(h.fake_panes(), panes, "no spawn");
+    assert_eq!(h.panes(), panes, "no spawn");
     // Missing fields only, never overwriting.
     h.edit_row("s1", |r| r["control_plane"] = json!({"mam_jobs_dir": "/row/jobs"}));
     h.mam(["resume", "s1"]).run().expect_rc(0);
@@ -475,7 +624,7 @@ fn o2_8_6_resume_binding_rules() {
     let note = format!("MAM_JOBS_DIR: the row's {} wins over the caller's", rowjobs.display());
     assert!(r.stderr().contains(&note), "{}", r.stderr());
     let pane = kv(&r.stdout(), "PANE");
-    let env = h.fake_env(&pane);
+    let env = h.pane_env(&pane);
     assert_eq!(env["MAM_JOBS_DIR"], s(&rowjobs));
     assert_eq!(env.as_object().unwrap().len(), 4);
     assert_eq!(h.row("s2")["control_plane"]["mam_jobs_dir"], s(&rowjobs));
@@ -483,7 +632,13 @@ fn o2_8_6_resume_binding_rules() {
 
 #[test]
 fn o2_8_7_stop_cancels_open_task_jobs_in_the_rows_registry() {
-    let h = S::fake("o2_8_7");
+    for kind in [Kind::Fake, Kind::RealHerdr] {
+        let Some(h) = S::on(kind, "o2_8_7") else { continue };
+        o2_8_7_body(&h);
+    }
+}
+
+fn o2_8_7_body(h: &S) {
     let rowlogs = h.td.path("rowlogs");
     let reg = h.td.ws().join("rel/jobs");
     h.create(&["--name", "s1"])
@@ -516,8 +671,8 @@ fn o2_8_7_stop_cancels_open_task_jobs_in_the_rows_registry() {
     assert_eq!(row["status"], "stopped");
     assert!(row["stopped_at"].is_string());
     assert_eq!(row["pane"]["cwd"], s(&h.td.ws()), "kept for resume");
-    assert!(h.live_fake_agents().is_empty());
-    assert!(h.fake_panes().is_empty(), "pane closed");
+    assert_eq!(h.live_agents(), 0);
+    assert!(h.panes().is_empty(), "pane closed");
     // A stopped row: no-op.
     let r = h.mam(["stop", "s1"]).run();
     r.expect_rc(0);
@@ -583,7 +738,13 @@ fn stop_closes_a_running_job_on_the_wire_and_stops_its_timer() {
 
 #[test]
 fn o2_8_8_status_finds_a_job_only_in_the_rows_registry() {
-    let h = S::fake("o2_8_8");
+    for kind in [Kind::Fake, Kind::RealHerdr] {
+        let Some(h) = S::on(kind, "o2_8_8") else { continue };
+        o2_8_8_body(&h);
+    }
+}
+
+fn o2_8_8_body(h: &S) {
     let reg = h.td.path("rowjobs");
     h.create(&["--name", "s1"]).env("MAM_JOBS_DIR", &reg).run().expect_rc(0);
     h.job(&reg, "j1", "s1", "task");
@@ -593,7 +754,8 @@ fn o2_8_8_status_finds_a_job_only_in_the_rows_registry() {
     r.expect_rc(0);
     let lines: Vec<String> = r.stdout().lines().map(str::to_string).collect();
     let pane = h.row("s1")["pane"]["id"].as_str().unwrap().to_string();
-    assert_eq!(lines[0], format!("s1\tclaude\tfake/fake\t{pane}\t{}\trunning\t-\trunning", h.td.ws().display()));
+    let backend = h.backend_server();
+    assert_eq!(lines[0], format!("s1\tclaude\t{backend}\t{pane}\t{}\trunning\t-\trunning", h.td.ws().display()));
     assert_eq!(lines[1..], ["  job j1 task pending"], "only open jobs");
     let r = h.mam(["status", "s1", "--json"]).run();
     r.expect_rc(0);
@@ -611,7 +773,13 @@ fn o2_8_8_status_finds_a_job_only_in_the_rows_registry() {
 
 #[test]
 fn o2_8_9_daemon_step_under_the_opt_out() {
-    let h = S::fake("o2_8_9");
+    for kind in [Kind::Fake, Kind::RealHerdr] {
+        let Some(h) = S::on(kind, "o2_8_9") else { continue };
+        o2_8_9_body(&h);
+    }
+}
+
+fn o2_8_9_body(h: &S) {
     let wt = worktree(&h.td, "wt");
     for extra in [vec![], vec!["--workspace", wt.to_str().unwrap()]] {
         let r = h.create(&extra).run();
@@ -655,26 +823,12 @@ fn create_onboards_by_default_through_delegate_job() {
 fn o2_8_10_start_failure_runs_the_verified_rollback() {
     let real = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".mam");
     let real_before = tree(&real);
-    // Fake backend: an agent stuck in a start-up dialog.
-    let h = S::fake("o2_8_10");
-    h.td.write("agent.script", "startup_blocked=99\n");
-    let r = h.create(&["--name", "s1"]).env("MAM_STARTUP_DIALOG_MAX", "1").run();
-    r.expect_rc(1);
-    assert!(r.stderr().starts_with("ERROR: create: agent s1 still blocked"), "{}", r.stderr());
-    assert!(r.stderr().contains("rolled back (confirmed: nothing left)"), "{}", r.stderr());
-    assert!(h.fake_panes().is_empty());
-    wait_until("the fake agent exits", Duration::from_secs(10), || h.live_fake_agents().is_empty());
-    assert!(!h.file().exists(), "no row");
-    // The row cannot be written (its lock is a directory): the placed agent is rolled back.
-    h.td.write("agent.script", "");
-    fs::create_dir_all(h.td.ws().join(".mam/agent_sessions.json.lock")).unwrap();
-    let r = h.create(&["--name", "s2"]).run();
-    r.expect_rc(1);
-    assert!(r.stderr().starts_with("ERROR: create: cannot record session s2: cannot lock"), "{}", r.stderr());
-    assert!(r.stderr().contains("rolled back (confirmed: nothing left)"), "{}", r.stderr());
-    assert!(h.fake_panes().is_empty());
-    wait_until("the fake agent exits", Duration::from_secs(10), || h.live_fake_agents().is_empty());
-    assert!(!h.file().exists(), "no row");
+    // Fake backend and real herdr: an agent stuck in a start-up dialog, then a row that cannot be
+    // written.
+    for kind in [Kind::Fake, Kind::RealHerdr] {
+        let Some(h) = S::on(kind, "o2_8_10") else { continue };
+        o2_8_10_body(&h);
+    }
     // Mock herdr: the workspace this attempt created is closed again.
     let m = S::herdr("o2_8_10h", json!({"running": true, "inject": {"start_status": "blocked"}}));
     let r = m.create(&["--name", "s1"]).env("MAM_STARTUP_DIALOG_MAX", "2").run();
@@ -688,14 +842,86 @@ fn o2_8_10_start_failure_runs_the_verified_rollback() {
     assert_eq!(tree(&real), real_before);
 }
 
+fn o2_8_10_body(h: &S) {
+    h.td.write("agent.script", "startup_blocked=99\n");
+    let r = h.create(&["--name", "s1"]).env("MAM_STARTUP_DIALOG_MAX", "1").run();
+    r.expect_rc(1);
+    assert!(r.stderr().starts_with("ERROR: create: agent s1 still blocked"), "{}", r.stderr());
+    assert!(r.stderr().contains("rolled back (confirmed: nothing left)"), "{}", r.stderr());
+    assert!(h.panes().is_empty());
+    wait_until("the fake agent exits", Duration::from_secs(10), || h.live_agents() == 0);
+    assert!(!h.file().exists(), "no row");
+    // The row cannot be written (its lock is a directory): the placed agent is rolled back.
+    h.td.write("agent.script", "");
+    fs::create_dir_all(h.td.ws().join(".mam/agent_sessions.json.lock")).unwrap();
+    let r = h.create(&["--name", "s2"]).run();
+    r.expect_rc(1);
+    assert!(r.stderr().starts_with("ERROR: create: cannot record session s2: cannot lock"), "{}", r.stderr());
+    assert!(r.stderr().contains("rolled back (confirmed: nothing left)"), "{}", r.stderr());
+    assert!(h.panes().is_empty());
+    wait_until("the fake agent exits", Duration::from_secs(10), || h.live_agents() == 0);
+    assert!(!h.file().exists(), "no row");
+}
+
 #[test]
 fn o2_8_11_reconcile_noserver_and_unknown() {
-    let h = S::herdr("o2_8_11", json!({"running": true}));
+    for kind in [Kind::Herdr, Kind::RealHerdr] {
+        let Some(h) = S::on(kind, "o2_8_11") else { continue };
+        o2_8_11_body(&h);
+    }
+}
+
+impl S {
+    /// The agent `name` leaves its server's list by hand (mock: its record is removed; real herdr:
+    /// its pane is closed and the test waits until herdr no longer lists it).
+    fn drop_agent(&self, name: &str) {
+        if self.kind == Kind::RealHerdr {
+            let pane = self.row(name)["pane"]["id"].as_str().unwrap().to_string();
+            self.real().herdr(&["pane", "close", &pane]).expect_rc(0);
+            wait_until(&format!("herdr no longer lists {name}"), Duration::from_secs(30), || {
+                !self.real().herdr(&["agent", "list"]).stdout().contains(&format!("\"name\":\"{name}\""))
+            });
+        } else {
+            let mut st = self.mock_state();
+            st["inject"] = json!({});
+            st["agents"].as_array_mut().unwrap().retain(|a| a["name"] != name);
+            self.td.write("mock-state.json", st.to_string());
+        }
+    }
+
+    /// The server goes down (mock: `running=false`; real herdr: `server stop`, until it no longer
+    /// answers).
+    fn stop_server(&self) {
+        if self.kind == Kind::RealHerdr {
+            self.real().herdr(&["server", "stop"]).expect_rc(0);
+            wait_until("the herdr server is down", Duration::from_secs(20), || !self.real().answers());
+        } else {
+            let mut st = self.mock_state();
+            st["running"] = json!(false);
+            self.td.write("mock-state.json", st.to_string());
+        }
+    }
+
+    /// Whether the server runs (and so whether anything bootstrapped one).
+    fn server_running(&self) -> bool {
+        if self.kind == Kind::RealHerdr {
+            self.real().answers()
+        } else {
+            assert!(self.argvs().iter().all(|a| a.last().map(String::as_str) != Some("server")));
+            self.mock_state()["running"] == true
+        }
+    }
+}
+
+fn o2_8_11_body(h: &S) {
+    let server = h.backend_server();
     h.create(&["--name", "a1"]).run().expect_rc(0);
     h.create(&["--name", "a2"]).run().expect_rc(0);
     let ctx = || {
         let mut vars: Vec<(OsString, OsString)> = h.env.iter().map(|(k, v)| (k.into(), v.clone())).collect();
-        vars.push(("HOME".into(), h.td.path("home").into()));
+        if h.kind != Kind::RealHerdr {
+            vars.push(("HOME".into(), h.td.path("home").into()));
+        }
         vars.push(("MAM_ENV_FILE".into(), h.td.path("absent.env").into()));
         mam::ctx::Ctx::with_env(vars, &h.td.ws())
     };
@@ -703,7 +929,33 @@ fn o2_8_11_reconcile_noserver_and_unknown() {
     let r = mam::session::reconcile::reconcile_once(&ctx()).unwrap();
     assert_eq!(r.rc(), 0);
     assert!(r.exited.is_empty());
-    // Unknown: no status changes, herdr_confirmed=false, rc 3.
+    // Unknown: no status changes, herdr_confirmed=false, rc 3. The real herdr cannot be made to
+    // answer garbage or an unrelated error document, so this part runs on the mock only.
+    if h.kind == Kind::Herdr {
+        o2_8_11_unknown(h, &ctx);
+    }
+    // Drift A: a2 vanished from a confirmed list.
+    h.drop_agent("a2");
+    let r = mam::session::reconcile::reconcile_once(&ctx()).unwrap();
+    assert_eq!(r.exited, ["a2"]);
+    assert_eq!(h.row("a2")["status"], "exited");
+    assert_eq!(h.row("a1")["status"], "running");
+    assert_eq!(h.row("a1")["herdr_confirmed"], true);
+    // NoServer: every running row on that server becomes exited; no server is started.
+    h.stop_server();
+    let r = mam::session::reconcile::reconcile_once(&ctx()).unwrap();
+    assert_eq!(r.exited, ["a1"]);
+    assert_eq!(h.row("a1")["herdr_confirmed"], true);
+    assert!(h.row("a1")["last_reconciled_at"].is_string());
+    assert!(!h.server_running(), "MAM_NO_AUTOSTART: nothing bootstrapped");
+    let lines = r.lines();
+    assert!(lines[0].starts_with(&format!("server {server}: confirmed, 0 agent(s)")), "{lines:?}");
+    // status against the down server: `gone`, exit 0, still no bootstrap.
+    h.mam(["status"]).run().expect_rc(0);
+    assert!(!h.server_running());
+}
+
+fn o2_8_11_unknown(h: &S, ctx: &dyn Fn() -> mam::ctx::Ctx) {
     let mut st = h.mock_state();
     st["inject"] = json!({"agent_list": "garbage"});
     h.td.write("mock-state.json", st.to_string());
@@ -717,31 +969,6 @@ fn o2_8_11_reconcile_noserver_and_unknown() {
     let out = h.mam(["status"]).run();
     out.expect_rc(3);
     assert_eq!(out.stdout().lines().filter(|l| l.contains("\tunknown\t")).count(), 2, "{}", out.stdout());
-    // Drift A: a2 vanished from a confirmed list.
-    let mut st = h.mock_state();
-    st["inject"] = json!({});
-    st["agents"].as_array_mut().unwrap().retain(|a| a["name"] != "a2");
-    h.td.write("mock-state.json", st.to_string());
-    let r = mam::session::reconcile::reconcile_once(&ctx()).unwrap();
-    assert_eq!(r.exited, ["a2"]);
-    assert_eq!(h.row("a2")["status"], "exited");
-    assert_eq!(h.row("a1")["status"], "running");
-    assert_eq!(h.row("a1")["herdr_confirmed"], true);
-    // NoServer: every running row on that server becomes exited; no server is started.
-    let mut st = h.mock_state();
-    st["running"] = json!(false);
-    h.td.write("mock-state.json", st.to_string());
-    let r = mam::session::reconcile::reconcile_once(&ctx()).unwrap();
-    assert_eq!(r.exited, ["a1"]);
-    assert_eq!(h.row("a1")["herdr_confirmed"], true);
-    assert!(h.row("a1")["last_reconciled_at"].is_string());
-    assert_eq!(h.mock_state()["running"], false, "MAM_NO_AUTOSTART: nothing bootstrapped");
-    assert!(h.argvs().iter().all(|a| a.last().map(String::as_str) != Some("server")));
-    let lines = r.lines();
-    assert!(lines[0].starts_with("server herdr/multi-agent-mux: confirmed, 0 agent(s)"), "{lines:?}");
-    // status against the down server: `gone`, exit 0, still no bootstrap.
-    h.mam(["status"]).run().expect_rc(0);
-    assert_eq!(h.mock_state()["running"], false);
 }
 
 #[test]

@@ -1022,6 +1022,54 @@ impl HerdrHome {
             .unwrap_or_else(|e| panic!("herdr printed no JSON ({e}):\n--- stdout\n{}", r.stdout()))
     }
 
+    /// The foreground processes of `pane` (pid, argv), from `herdr pane process-info`.
+    pub fn pane_processes(&self, pane: &str) -> Vec<(i32, Vec<String>)> {
+        let v = self.herdr_json(&["pane", "process-info", "--pane", pane]);
+        let procs = v["result"]["process_info"]["foreground_processes"].as_array().cloned().unwrap_or_default();
+        procs
+            .iter()
+            .filter_map(|p| {
+                let pid = p["pid"].as_i64()? as i32;
+                let argv = p["argv"].as_array()?.iter().filter_map(|a| a.as_str().map(str::to_string)).collect();
+                Some((pid, argv))
+            })
+            .collect()
+    }
+
+    /// The agent process of `pane` (argv[0] `claude`): its pid and argv; a panic when there is none.
+    pub fn agent_process(&self, pane: &str) -> (i32, Vec<String>) {
+        wait_for(&format!("the agent process of pane {pane}"), Duration::from_secs(10), || {
+            self.pane_processes(pane).into_iter().find(|(_, a)| a.first().is_some_and(|a0| a0 == "claude"))
+        })
+    }
+
+    /// Pane ids of every workspace of this world's server, sorted.
+    pub fn pane_ids(&self) -> Vec<String> {
+        let v = self.herdr_json(&["pane", "list"]);
+        let mut ids: Vec<String> = v["result"]["panes"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|p| p["pane_id"].as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+        ids.sort();
+        ids
+    }
+
+    /// (workspace id, label) of every workspace, in herdr's order.
+    pub fn workspaces(&self) -> Vec<(String, String)> {
+        let v = self.herdr_json(&["workspace", "list"]);
+        v["result"]["workspaces"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|w| {
+                        let s = |k: &str| w[k].as_str().unwrap_or_default().to_string();
+                        (s("workspace_id"), s("label"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// True when this world's server answers `herdr agent list`.
     pub fn answers(&self) -> bool {
         self.herdr_within(&["agent", "list"], Duration::from_secs(10)).rc() == 0
@@ -1111,6 +1159,17 @@ impl HerdrHome {
         }
         Err(format!("herdr world {} outlived its test: {}", self.root.display(), list.join("; ")))
     }
+}
+
+/// The environment of process `pid` (from `/proc/<pid>/environ`), in order.
+pub fn environ(pid: i32) -> Vec<(String, String)> {
+    let raw = fs::read(format!("/proc/{pid}/environ")).unwrap_or_else(|e| panic!("environ of {pid}: {e}"));
+    raw.split(|&b| b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect()
 }
 
 /// The paths that mark a herdr world's processes (its HOME and config dir in their environment, or
