@@ -104,11 +104,14 @@ export HOME=$tmp/home WORKSPACE_ROOT=$ws MAM_ENV_FILE=$tmp/absent.env MAM_BIN=$m
 export MAM_NO_SUBSCRIBER_DAEMON=1
 if [ "$BACKEND" = herdr ]; then
     # A private herdr: its own config, state and socket under $tmp, a server named after the demo.
-    export XDG_CONFIG_HOME=$tmp/home/.config XDG_STATE_HOME=$tmp/home/.local/state XDG_CACHE_HOME=$tmp/home/.cache \
+    # herdr's sockets live under XDG_CONFIG_HOME, and a socket path holds at most 107 bytes: keep it short.
+    export XDG_CONFIG_HOME=$tmp/c XDG_STATE_HOME=$tmp/home/.local/state XDG_CACHE_HOME=$tmp/home/.cache \
         XDG_DATA_HOME=$tmp/home/.local/share XDG_RUNTIME_DIR=$tmp/run HERDR_DISABLE_SOUND=1
     mkdir -p "$XDG_CONFIG_HOME/herdr" "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
     printf 'onboarding = false\n[terminal]\ndefault_shell = "/bin/bash"\n[update]\nversion_check = false\nmanifest_check = false\n' \
         >"$XDG_CONFIG_HOME/herdr/config.toml"
+    longest=$XDG_CONFIG_HOME/herdr/sessions/$sock/herdr-client.sock
+    [ "${#longest}" -le 107 ] || die "herdr's socket path would be ${#longest} bytes (over 107): use a shorter TMPDIR"
     ln -s "$herdr" "$tmp/bin/herdr"
     export MAM_PANE_BACKEND=herdr MAM_HERDR_SESSION=$sock
     unset HERDR_SOCKET_PATH HERDR_SESSION

@@ -182,12 +182,15 @@ fn has_agent(p: &Value) -> bool {
 }
 
 /// True when a `pane process-info` result says the pane's shell owns the foreground (1.5 step 3):
-/// the foreground process group is the shell's, or every foreground process is a shell.
+/// the foreground process group is the shell's and every foreground process is a shell. The group
+/// alone is not enough: a shell that `exec`ed a program keeps its pid as the group.
 pub fn shell_owns_foreground(result: &Value) -> bool {
     let info = result.get("process_info").unwrap_or(result);
     let num = |k: &str| info.get(k).and_then(Value::as_i64);
     if let (Some(pgid), Some(shell)) = (num("foreground_process_group_id"), num("shell_pid")) {
-        return pgid == shell;
+        if pgid != shell {
+            return false;
+        }
     }
     let Some(procs) = info.get("foreground_processes").and_then(Value::as_array) else { return false };
     !procs.is_empty()
@@ -650,6 +653,10 @@ mod tests {
         assert!(!shell_owns_foreground(&busy));
         let names_only = serde_json::json!({"process_info": {"foreground_processes": [{"name": "bash"}]}});
         assert!(shell_owns_foreground(&names_only));
+        // `exec sleep 100` in the pane: the group is still the shell's pid, but no shell is there.
+        let execd = serde_json::json!({"process_info": {"foreground_process_group_id": 8, "shell_pid": 8,
+            "foreground_processes": [{"name": "sleep", "pid": 8}]}});
+        assert!(!shell_owns_foreground(&execd));
         // Geometry comes from `pane layout`.
         let Reply::Ok(lv) = classify(Some(0), LAYOUT, "") else { panic!() };
         assert_eq!(

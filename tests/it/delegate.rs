@@ -969,6 +969,47 @@ fn demo_script_passes() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// `scripts/demo.sh --backend herdr` gives the same three verdicts on a private real herdr server and
+/// leaves nothing behind (issue 11).
+#[test]
+fn demo_script_passes_on_real_herdr() {
+    let Some(herdr) = herdr_bin() else { return };
+    if !have_tool("bc", "MAM_REQUIRE_TMUX") {
+        return;
+    }
+    let td = TestDir::new("demo_herdr");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/demo.sh");
+    // The run's base is short: herdr's socket path must fit in 107 bytes.
+    let r = td
+        .command("bash")
+        .args([script.as_os_str(), "--backend".as_ref(), "herdr".as_ref()])
+        .env("MAM_BIN", mam_bin())
+        .env("HERDR_BIN", &herdr)
+        .env("TMPDIR", base_dir())
+        .env_remove("HERDR_SESSION")
+        .env_remove("HERDR_SOCKET_PATH")
+        .run_within(Duration::from_secs(90));
+    r.expect_rc(0);
+    let out = r.stdout();
+    assert!(out.contains("PASS: every verdict as expected"), "{out}");
+    assert!(out.contains("herdr pane w1:p1"), "{out}");
+    for verdict in ["completed", "deadline_timeout (unresponsive)", "agent_blocked"] {
+        assert!(out.contains(verdict), "{verdict}: {out}");
+    }
+    // Its temp world (named in the first line) is gone, and no herdr of it is left.
+    let root = out.split("control root ").nth(1).and_then(|r| r.split(';').next()).unwrap().to_string();
+    let tmp = Path::new(&root).parent().unwrap().to_path_buf();
+    assert!(!tmp.exists(), "{} left behind", tmp.display());
+    let left: Vec<i32> = mam::sys::list_pids()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| {
+            mam::sys::proc_cmdline(*p).is_ok_and(|a| a.iter().any(|x| String::from_utf8_lossy(x).contains("mam-demo-")))
+        })
+        .collect();
+    assert!(left.is_empty(), "demo processes left: {left:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Onboarding (ORCH 2.3 step 8, 2.8 test 10): `create` delegates it and returns once `started` is in.
 

@@ -26,16 +26,7 @@ use crate::support::*;
 
 /// The real herdr binary, or `None` (a failure under `MAM_REQUIRE_HERDR=1`).
 fn real_herdr() -> Option<PathBuf> {
-    let found = std::env::var_os("HERDR_BIN").map(PathBuf::from).filter(|p| p.is_file()).or_else(|| {
-        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join("herdr")).find(|p| p.is_file()))
-    });
-    if found.is_none() {
-        if std::env::var("MAM_REQUIRE_HERDR").as_deref() == Ok("1") {
-            panic!("herdr is required (MAM_REQUIRE_HERDR=1) but neither HERDR_BIN nor PATH has it");
-        }
-        eprintln!("skipped: real herdr not found (set HERDR_BIN, or MAM_REQUIRE_HERDR=1 to require it)");
-    }
-    found
+    herdr_bin()
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
