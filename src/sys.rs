@@ -625,34 +625,6 @@ pub fn is_nofollow_error(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::ELOOP)
 }
 
-/// Writes `bytes` to `path` atomically with mode 0600 whatever was there: a fresh temp file
-/// (`O_EXCL`, so never through a link), fsync, rename over the name (a symlink there is replaced,
-/// not followed), fsync the directory. Unlike `atomic_write` it never carries a mode over.
-pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let mut tmp_name = Vec::from(&b"."[..]);
-    tmp_name.extend_from_slice(name.as_bytes());
-    tmp_name.extend_from_slice(format!(".{}.{}.tmp", std::process::id(), random_hex(8)?).as_bytes());
-    let tmp = dir.join(OsStr::from_bytes(&tmp_name));
-    let result = (|| {
-        let mut f =
-            OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&tmp)?;
-        use std::os::unix::fs::PermissionsExt;
-        // The umask can only remove bits; set 0600 explicitly anyway.
-        f.set_permissions(fs::Permissions::from_mode(0o600))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    fsync_dir(dir)
-}
-
 /// The soft `RLIMIT_NOFILE` (None when unlimited or unknown).
 pub fn nofile_limit() -> Option<u64> {
     let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };

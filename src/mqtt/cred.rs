@@ -188,7 +188,7 @@ pub fn check_dir(dir: &Path) -> Result<(), String> {
 pub fn write(path: &Path, creds: &Creds) -> Result<(), String> {
     let dir = path.parent().unwrap_or(Path::new("."));
     check_dir(dir)?;
-    sys::write_private_atomic(path, &creds.encode()).map_err(|e| format!("cannot write {} ({e})", path.display()))
+    sys::atomic_write(path, &creds.encode()).map_err(|e| format!("cannot write {} ({e})", path.display()))
 }
 
 #[cfg(test)]

@@ -108,14 +108,7 @@ impl H {
             return Some(self);
         }
         let home = HerdrHome::new(&self.td)?;
-        let wrapper = format!(
-            "#!/usr/bin/env bash\nexport MAM_FAKE_AGENT_SCRIPT=\"$1\"\n[ -f \"$1.env\" ] && {{ set -a; . \"$1.env\"; set +a; }}\nshift\nexec -a claude '{}' \"$@\"\n",
-            mam_bin().display()
-        );
-        let claude = home.bin.join("claude");
-        fs::write(&claude, wrapper).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
+        home.fake_claude();
         self.env.retain(|(k, _)| k != "MAM_PANE_BACKEND" && k != "MAM_FAKE_PANES_DIR");
         self.env.extend(home.env());
         for (k, v) in [

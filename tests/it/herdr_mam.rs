@@ -27,17 +27,7 @@ impl W {
     fn new(name: &str, with_broker: bool) -> Option<W> {
         let td = TestDir::new(name);
         let herdr = HerdrHome::new(&td)?;
-        // `claude SCRIPT ARGS...` is the fake agent driven by SCRIPT (a pane inherits the server's
-        // environment, fixed at its bootstrap, so the script travels in argv); `claude die` exits at
-        // once, an agent that never comes up.
-        let wrapper = format!(
-            "#!/usr/bin/env bash\n[ \"$1\" = die ] && exit 3\nexport MAM_FAKE_AGENT_SCRIPT=\"$1\"\nshift\nexec -a claude '{}' \"$@\"\n",
-            mam_bin().display()
-        );
-        let claude = herdr.bin.join("claude");
-        fs::write(&claude, wrapper).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
+        herdr.fake_claude();
         let broker = if with_broker { Some(start_target(Target::Embedded, &td)?) } else { None };
         Some(W { herdr, broker, td })
     }

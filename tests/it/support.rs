@@ -951,6 +951,23 @@ impl HerdrHome {
         Some(HerdrHome { herdr, root, home, config, runtime, bin, session, cwd: td.ws(), servers: Vec::new() })
     }
 
+    /// `bin/claude` as the fake agent driven by a script named in argv: `claude SCRIPT ARGS...` runs
+    /// `mam ARGS...` as `claude` with `MAM_FAKE_AGENT_SCRIPT=SCRIPT` and the variables of `SCRIPT.env`
+    /// when that file exists (a herdr pane inherits the server's environment, fixed when it started,
+    /// so what differs per session travels in argv); `claude die` exits at once (an agent that never
+    /// comes up).
+    pub fn fake_claude(&self) {
+        let wrapper = format!(
+            "#!/usr/bin/env bash\n[ \"$1\" = die ] && exit 3\nexport MAM_FAKE_AGENT_SCRIPT=\"$1\"\n\
+             [ -f \"$1.env\" ] && {{ set -a; . \"$1.env\"; set +a; }}\nshift\nexec -a claude '{}' \"$@\"\n",
+            mam_bin().display()
+        );
+        let claude = self.bin.join("claude");
+        fs::write(&claude, wrapper).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
     /// Links `bin/<name>` to `target` (e.g. `claude` to the mam binary for the fake agent).
     pub fn link(&self, name: &str, target: &Path) {
         std::os::unix::fs::symlink(target, self.bin.join(name)).unwrap();
