@@ -11,6 +11,7 @@ pub mod cmd;
 pub mod ctx;
 pub mod daemon;
 pub mod delegate;
+pub mod diffcollect;
 pub mod envfile;
 pub mod heartbeat;
 pub mod joblog;

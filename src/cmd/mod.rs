@@ -4,6 +4,7 @@ pub mod broker;
 pub mod create;
 pub mod daemon;
 pub mod delegate_job;
+pub mod diff_collect;
 pub mod env;
 pub mod heartbeat;
 pub mod jobs;

@@ -8,6 +8,7 @@ mod broker;
 mod cli;
 mod daemon;
 mod delegate;
+mod diff_collect;
 mod envfile;
 mod heartbeat;
 mod herdr_contract;
