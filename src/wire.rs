@@ -242,8 +242,14 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_ctx(ctx: &Ctx) -> Result<Settings, ConfigError> {
+        Settings::for_registry(ctx, None)
+    }
+
+    /// `from_ctx` for a publisher of `registry`'s jobs (the broker credentials of the workspace that
+    /// holds the registry are found too: `MqttConfig::from_ctx_near`).
+    pub fn for_registry(ctx: &Ctx, registry: Option<&std::path::Path>) -> Result<Settings, ConfigError> {
         Ok(Settings {
-            mqtt: MqttConfig::from_ctx(ctx)?,
+            mqtt: MqttConfig::from_ctx_near(ctx, registry)?,
             budget: Duration::from_secs(knob::env_or(ctx, "MAM_PUBLISH_BUDGET_S", 1, 20)?.into()),
             drain: drain_from_ctx(ctx)?,
             cas: ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0"),

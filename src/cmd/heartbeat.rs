@@ -216,9 +216,9 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             });
             Ok(0)
         }
-        Sub::Start => start(ctx, &store, &Settings::from_ctx(ctx)?, &a),
+        Sub::Start => start(ctx, &store, &Settings::for_registry(ctx, Some(&store.registry))?, &a),
         Sub::Run => {
-            let settings = Settings::from_ctx(ctx)?;
+            let settings = Settings::for_registry(ctx, Some(&store.registry))?;
             let out = ctx.clone();
             let pid = std::process::id();
             let log: timer::Log = Arc::new(move |line: &str| out.say(&format!("{} hb[{pid}] {line}", clock::now_ts())));

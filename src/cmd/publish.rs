@@ -172,9 +172,9 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
-    let settings = Settings::from_ctx(ctx)?;
     let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
+    let settings = Settings::for_registry(ctx, Some(&store.registry))?;
     let id = a.req.job_id.clone();
     let event = a.req.event.name();
     let mut diag = |line: String| ctx.diag(&line);

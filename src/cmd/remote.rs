@@ -254,7 +254,7 @@ fn serve(
 ) -> Result<i32, Failure> {
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let grace_ms = knob::env_or(ctx, "MAM_RUNNER_GRACE_MS", 1, 5000)?;
-    let settings = Settings::from_ctx(ctx)?;
+    let settings = Settings::for_registry(ctx, Some(&store.registry))?;
     // The timer signs with the job's auth token (`base_spec` gives it no dispatch secret).
     let timer = arm::base_spec(ctx, &settings).map_err(Failure::runtime)?;
     let r = Runner {

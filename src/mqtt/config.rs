@@ -8,7 +8,7 @@
 use std::ffi::OsString;
 use std::fmt;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -70,6 +70,14 @@ impl MqttConfig {
     /// Reads CORE 3.1's variables from `ctx` (call after `cli::load_env`). Invalid values name the
     /// variable, never its value (it may come from the env file).
     pub fn from_ctx(ctx: &Ctx) -> Result<MqttConfig, ConfigError> {
+        MqttConfig::from_ctx_near(ctx, None)
+    }
+
+    /// `from_ctx` for a process that works on `registry`: the embedded broker's credentials are also
+    /// looked for in the control root that holds the registry (`<root>/.mam/jobs`), so an agent's
+    /// publish line, which runs from anywhere without the workspace variables (ORCH 0.3), still
+    /// finds its workspace's broker credentials.
+    pub fn from_ctx_near(ctx: &Ctx, registry: Option<&Path>) -> Result<MqttConfig, ConfigError> {
         let tls = match ctx.var("MQTT_TLS") {
             None => false,
             Some(v) => parse_bool(&v).ok_or_else(|| ConfigError::var("MQTT_TLS", "1/true/yes/on or 0/false/no/off"))?,
@@ -87,7 +95,7 @@ impl MqttConfig {
         let mut username = ctx.var_nonempty("MQTT_USERNAME");
         let mut password = ctx.var_nonempty("MQTT_PASSWORD").map(Secret);
         if username.is_none() && password.is_none() && !tls && is_loopback(&host) {
-            if let Some(c) = workspace_creds(ctx, port) {
+            if let Some(c) = workspace_creds(ctx, port, registry) {
                 username = Some(c.username);
                 password = Some(Secret(c.password.expose().to_string()));
             }
@@ -200,25 +208,33 @@ pub fn is_loopback(host: &str) -> bool {
 /// The embedded broker's generated credentials for `port` from the workspace's credential file
 /// (`<control root>/.mam/broker.cred`, issue 12 item 4), if it is there, trustworthy and names this
 /// port. An untrustworthy or broken file is ignored with one WARNING per file and process.
-fn workspace_creds(ctx: &Ctx, port: u16) -> Option<cred::Creds> {
+fn workspace_creds(ctx: &Ctx, port: u16, registry: Option<&Path>) -> Option<cred::Creds> {
     // An untrusted control root (another user's) gives no credentials.
-    let path = cred::path(&crate::paths::control_root(ctx).ok()?);
-    match cred::read(&path) {
-        Ok(c) if c.port == port => Some(c),
-        Ok(_) | Err(cred::ReadError::Missing) => None,
-        Err(e) => {
-            static WARNED: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
-            let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
-            if !warned.contains(&path) {
-                warned.push(path.clone());
-                ctx.diag(&format!(
-                    "WARNING: {}: broker credentials ignored ({e}); connecting without them",
-                    crate::text::show_path(&path)
-                ));
-            }
-            None
-        }
+    let mut roots: Vec<PathBuf> = crate::paths::control_root(ctx).ok().into_iter().collect();
+    // The control root that holds the registry: the parent of its nearest `.mam` ancestor.
+    if let Some(root) = registry.and_then(|r| r.ancestors().find(|a| a.file_name().is_some_and(|n| n == ".mam"))) {
+        roots.extend(root.parent().map(Path::to_path_buf));
     }
+    roots.dedup();
+    roots.iter().find_map(|root| {
+        let path = cred::path(root);
+        match cred::read(&path) {
+            Ok(c) if c.port == port => Some(c),
+            Ok(_) | Err(cred::ReadError::Missing) => None,
+            Err(e) => {
+                static WARNED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+                let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+                if !warned.contains(&path) {
+                    warned.push(path.clone());
+                    ctx.diag(&format!(
+                        "WARNING: {}: broker credentials ignored ({e}); connecting without them",
+                        crate::text::show_path(&path)
+                    ));
+                }
+                None
+            }
+        }
+    })
 }
 
 /// 1883, or 8883 with TLS.

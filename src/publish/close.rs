@@ -39,7 +39,7 @@ pub fn stop_job_timer(ctx: &Ctx, store: &Store, job_id: &str, diag: &mut dyn FnM
 /// A4: the signed retained `closed` state of `record` (as written by the close, its seq included)
 /// on the record's broker. A failure is one WARNING line.
 pub fn publish_closed(ctx: &Ctx, store: &Store, record: &Record, diag: &mut dyn FnMut(String)) {
-    let settings = match Settings::from_ctx(ctx) {
+    let settings = match Settings::for_registry(ctx, Some(&store.registry)) {
         Ok(s) => s,
         Err(f) => {
             diag(format!("WARNING: close state not published ({f})"));

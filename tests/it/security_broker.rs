@@ -435,3 +435,41 @@ fn i4_a_forged_retained_state_does_not_change_what_watch_the_daemon_and_jobs_rep
     daemon.signal(15);
     daemon.wait(WAIT);
 }
+
+/// An agent's publish line (CORE 4.5) runs from anywhere without the workspace variables (ORCH 0.3):
+/// it still finds the credentials of the workspace that holds its registry, so the default
+/// (authenticated) broker gets its events and the timer's beats; a line of another user's registry
+/// layout gets nothing it should not.
+#[test]
+fn i4_an_agents_publish_line_from_anywhere_reaches_the_default_broker() {
+    let td = TestDir::new("i4-agent-line");
+    let b = MamBroker::start(&td, &[]);
+    let port = b.port().to_string();
+    let id = "a1b2c3d4";
+    td.mam()
+        .args(["registry", "register", "--session", "w1", "--job-id", id])
+        .env("MQTT_PORT", &port)
+        .run()
+        .expect_rc(0);
+    let line = td.mam().args(["registry", "publish-cmd", id]).env("MQTT_PORT", &port).run();
+    line.expect_rc(0);
+    let line = line.stdout().trim_end().to_string();
+    // From `/`, with nothing but PATH and the broker's port: no WORKSPACE_ROOT, no credentials.
+    let r = td
+        .command("bash")
+        .args(["-c", &format!("{line} started")])
+        .cwd("/")
+        .env_remove("WORKSPACE_ROOT")
+        .env("MQTT_PORT", &port)
+        .run();
+    r.expect_rc(0);
+    assert!(r.stdout().contains("published started"), "{}\n{}", r.stdout(), r.stderr());
+    // The retained state is on the broker (read back with the workspace's credentials).
+    let s = td
+        .mam()
+        .args(["sub", "-t", &format!("mam/jobs/{id}/state"), "-C", "1", "-W", "10"])
+        .env("MQTT_PORT", &port)
+        .run();
+    s.expect_rc(0);
+    assert!(s.stdout().contains("\"running\""), "{}", s.stdout());
+}
