@@ -346,7 +346,13 @@ extern "C" fn record_signal(sig: libc::c_int) {
 /// Installs handlers for SIGTERM and SIGINT that only record the signal number; long-running
 /// commands poll `pending_signal()` between blocking slices of at most 200 ms.
 pub fn install_stop_handlers() -> io::Result<()> {
-    for sig in [libc::SIGTERM, libc::SIGINT] {
+    install_signal_recorders(&[libc::SIGTERM, libc::SIGINT])
+}
+
+/// Installs, for each of `sigs`, the handler of `install_stop_handlers` that only records the
+/// signal number for `pending_signal()` (the fake agent's `on_stop_write` also records SIGHUP).
+pub fn install_signal_recorders(sigs: &[i32]) -> io::Result<()> {
+    for &sig in sigs {
         // SAFETY: a zeroed sigaction is a valid starting point; the handler only stores to an
         // atomic, which is async-signal-safe.
         unsafe {
@@ -362,7 +368,7 @@ pub fn install_stop_handlers() -> io::Result<()> {
     Ok(())
 }
 
-/// The last SIGTERM/SIGINT received since `install_stop_handlers`, or None.
+/// The last recorded signal (SIGTERM/SIGINT after `install_stop_handlers`), or None.
 pub fn pending_signal() -> Option<i32> {
     match SIGNAL.load(Ordering::SeqCst) {
         0 => None,

@@ -226,6 +226,19 @@ pub fn parse_prompt(prompt: &str) -> (Option<PathBuf>, Option<String>) {
     (brief, job)
 }
 
+/// The `tree` of the first `[review identity]` block in a brief or prompt (ORCH 4.4): the block
+/// starts at a line that reads `[review identity]` and holds `key: value` lines up to the first blank
+/// line; the value counts only when it is 40 or 64 hex digits (a git tree id, SHA-1 or SHA-256).
+pub fn parse_review_identity(text: &str) -> Option<String> {
+    let mut lines = text.lines().skip_while(|l| l.trim() != "[review identity]").skip(1);
+    lines.by_ref().take_while(|l| !l.trim().is_empty()).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        let v = v.trim();
+        let hex = matches!(v.len(), 40 | 64) && v.bytes().all(|b| b.is_ascii_hexdigit());
+        (k.trim() == "tree" && hex).then(|| v.to_string())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,5 +311,33 @@ mod tests {
     fn prompt_names_job() {
         let (_, job) = parse_prompt("Job j-42: read and follow /nonexistent/brief.md. Run first: x");
         assert_eq!(job.as_deref(), Some("j-42"));
+    }
+
+    #[test]
+    fn review_identity_tree_is_read_from_its_block() {
+        let tree = "0123456789abcdef0123456789abcdef01234567";
+        let text = format!(
+            "[worktree context]\ntree: {x}\n\n[review identity]\nloop_id: l1\nbase: {b}\nhead: {b}\n\
+             tree: {tree}\nsnapshot commit: {b}\n\ntree: {x}\n",
+            x = "f".repeat(40),
+            b = "a".repeat(40)
+        );
+        assert_eq!(parse_review_identity(&text).as_deref(), Some(tree));
+        let sha256 = "b".repeat(64);
+        assert_eq!(parse_review_identity(&format!("  [review identity]  \ntree:  {sha256} \n")), Some(sha256));
+    }
+
+    #[test]
+    fn review_identity_needs_the_block_and_a_hex_tree() {
+        assert_eq!(parse_review_identity("tree: 0123456789abcdef0123456789abcdef01234567\n"), None);
+        // The block ends at the first blank line.
+        assert_eq!(
+            parse_review_identity("[review identity]\nloop_id: l1\n\ntree: 0123456789abcdef0123456789abcdef01234567\n"),
+            None
+        );
+        assert_eq!(parse_review_identity("[review identity]\ntree: 0123\n"), None);
+        assert_eq!(parse_review_identity(&format!("[review identity]\ntree: {}\n", "g".repeat(40))), None);
+        assert_eq!(parse_review_identity(&format!("[review identity]\nsubtree: {}\n", "a".repeat(40))), None);
+        assert_eq!(parse_review_identity(""), None);
     }
 }

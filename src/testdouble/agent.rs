@@ -1,7 +1,9 @@
 //! The fake agent (ORCH 1.8): follows a key=value script (`MAM_FAKE_AGENT_SCRIPT`), shows a start-up
 //! dialog when asked, reads the brief a prompt names with the parser `delegate::brief` owns, and runs
 //! the brief's command lines exactly as written, through `bash -c`, from `/`, without the workspace
-//! variables.
+//! variables. Any script key may be given per prompt as `key@N` (docs/DESIGN.md lists the keys),
+//! so one script drives a creator through its implement and correction jobs or a reviewer through
+//! its rounds.
 //!
 //! A stand-in for an agent CLI: like one, it writes its screen itself. Nothing in mam's own flows
 //! calls it.
@@ -21,25 +23,74 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::ctx::{ChildRole, Ctx};
-use crate::delegate::brief::{parse_commands, parse_prompt, parse_report_path};
+use crate::delegate::brief::{parse_commands, parse_prompt, parse_report_path, parse_review_identity};
 use crate::sys;
 
-/// The parsed `MAM_FAKE_AGENT_SCRIPT`.
+/// `MAM_FAKE_AGENT_SCRIPT` as written: its `key=value` pairs in order, a `key@N` key kept with its
+/// suffix. Parsed once; `resolve` turns it into the `Script` of one prompt.
 #[derive(Debug, Default, Clone)]
+struct RawScript {
+    pairs: Vec<(String, String)>,
+}
+
+/// What the script says for one prompt (or, for `startup_blocked` and `on_stop_write`, which act
+/// before the first prompt and after the last, for the whole run).
+#[derive(Debug, Clone)]
 struct Script {
     ack_delay_s: f64,
     never_start: bool,
     work_s: f64,
     report_text: String,
     verdict: Option<String>,
+    identity: Identity,
     report_working: bool,
     crash_after_s: Option<f64>,
     touch_during_review: Option<PathBuf>,
+    edit: Option<PathBuf>,
     spawn_subjob: Option<String>,
     exit_after: u64,
     startup_blocked: u64,
     /// Terminal mode: the shortest time the working title stays up (default `MIN_WORKING_S`).
     min_working_s: Option<f64>,
+    #[cfg(feature = "test-hooks")]
+    on_stop_write: Option<PathBuf>,
+}
+
+/// The `IDENTITY:` line a report gets (ORCH 4.5 d). Available in every build, unlike ORCH 8.8's
+/// listing: the review demo drives pinned rounds with fake reviewers, and a pinned round without an
+/// `IDENTITY` line is NOT PASS.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Identity {
+    /// No IDENTITY line.
+    #[default]
+    Omit,
+    /// The tree of the brief's `[review identity]` block (nothing without a block).
+    Echo,
+    /// A well-formed tree id that differs from the block's tree in every digit.
+    Wrong,
+}
+
+impl Default for Script {
+    fn default() -> Script {
+        Script {
+            ack_delay_s: 0.0,
+            never_start: false,
+            work_s: 0.0,
+            report_text: "fake agent report".into(),
+            verdict: None,
+            identity: Identity::Omit,
+            report_working: true,
+            crash_after_s: None,
+            touch_during_review: None,
+            edit: None,
+            spawn_subjob: None,
+            exit_after: 0,
+            startup_blocked: 0,
+            min_working_s: None,
+            #[cfg(feature = "test-hooks")]
+            on_stop_write: None,
+        }
+    }
 }
 
 /// herdr samples a pane's title a few times a second: a working title shown for less than about
@@ -48,32 +99,96 @@ struct Script {
 /// machine, as a real claude turn lasts longer than that anyway.
 const MIN_WORKING_S: f64 = 1.0;
 
-fn parse_script(text: &str) -> Script {
-    let mut s = Script { report_working: true, report_text: "fake agent report".into(), ..Script::default() };
-    for line in text.lines() {
-        let Some((k, v)) = line.split_once('=') else { continue };
-        let (k, v) = (k.trim(), v.trim());
+fn parse_script(text: &str) -> RawScript {
+    let pairs = text
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    RawScript { pairs }
+}
+
+impl RawScript {
+    /// The script of the `n`-th prompt (1-based): every plain `key` in order (the last one wins),
+    /// then every `key@n` over it, so that a per-prompt value wins wherever it stands and an empty
+    /// one (`verdict@2=`) clears the key for that prompt. `n = 0` gives the plain keys only.
+    fn resolve(&self, n: u64) -> Script {
+        let mut s = Script::default();
+        for (k, v) in &self.pairs {
+            if !k.contains('@') {
+                s.set(k, v);
+            }
+        }
+        for (k, v) in &self.pairs {
+            let Some((base, at)) = k.split_once('@') else { continue };
+            if n > 0 && at.trim().parse::<u64>() == Ok(n) {
+                s.set(base.trim(), v);
+            }
+        }
+        s
+    }
+}
+
+impl Script {
+    /// Applies one `key=value`; an unknown key is ignored, so are the test-hooks keys without the
+    /// feature.
+    fn set(&mut self, k: &str, v: &str) {
         let num = || v.parse::<f64>().unwrap_or(0.0);
         let yes = || matches!(v, "1" | "true" | "yes");
+        let path = || Some(PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty());
         match k {
-            "ack_delay_s" => s.ack_delay_s = num(),
-            "never_start" => s.never_start = yes(),
-            "work_s" => s.work_s = num(),
-            "report_text" => s.report_text = v.replace("\\n", "\n"),
-            "verdict" => s.verdict = Some(v.to_string()).filter(|v| !v.is_empty()),
-            "report_working" => s.report_working = yes(),
-            "crash_after_s" => s.crash_after_s = Some(num()),
-            "touch_during_review" => {
-                s.touch_during_review = Some(PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty())
+            "ack_delay_s" => self.ack_delay_s = num(),
+            "never_start" => self.never_start = yes(),
+            "work_s" => self.work_s = num(),
+            "report_text" => self.report_text = v.replace("\\n", "\n"),
+            "verdict" => self.verdict = Some(v.to_string()).filter(|v| !v.is_empty()),
+            "identity" => {
+                self.identity = match v {
+                    "echo" => Identity::Echo,
+                    "wrong" => Identity::Wrong,
+                    _ => Identity::Omit,
+                }
             }
-            "spawn_subjob" => s.spawn_subjob = Some(v.to_string()).filter(|v| !v.is_empty()),
-            "exit_after" => s.exit_after = v.parse().unwrap_or(0),
-            "startup_blocked" => s.startup_blocked = v.parse().unwrap_or(0),
-            "min_working_s" => s.min_working_s = Some(num()),
+            "report_working" => self.report_working = yes(),
+            "crash_after_s" => self.crash_after_s = Some(v).filter(|v| !v.is_empty()).map(|_| num()),
+            "touch_during_review" => self.touch_during_review = path(),
+            "edit" => self.edit = path(),
+            "spawn_subjob" => self.spawn_subjob = Some(v.to_string()).filter(|v| !v.is_empty()),
+            "exit_after" => self.exit_after = v.parse().unwrap_or(0),
+            "startup_blocked" => self.startup_blocked = v.parse().unwrap_or(0),
+            "min_working_s" => self.min_working_s = Some(v).filter(|v| !v.is_empty()).map(|_| num()),
+            #[cfg(feature = "test-hooks")]
+            "on_stop_write" => self.on_stop_write = path(),
             _ => {}
         }
     }
-    s
+}
+
+/// The report the script writes for a brief: `report_text`, then the IDENTITY line (`identity`),
+/// then the VERDICT line (`verdict`), each on its own line, ending in a newline.
+fn compose_report(s: &Script, brief_text: &str) -> String {
+    let mut body = s.report_text.clone();
+    let identity = match (s.identity, parse_review_identity(brief_text)) {
+        (Identity::Echo, Some(tree)) => Some(tree),
+        (Identity::Wrong, tree) => Some(wrong_tree(tree.as_deref())),
+        _ => None,
+    };
+    if let Some(id) = identity {
+        body.push_str(&format!("\nIDENTITY: {id}"));
+    }
+    if let Some(v) = &s.verdict {
+        body.push_str(&format!("\nVERDICT: {v}"));
+    }
+    body.push('\n');
+    body
+}
+
+/// A tree id as long as `tree` (40 digits without one) that differs from it in every digit.
+fn wrong_tree(tree: Option<&str>) -> String {
+    match tree {
+        Some(t) => t.chars().map(|c| if c == '0' { '1' } else { '0' }).collect(),
+        None => "0".repeat(40),
+    }
 }
 
 /// The window title herdr's claude manifest reads as `idle` (`osc_title_idle`: `^\x{2733} `).
@@ -170,11 +285,64 @@ fn pause(secs: f64) {
 
 /// The fake agent's main: follow the script, answer prompts, run brief lines; returns the exit code.
 pub fn run(ctx: &Ctx) -> Result<i32, String> {
-    let script = ctx
+    let raw = ctx
         .path_var("MAM_FAKE_AGENT_SCRIPT")
         .and_then(|p| std::fs::read_to_string(p).ok())
         .map(|t| parse_script(&t))
-        .unwrap_or_else(|| parse_script(""));
+        .unwrap_or_default();
+    #[cfg(feature = "test-hooks")]
+    if let Some(p) = raw.resolve(0).on_stop_write {
+        stop_hook::arm(p)?;
+    }
+    let rc = serve(ctx, &raw);
+    #[cfg(feature = "test-hooks")]
+    stop_hook::fire();
+    rc
+}
+
+/// `on_stop_write=<path>` (ORCH 8.8, test-hooks only): `stopped` is appended to the path once, when
+/// the agent returns from `serve` (stdin closed, pane directory gone, `exit_after`) or when SIGTERM,
+/// SIGHUP or SIGINT arrives. A SIGKILL (`crash_after_s`) writes nothing.
+#[cfg(feature = "test-hooks")]
+mod stop_hook {
+    use std::path::PathBuf;
+    use std::sync::{Once, OnceLock};
+    use std::time::Duration;
+
+    use crate::sys;
+
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    static WROTE: Once = Once::new();
+
+    /// Records the path, turns the stop signals into recorded ones and starts the watcher. The
+    /// watcher is detached on purpose: it lives as long as the process and is what ends it after a
+    /// signal (terminal mode blocks on stdin, and a brief line may be running).
+    pub fn arm(path: PathBuf) -> Result<(), String> {
+        let _ = PATH.set(path);
+        sys::install_signal_recorders(&[libc::SIGTERM, libc::SIGHUP, libc::SIGINT])
+            .map_err(|e| format!("fake agent: cannot install signal handlers: {e}"))?;
+        std::thread::spawn(|| loop {
+            if let Some(sig) = sys::pending_signal() {
+                fire();
+                std::process::exit(128 + sig);
+            }
+            sys::sleep(Duration::from_millis(50));
+        });
+        Ok(())
+    }
+
+    /// Appends `stopped` once; a second caller waits for the first to finish writing.
+    pub fn fire() {
+        if let Some(p) = PATH.get() {
+            WROTE.call_once(|| {
+                let _ = sys::append_locked(p, b"stopped\n");
+            });
+        }
+    }
+}
+
+fn serve(ctx: &Ctx, raw: &RawScript) -> Result<i32, String> {
+    let script = raw.resolve(0);
     let agent = Agent { pane_dir: ctx.path_var("MAM_FAKE_PANE_DIR"), env: ctx.child_env_for(ChildRole::Agent) };
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -229,7 +397,7 @@ pub fn run(ctx: &Ctx) -> Result<i32, String> {
                     };
                     offset += end + 1;
                     for line in chunk[..end].lines() {
-                        if handle_prompt(&agent, &script, line, &mut handled) {
+                        if handle_prompt(&agent, raw, line, &mut handled) {
                             return Ok(0);
                         }
                     }
@@ -241,7 +409,7 @@ pub fn run(ctx: &Ctx) -> Result<i32, String> {
         None => {
             for line in lines {
                 let Ok(line) = line else { break };
-                if handle_prompt(&agent, &script, &line, &mut handled) {
+                if handle_prompt(&agent, raw, &line, &mut handled) {
                     return Ok(0);
                 }
             }
@@ -250,13 +418,14 @@ pub fn run(ctx: &Ctx) -> Result<i32, String> {
     }
 }
 
-/// Handles one prompt; true when the script says to exit now.
-fn handle_prompt(agent: &Agent, s: &Script, prompt: &str, handled: &mut u64) -> bool {
+/// Handles one prompt with the script resolved for it; true when the script says to exit now.
+fn handle_prompt(agent: &Agent, raw: &RawScript, prompt: &str, handled: &mut u64) -> bool {
     let prompt = prompt.trim();
     if prompt.is_empty() {
         return false;
     }
     *handled += 1;
+    let s = &raw.resolve(*handled);
     let working_since = std::time::Instant::now();
     if s.report_working {
         agent.status("working");
@@ -278,6 +447,9 @@ fn handle_prompt(agent: &Agent, s: &Script, prompt: &str, handled: &mut u64) -> 
             if let Some(l) = cmds.get("start") {
                 agent.run_line(l, &[]);
             }
+            if let Some(p) = &s.edit {
+                let _ = sys::append_locked(p, format!("edited by the fake agent (prompt {handled})\n").as_bytes());
+            }
             if let Some(p) = &s.touch_during_review {
                 let _ = sys::append_locked(p, b"touched by the fake agent during review\n");
             }
@@ -291,11 +463,7 @@ fn handle_prompt(agent: &Agent, s: &Script, prompt: &str, handled: &mut u64) -> 
                 }
             } else {
                 if let Some(rp) = parse_report_path(&text) {
-                    let mut body = s.report_text.clone();
-                    if let Some(v) = &s.verdict {
-                        body.push_str(&format!("\nVERDICT: {v}"));
-                    }
-                    body.push('\n');
+                    let body = compose_report(s, &text);
                     if let Some(parent) = rp.parent() {
                         let _ = sys::create_dir_all(parent);
                     }
@@ -324,11 +492,83 @@ mod tests {
 
     #[test]
     fn script_defaults() {
-        let s = parse_script("work_s=0.5\nverdict=PASS\nreport_working=0\n");
+        let s = parse_script("work_s=0.5\nverdict=PASS\nreport_working=0\n").resolve(1);
         assert!(!s.report_working);
         assert_eq!(s.verdict.as_deref(), Some("PASS"));
         assert!((s.work_s - 0.5).abs() < 1e-9);
         assert_eq!(s.min_working_s, None);
-        assert_eq!(parse_script("min_working_s=0\n").min_working_s, Some(0.0));
+        assert_eq!(s.identity, Identity::Omit);
+        assert_eq!(s.report_text, "fake agent report");
+        assert_eq!(parse_script("min_working_s=0\n").resolve(1).min_working_s, Some(0.0));
+        assert_eq!(RawScript::default().resolve(1).verdict, None);
+    }
+
+    #[test]
+    fn a_per_prompt_key_wins_over_the_plain_key_wherever_it_stands() {
+        let raw = parse_script("verdict@2=PASS\nverdict=NOT PASS\nwork_s@3=2\nedit@1=/w/src.rs\nidentity=echo\n");
+        let v = |n: u64| raw.resolve(n).verdict;
+        assert_eq!(v(1).as_deref(), Some("NOT PASS"));
+        assert_eq!(v(2).as_deref(), Some("PASS"));
+        assert_eq!(v(3).as_deref(), Some("NOT PASS"));
+        assert!((raw.resolve(3).work_s - 2.0).abs() < 1e-9);
+        assert_eq!(raw.resolve(2).work_s, 0.0);
+        assert_eq!(raw.resolve(1).edit, Some(PathBuf::from("/w/src.rs")));
+        assert_eq!(raw.resolve(2).edit, None);
+        assert_eq!(raw.resolve(2).identity, Identity::Echo);
+        // Before the first prompt only the plain keys count.
+        assert_eq!(raw.resolve(0).verdict.as_deref(), Some("NOT PASS"));
+        assert_eq!(parse_script("exit_after@0=1\n").resolve(0).exit_after, 0);
+    }
+
+    #[test]
+    fn an_empty_value_clears_the_key() {
+        let raw = parse_script(
+            "verdict=PASS\nverdict@2=\nspawn_subjob=echo x\nspawn_subjob@1=\ncrash_after_s=1\ncrash_after_s@3=\n",
+        );
+        assert_eq!(raw.resolve(1).verdict.as_deref(), Some("PASS"));
+        assert_eq!(raw.resolve(2).verdict, None);
+        assert_eq!(raw.resolve(1).spawn_subjob, None);
+        assert_eq!(raw.resolve(2).spawn_subjob.as_deref(), Some("echo x"));
+        assert_eq!(raw.resolve(3).crash_after_s, None);
+        assert_eq!(raw.resolve(2).crash_after_s, Some(1.0));
+        assert_eq!(parse_script("verdict=PASS\nverdict=\n").resolve(1).verdict, None);
+    }
+
+    #[test]
+    fn the_report_carries_identity_then_verdict() {
+        let tree = "0123456789abcdef0123456789abcdef01234567";
+        let brief = format!("# Job j1\n\n## Task\n\n[review identity]\nloop_id: l\ntree: {tree}\n\nreview it\n");
+        let raw = parse_script(
+            "report_text=found nothing\\nat all\nverdict=PASS\nidentity@1=echo\nidentity@2=wrong\nverdict@4=\n",
+        );
+        assert_eq!(
+            compose_report(&raw.resolve(1), &brief),
+            format!("found nothing\nat all\nIDENTITY: {tree}\nVERDICT: PASS\n")
+        );
+        let wrong = compose_report(&raw.resolve(2), &brief);
+        let id = wrong.lines().find_map(|l| l.strip_prefix("IDENTITY: ")).unwrap();
+        assert_eq!(id.len(), 40);
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(id.bytes().zip(tree.bytes()).all(|(a, b)| a != b), "{id} differs from {tree} in every digit");
+        assert!(wrong.ends_with("\nVERDICT: PASS\n"));
+        assert_eq!(compose_report(&raw.resolve(3), &brief), "found nothing\nat all\nVERDICT: PASS\n");
+        assert_eq!(compose_report(&raw.resolve(4), &brief), "found nothing\nat all\n");
+        // Without a block, echo writes no IDENTITY line and wrong still writes one that is well formed.
+        assert_eq!(compose_report(&raw.resolve(1), "## Task\n\nno block\n"), "found nothing\nat all\nVERDICT: PASS\n");
+        assert_eq!(
+            compose_report(&raw.resolve(2), "no block"),
+            format!("found nothing\nat all\nIDENTITY: {}\nVERDICT: PASS\n", "0".repeat(40))
+        );
+        let sha256 = "0".repeat(64);
+        assert_eq!(wrong_tree(Some(&sha256)), "1".repeat(64));
+    }
+
+    #[cfg(feature = "test-hooks")]
+    #[test]
+    fn on_stop_write_is_a_test_hook_key() {
+        assert_eq!(
+            parse_script("on_stop_write=/t/stopped\n").resolve(0).on_stop_write,
+            Some(PathBuf::from("/t/stopped"))
+        );
     }
 }
