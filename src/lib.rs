@@ -23,6 +23,7 @@ pub mod paths;
 pub mod publish;
 pub mod registry;
 pub mod remote;
+pub mod review;
 pub mod session;
 pub mod sign;
 pub mod sys;
