@@ -7,7 +7,8 @@
 //! pinned on the command line, so neither the caller's nor the user's git configuration changes the
 //! output. Untracked files are made visible through a temporary index (`GIT_INDEX_FILE` in a private
 //! temp directory, removed afterwards): the repository's own index, status and refs are never
-//! written. It never prints; the command layer renders `DiffError` as the UNAVAILABLE marker.
+//! written. It never prints; the command layer renders `DiffError` as the UNAVAILABLE marker. Its
+//! runner (`Git`, `TempDir`, `exclude_specs`) is shared with `review::git`, one floor up.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -76,11 +77,8 @@ pub fn collect(ctx: &Ctx, req: &Request) -> Result<Vec<u8>, DiffError> {
         return Err(not_repo("not a directory".into()));
     }
     let real = req.root.canonicalize().map_err(|e| not_repo(e.to_string()))?;
-    let mut git = Git { ctx, dir: real.clone(), index: None, deadline };
-    let top = git.run_ok(&["rev-parse", "--show-toplevel"]).map_err(|e| match e {
-        DiffError::Git { detail, .. } => not_repo(detail),
-        e => e,
-    })?;
+    let mut git = Git::new(ctx, real.clone(), deadline);
+    let top = git.run_ok(&["rev-parse", "--show-toplevel"]).map_err(|e| not_repo(e.detail))?;
     let top = PathBuf::from(String::from_utf8_lossy(top.strip_suffix(b"\n").unwrap_or(&top)).into_owned());
     if top != real {
         return Err(not_repo(format!("its top level is {}", show_path(&top))));
@@ -98,7 +96,7 @@ pub fn collect(ctx: &Ctx, req: &Request) -> Result<Vec<u8>, DiffError> {
             (h.clone(), git.run_ok(&with_paths(args, &excludes))?, Vec::new())
         }
         None => {
-            let tmp = TempDir::create(ctx)?;
+            let tmp = TempDir::create(ctx, "mam-diff")?;
             git.index = Some(tmp.path.join("index"));
             let r = worktree_diff(&mut git, &base, &excludes, &tmp.path);
             git.index = None;
@@ -219,7 +217,7 @@ fn with_paths(mut args: Vec<OsString>, excludes: &[OsString]) -> Vec<OsString> {
 }
 
 /// `:(exclude,literal)<rel>` for each excluded path that lies strictly beneath `top`, sorted.
-fn exclude_specs(top: &Path, exclude: &[PathBuf]) -> Vec<OsString> {
+pub(crate) fn exclude_specs(top: &Path, exclude: &[PathBuf]) -> Vec<OsString> {
     let mut rels: Vec<PathBuf> = exclude
         .iter()
         .filter_map(|p| {
@@ -240,15 +238,43 @@ fn exclude_specs(top: &Path, exclude: &[PathBuf]) -> Vec<OsString> {
         .collect()
 }
 
-/// One bounded git invocation after another, in `dir`, under one deadline.
-struct Git<'a> {
-    ctx: &'a Ctx,
-    dir: PathBuf,
-    index: Option<PathBuf>,
-    deadline: Instant,
+/// A git run that failed: could not be started, timed out, or exited non-zero (`what` is the git
+/// command, `detail` the exit status and git's last stderr line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunError {
+    pub(crate) what: String,
+    pub(crate) detail: String,
 }
 
-impl Git<'_> {
+impl From<RunError> for DiffError {
+    fn from(e: RunError) -> DiffError {
+        DiffError::Git { what: e.what, detail: e.detail }
+    }
+}
+
+/// One bounded git invocation after another, in `dir`, under one deadline; shared with
+/// `review::git`. The environment is cleared: only `PATH`, the pinned variables below, `extra_env`
+/// and git's own command-line configuration variables (`GIT_CONFIG_COUNT`, `GIT_CONFIG_KEY_<n>`,
+/// `GIT_CONFIG_VALUE_<n>`, taken from the ctx when present, so a caller or a test can enable
+/// settings such as `protocol.file.allow` explicitly) reach git. The `-c` settings pinned here win
+/// over those variables (git reads `-c` last).
+pub(crate) struct Git<'a> {
+    pub(crate) ctx: &'a Ctx,
+    pub(crate) dir: PathBuf,
+    /// `GIT_INDEX_FILE`: a temporary index instead of the repository's own.
+    pub(crate) index: Option<PathBuf>,
+    pub(crate) deadline: Instant,
+    /// More variables for every run (the snapshot commit's identity).
+    pub(crate) extra_env: Vec<(&'static str, String)>,
+    /// Leading arguments for every run, before the subcommand (`-c` settings).
+    pub(crate) extra_args: Vec<&'static str>,
+}
+
+impl<'a> Git<'a> {
+    pub(crate) fn new(ctx: &'a Ctx, dir: PathBuf, deadline: Instant) -> Git<'a> {
+        Git { ctx, dir, index: None, deadline, extra_env: Vec::new(), extra_args: Vec::new() }
+    }
+
     /// Resolves `value` to a full commit id.
     fn commit(&mut self, which: &'static str, value: &OsStr) -> Result<String, DiffError> {
         let bad = || DiffError::BadCommit { which, value: value.to_string_lossy().into_owned() };
@@ -264,17 +290,16 @@ impl Git<'_> {
     }
 
     /// Runs git and requires exit 0; returns its stdout.
-    fn run_ok<S: AsRef<OsStr>>(&mut self, args: &[S]) -> Result<Vec<u8>, DiffError> {
+    pub(crate) fn run_ok<S: AsRef<OsStr>>(&mut self, args: &[S]) -> Result<Vec<u8>, RunError> {
         let out = self.run(args)?;
         if out.status.success() {
             return Ok(out.stdout);
         }
-        let err = String::from_utf8_lossy(&out.stderr);
-        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
-        Err(DiffError::Git { what: what(args), detail: format!("{}: {last}", out.status) })
+        Err(RunError { what: what(args), detail: failure_detail(&out) })
     }
 
-    fn run<S: AsRef<OsStr>>(&mut self, args: &[S]) -> Result<std::process::Output, DiffError> {
+    /// Runs git to its end (any exit status) within the deadline.
+    pub(crate) fn run<S: AsRef<OsStr>>(&mut self, args: &[S]) -> Result<std::process::Output, RunError> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         let mut cmd = std::process::Command::new("git");
         cmd.env_clear().current_dir(&self.dir);
@@ -292,6 +317,15 @@ impl Git<'_> {
             ("GIT_PAGER", "cat"),
             ("PAGER", "cat"),
         ]);
+        for name in self.ctx.var_names() {
+            let passed = name == "GIT_CONFIG_COUNT"
+                || name.starts_with("GIT_CONFIG_KEY_")
+                || name.starts_with("GIT_CONFIG_VALUE_");
+            if let (true, Some(v)) = (passed, self.ctx.var(&name)) {
+                cmd.env(&name, v);
+            }
+        }
+        cmd.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
         if let Some(index) = &self.index {
             cmd.env("GIT_INDEX_FILE", index);
         }
@@ -310,9 +344,17 @@ impl Git<'_> {
             "diff.autoRefreshIndex=true",
             "--no-pager",
         ]);
+        cmd.args(&self.extra_args);
         cmd.args(args);
-        pane::run_capture(&mut cmd, left, "git").map_err(|e| DiffError::Git { what: what(args), detail: e.to_string() })
+        pane::run_capture(&mut cmd, left, "git").map_err(|e| RunError { what: what(args), detail: e.to_string() })
     }
+}
+
+/// The exit status and git's last non-empty stderr line, for messages.
+pub(crate) fn failure_detail(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+    format!("{}: {last}", out.status)
 }
 
 /// `git <first word>` for messages.
@@ -321,20 +363,35 @@ fn what<S: AsRef<OsStr>>(args: &[S]) -> String {
     format!("git {}", word.unwrap_or_default())
 }
 
-/// A private temp directory (0700, a fresh random name) removed on drop.
-struct TempDir {
-    path: PathBuf,
+/// A private temp directory (0700, a fresh random name) removed on drop; shared with `review::git`.
+pub(crate) struct TempDir {
+    pub(crate) path: PathBuf,
+}
+
+/// The temp directory could not be made (`path` is the one tried, or the base when no name could
+/// be drawn).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TempError {
+    pub(crate) path: PathBuf,
+    pub(crate) detail: String,
+}
+
+impl From<TempError> for DiffError {
+    fn from(e: TempError) -> DiffError {
+        DiffError::Temp { path: e.path, detail: e.detail }
+    }
 }
 
 impl TempDir {
-    fn create(ctx: &Ctx) -> Result<TempDir, DiffError> {
+    /// `$TMPDIR/<prefix>-<16 hex>` (`/tmp` when TMPDIR is unset or relative).
+    pub(crate) fn create(ctx: &Ctx, prefix: &str) -> Result<TempDir, TempError> {
         let base = ctx.path_var("TMPDIR").filter(|p| p.is_absolute()).unwrap_or_else(|| PathBuf::from("/tmp"));
-        let name = sys::random_hex(8).map_err(|e| DiffError::Temp { path: base.clone(), detail: e.to_string() })?;
-        let path = base.join(format!("mam-diff-{name}"));
+        let name = sys::random_hex(8).map_err(|e| TempError { path: base.clone(), detail: e.to_string() })?;
+        let path = base.join(format!("{prefix}-{name}"));
         if path.exists() {
-            return Err(DiffError::Temp { path, detail: "already exists".into() });
+            return Err(TempError { path, detail: "already exists".into() });
         }
-        sys::create_dir_all(&path).map_err(|e| DiffError::Temp { path: path.clone(), detail: e.to_string() })?;
+        sys::create_dir_all(&path).map_err(|e| TempError { path: path.clone(), detail: e.to_string() })?;
         Ok(TempDir { path })
     }
 }

@@ -42,6 +42,8 @@ Options:
   --parent JID          the parent job (MAM_PARENT_JOB_ID)
   --deadline-source job|wall-clock
                         which limit the deadline is: deadline_timeout (job) or wall_clock_timeout
+  --context-file PATH   a block rendered in brief.md before the task (the review loop's
+                        [worktree context]; same limits as --brief-file)
   -h, --help            print this help
 
 Also read: SKS_DELIVERY_GRACE_S and the other send-keys-safe knobs of `mam pane`,
@@ -71,6 +73,7 @@ struct Args {
     job_id: Option<String>,
     parent: Option<String>,
     deadline_source: DeadlineSource,
+    context_file: Option<PathBuf>,
 }
 
 fn job_id_flag(flag: &str, v: OsString) -> Result<String, Failure> {
@@ -107,6 +110,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 }
                 a.job_type = Some(v);
             }
+            Long("context-file") => a.context_file = Some(PathBuf::from(p.value()?)),
             Long("job-id") => a.job_id = Some(job_id_flag("--job-id", p.value()?)?),
             Long("parent") => a.parent = Some(job_id_flag("--parent", p.value()?)?),
             Long("deadline-source") => {
@@ -135,10 +139,10 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
 
 /// The task text: a readable regular file, UTF-8 without NUL, not blank, at most `MAX_TASK` bytes.
 /// Every refusal is rc 2 naming the file; nothing is registered.
-fn read_task(ctx: &Ctx, path: &std::path::Path) -> Result<String, Failure> {
+fn read_task(ctx: &Ctx, flag: &str, path: &std::path::Path) -> Result<String, Failure> {
     let abs = sys::absolutize(ctx.cwd(), path);
     let shown = text::show_path(&abs);
-    let refuse = |why: String| Failure::usage(format!("--brief-file {shown}: {why}; nothing registered"));
+    let refuse = |why: String| Failure::usage(format!("{flag} {shown}: {why}; nothing registered"));
     let f = std::fs::File::open(&abs).map_err(|e| refuse(format!("cannot read ({e})")))?;
     let meta = f.metadata().map_err(|e| refuse(format!("cannot read ({e})")))?;
     if !meta.is_file() {
@@ -201,7 +205,10 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     if ctx.var_nonempty("MAM_INJECT_ACK_GRACE_S").is_some() {
         ctx.diag("NOTE: MAM_INJECT_ACK_GRACE_S is deprecated and has no effect (the ack timeout T decides)");
     }
-    req.task = read_task(ctx, a.brief_file.as_deref().unwrap_or(std::path::Path::new("")))?;
+    req.task = read_task(ctx, "--brief-file", a.brief_file.as_deref().unwrap_or(std::path::Path::new("")))?;
+    if let Some(c) = &a.context_file {
+        req.context = Some(read_task(ctx, "--context-file", c)?);
+    }
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let out = ctx.clone();
     let mut diag = |l: &str| out.diag(l);

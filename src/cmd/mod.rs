@@ -8,6 +8,7 @@ pub mod diff_collect;
 pub mod env;
 pub mod heartbeat;
 pub mod jobs;
+pub mod loop_;
 pub mod monitor;
 pub mod pane;
 pub mod paths;

@@ -1,3 +1,9 @@
 //! The review loop (ORCH 4): `mam loop`'s library side.
 
+pub mod admin;
+pub mod checkpoint;
+pub mod dispatch;
 pub mod evidence;
+pub mod git;
+pub mod prompt;
+pub mod run;

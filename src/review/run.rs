@@ -1,0 +1,1615 @@
+//! `mam loop` (ORCH 4): validation before the lock (4.2), the loop dir, the per-creator lock and the
+//! frozen binary (4.3), the plan / implement / review phases (4.5) with pinning, isolation,
+//! staleness (4.6), budgets and the stall watcher (4.7), promotion (4.8). It never prints: every
+//! line goes through the caller's `say`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::checkpoint::{self, Checkpoint, JobRow, ReviewerRow, Round, RoundIdentity};
+use super::dispatch::{self, Budget, ChildSpec};
+use super::evidence::{self, CreatorLine, Ruling, Verdict};
+use super::git::{self, Guard, PinError, Repo, Snapshot};
+use super::prompt::{self, Change, Prompt};
+use crate::clock;
+use crate::ctx::{ChildRole, Ctx};
+use crate::ops;
+use crate::paths;
+use crate::registry::engine::Kind;
+use crate::registry::is_terminal;
+use crate::registry::store::Store;
+use crate::session;
+use crate::sys::{self, Flock, LockMode};
+use crate::text::{one_line, show_path};
+
+/// The largest task or plan file the loop takes.
+pub const MAX_TASK_BYTES: u64 = 1024 * 1024;
+/// How much of a report the evidence check reads; a longer report counts as cut (A35).
+pub const MAX_REPORT_BYTES: u64 = 1024 * 1024;
+/// The poll interval of every wait.
+const POLL: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    Tree,
+    Env,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteReview {
+    Refuse,
+    DiffOnly,
+}
+
+/// A validated command line (the env knobs already read by the command layer).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub creator: String,
+    pub reviewers: Vec<String>,
+    pub task_file: Option<PathBuf>,
+    pub plan: bool,
+    pub plan_file: Option<PathBuf>,
+    pub max_rounds: u32,
+    pub worktree: Option<PathBuf>,
+    /// `--worktree` came from `MAM_LOOP_WORKTREE`.
+    pub worktree_from_env: bool,
+    pub base: Option<String>,
+    pub review_only: bool,
+    pub isolation: Option<Isolation>,
+    pub remote_review: Option<RemoteReview>,
+    /// 0 = none (A41).
+    pub wall_clock_s: u32,
+    pub job_timeout_s: u32,
+    /// 0 = off.
+    pub stall_s: u32,
+    pub registry_dir: Option<PathBuf>,
+    pub diff_max: u32,
+    pub heartbeat_sec: u32,
+    pub heartbeat_misses: u32,
+    pub ack_timeout_s: u32,
+}
+
+/// Why a loop did not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoopError {
+    /// Validation (4.2): exit 2, nothing locked or delegated.
+    Invalid(String),
+    /// Another loop holds the creator's lock: exit 3.
+    Busy(String),
+    /// The control plane could not be prepared: exit 1.
+    Failed(String),
+}
+
+impl std::fmt::Display for LoopError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoopError::Invalid(m) | LoopError::Busy(m) | LoopError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+/// How a loop ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub loop_id: String,
+    pub outcome: String,
+    pub rc: i32,
+    pub reports: Option<PathBuf>,
+    pub checkpoint: PathBuf,
+    pub reason: Option<String>,
+}
+
+/// Where a line goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Out {
+    Stdout,
+    Stderr,
+}
+
+/// Everything validation established (4.2).
+struct Plan {
+    control: PathBuf,
+    source: PathBuf,
+    resolved: paths::Resolved,
+    task: Option<String>,
+    plan_file: Option<PathBuf>,
+    /// (full sha, where it came from) when pinned.
+    base: Option<(String, String)>,
+    remote: Vec<String>,
+    isolation: Isolation,
+}
+
+fn invalid(msg: impl std::fmt::Display) -> LoopError {
+    LoopError::Invalid(format!("loop: {}", one_line(&msg.to_string())))
+}
+
+/// Reads a task or plan file: present, non-empty, UTF-8 text without NUL, at most 1 MiB.
+fn read_text_file(flag: &str, path: &Path) -> Result<String, LoopError> {
+    let bytes = checkpoint::read_bounded(path, MAX_TASK_BYTES).map_err(|e| {
+        invalid(format!("{flag} {}: cannot read ({e}); give an existing text file of at most 1 MiB", show_path(path)))
+    })?;
+    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(invalid(format!("{flag} {}: the file is empty", show_path(path))));
+    }
+    if bytes.contains(&0) {
+        return Err(invalid(format!("{flag} {}: a binary file (NUL bytes); give a text file", show_path(path))));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| invalid(format!("{flag} {}: not UTF-8 text; give a text file", show_path(path))))
+}
+
+fn validate(ctx: &Ctx, o: &Options) -> Result<Plan, LoopError> {
+    if o.max_rounds < 1 {
+        return Err(invalid("--max-rounds must be at least 1"));
+    }
+    if o.review_only && o.base.is_none() {
+        return Err(invalid("--review-only needs --base REF (the commit the review starts from)"));
+    }
+    if o.review_only && (o.plan || o.plan_file.is_some()) {
+        return Err(invalid("--review-only reviews an existing change: it takes neither --plan nor --plan-file"));
+    }
+    if o.plan && o.plan_file.is_some() {
+        return Err(invalid("give --plan (write a plan) or --plan-file PATH (use this plan), not both"));
+    }
+    if !o.review_only && o.task_file.is_none() {
+        return Err(invalid("--task-file PATH is required (unless --review-only)"));
+    }
+    let pinned = o.worktree.is_some() || o.base.is_some();
+    if !pinned && o.isolation.is_some() {
+        return Err(invalid("--review-isolation needs --worktree or --base (an unpinned loop has no review tree)"));
+    }
+    if !pinned && o.remote_review.is_some() {
+        return Err(invalid("--remote-review needs --worktree or --base (a remote reviewer sees only a pinned diff)"));
+    }
+    let mut seen = Vec::new();
+    for r in &o.reviewers {
+        if *r == o.creator {
+            return Err(invalid(format!(
+                "the creator {r} is also listed as a reviewer; without --reviewer it reviews itself"
+            )));
+        }
+        if seen.contains(r) {
+            return Err(invalid(format!("reviewer {r} is listed twice")));
+        }
+        seen.push(r.clone());
+    }
+    let task = match &o.task_file {
+        Some(p) => Some(read_text_file("--task-file", &sys::absolutize(ctx.cwd(), p))?),
+        None => None,
+    };
+    let plan_file = match &o.plan_file {
+        Some(p) => {
+            let abs = sys::absolutize(ctx.cwd(), p);
+            read_text_file("--plan-file", &abs)?;
+            Some(abs)
+        }
+        None => None,
+    };
+    let resolved = paths::resolve(ctx, o.registry_dir.as_deref()).map_err(|e| LoopError::Failed(e.to_string()))?;
+    let control = resolved.control_root.clone();
+
+    // Sessions: the creator local and running; reviewers known, local ones running.
+    let doc = session::load(&resolved.sessions).map_err(|e| invalid(e.to_string()))?;
+    let sessions = show_path(&resolved.sessions);
+    let Some(c) = doc.row(&o.creator) else {
+        return Err(invalid(format!("unknown session '{}' (no row in {sessions})", one_line(&o.creator))));
+    };
+    if c.remote() {
+        return Err(invalid(format!(
+            "the creator {} is a remote session; the creator must be a local session",
+            c.name
+        )));
+    }
+    if !c.running() {
+        return Err(invalid(format!("the creator {} is {}, not running", c.name, c.status)));
+    }
+    let mut remote = Vec::new();
+    for r in &o.reviewers {
+        let Some(row) = doc.row(r) else {
+            return Err(invalid(format!("unknown session '{}' (no row in {sessions})", one_line(r))));
+        };
+        if row.remote() {
+            remote.push(r.clone());
+        } else if !row.running() {
+            return Err(invalid(format!("reviewer {r} is {}, not running", row.status)));
+        }
+    }
+
+    // The source root: --worktree (same repository as the control root) or the control root.
+    let source = match &o.worktree {
+        None => control.clone(),
+        Some(w) => {
+            let from = if o.worktree_from_env { "MAM_LOOP_WORKTREE" } else { "--worktree" };
+            let w = sys::absolutize(ctx.cwd(), w);
+            if !w.is_dir() {
+                return Err(invalid(format!("{from} {}: no such directory", show_path(&w))));
+            }
+            let real = w.canonicalize().map_err(|e| invalid(format!("{from} {}: {e}", show_path(&w))))?;
+            let top = git::toplevel(ctx, &real)
+                .map_err(|e| invalid(format!("{from} {}: not a git worktree ({e})", show_path(&w))))?;
+            if top != real {
+                return Err(invalid(format!(
+                    "{from} {}: not the top level of its worktree (that is {})",
+                    show_path(&w),
+                    show_path(&top)
+                )));
+            }
+            let mine = git::common_dir(ctx, &real).map_err(|e| invalid(format!("{from} {}: {e}", show_path(&w))))?;
+            let theirs = git::common_dir(ctx, &control).map_err(|e| {
+                invalid(format!("the control root {} is not a git repository ({e})", show_path(&control)))
+            })?;
+            if mine != theirs {
+                return Err(invalid(format!(
+                    "{from} {}: a worktree of another repository (git dir {}, the control root's is {})",
+                    show_path(&w),
+                    show_path(&mine),
+                    show_path(&theirs)
+                )));
+            }
+            real
+        }
+    };
+
+    let base = match (&o.base, &o.worktree) {
+        (Some(b), _) => {
+            let sha = git::resolve_commit(ctx, &source, b).map_err(|e| {
+                invalid(format!("--base '{}': not a commit of {} ({e})", one_line(b), show_path(&source)))
+            })?;
+            let head = git::head(ctx, &source).map_err(|e| invalid(format!("{}: {e}", show_path(&source))))?;
+            match git::is_ancestor(ctx, &source, &sha, &head) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(invalid(format!(
+                        "--base '{}' ({sha}) is not an ancestor of HEAD {head} of {}",
+                        one_line(b),
+                        show_path(&source)
+                    )))
+                }
+                Err(e) => return Err(invalid(format!("--base '{}': {e}", one_line(b)))),
+            }
+            Some((sha, format!("--base {}", one_line(b))))
+        }
+        (None, Some(_)) => {
+            let head = git::head(ctx, &source).map_err(|e| invalid(format!("{}: {e}", show_path(&source))))?;
+            let chead = git::head(ctx, &control).map_err(|e| invalid(format!("{}: {e}", show_path(&control))))?;
+            let mb = git::merge_base(ctx, &source, &head, &chead).map_err(|e| {
+                invalid(format!("no merge-base of the worktree and the control root ({e}); give --base"))
+            })?;
+            Some((mb, "merge-base of the worktree's HEAD and the control root's HEAD".to_string()))
+        }
+        (None, None) => None,
+    };
+    if !remote.is_empty() {
+        match o.remote_review {
+            Some(RemoteReview::DiffOnly) if base.is_some() => {}
+            Some(RemoteReview::DiffOnly) => {
+                return Err(invalid("--remote-review diff-only needs a base (--base or --worktree)"));
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "reviewer {} is a remote session; a remote reviewer sees no checkout: admit it with \
+                     --remote-review diff-only",
+                    remote[0]
+                )));
+            }
+        }
+    } else if o.remote_review == Some(RemoteReview::DiffOnly) && base.is_none() {
+        return Err(invalid("--remote-review diff-only needs a base (--base or --worktree)"));
+    }
+    Ok(Plan {
+        control,
+        source,
+        resolved,
+        task,
+        plan_file,
+        base,
+        remote,
+        isolation: o.isolation.unwrap_or(Isolation::Tree),
+    })
+}
+
+/// Why the loop stopped early.
+#[derive(Debug)]
+enum Stop {
+    /// rc 1 with a reason for the loop job (`rounds_exhausted`, ...).
+    Fail { reason: String, msg: String },
+    /// A refused round (A39): rc 1, `refused:<cause>`.
+    Refused { round: u32, cause: String, msg: String },
+    /// SIGTERM/SIGINT.
+    Interrupted(i32),
+    /// The wall clock ran out.
+    WallClock(String),
+}
+
+fn fail(reason: &str, msg: impl Into<String>) -> Stop {
+    Stop::Fail { reason: reason.into(), msg: msg.into() }
+}
+
+/// One job to dispatch.
+struct Spec {
+    session: String,
+    remote: bool,
+    jid: String,
+    role: &'static str,
+    round: u32,
+    prompt: Prompt,
+    /// The file stem under `prompts/`.
+    name: String,
+    /// Where the report is copied when the job ends.
+    copy_to: PathBuf,
+}
+
+/// A job that ended.
+struct Done {
+    session: String,
+    jid: String,
+    report: String,
+    truncated: bool,
+    copy: PathBuf,
+}
+
+struct InFlight {
+    spec: Spec,
+    child: Child,
+    row: usize,
+    dispatched_ms: u64,
+    stdout: PathBuf,
+    stderr: PathBuf,
+    last_stall_ms: Option<u64>,
+}
+
+struct Loop<'a> {
+    ctx: &'a Ctx,
+    o: &'a Options,
+    say: &'a mut dyn FnMut(Out, &str),
+    p: Plan,
+    cp: Checkpoint,
+    cp_path: PathBuf,
+    dir: PathBuf,
+    frozen: PathBuf,
+    store: Store,
+    started: Instant,
+    inflight: Vec<InFlight>,
+    trees: Vec<PathBuf>,
+    creator_jid: String,
+    creator_registered: bool,
+    /// The creator's latest report (copy in the loop dir).
+    creator_report: Option<PathBuf>,
+    seq: u32,
+    exclude: Vec<PathBuf>,
+    /// Each reviewer's loop record (and the creator's self-review record), drawn once (A32).
+    reviewer_ids: HashMap<String, String>,
+}
+
+/// The whole loop. `Err` only before the loop dir exists (validation, lock, preparation).
+pub fn run(ctx: &Ctx, o: &Options, say: &mut dyn FnMut(Out, &str)) -> Result<Outcome, LoopError> {
+    let p = validate(ctx, o)?;
+    // Lock (A39 start order: validate -> lock -> loop dir -> freeze -> checkpoint).
+    let loop_root = p.control.join(".mam").join("loop");
+    sys::create_dir_all(&loop_root)
+        .map_err(|e| LoopError::Failed(format!("loop: cannot create {} ({e})", show_path(&loop_root))))?;
+    let lock_path = loop_root.join(format!("{}.lock", o.creator));
+    let file = sys::open_lock_file(&lock_path)
+        .map_err(|e| LoopError::Failed(format!("loop: cannot open the lock {} ({e})", show_path(&lock_path))))?;
+    let lock = match Flock::try_acquire(file, LockMode::Exclusive) {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
+            let holder = holder.trim();
+            return Err(LoopError::Busy(format!(
+                "loop: creator {} is busy: loop {} holds {}; wait for it or stop it",
+                o.creator,
+                if holder.is_empty() { "(unknown)" } else { holder },
+                show_path(&lock_path)
+            )));
+        }
+        Err(e) => return Err(LoopError::Failed(format!("loop: cannot lock {} ({e})", show_path(&lock_path)))),
+    };
+    let loop_id = sys::random_hex(4).map_err(|e| LoopError::Failed(format!("loop: no random bytes ({e})")))?;
+    let _ = sys::write_in_place(&lock.file, format!("{loop_id}\n").as_bytes());
+    let dir = loop_root.join(&loop_id);
+    for d in [dir.clone(), dir.join("prompts"), dir.join("review"), dir.join("bin")] {
+        sys::create_dir_all(&d)
+            .map_err(|e| LoopError::Failed(format!("loop: cannot create {} ({e})", show_path(&d))))?;
+    }
+    let frozen = dir.join("bin").join("mam");
+    freeze(&frozen).map_err(|e| LoopError::Failed(format!("loop: cannot copy mam to {} ({e})", show_path(&frozen))))?;
+    let creator_jid = clock::new_job_id().map_err(|e| LoopError::Failed(format!("loop: no job id ({e})")))?;
+    let now = clock::now_ts();
+    let cp = Checkpoint {
+        loop_id: loop_id.clone(),
+        framework_version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+        control_root: p.control.display().to_string(),
+        source_root: p.source.display().to_string(),
+        registry: p.resolved.registry.display().to_string(),
+        base: p.base.as_ref().map(|b| b.0.clone()),
+        base_origin: p.base.as_ref().map(|b| b.1.clone()),
+        creator: o.creator.clone(),
+        creator_jid: creator_jid.clone(),
+        reviewers: o.reviewers.clone(),
+        phase: if o.plan { "plan" } else { "implement" }.into(),
+        round: 0,
+        max_rounds: o.max_rounds,
+        plan_path: p.plan_file.as_ref().map(|p| p.display().to_string()),
+        collector: frozen.display().to_string(),
+        started_at: now.clone(),
+        updated_at: now,
+        wall_clock_s: o.wall_clock_s,
+        jobs: Vec::new(),
+        review_rounds: Vec::new(),
+        promoted: Vec::new(),
+        outcome: None,
+        reason: None,
+        rc: None,
+    };
+    let cp_path = dir.join("checkpoint.json");
+    cp.write(&cp_path).map_err(|e| LoopError::Failed(format!("loop: {e}")))?;
+    let store = Store::from_resolved(&p.resolved);
+    let mut exclude = vec![p.control.join(".mam"), p.resolved.registry.clone(), p.resolved.logs.clone()];
+    if p.source != p.control {
+        exclude.push(p.source.join(".mam"));
+    }
+    let mut lp = Loop {
+        ctx,
+        o,
+        say,
+        p,
+        cp,
+        cp_path,
+        dir,
+        frozen,
+        store,
+        started: Instant::now(),
+        inflight: Vec::new(),
+        trees: Vec::new(),
+        creator_jid,
+        creator_registered: false,
+        creator_report: None,
+        seq: 0,
+        exclude,
+        reviewer_ids: HashMap::new(),
+    };
+    lp.line(&format!(
+        "loop {loop_id}: creator {}, reviewers {}, control root {}, source {}{}",
+        o.creator,
+        if o.reviewers.is_empty() { "none (self-review)".to_string() } else { o.reviewers.join(", ") },
+        show_path(&lp.p.control),
+        show_path(&lp.p.source),
+        match &lp.p.base {
+            Some((b, origin)) => format!(", base {} ({origin})", &b[..12.min(b.len())]),
+            None => String::new(),
+        }
+    ));
+    let result = lp.drive();
+    let out = lp.finish(result);
+    drop(lock);
+    Ok(out)
+}
+
+/// Copies this executable to `dest` (0755), so a rebuild in the tree under review cannot change
+/// the running loop (4.3).
+fn freeze(dest: &Path) -> std::io::Result<()> {
+    use std::io::Read;
+    let exe = std::env::current_exe()?;
+    let mut bytes = Vec::new();
+    std::fs::File::open(&exe)?.read_to_end(&mut bytes)?;
+    sys::atomic_write(dest, &bytes)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o755))
+}
+
+impl Loop<'_> {
+    fn line(&mut self, s: &str) {
+        (self.say)(Out::Stdout, s);
+    }
+    fn diag(&mut self, s: &str) {
+        (self.say)(Out::Stderr, s);
+    }
+    fn elapsed(&self) -> String {
+        format!("{:.1} s", self.started.elapsed().as_secs_f64())
+    }
+    fn save(&mut self) {
+        self.cp.updated_at = clock::now_ts();
+        if let Err(e) = self.cp.write(&self.cp_path) {
+            let l = format!("WARNING: {e}");
+            self.diag(&l);
+        }
+    }
+    fn pinned(&self) -> bool {
+        self.p.base.is_some()
+    }
+    fn repo(&self) -> Repo {
+        Repo { root: self.p.source.clone(), exclude: self.exclude.clone() }
+    }
+    /// Whole seconds of wall clock left; None = no wall clock (A36).
+    fn remaining(&self) -> Option<u64> {
+        if self.o.wall_clock_s == 0 {
+            return None;
+        }
+        Some((self.o.wall_clock_s as u64).saturating_sub(self.started.elapsed().as_secs()))
+    }
+    fn check_signal(&self) -> Result<(), Stop> {
+        match sys::pending_signal() {
+            Some(s) => Err(Stop::Interrupted(s)),
+            None => Ok(()),
+        }
+    }
+
+    fn drive(&mut self) -> Result<(), Stop> {
+        let plan = self.plan_phase()?;
+        self.implement_phase(plan.as_deref())?;
+        self.review_rounds()
+    }
+
+    // ---- plan (4.5 step 1) ----
+
+    fn plan_phase(&mut self) -> Result<Option<String>, Stop> {
+        if let Some(p) = &self.p.plan_file {
+            let s = p.display().to_string();
+            self.line(&format!("plan: using {} (--plan-file)", show_path(p)));
+            return Ok(Some(s));
+        }
+        if !self.o.plan {
+            return Ok(None);
+        }
+        self.cp.phase = "plan".into();
+        let task = self.p.task.clone().unwrap_or_default();
+        let creator = self.o.creator.clone();
+        let mut body = prompt::plan(&task);
+        let mut role = "planner";
+        for round in 1..=self.o.max_rounds {
+            let name = format!("plan{round}-{creator}");
+            let copy = self.dir.join("review").join(format!("p{round}")).join(format!("{creator}.plan.md"));
+            let spec = self.creator_spec(role, round, Prompt { context: None, body: body.clone() }, &name, copy);
+            let done = self.dispatch(vec![spec])?.remove(0);
+            if done.report.trim().is_empty() {
+                return Err(fail("empty_plan", format!("plan round {round}: the planner's report is empty")));
+            }
+            let plan_copy = done.copy.display().to_string();
+            // Reviewers (or the creator itself) judge the plan: VERDICT only.
+            let mut specs = Vec::new();
+            let reviewers = self.reviewer_list();
+            for (session, remote, own) in &reviewers {
+                let jid = self.reviewer_jid(session, own.then_some("self"))?;
+                let text = prompt::plan_review(&task, round, &plan_copy, *own);
+                let copy = self.dir.join("review").join(format!("p{round}")).join(format!("{session}.md"));
+                specs.push(Spec {
+                    session: self.address(session, *remote),
+                    remote: *remote,
+                    jid,
+                    role: "plan-reviewer",
+                    round,
+                    prompt: Prompt { context: None, body: text },
+                    name: format!("plan{round}-review-{session}"),
+                    copy_to: copy,
+                });
+            }
+            let dones = self.dispatch(specs)?;
+            let mut sections = Vec::new();
+            let mut rows = Vec::new();
+            for d in &dones {
+                let j = evidence::judge(&d.report, None, d.truncated);
+                self.line(&format!(
+                    "plan round {round} · plan-reviewer {} · job {} · VERDICT: {} · {}",
+                    d.session,
+                    d.jid,
+                    j.verdict.as_str(),
+                    self.elapsed()
+                ));
+                if j.verdict != Verdict::Pass {
+                    sections.push(evidence::findings_section(&d.session, &d.jid, &d.report, j.synthetic.as_deref()));
+                }
+                rows.push(ReviewerRow {
+                    session: d.session.clone(),
+                    jid: d.jid.clone(),
+                    transport: "local".into(),
+                    evidence: "plan".into(),
+                    verdict: Some(j.verdict.as_str().into()),
+                    synthetic: j.synthetic.clone(),
+                    report: Some(d.copy.display().to_string()),
+                });
+            }
+            self.cp.review_rounds.push(Round {
+                round,
+                kind: "plan".into(),
+                identity: None,
+                snapshot_commit: None,
+                isolation: "none".into(),
+                stale: false,
+                diff: None,
+                reviewers: rows,
+            });
+            self.save();
+            if sections.is_empty() {
+                let dest = self.reports_dir().join(&creator).join(format!("plan-{}.md", self.creator_jid));
+                self.promote_file(&done.copy, &dest)
+                    .map_err(|e| fail("promotion_failed", format!("cannot promote the plan: {e}")))?;
+                self.line(&format!("plan: passed in round {round}; promoted to {}", show_path(&dest)));
+                let s = dest.display().to_string();
+                self.cp.plan_path = Some(s.clone());
+                self.save();
+                return Ok(Some(s));
+            }
+            if round == self.o.max_rounds {
+                break;
+            }
+            let findings = self.dir.join("review").join(format!("p{round}")).join("findings.md");
+            sys::atomic_write(&findings, evidence::findings_file(&sections).as_bytes())
+                .map_err(|e| fail("delegation_failed", format!("cannot write {}: {e}", show_path(&findings))))?;
+            body = prompt::plan_revision(&task, round, &findings.display().to_string());
+            role = "planner";
+        }
+        Err(fail("plan_rounds_exhausted", format!("the plan did not pass in {} rounds", self.o.max_rounds)))
+    }
+
+    // ---- implement (4.5 step 2) ----
+
+    fn implement_phase(&mut self, plan: Option<&str>) -> Result<(), Stop> {
+        self.cp.phase = "implement".into();
+        self.save();
+        if self.o.review_only {
+            self.line("implement: skipped (--review-only); the creator still gets correction and comply jobs");
+            return Ok(());
+        }
+        let task = self.p.task.clone().unwrap_or_default();
+        let body = prompt::implement(&task, plan);
+        let context = self.creator_context()?;
+        let creator = self.o.creator.clone();
+        let copy = self.dir.join("review").join("implement").join(format!("{creator}.md"));
+        let spec = self.creator_spec("implementer", 0, Prompt { context, body }, &format!("implement-{creator}"), copy);
+        self.dispatch(vec![spec])?;
+        Ok(())
+    }
+
+    // ---- review rounds (4.5 step 3) ----
+
+    fn review_rounds(&mut self) -> Result<(), Stop> {
+        self.cp.phase = "review".into();
+        let reviewers = self.reviewer_list();
+        // Per reviewer: the findings the creator challenged (for the next prompt), the last report.
+        let mut challenged: HashMap<String, Vec<(u32, String)>> = HashMap::new();
+        let mut last_reports: HashMap<String, String> = HashMap::new();
+        for round in 1..=self.o.max_rounds {
+            self.cp.round = round;
+            self.save();
+            let subjobs = self.wait_subjobs()?;
+            let table = subjobs.as_ref().map(|rows| subjob_table(rows));
+            // Pin (4.6) and the fail-closed guard (3b).
+            let pin = if self.pinned() { Some(self.pin_round(round)?) } else { None };
+            let unpinned_fp =
+                if pin.is_none() && subjobs.is_some() { self.repo().fingerprint(self.ctx).ok() } else { None };
+            // Isolation and the diff (3c).
+            let (evidence_kind, isolation, tree_path) = self.open_isolation(round, pin.as_ref())?;
+            let diff = match &pin {
+                Some(s) => Some(self.collect_diff(round, s)?),
+                None => None,
+            };
+            let diff_path = self.dir.join("review").join(format!("r{round}.diff"));
+            let mut round_row = Round {
+                round,
+                kind: "review".into(),
+                identity: pin.as_ref().map(|s| RoundIdentity {
+                    loop_id: self.cp.loop_id.clone(),
+                    base: self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
+                    head: s.head.clone(),
+                    tree: s.tree.clone(),
+                }),
+                snapshot_commit: pin.as_ref().map(|s| s.commit.clone()),
+                isolation: isolation.into(),
+                stale: false,
+                diff: diff.as_ref().map(|_| diff_path.display().to_string()),
+                reviewers: Vec::new(),
+            };
+            let mut specs = Vec::new();
+            for (session, remote, own) in &reviewers {
+                let jid = self.reviewer_jid(session, own.then_some("self"))?;
+                let change = match (&pin, *remote) {
+                    (Some(_), true) => Change::Inline { diff: diff.clone().unwrap_or_default() },
+                    (Some(_), false) => Change::DiffFile {
+                        diff: diff_path.display().to_string(),
+                        tree: tree_path
+                            .as_ref()
+                            .map(|t| t.display().to_string())
+                            .unwrap_or_else(|| format!("{} (the source root, env isolation)", self.p.source.display())),
+                    },
+                    (None, _) => Change::Unpinned {
+                        root: self.p.source.display().to_string(),
+                        creator_report: self
+                            .creator_report
+                            .as_ref()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_else(|| "none".into()),
+                    },
+                };
+                let env_tmp = if isolation == "env" && !remote {
+                    let t = self.dir.join("tmp").join(format!("r{round}"));
+                    let _ = sys::create_dir_all(&t);
+                    Some(t.display().to_string())
+                } else {
+                    None
+                };
+                let ch = challenged.get(session).cloned().unwrap_or_default();
+                let body = prompt::review(&prompt::Review {
+                    round,
+                    task: self.p.task.as_deref(),
+                    change,
+                    subjobs: table.as_deref(),
+                    challenged: &ch,
+                    pinned: pin.is_some(),
+                    own: *own,
+                    env_tmpdir: env_tmp.as_deref(),
+                });
+                let context = pin.as_ref().map(|s| {
+                    let path = match (*remote, &tree_path) {
+                        (true, _) => "none (diff-only)".to_string(),
+                        (false, Some(t)) => t.display().to_string(),
+                        (false, None) => format!("{} (source root, env isolation)", self.p.source.display()),
+                    };
+                    let mut c = self.context_block_for(path);
+                    c.push_str(&prompt::identity_block(&prompt::Identity {
+                        loop_id: self.cp.loop_id.clone(),
+                        base: self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
+                        head: s.head.clone(),
+                        tree: s.tree.clone(),
+                        snapshot_commit: s.commit.clone(),
+                    }));
+                    c
+                });
+                let copy = self.dir.join("review").join(format!("r{round}")).join(format!("{session}.md"));
+                specs.push(Spec {
+                    session: self.address(session, *remote),
+                    remote: *remote,
+                    jid,
+                    role: if *own { "self-reviewer" } else { "reviewer" },
+                    round,
+                    prompt: Prompt { context, body },
+                    name: format!("r{round}-review-{session}"),
+                    copy_to: copy,
+                });
+            }
+            let evidence_of: BTreeMap<String, &'static str> = reviewers
+                .iter()
+                .map(|(s, remote, _)| (s.clone(), if *remote { "diff-only" } else { evidence_kind }))
+                .collect();
+            let dispatched = self.dispatch(specs);
+            let dones = match dispatched {
+                Ok(d) => d,
+                Err(e) => {
+                    self.cp.review_rounds.push(round_row);
+                    self.close_trees();
+                    return Err(e);
+                }
+            };
+            // Evidence check (3d).
+            let want = pin.as_ref().map(|s| s.tree.clone());
+            let mut sections = Vec::new();
+            let mut all_pass = true;
+            let mut sustained: Vec<(String, String, Vec<u32>)> = Vec::new();
+            for d in &dones {
+                let mut j = evidence::judge(&d.report, want.as_deref(), d.truncated);
+                // A finding sustained after a challenge is not passed (A34).
+                let held: Vec<u32> = if challenged.contains_key(&d.session) {
+                    evidence::rulings(&d.report)
+                        .into_iter()
+                        .filter(|(_, r)| *r == Ruling::Sustained)
+                        .map(|(n, _)| n)
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                if !held.is_empty() && j.verdict == Verdict::Pass {
+                    j.verdict = Verdict::NotPass;
+                    j.synthetic = Some(format!("SYNTHETIC: sustained finding(s) {held:?}"));
+                }
+                if !held.is_empty() {
+                    let prev = last_reports.get(&d.session).cloned().unwrap_or_default();
+                    sustained.push((d.session.clone(), prev, held));
+                }
+                let transport = if self.p.remote.contains(&d.session) { "remote" } else { "local" };
+                self.line(&format!(
+                    "round {round} · {} {} · job {} · VERDICT: {}{} · {}",
+                    if d.session == self.o.creator { "self-reviewer" } else { "reviewer" },
+                    d.session,
+                    d.jid,
+                    j.verdict.as_str(),
+                    j.synthetic.as_deref().map(|s| format!(" ({s})")).unwrap_or_default(),
+                    self.elapsed()
+                ));
+                if j.verdict != Verdict::Pass {
+                    all_pass = false;
+                    sections.push(evidence::findings_section(&d.session, &d.jid, &d.report, j.synthetic.as_deref()));
+                }
+                round_row.reviewers.push(ReviewerRow {
+                    session: d.session.clone(),
+                    jid: d.jid.clone(),
+                    transport: transport.into(),
+                    evidence: if pin.is_some() {
+                        evidence_of.get(&d.session).copied().unwrap_or("review-tree").into()
+                    } else {
+                        "unpinned".into()
+                    },
+                    verdict: Some(j.verdict.as_str().into()),
+                    synthetic: j.synthetic.clone(),
+                    report: Some(d.copy.display().to_string()),
+                });
+                last_reports.insert(d.session.clone(), d.report.clone());
+            }
+            // Re-measure (3e).
+            let stale = match &pin {
+                Some(s) => self.changed_since(s),
+                None => match &unpinned_fp {
+                    Some(fp) => self.repo().fingerprint(self.ctx).map(|now| now != *fp).unwrap_or(true),
+                    None => false,
+                },
+            };
+            round_row.stale = stale;
+            self.cp.review_rounds.push(round_row);
+            self.close_trees();
+            self.save();
+            if stale {
+                self.line(&format!(
+                    "round {round}: STALE: the source changed during the review; its approvals are void"
+                ));
+                if round == self.o.max_rounds {
+                    return Err(fail(
+                        "stale_last_round",
+                        format!("round {round} (the last) went stale: the source changed during the review"),
+                    ));
+                }
+                continue;
+            }
+            if all_pass {
+                self.pause_before_promote();
+                if let Some(s) = &pin {
+                    if self.changed_since(s) {
+                        return Err(fail(
+                            "changed_after_approval",
+                            "the source changed after the reviewers passed it; nothing promoted".to_string(),
+                        ));
+                    }
+                } else if let Some(fp) = &unpinned_fp {
+                    if self.repo().fingerprint(self.ctx).map(|now| now != *fp).unwrap_or(true) {
+                        return Err(fail(
+                            "changed_after_approval",
+                            "the source changed after the reviewers passed it; nothing promoted".to_string(),
+                        ));
+                    }
+                }
+                return self.promote(round, pin.as_ref(), &dones);
+            }
+            if round == self.o.max_rounds {
+                return Err(fail("rounds_exhausted", format!("no PASS from every reviewer in {round} rounds")));
+            }
+            // Self-review with a pin: NOT PASS re-reviews without a correction job (3h).
+            if self.o.reviewers.is_empty() && pin.is_some() {
+                continue;
+            }
+            // Correction or comply job (3g).
+            let findings = self.dir.join("review").join(format!("r{round}")).join("findings.md");
+            let _ = sys::create_dir_all(findings.parent().unwrap_or(&self.dir));
+            sys::atomic_write(&findings, evidence::findings_file(&sections).as_bytes())
+                .map_err(|e| fail("delegation_failed", format!("cannot write {}: {e}", show_path(&findings))))?;
+            let findings_s = findings.display().to_string();
+            let (role, body) = if sustained.is_empty() {
+                ("corrector", prompt::correction(self.p.task.as_deref(), round, &findings_s))
+            } else {
+                let mut text = String::new();
+                for (session, prev, ns) in &sustained {
+                    let items = evidence::numbered_findings(prev);
+                    for n in ns {
+                        let item =
+                            items.iter().find(|(k, _)| k == n).map(|(_, t)| t.as_str()).unwrap_or("(text not found)");
+                        let _ = writeln!(text, "- {session}:{n}: {}", item.trim());
+                    }
+                }
+                ("complier", prompt::comply(self.p.task.as_deref(), round, &text, Some(&findings_s)))
+            };
+            let context = self.creator_context()?;
+            let creator = self.o.creator.clone();
+            let copy = self.dir.join("review").join(format!("r{round}")).join(format!("{creator}.{role}.md"));
+            let spec =
+                self.creator_spec(role, round, Prompt { context, body }, &format!("r{round}-{role}-{creator}"), copy);
+            let done = self.dispatch(vec![spec])?.remove(0);
+            challenged.clear();
+            for l in evidence::creator_lines(&done.report) {
+                if let CreatorLine::Challenge { session, n, reason } = l {
+                    challenged.entry(session).or_default().push((n, reason));
+                }
+            }
+        }
+        Err(fail("rounds_exhausted", format!("no PASS from every reviewer in {} rounds", self.o.max_rounds)))
+    }
+
+    /// (session, remote, own): the reviewers, or the creator itself.
+    fn reviewer_list(&self) -> Vec<(String, bool, bool)> {
+        if self.o.reviewers.is_empty() {
+            return vec![(self.o.creator.clone(), false, true)];
+        }
+        self.o.reviewers.iter().map(|r| (r.clone(), self.p.remote.contains(r), false)).collect()
+    }
+
+    fn address(&self, session: &str, remote: bool) -> String {
+        if remote {
+            format!("remote:{session}")
+        } else {
+            session.to_string()
+        }
+    }
+
+    /// A reviewer's loop record, drawn once and re-dispatched each round (A32).
+    fn reviewer_jid(&mut self, session: &str, own: Option<&str>) -> Result<String, Stop> {
+        let key = format!("{session}{}", own.map(|o| format!("-{o}")).unwrap_or_default());
+        if let Some(j) = self.reviewer_ids.get(&key) {
+            return Ok(j.clone());
+        }
+        let j = clock::new_job_id().map_err(|e| fail("delegation_failed", format!("no job id ({e})")))?;
+        self.reviewer_ids.insert(key, j.clone());
+        Ok(j)
+    }
+
+    fn creator_spec(&self, role: &'static str, round: u32, prompt: Prompt, name: &str, copy: PathBuf) -> Spec {
+        Spec {
+            session: self.o.creator.clone(),
+            remote: false,
+            jid: self.creator_jid.clone(),
+            role,
+            round,
+            prompt,
+            name: name.to_string(),
+            copy_to: copy,
+        }
+    }
+
+    fn context_facts(&self) -> Option<prompt::Context> {
+        let (base, origin) = self.p.base.clone()?;
+        let ctx = self.ctx;
+        let src = &self.p.source;
+        let head = git::head(ctx, src).unwrap_or_default();
+        Some(prompt::Context {
+            path: src.display().to_string(),
+            branch: git::branch(ctx, src).ok().flatten(),
+            commits: git::count_commits(ctx, src, &base, &head).unwrap_or(0),
+            head,
+            base,
+            base_origin: origin,
+            uncommitted: self.repo().has_uncommitted(ctx).unwrap_or(true),
+        })
+    }
+
+    /// The creator's `[worktree context]` block (with `--worktree`/`--base`), else none.
+    fn creator_context(&self) -> Result<Option<String>, Stop> {
+        Ok(self.context_facts().map(|c| prompt::context_block(&c)))
+    }
+
+    fn context_block_for(&self, path: String) -> String {
+        match self.context_facts() {
+            Some(mut c) => {
+                c.path = path;
+                prompt::context_block(&c)
+            }
+            None => String::new(),
+        }
+    }
+
+    /// 3a: waits until every sub-job of the creator's record (transitively) is terminal; returns
+    /// the rows, or None when there were none.
+    fn wait_subjobs(&mut self) -> Result<Option<Vec<SubJob>>, Stop> {
+        let mut noted = false;
+        loop {
+            self.check_signal()?;
+            let rows = subjobs(&self.store, &self.creator_jid);
+            if rows.is_empty() {
+                return Ok(None);
+            }
+            let open: Vec<&SubJob> = rows.iter().filter(|r| !is_terminal(&r.status)).collect();
+            if open.is_empty() {
+                return Ok(Some(rows));
+            }
+            if self.remaining() == Some(0) {
+                let list = open.iter().map(|r| format!("{} ({})", r.jid, r.status)).collect::<Vec<_>>().join(", ");
+                return Err(Stop::WallClock(format!(
+                    "loop wall clock exhausted while sub-jobs still run: {list} (left running)"
+                )));
+            }
+            if !noted {
+                let l = format!("round {}: waiting for {} sub-job(s) of the creator to end", self.cp.round, open.len());
+                self.line(&l);
+                noted = true;
+            }
+            sys::sleep(Duration::from_millis(300));
+        }
+    }
+
+    fn pin_round(&mut self, round: u32) -> Result<Snapshot, Stop> {
+        let base = self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default();
+        let snap = match self.repo().pin(self.ctx, &self.cp.loop_id) {
+            Ok(s) => s,
+            Err(e) => {
+                let cause = match &e {
+                    PinError::NestedRepo(_) => "nested_repository",
+                    PinError::DirtySubmodule(_) => "dirty_submodule",
+                    _ => "pin_failed",
+                };
+                return Err(Stop::Refused { round, cause: cause.into(), msg: e.to_string() });
+            }
+        };
+        match self.repo().guard(self.ctx, &base, &snap.commit) {
+            Guard::Changes => {}
+            Guard::Empty => {
+                return Err(fail(
+                    "empty_change_set",
+                    format!("round {round}: nothing changed from the base {base} to the snapshot {}", snap.commit),
+                ))
+            }
+            Guard::Undeterminable(why) => {
+                return Err(fail(
+                    "empty_change_set",
+                    format!("round {round}: cannot tell whether anything changed ({why})"),
+                ))
+            }
+        }
+        self.line(&format!(
+            "round {round} · pinned · head {} · tree {} · snapshot {} · {}",
+            short(&snap.head),
+            short(&snap.tree),
+            short(&snap.commit),
+            self.elapsed()
+        ));
+        Ok(snap)
+    }
+
+    /// (evidence, isolation name, review tree): opens the round's isolation (4.6).
+    fn open_isolation(
+        &mut self,
+        round: u32,
+        pin: Option<&Snapshot>,
+    ) -> Result<(&'static str, &'static str, Option<PathBuf>), Stop> {
+        let Some(s) = pin else { return Ok(("unpinned", "none", None)) };
+        let locals = self.reviewer_list().iter().filter(|r| !r.1).count();
+        if locals == 0 {
+            return Ok(("diff-only", "diff-only", None));
+        }
+        match self.p.isolation {
+            Isolation::Env => Ok(("source-tree", "env", None)),
+            Isolation::Tree => {
+                let tmp = self.ctx.path_var("TMPDIR").unwrap_or_else(|| PathBuf::from("/tmp"));
+                let path = tmp.join(format!("mam-review-{}-r{round}", self.cp.loop_id));
+                match git::add_review_tree(self.ctx, &self.p.source, &path, &s.commit) {
+                    Ok(()) => {
+                        self.trees.push(path.clone());
+                        self.exclude.push(path.clone());
+                        Ok(("review-tree", "tree", Some(path)))
+                    }
+                    Err(e) => Err(Stop::Refused {
+                        round,
+                        cause: "review_tree".into(),
+                        msg: format!("cannot create the review tree {} ({e}); no fallback to env", show_path(&path)),
+                    }),
+                }
+            }
+        }
+    }
+
+    fn close_trees(&mut self) {
+        for t in std::mem::take(&mut self.trees) {
+            if let Err(e) = git::remove_review_tree(self.ctx, &self.p.source, &t) {
+                let l = format!("WARNING: loop: cannot remove the review tree {} ({e})", show_path(&t));
+                self.diag(&l);
+            }
+        }
+    }
+
+    /// `mam diff-collect <source> <base> <snapshot>` from the frozen binary into `review/r<r>.diff`.
+    fn collect_diff(&mut self, round: u32, s: &Snapshot) -> Result<String, Stop> {
+        let base = self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default();
+        let mut c = std::process::Command::new(&self.frozen);
+        c.arg("diff-collect")
+            .arg(&self.p.source)
+            .arg(&base)
+            .arg(&s.commit)
+            .current_dir(&self.p.control)
+            .env_clear()
+            .envs(self.ctx.child_env_for(ChildRole::Tool))
+            .env("WORKSPACE_ROOT", &self.p.control)
+            .env("MAM_LOOP_DIFF_MAX_BYTES", self.o.diff_max.to_string())
+            .stdin(std::process::Stdio::null());
+        let out = c
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_else(|e| format!("[mam diff UNAVAILABLE: cannot run {} ({e})]\n", show_path(&self.frozen)));
+        let out =
+            if out.is_empty() { "[mam diff UNAVAILABLE: diff-collect printed nothing]\n".to_string() } else { out };
+        let path = self.dir.join("review").join(format!("r{round}.diff"));
+        let _ = sys::atomic_write(&path, out.as_bytes());
+        let cut =
+            out.lines().any(|l| l.starts_with("[mam diff TRUNCATED after ") || l.starts_with("[mam diff UNAVAILABLE"));
+        if cut && !self.p.remote.is_empty() {
+            self.close_trees();
+            return Err(Stop::Refused {
+                round,
+                cause: "diff_incomplete".into(),
+                msg: "the diff is truncated or unavailable and a remote reviewer sees nothing else".into(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn changed_since(&self, s: &Snapshot) -> bool {
+        match self.repo().fingerprint(self.ctx) {
+            Ok(fp) => fp.head != s.head || fp.tree != s.tree,
+            Err(_) => true,
+        }
+    }
+
+    #[cfg(feature = "test-hooks")]
+    fn pause_before_promote(&mut self) {
+        // MAM_TEST_LOOP_PAUSE=before-promote:<fifo> (ORCH 8.8): blocks until the test has written and
+        // closed the fifo.
+        if let Some(v) = self.ctx.var("MAM_TEST_LOOP_PAUSE") {
+            if let Some(fifo) = v.to_str().and_then(|v| v.strip_prefix("before-promote:")) {
+                use std::io::Read;
+                if let Ok(mut f) = std::fs::File::open(fifo) {
+                    let mut sink = Vec::new();
+                    let _ = f.read_to_end(&mut sink);
+                }
+            }
+        }
+    }
+
+    #[cfg(not(feature = "test-hooks"))]
+    fn pause_before_promote(&mut self) {}
+
+    fn reports_dir(&self) -> PathBuf {
+        self.p.control.join(".agents").join("reports")
+    }
+
+    fn promote_file(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        let bytes = checkpoint::read_bounded(from, 64 * 1024 * 1024)?;
+        if let Some(d) = to.parent() {
+            sys::create_dir_all(d)?;
+        }
+        sys::atomic_write(to, &bytes)
+    }
+
+    /// 4.8: the PASS reports of this round with their sidecars, and the creator's final report.
+    fn promote(&mut self, round: u32, pin: Option<&Snapshot>, dones: &[Done]) -> Result<(), Stop> {
+        let now = clock::now_ts();
+        let rows = self.cp.review_rounds.last().map(|r| r.reviewers.clone()).unwrap_or_default();
+        for d in dones {
+            let dest = self.reports_dir().join(&d.session).join(format!("report-{}.md", d.jid));
+            self.promote_file(&d.copy, &dest)
+                .map_err(|e| fail("promotion_failed", format!("cannot promote {}: {e}", show_path(&dest))))?;
+            self.cp.promoted.push(dest.display().to_string());
+            if let Some(s) = pin {
+                let row = rows.iter().find(|r| r.session == d.session);
+                let side = json!({
+                    "loop_id": self.cp.loop_id,
+                    "round": round,
+                    "session": d.session,
+                    "jid": d.jid,
+                    "transport": row.map(|r| r.transport.clone()).unwrap_or_else(|| "local".into()),
+                    "evidence": row.map(|r| r.evidence.clone()).unwrap_or_default(),
+                    "base": self.p.base.as_ref().map(|b| b.0.clone()),
+                    "head": s.head,
+                    "tree": s.tree,
+                    "snapshot_commit": s.commit,
+                    "verdict": "PASS",
+                    "promoted_at": now,
+                });
+                let sp = self.reports_dir().join(&d.session).join(format!("report-{}.identity.json", d.jid));
+                let mut bytes = serde_json::to_vec_pretty(&side).unwrap_or_default();
+                bytes.push(b'\n');
+                sys::atomic_write(&sp, &bytes)
+                    .map_err(|e| fail("promotion_failed", format!("cannot write {}: {e}", show_path(&sp))))?;
+                self.cp.promoted.push(sp.display().to_string());
+            }
+        }
+        if let Some(c) = self.creator_report.clone() {
+            let dest = self.reports_dir().join(&self.o.creator).join(format!("report-{}.md", self.creator_jid));
+            self.promote_file(&c, &dest)
+                .map_err(|e| fail("promotion_failed", format!("cannot promote {}: {e}", show_path(&dest))))?;
+            self.cp.promoted.push(dest.display().to_string());
+        }
+        let l = format!(
+            "round {round}: every reviewer passed; promoted {} file(s) to {}",
+            self.cp.promoted.len(),
+            show_path(&self.reports_dir())
+        );
+        self.line(&l);
+        Ok(())
+    }
+
+    // ---- delegations ----
+
+    fn dispatch(&mut self, specs: Vec<Spec>) -> Result<Vec<Done>, Stop> {
+        for spec in specs {
+            self.check_signal()?;
+            let left = self.remaining();
+            if left.is_some_and(|l| l < 1) {
+                return Err(Stop::WallClock("loop wall clock exhausted before a delegation".into()));
+            }
+            let budget = dispatch::budget(self.o.job_timeout_s, left);
+            self.start_job(spec, budget)?;
+        }
+        let mut done = Vec::new();
+        let mut failure: Option<Stop> = None;
+        while !self.inflight.is_empty() {
+            self.check_signal()?;
+            let mut i = 0;
+            while i < self.inflight.len() {
+                match self.inflight[i].child.try_wait() {
+                    Ok(Some(st)) => {
+                        let f = self.inflight.remove(i);
+                        match self.job_ended(f, st.code().unwrap_or(-1)) {
+                            Ok(d) => done.push(d),
+                            Err(e) => {
+                                failure.get_or_insert(e);
+                            }
+                        }
+                    }
+                    Ok(None) => i += 1,
+                    Err(_) => i += 1,
+                }
+            }
+            if failure.is_some() {
+                // 4.4: a failed delegation cancels the round's other in-flight jobs.
+                self.cancel_inflight("loop: a sibling delegation failed");
+                break;
+            }
+            self.stall_watch();
+            sys::sleep(POLL);
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(done),
+        }
+    }
+
+    fn start_job(&mut self, spec: Spec, budget: Budget) -> Result<(), Stop> {
+        self.seq += 1;
+        let prompts = self.dir.join("prompts");
+        let body = prompts.join(format!("{:02}-{}.md", self.seq, spec.name));
+        let ctxf = prompts.join(format!("{:02}-{}.context.md", self.seq, spec.name));
+        let stdout = prompts.join(format!("{:02}-{}.out", self.seq, spec.name));
+        let stderr = prompts.join(format!("{:02}-{}.err", self.seq, spec.name));
+        let werr =
+            |p: &Path, e: std::io::Error| fail("delegation_failed", format!("cannot write {}: {e}", show_path(p)));
+        sys::atomic_write(&body, spec.prompt.body.as_bytes()).map_err(|e| werr(&body, e))?;
+        if let Some(c) = &spec.prompt.context {
+            sys::atomic_write(&ctxf, c.as_bytes()).map_err(|e| werr(&ctxf, e))?;
+        }
+        let cs = ChildSpec {
+            frozen: &self.frozen,
+            control_root: &self.p.control,
+            registry: &self.p.resolved.registry,
+            session: &spec.session,
+            jid: &spec.jid,
+            body: &body,
+            context: spec.prompt.context.as_ref().map(|_| ctxf.as_path()),
+            budget,
+            heartbeat_sec: self.o.heartbeat_sec,
+            heartbeat_misses: self.o.heartbeat_misses,
+            ack_timeout_s: self.o.ack_timeout_s,
+            stdout: &stdout,
+            stderr: &stderr,
+        };
+        let child = dispatch::spawn(self.ctx, &cs).map_err(|e| {
+            fail("delegation_failed", format!("cannot start {} delegate-job: {e}", show_path(&self.frozen)))
+        })?;
+        if spec.jid == self.creator_jid {
+            self.creator_registered = true;
+        }
+        let row = self.cp.jobs.len();
+        self.cp.jobs.push(JobRow {
+            jid: spec.jid.clone(),
+            role: spec.role.into(),
+            kind: "loop".into(),
+            session: spec.session.clone(),
+            round: spec.round,
+            status: "dispatched".into(),
+            report: None,
+            dispatched_at: clock::now_ts(),
+        });
+        self.save();
+        let l = format!(
+            "{} · {} {} · job {} · dispatched (timeout {} s{}) · {}",
+            if spec.round == 0 { "implement".to_string() } else { format!("round {}", spec.round) },
+            spec.role,
+            spec.session,
+            spec.jid,
+            budget.timeout_s,
+            if budget.wall_clock { ", the wall clock's" } else { "" },
+            self.elapsed()
+        );
+        self.line(&l);
+        self.inflight.push(InFlight {
+            spec,
+            child,
+            row,
+            dispatched_ms: clock::now_ms(),
+            stdout,
+            stderr,
+            last_stall_ms: None,
+        });
+        Ok(())
+    }
+
+    fn job_ended(&mut self, f: InFlight, rc: i32) -> Result<Done, Stop> {
+        let out = std::fs::read_to_string(&f.stdout).unwrap_or_default();
+        let err = std::fs::read_to_string(&f.stderr).unwrap_or_default();
+        let status = dispatch::status_of(&out)
+            .or_else(|| self.store.read(&f.spec.jid).ok().flatten().map(|r| r.status().to_string()))
+            .unwrap_or_else(|| "unknown".into());
+        self.cp.jobs[f.row].status = status.clone();
+        // The report of this dispatch, copied before the next one reuses the path (A32).
+        let report_path = self.p.resolved.registry.join(&f.spec.jid).join("report.md");
+        let (report, truncated) = match checkpoint::read_bounded(&report_path, MAX_REPORT_BYTES) {
+            Ok(b) => (String::from_utf8_lossy(&b).into_owned(), false),
+            Err(_) => match read_prefix(&report_path, MAX_REPORT_BYTES) {
+                Some(b) => (String::from_utf8_lossy(&b).into_owned(), true),
+                None => (String::new(), false),
+            },
+        };
+        if let Some(d) = f.spec.copy_to.parent() {
+            let _ = sys::create_dir_all(d);
+        }
+        if rc == 0 {
+            let _ = sys::atomic_write(&f.spec.copy_to, report.as_bytes());
+            self.cp.jobs[f.row].report = Some(f.spec.copy_to.display().to_string());
+            if f.spec.jid == self.creator_jid {
+                self.creator_report = Some(f.spec.copy_to.clone());
+            }
+        }
+        self.save();
+        let l = format!(
+            "{} · {} {} · job {} · {} (rc {rc}) · {}",
+            if f.spec.round == 0 { "implement".to_string() } else { format!("round {}", f.spec.round) },
+            f.spec.role,
+            f.spec.session,
+            f.spec.jid,
+            status,
+            self.elapsed()
+        );
+        self.line(&l);
+        if rc != 0 {
+            let why = dispatch::last_line(&err);
+            let msg = format!(
+                "the {} job {} for {} ended {status} (delegate-job rc {rc}){}",
+                f.spec.role,
+                f.spec.jid,
+                f.spec.session,
+                if why.is_empty() { String::new() } else { format!(": {}", one_line(&why)) }
+            );
+            if status == "wall_clock_timeout" {
+                return Err(Stop::WallClock(format!("loop wall clock exhausted: {msg}")));
+            }
+            return Err(fail("delegation_failed", msg));
+        }
+        let _ = f.spec.remote;
+        Ok(Done {
+            session: f.spec.session.trim_start_matches("remote:").to_string(),
+            jid: f.spec.jid,
+            report,
+            truncated,
+            copy: f.spec.copy_to,
+        })
+    }
+
+    /// Sets every in-flight job `cancelled` through the engine, then reaps its delegate-job child
+    /// (which sees the terminal status and exits on its own).
+    fn cancel_inflight(&mut self, reason: &str) {
+        for f in &self.inflight {
+            let c = ops::Close { reason: Some(reason.to_string()), ..ops::Close::default() };
+            let _ = ops::operator_close(self.ctx, &self.store, &f.spec.jid, Kind::Set, Some("cancelled"), &c);
+        }
+        for mut f in std::mem::take(&mut self.inflight) {
+            dispatch::reap(&mut f.child, Duration::from_secs(10));
+            self.cp.jobs[f.row].status = "cancelled".into();
+            let l = format!(
+                "round {} · {} {} · job {} · cancelled ({reason})",
+                f.spec.round, f.spec.role, f.spec.session, f.spec.jid
+            );
+            self.line(&l);
+        }
+        self.save();
+    }
+
+    /// 4.7: one STALL line per job and per S seconds of no event but heartbeats.
+    fn stall_watch(&mut self) {
+        if self.o.stall_s == 0 {
+            return;
+        }
+        let s_ms = self.o.stall_s as u64 * 1000;
+        let now = clock::now_ms();
+        let mut lines = Vec::new();
+        for f in &mut self.inflight {
+            let last = dispatch::last_non_heartbeat_ms(&self.p.resolved.registry, &f.spec.jid)
+                .filter(|&t| t >= f.dispatched_ms)
+                .unwrap_or(f.dispatched_ms);
+            let quiet = now.saturating_sub(last);
+            let due = quiet >= s_ms && f.last_stall_ms.is_none_or(|t| now.saturating_sub(t) >= s_ms);
+            if due {
+                f.last_stall_ms = Some(now);
+                lines.push((
+                    dispatch::stall_line(now, &f.spec.jid, &f.spec.session, quiet / 1000),
+                    f.spec.session.clone(),
+                ));
+            }
+        }
+        for (l, session) in lines {
+            let _ = sys::append_locked(&self.dir.join("stall.log"), format!("{l}\n").as_bytes());
+            self.diag(&l);
+            self.notify(&session, &l);
+        }
+    }
+
+    /// On herdr, `herdr notification show`; tmux and fake get none (4.7).
+    fn notify(&self, session: &str, line: &str) {
+        let Ok(doc) = session::load(&self.p.resolved.sessions) else { return };
+        let Some(row) = doc.row(session) else { return };
+        if row.backend.as_deref() != Some("herdr") {
+            return;
+        }
+        let bin = self.ctx.path_var("HERDR_BIN").unwrap_or_else(|| PathBuf::from("herdr"));
+        let mut c = std::process::Command::new(bin);
+        c.args(["notification", "show", line])
+            .env_clear()
+            .envs(self.ctx.child_env_for(ChildRole::Agent))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        if let Ok(mut ch) = sys::spawn(&mut c) {
+            dispatch::reap(&mut ch, Duration::from_secs(5));
+        }
+    }
+
+    /// Every exit path: in-flight jobs cancelled on a signal, trees removed, the loop job
+    /// finalized, the checkpoint's outcome, the empty `review/` removed.
+    fn finish(&mut self, result: Result<(), Stop>) -> Outcome {
+        let (outcome, rc, reason, msg) = match result {
+            Ok(()) => ("promoted", 0, None, None),
+            Err(Stop::Fail { reason, msg }) => ("failed", 1, Some(reason), Some(msg)),
+            Err(Stop::Refused { round, cause, msg }) => {
+                let l = format!("REFUSED: loop: round {round}: {cause}: {msg}");
+                self.diag(&l);
+                ("refused", 1, Some(format!("refused:{cause}")), None)
+            }
+            Err(Stop::WallClock(msg)) => ("failed", 1, Some("wall_clock".to_string()), Some(msg)),
+            Err(Stop::Interrupted(sig)) => {
+                ("interrupted", 1, None, Some(format!("interrupted by {}", sys::signal_name(sig))))
+            }
+        };
+        if outcome == "interrupted" {
+            self.cancel_inflight("loop interrupted");
+        } else if !self.inflight.is_empty() {
+            self.cancel_inflight("loop ended");
+        }
+        self.close_trees();
+        // The loop job: completed after promotion (the creator's last job completed it), else
+        // failed with the reason, or cancelled on a signal (A32).
+        if self.creator_registered && rc != 0 {
+            let (target, why) = match outcome {
+                "interrupted" => ("cancelled", "loop interrupted".to_string()),
+                _ => ("failed", reason.clone().unwrap_or_else(|| "failed".into())),
+            };
+            let c = ops::Close { reason: Some(why), ..ops::Close::default() };
+            if let Err(e) =
+                ops::operator_close(self.ctx, &self.store, &self.creator_jid, Kind::Finalize, Some(target), &c)
+            {
+                let l = format!("WARNING: loop: cannot finalize the loop job {}: {e}", self.creator_jid);
+                self.diag(&l);
+            }
+        }
+        if let Some(m) = &msg {
+            let l = format!("ERROR: loop: {m}");
+            self.diag(&l);
+        }
+        let review = self.dir.join("review");
+        let _ = std::fs::remove_dir(&review);
+        self.cp.phase = "done".into();
+        self.cp.outcome = Some(outcome.into());
+        self.cp.reason = reason.clone().or(msg.clone());
+        self.cp.rc = Some(rc);
+        self.save();
+        let rounds = self.cp.review_rounds.iter().filter(|r| r.kind == "review").count();
+        let mut verdicts = Vec::new();
+        if let Some(last) = self.cp.review_rounds.iter().rev().find(|r| r.kind == "review") {
+            for r in &last.reviewers {
+                verdicts.push(format!("{}: {}", r.session, r.verdict.as_deref().unwrap_or("none")));
+            }
+        }
+        let summary = format!(
+            "summary: {rounds} review round(s); last verdicts: {}; {}",
+            if verdicts.is_empty() { "none".to_string() } else { verdicts.join(", ") },
+            match outcome {
+                "promoted" =>
+                    format!("promoted {} file(s) under {}", self.cp.promoted.len(), show_path(&self.reports_dir())),
+                _ => format!("stopped: {}", msg.clone().or(reason.clone()).unwrap_or_default()),
+            }
+        );
+        self.line(&summary);
+        Outcome {
+            loop_id: self.cp.loop_id.clone(),
+            outcome: outcome.into(),
+            rc,
+            reports: (rc == 0).then(|| self.reports_dir()),
+            checkpoint: self.cp_path.clone(),
+            reason,
+        }
+    }
+}
+
+fn short(s: &str) -> &str {
+    &s[..12.min(s.len())]
+}
+
+/// Reads the first `max` bytes of a file (no symlink followed).
+fn read_prefix(path: &Path, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let f = sys::open_nofollow_read(path).ok()?;
+    let mut out = Vec::new();
+    f.take(max).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
+/// A record whose parent is one of the creator's jobs, transitively (A33).
+#[derive(Debug, Clone)]
+pub struct SubJob {
+    pub jid: String,
+    pub session: String,
+    pub status: String,
+    pub start: String,
+    pub end: String,
+    pub report: String,
+}
+
+fn subjobs(store: &Store, root: &str) -> Vec<SubJob> {
+    let Ok(ids) = store.job_ids() else { return Vec::new() };
+    let mut recs = Vec::new();
+    for id in ids {
+        if let Ok(Some(r)) = store.read(&id) {
+            recs.push(r);
+        }
+    }
+    let mut parents = vec![root.to_string()];
+    let mut out = Vec::new();
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for r in &recs {
+            let id = r.str("job_id").unwrap_or_default().to_string();
+            if parents.contains(&id) {
+                continue;
+            }
+            if r.str("parent_job_id").is_some_and(|p| parents.iter().any(|q| q == p)) {
+                parents.push(id.clone());
+                let report = r.str("report_path").filter(|p| Path::new(p).is_file()).unwrap_or("none").to_string();
+                out.push(SubJob {
+                    jid: id,
+                    session: r.str("agent_session").unwrap_or("?").to_string(),
+                    status: r.status().to_string(),
+                    start: r.str("dispatched_at").unwrap_or("-").to_string(),
+                    end: r.str("finished_at").unwrap_or("-").to_string(),
+                    report,
+                });
+                grew = true;
+            }
+        }
+    }
+    out
+}
+
+/// The sub-job table of 3a.
+pub fn subjob_table(rows: &[SubJob]) -> String {
+    let mut t = String::from("| job | session | status | start | end | report |\n|---|---|---|---|---|---|\n");
+    for r in rows {
+        let _ = writeln!(t, "| {} | {} | {} | {} | {} | {} |", r.jid, r.session, r.status, r.start, r.end, r.report);
+    }
+    t
+}
