@@ -76,8 +76,8 @@ step "cargo fmt --check"
 cargo fmt --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
-step "cargo test"
-cargo test
+step "cargo test --features test-hooks (the loop's test hooks, ORCH 8.8)"
+cargo test --features test-hooks
 leak_check
 if grep -q '^lockcheck' Cargo.toml; then
   step "cargo test --features lockcheck (X8: no spawn, connect or sleep under the registry lock)"

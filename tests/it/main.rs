@@ -23,6 +23,7 @@ mod publish;
 mod registry;
 mod regress;
 mod remote;
+mod review;
 mod security;
 mod security_broker;
 mod security_wire;
