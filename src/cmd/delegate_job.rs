@@ -42,6 +42,8 @@ Options:
   --parent JID          the parent job (MAM_PARENT_JOB_ID)
   --deadline-source job|wall-clock
                         which limit the deadline is: deadline_timeout (job) or wall_clock_timeout
+  --orchestrator ID     the orchestrator the record names (else the caller's session id when
+                        listed in orchestrator_uuids, else the parent's; A42)
   --context-file PATH   a block rendered in brief.md before the task (the review loop's
                         [worktree context]; same limits as --brief-file)
   -h, --help            print this help
@@ -74,6 +76,7 @@ struct Args {
     parent: Option<String>,
     deadline_source: DeadlineSource,
     context_file: Option<PathBuf>,
+    orchestrator: Option<String>,
 }
 
 fn job_id_flag(flag: &str, v: OsString) -> Result<String, Failure> {
@@ -109,6 +112,16 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                     )));
                 }
                 a.job_type = Some(v);
+            }
+            Long("orchestrator") => {
+                let v = cli::utf8("--orchestrator", p.value()?)?;
+                if v.is_empty() || v.len() > 128 || !v.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(Failure::usage(format!(
+                        "--orchestrator: invalid value '{}' (expected 1-128 printable ASCII characters)",
+                        text::one_line(&v)
+                    )));
+                }
+                a.orchestrator = Some(v);
             }
             Long("context-file") => a.context_file = Some(PathBuf::from(p.value()?)),
             Long("job-id") => a.job_id = Some(job_id_flag("--job-id", p.value()?)?),
@@ -194,6 +207,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     req.job_type = a.job_type.clone().unwrap_or_else(|| "task".into());
     req.job_id = a.job_id.clone();
     req.deadline_source = a.deadline_source;
+    req.orchestrator = a.orchestrator.clone();
     req.parent = match a.parent.clone() {
         Some(p) => Some(p),
         None => match ctx.var_nonempty("MAM_PARENT_JOB_ID") {

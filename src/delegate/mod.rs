@@ -97,6 +97,8 @@ pub struct Request {
     /// Return as soon as `started` is in (onboarding, ORCH 2.3 step 8): the job runs on under the
     /// daemon's watch (A15).
     pub until_started: bool,
+    /// `--orchestrator UUID` (A42); else resolved by `orchestrator_for`.
+    pub orchestrator: Option<String>,
 }
 
 impl Request {
@@ -117,6 +119,7 @@ impl Request {
             deadline_source: DeadlineSource::Job,
             context: None,
             until_started: false,
+            orchestrator: None,
         }
     }
 }
@@ -221,6 +224,35 @@ fn listed(ctx: &Ctx, row: &Row, backend: &str, server: &str) -> Result<(), Deleg
     }
 }
 
+/// The session-id variables an agent exports to its children (ORCH 6.1, A58), in the order they are
+/// consulted.
+pub const SESSION_ID_VARS: &[&str] = &[
+    "CLAUDE_CODE_SESSION_ID",
+    "CODEX_THREAD_ID",
+    "CODEX_SESSION_ID",
+    "ANTIGRAVITY_CONVERSATION_ID",
+    "HERMES_SESSION_ID",
+    "GROK_SESSION_ID",
+    "OPENCODE_SESSION_ID",
+];
+
+/// Which orchestrator a job records when none is given (3.2 step 5, A42): the caller's session id
+/// when the sessions file lists it in `orchestrator_uuids`; else the parent job's; else none.
+pub fn orchestrator_for(ctx: &Ctx, resolved: &paths::Resolved, store: &Store, parent: Option<&str>) -> Option<String> {
+    if let Ok(doc) = session::load(&resolved.sessions) {
+        for v in SESSION_ID_VARS {
+            if let Some(id) = ctx.var_nonempty(v) {
+                if doc.orchestrator_uuids.iter().any(|u| *u == id) {
+                    return Some(id);
+                }
+            }
+        }
+    }
+    let parent = parent?;
+    let rec = store.read(parent).ok().flatten()?;
+    rec.str("orchestrator_uuid").map(str::to_string)
+}
+
 /// The whole of 3.2-3.5. `Err` is a failure before anything was registered (rc 1 or 2); once the job
 /// is registered every path ends in `Finished` (the subscriber reaped, the job closed when due).
 pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finished, DelegateError> {
@@ -236,7 +268,12 @@ pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finis
         return Err(refuse(format!("the task is {} bytes; a remote brief carries at most 760 KiB", req.task.len())));
     }
 
-    // 5. Register (a generated id that collides is drawn again).
+    // 5. Register (a generated id that collides is drawn again), with the orchestrator of A42.
+    let mut req = req.clone();
+    if req.orchestrator.is_none() {
+        req.orchestrator = orchestrator_for(ctx, &resolved, &store, req.parent.as_deref());
+    }
+    let req = &req;
     let rec = register(ctx, &store, req, &resolved, remote, &mut clock::new_job_id, diag)?;
     let start = Instant::now();
     let mut d = Delegation::new(ctx, req, store, rec, start);
@@ -296,7 +333,7 @@ fn new_job(req: &Request, resolved: &paths::Resolved, id: &str, remote: bool) ->
         brief_path: Some(dir.join("brief.md")),
         report_path: Some(dir.join("report.md")),
         parent: req.parent.clone(),
-        orchestrator: None,
+        orchestrator: req.orchestrator.clone(),
         iteration: None,
     }
 }

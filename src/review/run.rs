@@ -382,6 +382,8 @@ struct Loop<'a> {
     creator_report: Option<PathBuf>,
     seq: u32,
     exclude: Vec<PathBuf>,
+    /// The caller's orchestrator (A42), passed to every delegation.
+    orchestrator: Option<String>,
     /// Each reviewer's loop record (and the creator's self-review record), drawn once (A32).
     reviewer_ids: HashMap<String, String>,
 }
@@ -474,7 +476,9 @@ pub fn run(ctx: &Ctx, o: &Options, say: &mut dyn FnMut(Out, &str)) -> Result<Out
         seq: 0,
         exclude,
         reviewer_ids: HashMap::new(),
+        orchestrator: None,
     };
+    lp.orchestrator = crate::delegate::orchestrator_for(ctx, &lp.p.resolved, &lp.store, None);
     lp.line(&format!(
         "loop {loop_id}: creator {}, reviewers {}, control root {}, source {}{}",
         o.creator,
@@ -1296,6 +1300,7 @@ impl Loop<'_> {
             heartbeat_sec: self.o.heartbeat_sec,
             heartbeat_misses: self.o.heartbeat_misses,
             ack_timeout_s: self.o.ack_timeout_s,
+            orchestrator: self.orchestrator.as_deref(),
             stdout: &stdout,
             stderr: &stderr,
         };

@@ -1105,3 +1105,47 @@ fn interrupt_reaps_the_subscriber_and_leaves_the_job_open() {
     assert!(watch_pids(&jid).is_empty());
     assert_eq!(h.record(&jid)["status"], "running");
 }
+
+/// A42 (3.2 step 5): the orchestrator a job records: `--orchestrator`; else the caller's session
+/// id when `orchestrator_uuids` lists it; else the parent job's; else none.
+#[test]
+fn a42_which_orchestrator_a_job_records() {
+    let h = H::new("dj_orchestrator", Target::Embedded).unwrap();
+    h.create("w1", "work_s=0.1\n");
+    let task = h.task("Say hello.\n");
+    let uuid = "123e4567-e89b-12d3-a456-426614174000";
+    // The sessions file lists the orchestrator (as `mam orc-onboard` would).
+    let file = h.root.join(".mam/agent_sessions.json");
+    let mut doc: Value = serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
+    doc["orchestrator_uuids"] = serde_json::json!([uuid]);
+    fs::write(&file, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    let orch = |r: &Run| h.record(&last_line(&r.stdout()).0)["orchestrator_uuid"].clone();
+    // None: no session id in the environment, no parent.
+    let r = h.delegate("w1", &task, FAST).run();
+    r.expect_rc(0);
+    assert_eq!(orch(&r), Value::Null);
+    let plain = last_line(&r.stdout()).0;
+    // The caller's session id, listed.
+    let r = h.delegate("w1", &task, FAST).env("CLAUDE_CODE_SESSION_ID", uuid).run();
+    r.expect_rc(0);
+    let from_env = last_line(&r.stdout()).0;
+    assert_eq!(orch(&r), uuid);
+    // A session id that is not listed names nobody.
+    let r = h.delegate("w1", &task, FAST).env("CLAUDE_CODE_SESSION_ID", "ffffffff-e89b-12d3-a456-426614174000").run();
+    r.expect_rc(0);
+    assert_eq!(orch(&r), Value::Null);
+    // The parent's value, when the caller has none of its own.
+    let r = h.delegate("w1", &task, &[FAST, &["--parent", &from_env]].concat()).run();
+    r.expect_rc(0);
+    assert_eq!(orch(&r), uuid);
+    let r = h.delegate("w1", &task, &[FAST, &["--parent", &plain]].concat()).run();
+    r.expect_rc(0);
+    assert_eq!(orch(&r), Value::Null);
+    // The flag wins; a bad value is a usage error before anything is registered.
+    let r = h.delegate("w1", &task, &[FAST, &["--orchestrator", "ses_abc123"]].concat()).run();
+    r.expect_rc(0);
+    assert_eq!(orch(&r), "ses_abc123");
+    let r = h.delegate("w1", &task, &[FAST, &["--orchestrator", "two words"]].concat()).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("--orchestrator: invalid value 'two words'"), "{}", r.stderr());
+}
