@@ -242,7 +242,7 @@ pub fn orchestrator_for(ctx: &Ctx, resolved: &paths::Resolved, store: &Store, pa
     if let Ok(doc) = session::load(&resolved.sessions) {
         for v in SESSION_ID_VARS {
             if let Some(id) = ctx.var_nonempty(v) {
-                if doc.orchestrator_uuids.iter().any(|u| *u == id) {
+                if doc.orchestrator_uuids.contains(&id) {
                     return Some(id);
                 }
             }
