@@ -83,7 +83,8 @@ pub fn delegate_args(s: &ChildSpec<'_>) -> Vec<OsString> {
 }
 
 /// Starts the child: the frozen binary, from the control root, with `MAM_BIN` set to it and no
-/// inherited parent job (4.3: the loop passes `--parent` itself, and never inherits it).
+/// inherited parent job (4.3: the loop passes `--parent` itself, and never inherits it), in a
+/// session of its own.
 pub fn spawn(ctx: &Ctx, s: &ChildSpec<'_>) -> std::io::Result<Child> {
     let out = sys::create_new(s.stdout)?;
     let err = sys::create_new(s.stderr)?;
@@ -98,6 +99,10 @@ pub fn spawn(ctx: &Ctx, s: &ChildSpec<'_>) -> std::io::Result<Child> {
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err));
+    // Its own session: a Ctrl-C at the loop's terminal reaches the loop only, which cancels every
+    // job through the engine; a loop killed outright still takes its children with it.
+    sys::set_new_session(&mut c);
+    sys::set_parent_death_signal(&mut c, libc::SIGTERM);
     sys::spawn(&mut c)
 }
 
