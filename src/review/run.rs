@@ -570,7 +570,10 @@ impl Loop<'_> {
         for round in 1..=self.o.max_rounds {
             let name = format!("plan{round}-{creator}");
             let copy = self.dir.join("review").join(format!("p{round}")).join(format!("{creator}.plan.md"));
-            let spec = self.creator_spec(role, round, Prompt { context: None, body: body.clone() }, &name, copy);
+            // With --worktree/--base every prompt opens with the context block (4.4), plan jobs too.
+            let context = self.creator_context()?;
+            let spec =
+                self.creator_spec(role, round, Prompt { context: context.clone(), body: body.clone() }, &name, copy);
             let done = self.dispatch(vec![spec])?.remove(0);
             if done.report.trim().is_empty() {
                 return Err(fail("empty_plan", format!("plan round {round}: the planner's report is empty")));
@@ -589,7 +592,7 @@ impl Loop<'_> {
                     jid,
                     role: "plan-reviewer",
                     round,
-                    prompt: Prompt { context: None, body: text },
+                    prompt: Prompt { context: context.clone(), body: text },
                     name: format!("plan{round}-review-{session}"),
                     copy_to: copy,
                 });
@@ -1122,6 +1125,9 @@ impl Loop<'_> {
             .envs(self.ctx.child_env_for(ChildRole::Tool))
             .env("WORKSPACE_ROOT", &self.p.control)
             .env("MAM_LOOP_DIFF_MAX_BYTES", self.o.diff_max.to_string())
+            // The collector leaves out this loop's registry and audit-log root, wherever they are.
+            .env("MAM_JOBS_DIR", &self.p.resolved.registry)
+            .env("DELEGATE_JOB_LOGS_DIR", &self.p.resolved.logs)
             .stdin(std::process::Stdio::null());
         let out = c
             .output()
