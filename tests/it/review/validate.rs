@@ -10,14 +10,24 @@ use std::path::Path;
 
 use super::*;
 
-/// What a refused loop must leave as it was: every path under `<ws>/.mam/loop` with its content
-/// (a lock file keeps its holder), and the job records.
-fn footprint(w: &World) -> (bool, Vec<(String, Vec<u8>)>, Vec<String>) {
+/// What a refused loop must leave as it was: whether `<ws>/.mam/loop` exists, every path under it
+/// with its content (a lock file keeps its holder), and the job records.
+#[derive(Debug, PartialEq)]
+struct Footprint {
+    loop_root: bool,
+    files: Vec<(String, Vec<u8>)>,
+    jobs: Vec<String>,
+}
+
+fn footprint(w: &World) -> Footprint {
     let dir = w.root.join(".mam/loop");
-    let files = tree(&dir).into_iter().map(|p| (fs::read(dir.join(&p)).unwrap_or_default(), p)).map(|(c, p)| (p, c));
+    let files = tree(&dir).into_iter().map(|p| {
+        let content = fs::read(dir.join(&p)).unwrap_or_default();
+        (p, content)
+    });
     let mut jobs = w.job_ids();
     jobs.sort();
-    (dir.exists(), files.collect(), jobs)
+    Footprint { loop_root: dir.exists(), files: files.collect(), jobs }
 }
 
 /// `mam loop <args>` with `env` added, expected to end with `rc` before the lock: one stderr line
@@ -549,6 +559,25 @@ fn bad_input_a_worktree_path_with_spaces_and_quotes_works() {
     let head = git_in(&wt, &["rev-parse", "HEAD"]);
     assert_eq!(cp["review_rounds"][0]["identity"]["head"].as_str(), Some(head.as_str()), "{cp:#}");
     assert!(w.review_trees().is_empty());
+    // Reviewers working in that source root (env isolation) are given the path intact.
+    let r = w.run_loop(&[
+        "--creator",
+        "cr",
+        "--reviewer",
+        "rv",
+        "--review-only",
+        "--base",
+        &base,
+        "--worktree",
+        s(&wt),
+        "--review-isolation",
+        "env",
+    ]);
+    let id = promoted(&r);
+    let cp = w.checkpoint(&id);
+    assert_eq!(cp["review_rounds"][0]["reviewers"][0]["evidence"], "source-tree", "{cp:#}");
+    let text: String = prompts(&w.loop_dir(&id)).into_iter().map(|(_, t)| t).collect();
+    assert!(text.contains(s(&wt.canonicalize().unwrap())), "{text}");
 }
 
 #[test]
@@ -558,6 +587,14 @@ fn a37_loop_status_shows_a_finished_loop_and_prune_keeps_a_running_one() {
     w.reviewer("rv", "PASS", "");
     w.creator("slow", "work_s=30");
     let task = w.task("Add a line to app.txt.");
+    // No loop yet.
+    let r = w.mam().args(["loop", "status"]).run();
+    assert_eq!((r.rc(), r.stderr().lines().count()), (1, 1), "{}", r.stderr());
+    assert!(r.stderr().starts_with("ERROR: loop status: no loop under "), "{}", r.stderr());
+    let r = w.mam().args(["loop", "prune", "--older-than", "0"]).run();
+    r.expect_rc(0);
+    assert!(r.stdout().starts_with("nothing to prune"), "{}", r.stdout());
+
     let done = promoted(&w.run_loop(&["--creator", "cr", "--reviewer", "rv", "--task-file", s(&task)]));
     let cp = w.checkpoint(&done);
     let jobs = cp["jobs"].as_array().unwrap();
