@@ -606,13 +606,15 @@ fn a37_loop_status_shows_a_finished_loop_and_prune_keeps_a_running_one() {
         r.expect_rc(0);
         let out = r.stdout();
         assert!(out.starts_with(&format!("loop {done}: finished: promoted (rc 0)\n")), "{out}");
+        assert!(out.lines().any(|l| l.starts_with("  phase done, round 1 of 3, started ")), "{out}");
         for j in jobs {
             let (jid, role, session) =
                 (j["jid"].as_str().unwrap(), j["role"].as_str().unwrap(), j["session"].as_str().unwrap());
             let status = w.record(jid)["status"].as_str().unwrap().to_string();
             assert!(
                 out.lines().any(|l| l.contains(&format!("{role} {session} job {jid}: "))
-                    && l.contains(&format!("(record now {status};"))),
+                    && l.contains(&format!("(record now {status}; last evidence "))
+                    && l.ends_with(" s ago)")),
                 "job {jid} ({role} {session}, record {status}) in:\n{out}"
             );
         }
@@ -680,7 +682,15 @@ fn loop_help_names_every_flag_and_variable_of_the_orch_4_1_table() {
     let r = td.mam().args(["loop", "--help"]).run();
     r.expect_rc(0);
     let help = r.stdout();
-    let missing: Vec<&String> = names.iter().filter(|n| !help.contains(n.as_str())).collect();
+    // As a whole word: `--plan` inside `--plan-file` does not count.
+    let word = |n: &str| {
+        help.match_indices(n).any(|(i, _)| {
+            let next = help[i + n.len()..].chars().next().unwrap_or(' ');
+            let prev = help[..i].chars().next_back().unwrap_or(' ');
+            !(next.is_ascii_alphanumeric() || next == '-' || next == '_') && !prev.is_ascii_alphanumeric()
+        })
+    };
+    let missing: Vec<&String> = names.iter().filter(|n| !word(n)).collect();
     assert!(missing.is_empty(), "mam loop --help does not mention {missing:?}:\n{help}");
     for word in ["mam loop status", "mam loop prune", "--older-than", "tree|env", "refuse|diff-only", "Exit codes"] {
         assert!(help.contains(word), "{word:?} in:\n{help}");
