@@ -687,7 +687,8 @@ fn loop_help_names_every_flag_and_variable_of_the_orch_4_1_table() {
         help.match_indices(n).any(|(i, _)| {
             let next = help[i + n.len()..].chars().next().unwrap_or(' ');
             let prev = help[..i].chars().next_back().unwrap_or(' ');
-            !(next.is_ascii_alphanumeric() || next == '-' || next == '_') && !prev.is_ascii_alphanumeric()
+            let joined = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+            !joined(next) && !joined(prev)
         })
     };
     let missing: Vec<&String> = names.iter().filter(|n| !word(n)).collect();
