@@ -130,7 +130,8 @@ fn invalid(msg: impl std::fmt::Display) -> LoopError {
 
 /// Reads a task or plan file: present, non-empty, UTF-8 text without NUL, at most 1 MiB.
 fn read_text_file(flag: &str, path: &Path) -> Result<String, LoopError> {
-    let bytes = checkpoint::read_bounded(path, MAX_TASK_BYTES).map_err(|e| {
+    // The user's own input: a symlink to it is followed (only writes never follow one).
+    let bytes = read_following(path, MAX_TASK_BYTES).map_err(|e| {
         invalid(format!("{flag} {}: cannot read ({e}); give an existing text file of at most 1 MiB", show_path(path)))
     })?;
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
@@ -1558,6 +1559,21 @@ impl Loop<'_> {
 
 fn short(s: &str) -> &str {
     &s[..12.min(s.len())]
+}
+
+/// Reads a regular file of at most `max` bytes, following symlinks; longer is an error.
+fn read_following(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut out = Vec::new();
+    f.take(max + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(std::io::Error::other(format!("longer than {max} bytes")));
+    }
+    Ok(out)
 }
 
 /// Reads the first `max` bytes of a file (no symlink followed).

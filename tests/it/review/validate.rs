@@ -700,3 +700,18 @@ fn loop_help_names_every_flag_and_variable_of_the_orch_4_1_table() {
         assert!(help.replace('\n', " ").contains(code), "{code:?} in:\n{help}");
     }
 }
+
+/// A task file reached through a symlink is the user's own input: it is read (only writes never
+/// follow a link, docs/DESIGN.md "The review loop").
+#[test]
+fn a_task_file_behind_a_symlink_is_read() {
+    let w = World::new("loop-task-link");
+    w.creator("cr", "");
+    w.reviewer("rv", "PASS", "");
+    let task = w.task("Add a line to app.txt.");
+    let link = w.td.path("task-link.md");
+    std::os::unix::fs::symlink(&task, &link).unwrap();
+    let base = w.base();
+    let r = w.run_loop(&["--creator", "cr", "--reviewer", "rv", "--task-file", s(&link), "--base", &base]);
+    promoted(&r);
+}
