@@ -74,7 +74,7 @@ pub fn identity_block(i: &Identity) -> String {
 }
 
 fn task_section(b: &mut String, task: Option<&str>) {
-    b.push_str("## Task\n\n");
+    b.push_str("### The task\n\n");
     match task {
         Some(t) => {
             b.push_str(t.trim_end_matches(['\n', '\r']));

@@ -279,6 +279,7 @@ fn t04_a_pinned_run_puts_the_block_before_every_flagless_body() {
     assert!(at_block < brief.find("## Task").unwrap(), "{brief}");
     let want = format!("{}\n\n## Task\n\n{}", want_ctx.trim_end(), want_body.trim_end_matches('\n'));
     assert!(brief.contains(&want), "creator brief lacks block + body:\n{brief}");
+    assert_eq!(brief.matches("## Task\n").count(), 1, "one task heading in the brief:\n{brief}");
 }
 
 /// 4.9 test 4 with `--worktree` alone: the base is the merge-base, every prompt opens with the block
