@@ -366,6 +366,9 @@ struct InFlight {
 
 struct Loop<'a> {
     ctx: &'a Ctx,
+    /// The context of the loop's own git runs: TMPDIR is `<loop dir>/tmp`, so the temporary indexes
+    /// of pin and re-measure do not depend on the user's TMPDIR (only the review trees live there).
+    gctx: Ctx,
     o: &'a Options,
     say: &'a mut dyn FnMut(Out, &str),
     p: Plan,
@@ -416,7 +419,7 @@ pub fn run(ctx: &Ctx, o: &Options, say: &mut dyn FnMut(Out, &str)) -> Result<Out
     let loop_id = sys::random_hex(4).map_err(|e| LoopError::Failed(format!("loop: no random bytes ({e})")))?;
     let _ = sys::write_in_place(&lock.file, format!("{loop_id}\n").as_bytes());
     let dir = loop_root.join(&loop_id);
-    for d in [dir.clone(), dir.join("prompts"), dir.join("review"), dir.join("bin")] {
+    for d in [dir.clone(), dir.join("prompts"), dir.join("review"), dir.join("bin"), dir.join("tmp")] {
         sys::create_dir_all(&d)
             .map_err(|e| LoopError::Failed(format!("loop: cannot create {} ({e})", show_path(&d))))?;
     }
@@ -458,8 +461,11 @@ pub fn run(ctx: &Ctx, o: &Options, say: &mut dyn FnMut(Out, &str)) -> Result<Out
     if p.source != p.control {
         exclude.push(p.source.join(".mam"));
     }
+    let mut gctx = ctx.clone();
+    gctx.set_var("TMPDIR", Some(dir.join("tmp").as_os_str()));
     let mut lp = Loop {
         ctx,
+        gctx,
         o,
         say,
         p,
@@ -691,7 +697,7 @@ impl Loop<'_> {
             // Pin (4.6) and the fail-closed guard (3b).
             let pin = if self.pinned() { Some(self.pin_round(round)?) } else { None };
             let unpinned_fp =
-                if pin.is_none() && subjobs.is_some() { self.repo().fingerprint(self.ctx).ok() } else { None };
+                if pin.is_none() && subjobs.is_some() { self.repo().fingerprint(&self.gctx).ok() } else { None };
             // Isolation and the diff (3c).
             let (evidence_kind, isolation, tree_path) = self.open_isolation(round, pin.as_ref())?;
             let diff = match &pin {
@@ -852,7 +858,7 @@ impl Loop<'_> {
             let stale = match &pin {
                 Some(s) => self.changed_since(s),
                 None => match &unpinned_fp {
-                    Some(fp) => self.repo().fingerprint(self.ctx).map(|now| now != *fp).unwrap_or(true),
+                    Some(fp) => self.repo().fingerprint(&self.gctx).map(|now| now != *fp).unwrap_or(true),
                     None => false,
                 },
             };
@@ -882,7 +888,7 @@ impl Loop<'_> {
                         ));
                     }
                 } else if let Some(fp) = &unpinned_fp {
-                    if self.repo().fingerprint(self.ctx).map(|now| now != *fp).unwrap_or(true) {
+                    if self.repo().fingerprint(&self.gctx).map(|now| now != *fp).unwrap_or(true) {
                         return Err(fail(
                             "changed_after_approval",
                             "the source changed after the reviewers passed it; nothing promoted".to_string(),
@@ -986,7 +992,7 @@ impl Loop<'_> {
             head,
             base,
             base_origin: origin,
-            uncommitted: self.repo().has_uncommitted(ctx).unwrap_or(true),
+            uncommitted: self.repo().has_uncommitted(&self.gctx).unwrap_or(true),
         })
     }
 
@@ -1036,7 +1042,7 @@ impl Loop<'_> {
 
     fn pin_round(&mut self, round: u32) -> Result<Snapshot, Stop> {
         let base = self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default();
-        let snap = match self.repo().pin(self.ctx, &self.cp.loop_id) {
+        let snap = match self.repo().pin(&self.gctx, &self.cp.loop_id) {
             Ok(s) => s,
             Err(e) => {
                 let cause = match &e {
@@ -1047,7 +1053,7 @@ impl Loop<'_> {
                 return Err(Stop::Refused { round, cause: cause.into(), msg: e.to_string() });
             }
         };
-        match self.repo().guard(self.ctx, &base, &snap.commit) {
+        match self.repo().guard(&self.gctx, &base, &snap.commit) {
             Guard::Changes => {}
             Guard::Empty => {
                 return Err(fail(
@@ -1126,6 +1132,7 @@ impl Loop<'_> {
             .envs(self.ctx.child_env_for(ChildRole::Tool))
             .env("WORKSPACE_ROOT", &self.p.control)
             .env("MAM_LOOP_DIFF_MAX_BYTES", self.o.diff_max.to_string())
+            .env("TMPDIR", self.dir.join("tmp"))
             // The collector leaves out this loop's registry and audit-log root, wherever they are.
             .env("MAM_JOBS_DIR", &self.p.resolved.registry)
             .env("DELEGATE_JOB_LOGS_DIR", &self.p.resolved.logs)
@@ -1152,7 +1159,7 @@ impl Loop<'_> {
     }
 
     fn changed_since(&self, s: &Snapshot) -> bool {
-        match self.repo().fingerprint(self.ctx) {
+        match self.repo().fingerprint(&self.gctx) {
             Ok(fp) => fp.head != s.head || fp.tree != s.tree,
             Err(_) => true,
         }

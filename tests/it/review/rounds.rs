@@ -704,9 +704,8 @@ fn t09_the_review_tree_exists_during_the_round_and_is_gone_after_every_exit() {
 }
 
 /// 4.9 test 10 (A56): an unwritable TMPDIR (its parent is a regular file, which stops root too)
-/// refuses round 1; the loop never falls back to env isolation: no reviewer is dispatched. (The
-/// pin's temporary index lives under TMPDIR too, so here the pin refuses first, before the tree;
-/// the next test makes the tree creation itself fail.)
+/// refuses round 1 at the review tree (the pin's temporary index lives in the loop dir); the loop
+/// never falls back to env isolation: no reviewer is dispatched.
 #[test]
 fn t10_an_unwritable_tmpdir_refuses_the_round_without_falling_back_to_env() {
     let w = World::new("rounds-t10-tmpdir");
@@ -725,7 +724,7 @@ fn t10_an_unwritable_tmpdir_refuses_the_round_without_falling_back_to_env() {
     assert_eq!((outcome.as_str(), rc, r.rc()), ("refused", 1, 1), "{}\n{}", r.stdout(), r.stderr());
     assert!(r.stderr().contains("REFUSED: loop: round 1: "), "{}", r.stderr());
     let cp = w.checkpoint(&id);
-    assert!(s(&cp["reason"]).starts_with("refused:"), "{cp}");
+    assert_eq!(cp["reason"], "refused:review_tree", "{cp}");
     assert!(w.job_ids().is_empty(), "dispatched: {:?}", w.job_ids());
     assert!(!r.stdout().contains("source-tree") && !r.stdout().contains("VERDICT"), "{}", r.stdout());
 }
