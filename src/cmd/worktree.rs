@@ -109,10 +109,7 @@ fn parse_args(mut raw: Vec<OsString>) -> Result<Parsed<Verb>, Failure> {
         Some("prepare" | "remove" | "list") => raw.remove(0).into_string().unwrap_or_default(),
         Some("-h" | "--help") | None => return Ok(Parsed::Help),
         Some(other) => {
-            return Err(Failure::usage(format!(
-                "worktree: unknown verb '{}' (prepare, remove, list)",
-                one_line(other)
-            )))
+            return Err(Failure::usage(format!("worktree: unknown verb '{}' (prepare, remove, list)", one_line(other))))
         }
     };
     match verb.as_str() {
@@ -240,7 +237,9 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
 /// The stderr line and exit code of a worktree error (ORCH 5.1 exit codes).
 fn failure(verb: &str, e: WorktreeError) -> Failure {
     match e {
-        WorktreeError::Usage(m) => Failure::new(2, format!("REFUSED: worktree {verb}: {}; nothing was changed", one_line(&m))),
+        WorktreeError::Usage(m) => {
+            Failure::new(2, format!("REFUSED: worktree {verb}: {}; nothing was changed", one_line(&m)))
+        }
         WorktreeError::Refused(m) => {
             Failure::new(3, format!("REFUSED: worktree {verb}: {}; nothing was changed", one_line(&m)))
         }

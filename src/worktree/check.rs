@@ -75,7 +75,9 @@ impl Token {
             Token::OpenJobs => "let these jobs finish, or close them (mam registry expire <job>, or stop their loop)",
             Token::Dirty => "commit these files, move them elsewhere, or delete them",
             Token::StatusFailed => "look at the worktree with git status",
-            Token::SubmoduleDirty => "commit, move or delete these files inside the submodule (ignored files count too)",
+            Token::SubmoduleDirty => {
+                "commit, move or delete these files inside the submodule (ignored files count too)"
+            }
             Token::Unpushed => "push these commits to a remote (or put a branch of the main repository on them)",
             Token::Stashes => "apply or drop the stash entries (git stash list), or push them as a branch",
             Token::UncheckableRepo => "inspect this directory; move it away if it holds nothing of value",
@@ -142,7 +144,9 @@ pub enum Linked {
     /// Not in `git worktree list`: why (possibly naming the worktree it lies inside).
     NotFound(String),
     Main,
-    Linked { locked: Option<String> },
+    Linked {
+        locked: Option<String>,
+    },
 }
 
 /// A session whose `pane.cwd` lies inside the worktree.
@@ -258,6 +262,11 @@ pub fn tokens(findings: &[Finding]) -> String {
     t.iter().map(|t| t.name()).collect::<Vec<_>>().join(",")
 }
 
+/// `1 entry`, `2 entries`.
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Shows the first three items and how many there are.
 fn some(items: &[String], more: bool) -> String {
     let mut s = items.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
@@ -272,18 +281,15 @@ fn some(items: &[String], more: bool) -> String {
 /// `--stop` removal, where running sessions and the task jobs their stop cancels are no finding.
 pub fn judge(f: &Facts, allow_running: bool) -> (Vec<Finding>, Method) {
     let mut out = Vec::new();
-    let mut add = |token, subject: &Path, evidence: String| {
-        out.push(Finding { token, subject: subject.to_path_buf(), evidence })
-    };
+    let mut add =
+        |token, subject: &Path, evidence: String| out.push(Finding { token, subject: subject.to_path_buf(), evidence });
     let path = f.path.as_path();
     match &f.linked {
         Linked::NoRepo(why) | Linked::NotFound(why) => add(Token::NotLinked, path, why.clone()),
         Linked::Main => add(Token::MainWorktree, path, "this is the main worktree of the repository".into()),
-        Linked::Linked { locked: Some(why) } => add(
-            Token::Locked,
-            path,
-            if why.is_empty() { "locked".into() } else { format!("locked: {why}") },
-        ),
+        Linked::Linked { locked: Some(why) } => {
+            add(Token::Locked, path, if why.is_empty() { "locked".into() } else { format!("locked: {why}") })
+        }
         Linked::Linked { locked: None } => {}
     }
     if let Some(e) = &f.sessions_error {
@@ -303,9 +309,11 @@ pub fn judge(f: &Facts, allow_running: bool) -> (Vec<Finding>, Method) {
         add(Token::OpenJobs, path, format!("unfinished job(s): {}", some(&open, false)));
     }
     match &f.status {
-        Some(Ok(entries)) if !entries.is_empty() => {
-            add(Token::Dirty, path, format!("git status shows {} entr(y/ies): {}", entries.len(), some(entries, false)))
-        }
+        Some(Ok(entries)) if !entries.is_empty() => add(
+            Token::Dirty,
+            path,
+            format!("git status shows {}: {}", count(entries.len(), "entry", "entries"), some(entries, false)),
+        ),
         Some(Err(why)) => add(Token::StatusFailed, path, format!("git status failed: {why}")),
         _ => {}
     }
@@ -325,7 +333,11 @@ pub fn judge(f: &Facts, allow_running: bool) -> (Vec<Finding>, Method) {
     }
     for r in f.submodules.iter().chain(&f.modules) {
         if !r.stashes.is_empty() {
-            add(Token::Stashes, &r.path, format!("stash entr(y/ies): {}", some(&r.stashes, false)));
+            add(
+                Token::Stashes,
+                &r.path,
+                format!("{}: {}", count(r.stashes.len(), "stash entry", "stash entries"), some(&r.stashes, false)),
+            );
         }
     }
     for r in f.submodules.iter().chain(&f.modules) {
@@ -576,7 +588,11 @@ const GIT_MARKERS: [&str; 6] = ["HEAD", "objects", "refs", "config", "packed-ref
 /// HEAD, objects/ and refs/ is uncheckable; so is any other file in the tree.
 fn walk_modules(ctx: &Ctx, dir: &Path, deadline: Instant, out: &mut Vec<RepoFact>, depth: usize) {
     let Ok(rd) = std::fs::read_dir(dir) else {
-        out.push(RepoFact { path: dir.into(), uncheckable: Some("cannot read the directory".into()), ..Default::default() });
+        out.push(RepoFact {
+            path: dir.into(),
+            uncheckable: Some("cannot read the directory".into()),
+            ..Default::default()
+        });
         return;
     };
     let mut entries: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
@@ -626,7 +642,8 @@ fn rev_set(g: &mut Git<'_>, pre: &[OsString], fact: &mut RepoFact) {
         v
     };
     let max = format!("--max-count={}", MAX_COMMITS + 1);
-    let log = with(&["log", "--format=%H %s", &max, "HEAD", "--exclude=refs/stash", "--all", "--not", "--remotes", "--"]);
+    let log =
+        with(&["log", "--format=%H %s", &max, "HEAD", "--exclude=refs/stash", "--all", "--not", "--remotes", "--"]);
     match g.run(&log) {
         Ok(o) if o.status.success() => {
             let mut commits: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect();
@@ -646,10 +663,13 @@ fn rev_set(g: &mut Git<'_>, pre: &[OsString], fact: &mut RepoFact) {
     match g.run(&with(&["rev-parse", "--verify", "--quiet", "refs/stash"])) {
         Ok(o) if o.status.success() => {
             let id = String::from_utf8_lossy(trim_nl(&o.stdout)).into_owned();
-            let mut entries: Vec<String> = match g.run(&with(&["reflog", "show", "--format=%gd %H %gs", "refs/stash", "--"])) {
-                Ok(r) if r.status.success() => String::from_utf8_lossy(&r.stdout).lines().map(str::to_string).collect(),
-                _ => Vec::new(),
-            };
+            let mut entries: Vec<String> =
+                match g.run(&with(&["reflog", "show", "--format=%gd %H %gs", "refs/stash", "--"])) {
+                    Ok(r) if r.status.success() => {
+                        String::from_utf8_lossy(&r.stdout).lines().map(str::to_string).collect()
+                    }
+                    _ => Vec::new(),
+                };
             if entries.is_empty() {
                 entries.push(format!("refs/stash {id}"));
             }
@@ -737,7 +757,10 @@ mod tests {
     #[test]
     fn check_one_cells() {
         let f = Facts::empty(PathBuf::from("/w"), Linked::NotFound("x".into()));
-        assert_eq!(judge(&f, false), (vec![Finding { token: Token::NotLinked, subject: "/w".into(), evidence: "x".into() }], Method::None));
+        assert_eq!(
+            judge(&f, false),
+            (vec![Finding { token: Token::NotLinked, subject: "/w".into(), evidence: "x".into() }], Method::None)
+        );
         let f = Facts::empty(PathBuf::from("/w"), Linked::NoRepo("no".into()));
         assert_eq!(names(&judge(&f, false).0), "not-linked");
         let f = Facts::empty(PathBuf::from("/w"), Linked::Main);

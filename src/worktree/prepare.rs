@@ -100,11 +100,16 @@ fn run(
     let root = &plan.repo.root;
     let branch = &a.branch;
     match plan.existing {
-        Some(true) => notes.note(format!("worktree {} of branch {branch} already exists; reused", show_path(&plan.path))),
+        Some(true) => {
+            notes.note(format!("worktree {} of branch {branch} already exists; reused", show_path(&plan.path)))
+        }
         Some(false) => {
             let path = plan.path.as_os_str();
-            git_ok(&mut git(ctx, root, deadline), &[OsStr::new("worktree"), "add".as_ref(), "--".as_ref(), path, branch.as_ref()])
-                .map_err(|e| WorktreeError::Failed(format!("cannot add the worktree: {e}")))?;
+            git_ok(
+                &mut git(ctx, root, deadline),
+                &[OsStr::new("worktree"), "add".as_ref(), "--".as_ref(), path, branch.as_ref()],
+            )
+            .map_err(|e| WorktreeError::Failed(format!("cannot add the worktree: {e}")))?;
         }
         None => {
             let args: [&OsStr; 7] = [
@@ -120,9 +125,10 @@ fn run(
                 .map_err(|e| WorktreeError::Failed(format!("cannot add the worktree: {e}")))?;
         }
     }
-    let wt = plan.path.canonicalize().map_err(|e| {
-        WorktreeError::Failed(format!("worktree {} made but not readable: {e}", show_path(&plan.path)))
-    })?;
+    let wt = plan
+        .path
+        .canonicalize()
+        .map_err(|e| WorktreeError::Failed(format!("worktree {} made but not readable: {e}", show_path(&plan.path))))?;
     link_venv(root, &wt, notes);
     if let Err(e) = exclude_lines(&plan.repo.common) {
         notes.warn(format!("info/exclude of {} not updated: {e}", show_path(&plan.repo.common)));
@@ -160,7 +166,9 @@ fn decide(ctx: &Ctx, a: &PrepareArgs, notes: &mut Notes, deadline: Instant) -> R
         return Err(usage(format!("'{}' is not a branch name", one_line(branch))));
     }
     let mut g = git(ctx, &root, deadline);
-    let ok = g.run(&["check-ref-format", &format!("refs/heads/{branch}")]).map_err(|e| WorktreeError::Failed(run_error(&root, e)))?;
+    let ok = g
+        .run(&["check-ref-format", &format!("refs/heads/{branch}")])
+        .map_err(|e| WorktreeError::Failed(run_error(&root, e)))?;
     if !ok.status.success() {
         return Err(usage(format!("'{}' is not a valid branch name (git check-ref-format)", one_line(branch))));
     }
@@ -185,7 +193,8 @@ fn decide(ctx: &Ctx, a: &PrepareArgs, notes: &mut Notes, deadline: Instant) -> R
         .status
         .success();
     let refused = WorktreeError::Refused;
-    let gone = |e: &super::Entry| if e.prunable.is_some() { "; its directory is gone: run `git worktree prune`" } else { "" };
+    let gone =
+        |e: &super::Entry| if e.prunable.is_some() { "; its directory is gone: run `git worktree prune`" } else { "" };
     let at_path = list.iter().find(|e| e.real == real);
     let of_branch = list.iter().find(|e| e.branch.as_deref() == Some(refname.as_str()));
     let reused = match (at_path, of_branch) {
@@ -206,11 +215,7 @@ fn decide(ctx: &Ctx, a: &PrepareArgs, notes: &mut Notes, deadline: Instant) -> R
             )))
         }
         (None, Some(e)) => {
-            return Err(refused(format!(
-                "branch {branch} is checked out at {}{}",
-                show_path(&e.path),
-                gone(e)
-            )))
+            return Err(refused(format!("branch {branch} is checked out at {}{}", show_path(&e.path), gone(e))))
         }
         (None, None) => {
             if let Ok(m) = std::fs::symlink_metadata(&path) {
@@ -222,7 +227,10 @@ fn decide(ctx: &Ctx, a: &PrepareArgs, notes: &mut Notes, deadline: Instant) -> R
                     None
                 };
                 if let Some(what) = what {
-                    return Err(refused(format!("path {} {what}, not a worktree of branch {branch}", show_path(&path))));
+                    return Err(refused(format!(
+                        "path {} {what}, not a worktree of branch {branch}",
+                        show_path(&path)
+                    )));
                 }
             }
             false
@@ -319,7 +327,14 @@ type Config = BTreeMap<String, Vec<OsString>>;
 fn read_config(g: &mut Git<'_>, file: &Path) -> Result<Config, String> {
     let f = file.as_os_str();
     let o = g
-        .run(&[OsStr::new("config"), "-z".as_ref(), "--file".as_ref(), f, "--get-regexp".as_ref(), r"^submodule\.".as_ref()])
+        .run(&[
+            OsStr::new("config"),
+            "-z".as_ref(),
+            "--file".as_ref(),
+            f,
+            "--get-regexp".as_ref(),
+            r"^submodule\.".as_ref(),
+        ])
         .map_err(|e| run_error(file, e))?;
     match o.status.code() {
         Some(0) | Some(1) => {}
@@ -447,7 +462,8 @@ fn submodules(ctx: &Ctx, repo: &Repo, wt: &Path, deadline: Instant, notes: &mut 
     let modules_existed = modules.exists();
     let existed: Vec<bool> = todo.iter().map(|p| modules.join(name_of(p)).exists()).collect();
     for p in &todo {
-        let mut args: Vec<OsString> = ["submodule", "update", "--init", "--recursive", "--"].map(OsString::from).to_vec();
+        let mut args: Vec<OsString> =
+            ["submodule", "update", "--init", "--recursive", "--"].map(OsString::from).to_vec();
         args.push(p.as_os_str().to_os_string());
         if let Err(e) = git_ok(&mut g, &args) {
             let what = format!("submodule {}: {e}", show_path(p));
@@ -515,7 +531,8 @@ fn rollback(
     let status = g.run(&["status", "--porcelain"]);
     let usable = matches!(&status, Ok(o) if o.status.success());
     let undone = if undone.is_empty() { "none".to_string() } else { undone.join(", ") };
-    let mut s = format!("rolled back the submodules this attempt initialised ({undone}) and the shared submodule config");
+    let mut s =
+        format!("rolled back the submodules this attempt initialised ({undone}) and the shared submodule config");
     if !left.is_empty() {
         s.push_str(&format!("; not undone: {}", left.join(", ")));
     }
@@ -551,7 +568,11 @@ fn creator(
     onboard: Onboard<'_>,
 ) -> Result<Vec<String>, WorktreeError> {
     let kept = |why: String| {
-        WorktreeError::Failed(format!("session create failed ({}); the worktree is kept at {}", one_line(&why), show_path(wt)))
+        WorktreeError::Failed(format!(
+            "session create failed ({}); the worktree is kept at {}",
+            one_line(&why),
+            show_path(wt)
+        ))
     };
     let doc = session::load(sessions).map_err(|e| kept(e.to_string()))?;
     let fits = |r: &&Row| {

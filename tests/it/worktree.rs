@@ -79,6 +79,7 @@ impl W {
             ("MAM_FAKE_PANES_DIR".into(), td.path("panes").into()),
             ("MAM_SKS_POLL_MS".into(), "50".into()),
             ("MAM_SKS_QUIESCE_GAP_MS".into(), "50".into()),
+            ("MAM_STARTUP_DIALOG_SETTLE_MS".into(), "50".into()),
             ("MAM_AGENT_START_TIMEOUT_MS".into(), "20000".into()),
             ("MAM_PUBLISH_BUDGET_S".into(), "1".into()),
         ];
@@ -200,7 +201,10 @@ fn summary(r: &Run) -> (String, String, String) {
     let out = r.stdout();
     let last = out.lines().last().unwrap_or_else(|| panic!("no stdout\n{}", r.stderr())).to_string();
     let get = |k: &str| {
-        last.split(' ').find_map(|w| w.strip_prefix(&format!("{k}="))).unwrap_or_else(|| panic!("{k} in {last}")).to_string()
+        last.split(' ')
+            .find_map(|w| w.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("{k} in {last}"))
+            .to_string()
     };
     (get("RESULT"), get("METHOD"), get("FINDINGS"))
 }
@@ -239,7 +243,8 @@ impl Wrapper {
     fn new(w: &W) -> Wrapper {
         let dir = w.td.path("gitwrap");
         fs::create_dir_all(&dir).unwrap();
-        let real = String::from_utf8(Command::new("sh").args(["-c", "command -v git"]).output().unwrap().stdout).unwrap();
+        let real =
+            String::from_utf8(Command::new("sh").args(["-c", "command -v git"]).output().unwrap().stdout).unwrap();
         let script = format!(
             r#"#!/usr/bin/env bash
 d="${{BASH_SOURCE[0]%/*}}"
@@ -304,7 +309,9 @@ fn t1_prepare_twice_same_output_one_worktree_inside_root_refused_existing_branch
     assert_eq!(w.worktree_count(), 2);
     let lines: Vec<String> = a.stdout().lines().map(str::to_string).collect();
     assert_eq!(lines.len(), 3);
-    assert!(lines[0].starts_with("WORKTREE=/") && lines[1] == "BRANCH=feat/one" && lines[2] == format!("BASE={}", w.head()));
+    assert!(
+        lines[0].starts_with("WORKTREE=/") && lines[1] == "BRANCH=feat/one" && lines[2] == format!("BASE={}", w.head())
+    );
 
     let inside = w.root.join("sub/wt");
     let r = w.mam().args(["worktree", "prepare", "feat/two", "--path"]).arg_path(&inside).run();
@@ -404,7 +411,9 @@ fn t5_uninitialised_submodule_path_with_files_refused_files_intact() {
     let keys = w.submodule_keys();
     let r = w.run(&["worktree", "prepare", "feat", "--submodules"]);
     r.expect_rc(3);
-    assert!(r.stderr().contains("not initialised but already holds files") && r.stderr().ends_with("nothing was changed\n"));
+    assert!(
+        r.stderr().contains("not initialised but already holds files") && r.stderr().ends_with("nothing was changed\n")
+    );
     assert_eq!(fs::read_to_string(wt.join("a/mine.txt")).unwrap(), "precious\n");
     assert_eq!(w.submodule_keys(), keys);
     assert!(!w.admin(&wt).join("modules").exists());
@@ -592,27 +601,70 @@ fn t11_a_clean_worktree_with_submodules_is_removed_with_one_force_without_plainl
 #[test]
 fn t12_prepare_creator_starts_a_session_in_the_worktree_bound_to_the_control_plane() {
     let w = W::new("wt-t12");
-    let r = w.run(&["worktree", "prepare", "feat", "--creator", "claude", "--name", "c12", "--no-onboard", "--", "test-double", "agent"]);
+    let r = w.run(&[
+        "worktree",
+        "prepare",
+        "feat",
+        "--creator",
+        "claude",
+        "--name",
+        "c12",
+        "--no-onboard",
+        "--",
+        "test-double",
+        "agent",
+    ]);
     r.expect_rc(0);
     let lines: Vec<String> = r.stdout().lines().map(str::to_string).collect();
     let wt = PathBuf::from(lines[0].strip_prefix("WORKTREE=").unwrap());
     assert_eq!(lines[1], "BRANCH=feat");
     assert!(lines[2].starts_with("BASE="));
-    assert!(lines[3].starts_with("SESSION=c12 PANE=") && lines[3].ends_with(&format!("CWD={}", wt.display())), "{lines:?}");
+    assert!(
+        lines[3].starts_with("SESSION=c12 PANE=") && lines[3].ends_with(&format!("CWD={}", wt.display())),
+        "{lines:?}"
+    );
     let doc: serde_json::Value =
         serde_json::from_slice(&fs::read(w.root.join(".mam/agent_sessions.json")).unwrap()).unwrap();
     let row = &doc["herdr_sessions"][0];
     assert_eq!(row["pane"]["cwd"], wt.to_str().unwrap());
     assert_eq!(row["control_plane"]["workspace_root"], w.root.to_str().unwrap());
     // A rerun reuses the running row.
-    let again = w.run(&["worktree", "prepare", "feat", "--creator", "claude", "--name", "c12", "--no-onboard", "--", "test-double", "agent"]);
+    let again = w.run(&[
+        "worktree",
+        "prepare",
+        "feat",
+        "--creator",
+        "claude",
+        "--name",
+        "c12",
+        "--no-onboard",
+        "--",
+        "test-double",
+        "agent",
+    ]);
     again.expect_rc(0);
     assert_eq!(again.stdout().lines().nth(3), Some(lines[3].as_str()));
     assert!(again.stderr().contains("reused"));
     // A create failure (the name runs elsewhere) keeps the new worktree and exits 1.
-    let r = w.run(&["worktree", "prepare", "other", "--creator", "claude", "--name", "c12", "--no-onboard", "--", "test-double", "agent"]);
+    let r = w.run(&[
+        "worktree",
+        "prepare",
+        "other",
+        "--creator",
+        "claude",
+        "--name",
+        "c12",
+        "--no-onboard",
+        "--",
+        "test-double",
+        "agent",
+    ]);
     r.expect_rc(1);
-    assert!(r.stderr().contains("session create failed") && r.stderr().contains("the worktree is kept"), "{}", r.stderr());
+    assert!(
+        r.stderr().contains("session create failed") && r.stderr().contains("the worktree is kept"),
+        "{}",
+        r.stderr()
+    );
     let other = PathBuf::from(r.stdout().lines().next().unwrap().strip_prefix("WORKTREE=").unwrap());
     assert!(other.is_dir() && wt.is_dir());
 }
@@ -716,80 +768,145 @@ fn t18_a_detached_head_commit_is_unreachable_head() {
 // ---------------------------------------------------------------------------------------------
 // Each kind of unsaved work, one at a time
 
+/// One kind of unsaved work in a fresh worktree (with submodule `a` initialised when `subs`) with a
+/// running session: `remove` and `remove --stop` both refuse with `token`, nothing was changed, the
+/// session still runs, and the worktree and its git directory are byte-for-byte as before.
+fn unsaved(kind: &str, subs: bool, setup: fn(&W, &Path), token: &str) {
+    let w = W::new(&format!("wt-kind-{kind}"));
+    if subs {
+        w.with_submodules(&["a"]);
+    }
+    let wt = if subs { with_sub(&w, "k") } else { w.prepare("k", &[]) };
+    setup(&w, &wt);
+    w.session("ks", &wt, "work_s=0\n");
+    let admin = w.admin(&wt);
+    let before = (snapshot(&wt), snapshot(&admin));
+    for extra in [&[][..], &["--stop"][..]] {
+        let r = w.remove(&wt, extra);
+        r.expect_rc(3);
+        let (result, _, found) = summary(&r);
+        assert_eq!(result, "refused", "{kind}");
+        let found: Vec<&str> = found.split(',').collect();
+        assert!(found.contains(&token), "{kind} {extra:?}: {found:?}\n{}", r.stdout());
+        assert_eq!(found.contains(&"sessions-running"), extra.is_empty(), "{kind}: {found:?}");
+        assert!(r.stderr().contains("nothing was changed"), "{kind}: {}", r.stderr());
+        assert!(r.stdout().contains(&format!("FINDING={token} ")), "{kind}: {}", r.stdout());
+        assert_eq!(w.row_status("ks"), "running", "{kind}");
+    }
+    let after = (snapshot(&wt), snapshot(&admin));
+    assert!(before.0 == after.0, "{kind}: the worktree changed");
+    assert!(before.1 == after.1, "{kind}: its git directory changed");
+    assert!(wt.is_dir());
+}
+
 #[test]
-fn every_kind_of_unsaved_work_is_refused_with_and_without_stop_and_left_intact() {
-    let w = W::new("wt-kinds");
-    w.with_submodules(&["a"]);
-    type Setup = fn(&W, &Path);
-    let kinds: &[(&str, bool, Setup, &str)] = &[
-        ("untracked", false, |_, wt| fs::write(wt.join("u.txt"), "u\n").unwrap(), "dirty"),
-        ("ignored-in-sub", true, |_, wt| {
+fn unsaved_untracked_file() {
+    unsaved("untracked", false, |_, wt| fs::write(wt.join("u.txt"), "u\n").unwrap(), "dirty");
+}
+
+#[test]
+fn unsaved_ignored_file_inside_a_submodule() {
+    unsaved(
+        "ignored",
+        true,
+        |_, wt| {
             let exclude = git(&wt.join("a"), &["rev-parse", "--git-path", "info/exclude"]);
             fs::write(wt.join("a").join(exclude), "*.log\n").unwrap();
             fs::write(wt.join("a/build.log"), "only here\n").unwrap();
             assert_eq!(git(wt, &["status", "--porcelain"]), "");
-        }, "submodule-dirty"),
-        ("detached-head", false, |_, wt| {
+        },
+        "submodule-dirty",
+    );
+}
+
+#[test]
+fn unsaved_commit_only_on_a_detached_head() {
+    unsaved(
+        "detached",
+        false,
+        |_, wt| {
             git(wt, &["checkout", "-q", "--detach"]);
             fs::write(wt.join("app.txt"), "d\n").unwrap();
             git(wt, &["commit", "-q", "-am", "detached"]);
-        }, "unreachable-head"),
-        ("lightweight-tag", true, |_, wt| {
-            let s = wt.join("a");
-            fs::write(s.join("lib.txt"), "t\n").unwrap();
-            git(&s, &["commit", "-q", "-am", "t"]);
-            git(&s, &["tag", "lt"]);
-            git(&s, &["checkout", "-q", "--detach", "HEAD~1"]);
-        }, "unpushed"),
-        ("annotated-tag", true, |_, wt| {
-            let s = wt.join("a");
-            fs::write(s.join("lib.txt"), "t\n").unwrap();
-            git(&s, &["commit", "-q", "-am", "t"]);
-            git(&s, &["tag", "-a", "-m", "m", "at"]);
-            git(&s, &["checkout", "-q", "--detach", "HEAD~1"]);
-        }, "unpushed"),
-        ("note", true, |_, wt| {
+        },
+        "unreachable-head",
+    );
+}
+
+/// A commit in submodule `a` that only a tag holds (HEAD moved back to the recorded commit).
+fn tag_only(wt: &Path, annotated: bool) {
+    let s = wt.join("a");
+    fs::write(s.join("lib.txt"), "t\n").unwrap();
+    git(&s, &["commit", "-q", "-am", "t"]);
+    if annotated {
+        git(&s, &["tag", "-a", "-m", "m", "at"]);
+    } else {
+        git(&s, &["tag", "lt"]);
+    }
+    git(&s, &["checkout", "-q", "--detach", "HEAD~1"]);
+}
+
+#[test]
+fn unsaved_lightweight_tag() {
+    unsaved("light", true, |_, wt| tag_only(wt, false), "unpushed");
+}
+
+#[test]
+fn unsaved_annotated_tag() {
+    unsaved("annot", true, |_, wt| tag_only(wt, true), "unpushed");
+}
+
+#[test]
+fn unsaved_note() {
+    unsaved(
+        "note",
+        true,
+        |_, wt| {
             git(&wt.join("a"), &["notes", "add", "-m", "a local note", "HEAD"]);
-        }, "unpushed"),
-        ("stash", true, |_, wt| {
+        },
+        "unpushed",
+    );
+}
+
+#[test]
+fn unsaved_stash() {
+    unsaved(
+        "stash",
+        true,
+        |_, wt| {
             fs::write(wt.join("a/lib.txt"), "s\n").unwrap();
             git(&wt.join("a"), &["stash", "-q"]);
-        }, "stashes"),
-        ("deinit-commit", true, |_, wt| {
+        },
+        "stashes",
+    );
+}
+
+#[test]
+fn unsaved_commit_in_a_deinitialised_submodules_repository() {
+    unsaved(
+        "deinit",
+        true,
+        |_, wt| {
             fs::write(wt.join("a/lib.txt"), "c\n").unwrap();
             git(&wt.join("a"), &["commit", "-q", "-am", "c"]);
             git(wt, &["submodule", "deinit", "-q", "--force", "a"]);
-        }, "unpushed"),
-        ("partial-repo", false, |w, wt| {
+        },
+        "unpushed",
+    );
+}
+
+#[test]
+fn unsaved_partial_repository_under_modules() {
+    unsaved(
+        "partial",
+        false,
+        |w, wt| {
             let p = w.admin(wt).join("modules/half");
             fs::create_dir_all(p.join("refs/heads")).unwrap();
             fs::write(p.join("HEAD"), "ref: refs/heads/main\n").unwrap();
-        }, "uncheckable-repo"),
-    ];
-    for (i, (kind, subs, setup, token)) in kinds.iter().enumerate() {
-        let branch = format!("k{i}");
-        let wt = if *subs { with_sub(&w, &branch) } else { w.prepare(&branch, &[]) };
-        setup(&w, &wt);
-        let name = format!("k{i}s");
-        w.session(&name, &wt, "work_s=0\n");
-        let admin = w.admin(&wt);
-        let before = (snapshot(&wt), snapshot(&admin));
-        for extra in [&[][..], &["--stop"][..]] {
-            let r = w.remove(&wt, extra);
-            r.expect_rc(3);
-            let (result, _, found) = summary(&r);
-            assert_eq!(result, "refused", "{kind}");
-            let found: Vec<&str> = found.split(',').collect();
-            assert!(found.contains(token), "{kind} {extra:?}: {found:?}\n{}", r.stdout());
-            assert_eq!(found.contains(&"sessions-running"), extra.is_empty(), "{kind}: {found:?}");
-            assert!(r.stderr().contains("nothing was changed"), "{kind}: {}", r.stderr());
-            assert!(r.stdout().contains(&format!("FINDING={token} ")), "{kind}: {}", r.stdout());
-            assert_eq!(w.row_status(&name), "running", "{kind}");
-        }
-        let after = (snapshot(&wt), snapshot(&admin));
-        assert!(before.0 == after.0, "{kind}: the worktree changed");
-        assert!(before.1 == after.1, "{kind}: its git directory changed");
-    }
+        },
+        "uncheckable-repo",
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -830,7 +947,7 @@ fn kill_9_of_prepare_submodules_at_several_points_leaves_a_state_the_next_comman
             0 => assert_eq!(result, "would-remove", "{point}"),
             3 => {
                 assert_eq!(result, "refused");
-                assert_eq!(r.stdout().lines().filter(|l| l.starts_with("FINDING=")).count() >= 1, true);
+                assert!(r.stdout().lines().any(|l| l.starts_with("FINDING=")), "{point}: {}", r.stdout());
             }
             rc => panic!("{point}: rc {rc}\n{}{}", r.stdout(), r.stderr()),
         }
@@ -857,7 +974,11 @@ fn bad_input_is_refused_before_any_change() {
     for b in ["a..b", "has space", "end.lock", "@{-1}", "x~1"] {
         let r = w.run(&["worktree", "prepare", b]);
         r.expect_rc(2);
-        assert!(r.stderr().contains("REFUSED: worktree prepare:") && r.stderr().contains("nothing was changed"), "{b}: {}", r.stderr());
+        assert!(
+            r.stderr().contains("REFUSED: worktree prepare:") && r.stderr().contains("nothing was changed"),
+            "{b}: {}",
+            r.stderr()
+        );
     }
     let file = w.td.write("a-file", "x\n");
     let r = w.mam().args(["worktree", "prepare", "f1", "--path"]).arg_path(&file).run();
@@ -916,9 +1037,17 @@ fn list_shows_each_linked_worktree_and_what_remove_would_say() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
     let c = lines.iter().find(|l| l.ends_with(&format!("PATH={}", clean.display()))).unwrap();
-    assert!(c.starts_with("BRANCH=clean HEAD=") && c.contains("TREE=clean SESSIONS=- JOBS=- METHOD=plain FINDINGS=none"), "{c}");
+    assert!(
+        c.starts_with("BRANCH=clean HEAD=") && c.contains("TREE=clean SESSIONS=- JOBS=- METHOD=plain FINDINGS=none"),
+        "{c}"
+    );
     let d = lines.iter().find(|l| l.ends_with(&format!("PATH={}", dirty.display()))).unwrap();
-    assert!(d.contains(&format!("TREE=dirty SESSIONS=l1 JOBS={jid} METHOD=plain FINDINGS=sessions-running,open-jobs,dirty")), "{d}");
+    assert!(
+        d.contains(&format!(
+            "TREE=dirty SESSIONS=l1 JOBS={jid} METHOD=plain FINDINGS=sessions-running,open-jobs,dirty"
+        )),
+        "{d}"
+    );
 }
 
 #[test]
