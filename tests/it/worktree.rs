@@ -82,6 +82,8 @@ impl W {
             ("MAM_STARTUP_DIALOG_SETTLE_MS".into(), "50".into()),
             ("MAM_AGENT_START_TIMEOUT_MS".into(), "20000".into()),
             ("MAM_PUBLISH_BUDGET_S".into(), "1".into()),
+            // No broker: a stop's closed-state publish goes to a port nobody listens on.
+            ("MQTT_PORT".into(), free_port().to_string().into()),
         ];
         for (k, v) in GIT_ENV {
             env.push(((*k).into(), (*v).into()));
