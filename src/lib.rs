@@ -32,3 +32,4 @@ pub mod text;
 pub mod trust;
 pub mod watch;
 pub mod wire;
+pub mod worktree;

@@ -34,6 +34,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("delegate-job", "hand a job to an agent and wait for its verdict and report", true),
     ("diff-collect", "the review loop's diff: a base commit against the working tree or a head commit", true),
     ("loop", "the review loop: a creator and reviewers to a pinned, promoted PASS; status, prune", true),
+    ("worktree", "a creator's own git worktree: prepare, remove (only when nothing is lost), list", true),
     ("bench", "benchmarks against the anchors of docs/PERFORMANCE.md", false),
 ];
 
@@ -89,6 +90,7 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "delegate-job" => cmd::delegate_job::run(ctx, args),
         "diff-collect" => cmd::diff_collect::run(ctx, args),
         "loop" => cmd::loop_::run(ctx, args),
+        "worktree" => cmd::worktree::run(ctx, args),
         _ => not_yet(ctx, name, args),
     }
 }

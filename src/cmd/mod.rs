@@ -24,3 +24,4 @@ pub mod stop;
 pub mod sub;
 pub mod test_double;
 pub mod watch;
+pub mod worktree;

@@ -32,3 +32,4 @@ mod sign;
 mod spec;
 mod tidy;
 mod watch;
+mod worktree;
