@@ -76,7 +76,7 @@ step "cargo fmt --check"
 cargo fmt --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
-step "cargo test --features test-hooks (the loop's test hooks, ORCH 8.8)"
+step "cargo test --features test-hooks (the loop's test hooks, ORCH 8 item 8)"
 cargo test --features test-hooks
 leak_check
 if grep -q '^lockcheck' Cargo.toml; then

@@ -1167,7 +1167,7 @@ impl Loop<'_> {
 
     #[cfg(feature = "test-hooks")]
     fn pause_before_promote(&mut self) {
-        // MAM_TEST_LOOP_PAUSE=before-promote:<fifo> (ORCH 8.8): blocks until the test has written and
+        // MAM_TEST_LOOP_PAUSE=before-promote:<fifo> (ORCH 8 item 8): blocks until the test has written and
         // closed the fifo.
         if let Some(v) = self.ctx.var("MAM_TEST_LOOP_PAUSE") {
             if let Some(fifo) = v.strip_prefix("before-promote:") {

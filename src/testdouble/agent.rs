@@ -56,7 +56,7 @@ struct Script {
     on_stop_write: Option<PathBuf>,
 }
 
-/// The `IDENTITY:` line a report gets (ORCH 4.5 d). Available in every build, unlike ORCH 8.8's
+/// The `IDENTITY:` line a report gets (ORCH 4.5 d). Available in every build, unlike ORCH 8 item 8's
 /// listing: the review demo drives pinned rounds with fake reviewers, and a pinned round without an
 /// `IDENTITY` line is NOT PASS.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -300,7 +300,7 @@ pub fn run(ctx: &Ctx) -> Result<i32, String> {
     rc
 }
 
-/// `on_stop_write=<path>` (ORCH 8.8, test-hooks only): `stopped` is appended to the path once, when
+/// `on_stop_write=<path>` (ORCH 8 item 8, test-hooks only): `stopped` is appended to the path once, when
 /// the agent returns from `serve` (stdin closed, pane directory gone, `exit_after`) or when SIGTERM,
 /// SIGHUP or SIGINT arrives. A SIGKILL (`crash_after_s`) writes nothing.
 #[cfg(feature = "test-hooks")]
