@@ -1152,7 +1152,7 @@ impl Loop<'_> {
         // MAM_TEST_LOOP_PAUSE=before-promote:<fifo> (ORCH 8.8): blocks until the test has written and
         // closed the fifo.
         if let Some(v) = self.ctx.var("MAM_TEST_LOOP_PAUSE") {
-            if let Some(fifo) = v.to_str().and_then(|v| v.strip_prefix("before-promote:")) {
+            if let Some(fifo) = v.strip_prefix("before-promote:") {
                 use std::io::Read;
                 if let Ok(mut f) = std::fs::File::open(fifo) {
                     let mut sink = Vec::new();
