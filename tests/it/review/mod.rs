@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::support::*;
 
+mod jobs;
 mod validate;
 
 /// How long one loop run may take in a test.
