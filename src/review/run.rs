@@ -1347,6 +1347,14 @@ impl Loop<'_> {
             .or_else(|| self.store.read(&f.spec.jid).ok().flatten().map(|r| r.status().to_string()))
             .unwrap_or_else(|| "unknown".into());
         self.cp.jobs[f.row].status = status.clone();
+        if rc != 0 && !is_terminal(&status) {
+            // delegate-job stopped waiting and left the job open (an interrupted delegate-job, A15):
+            // the loop gives up on it, so it closes it; no job of the loop is left open.
+            let c = ops::Close { reason: Some(format!("loop: delegate-job ended rc {rc}")), ..ops::Close::default() };
+            if ops::operator_close(self.ctx, &self.store, &f.spec.jid, Kind::Set, Some("cancelled"), &c).is_ok() {
+                self.cp.jobs[f.row].status = "cancelled".into();
+            }
+        }
         // The report of this dispatch, copied before the next one reuses the path (A32).
         let report_path = self.p.resolved.registry.join(&f.spec.jid).join("report.md");
         let (report, truncated) = match checkpoint::read_bounded(&report_path, MAX_REPORT_BYTES) {
