@@ -721,3 +721,37 @@ fn signals_sigint_to_the_process_group_in_the_review_phase() {
 fn signals_sigterm_to_the_process_group_in_the_implement_phase() {
     interrupt(Phase::Implement, libc::SIGTERM, true);
 }
+
+/// 4.4: a delegation that fails ends the loop rc 1; here the reviewer's delegate-job is itself
+/// killed (SIGTERM leaves its job open, A15): the loop, which gives up on the job, closes it, so no
+/// job of the loop is left open.
+#[test]
+fn a_killed_delegate_job_leaves_no_job_open() {
+    let w = world("loop-dj-killed");
+    w.creator("cr", "");
+    w.reviewer("rv", "PASS", "work_s=30");
+    let task = w.task("Add a line to app.txt.");
+    let base = w.base();
+    let mut bg = w.spawn_loop(&strs(&loop_args(&task, &["rv"], &["--base", &base])));
+    let jid = wait_line(&mut bg, &["· reviewer rv · job", "dispatched"], Duration::from_secs(30));
+    wait_until("the review to run", Duration::from_secs(20), || status_of(&w, &jid) == "running");
+    let dj: Vec<i32> = delegate_jobs(&w).into_iter().filter(|(_, a)| a.contains(&jid)).map(|(p, _)| p).collect();
+    assert_eq!(dj.len(), 1, "{:?}", delegate_jobs(&w));
+    mam::sys::kill(dj[0], libc::SIGTERM).unwrap();
+    let (rc, _) = bg.wait(Duration::from_secs(30));
+    let (id, outcome, lrc, _) = last_line(&bg.stdout());
+    assert_eq!((rc, outcome.as_str(), lrc), (1, "failed", 1), "{}", show_bg(&bg));
+    let cp = w.checkpoint(&id);
+    assert_eq!(cp["reason"], "delegation_failed", "{cp:#}");
+    for j in w.job_ids() {
+        let st = w.record(&j)["status"].as_str().unwrap().to_string();
+        assert!(is_terminal(&st), "{j} left {st}\n{}", show_bg(&bg));
+    }
+    let rec = w.record(&jid);
+    assert_eq!(
+        (rec["status"].as_str(), rec["reason"].as_str()),
+        (Some("cancelled"), Some("loop: delegate-job ended rc 143"))
+    );
+    assert!(w.review_trees().is_empty());
+    assert!(delegate_jobs(&w).is_empty(), "{:?}", delegate_jobs(&w));
+}
