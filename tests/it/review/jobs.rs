@@ -138,31 +138,26 @@ fn t14_diff_only_admits_a_remote_reviewer_with_the_diff_inline() {
         .args([runner_reg.as_os_str()])
         .spawn_bg(&w.td, "runner");
     runner.wait_stdout("subscribed topic=", Duration::from_secs(10));
+    // A local reviewer next to it keeps its review tree.
+    w.reviewer("rv", "PASS", "");
     let task = w.task("Add a line to app.txt.");
     let base = w.base();
-    let r = w.run_loop(&[
-        "--creator",
-        "cr",
-        "--reviewer",
-        &rem,
-        "--task-file",
-        task.to_str().unwrap(),
-        "--base",
-        &base,
-        "--remote-review",
-        "diff-only",
-    ]);
+    let a = loop_args(&task, &["rv", &rem], &["--base", &base, "--remote-review", "diff-only"]);
+    let r = w.run_loop(&strs(&a));
     let (id, outcome, rc, reports) = last_line(&r.stdout());
     assert_eq!((outcome.as_str(), rc), ("promoted", 0), "{}", show(&r));
     let cp = w.checkpoint(&id);
-    let row = &cp["review_rounds"][0];
-    assert_eq!(row["reviewers"][0]["evidence"], "diff-only", "{cp:#}");
-    assert_eq!(row["reviewers"][0]["transport"], "remote", "{cp:#}");
-    let jid = row["reviewers"][0]["jid"].as_str().unwrap();
+    let row = |session: &str| {
+        let rs = cp["review_rounds"][0]["reviewers"].as_array().unwrap();
+        rs.iter().find(|r| r["session"] == session).unwrap_or_else(|| panic!("{cp:#}")).clone()
+    };
+    let (remote, local) = (row(&rem), row("rv"));
+    assert_eq!((remote["evidence"].as_str(), remote["transport"].as_str()), (Some("diff-only"), Some("remote")));
+    assert_eq!((local["evidence"].as_str(), local["transport"].as_str()), (Some("review-tree"), Some("local")));
+    let jid = remote["jid"].as_str().unwrap();
     let side: Value =
         serde_json::from_slice(&fs::read(format!("{reports}/{rem}/report-{jid}.identity.json")).unwrap()).unwrap();
-    assert_eq!(side["evidence"], "diff-only");
-    assert_eq!(side["transport"], "remote");
+    assert_eq!((side["evidence"].as_str(), side["transport"].as_str()), (Some("diff-only"), Some("remote")));
     assert_eq!(w.record(jid)["transport"], "remote");
     // The prompt: the diff inline, no local path; the context's path line says so.
     let body = prompts_named(&w, &id, &format!("r1-review-{rem}.md"));
@@ -212,64 +207,81 @@ fn t14_a_truncated_diff_refuses_the_diff_only_round_before_delegation() {
     assert!(w.review_trees().is_empty());
 }
 
-/// The creator's job registers a pending child job (its parent: the creator's job id) and writes
-/// the child's id to `out`.
-fn subjob_line(w: &World, out: &Path) -> String {
+/// The creator's first job registers a pending child job (its parent: the creator's job id from
+/// `MAM_PARENT_JOB_ID`) and a pending grandchild under it; their ids go to `sub.jid` and `grand.jid`.
+fn subjob_line(w: &World) -> String {
+    let reg = |session: &str, parent: &str, out: &str| {
+        format!(
+            "'{}' registry register --session {session} --parent {parent} --registry-dir '{}' > '{}'",
+            mam_bin().display(),
+            w.registry().display(),
+            w.td.path(out).display()
+        )
+    };
     format!(
-        "spawn_subjob@1=cd '{}' && '{}' registry register --session sub --parent \"$MAM_PARENT_JOB_ID\" \
-         --registry-dir '{}' > '{}'",
+        "spawn_subjob@1=cd '{}' && {} && {}",
         w.root.display(),
-        mam_bin().display(),
-        w.registry().display(),
-        out.display()
+        reg("sub", "\"$MAM_PARENT_JOB_ID\"", "sub.jid"),
+        reg("grand", &format!("\"$(cat '{}')\"", w.td.path("sub.jid").display()), "grand.jid")
     )
 }
 
-/// 4.9 test 16: a creator sub-job still running delays the round; the review prompt shows the
-/// sub-job table; without `--worktree`/`--base` the round is measured because sub-jobs ran: a
-/// reviewer touching the source makes round 1 stale, round 2 re-reviews without a correction job.
+fn read_jid(w: &World, file: &str) -> String {
+    let j = fs::read_to_string(w.td.path(file)).unwrap().trim().to_string();
+    assert!(!j.is_empty(), "{file} is empty");
+    j
+}
+
+/// 4.9 test 16: creator sub-jobs still running (a child and, transitively, a grandchild: A33) delay
+/// the round; the review prompt shows the sub-job table; without `--worktree`/`--base` the round is
+/// measured because sub-jobs ran: a reviewer touching the source makes round 1 stale, round 2
+/// re-reviews without a correction job.
 #[test]
 fn t16_a_running_sub_job_delays_the_round_and_makes_staleness_apply() {
     let w = world("loop-t16");
-    let subf = w.td.path("sub.jid");
-    w.creator("cr", &subjob_line(&w, &subf));
+    w.creator("cr", &subjob_line(&w));
     w.reviewer("rv", "PASS", &format!("touch_during_review@1={}", w.root.join("app.txt").display()));
     let task = w.task("Add a line to app.txt.");
     let a = loop_args(&task, &["rv"], &["--max-rounds", "2"]);
     let mut bg = w.spawn_loop(&strs(&a));
-    bg.wait_stdout("waiting for 1 sub-job(s) of the creator", Duration::from_secs(30));
-    let sub = fs::read_to_string(&subf).unwrap().trim().to_string();
-    assert!(!sub.is_empty());
+    bg.wait_stdout("waiting for 2 sub-job(s) of the creator", Duration::from_secs(30));
+    let (sub, grand) = (read_jid(&w, "sub.jid"), read_jid(&w, "grand.jid"));
     let id = w.loop_ids().pop().unwrap();
     assert_eq!(w.record(&sub)["parent_job_id"], w.checkpoint(&id)["creator_jid"]);
-    // While the sub-job is open, no review is dispatched (and below: the first one after it ended).
+    assert_eq!(w.record(&grand)["parent_job_id"], sub.as_str());
+    // While the sub-jobs are open, no review is dispatched (and below: the first one after they ended).
     let cp = w.checkpoint(&id);
     assert!(cp["jobs"].as_array().unwrap().iter().all(|j| j["role"] != "reviewer"), "{cp:#}");
-    w.mam()
-        .args(["registry", "finalize", &sub, "--status", "completed", "--registry-dir"])
-        .args([w.registry().as_os_str()])
-        .run()
-        .expect_rc(0);
-    let finished = w.record(&sub)["finished_at"].as_str().unwrap().to_string();
+    let mut finished = Vec::new();
+    for j in [&sub, &grand] {
+        w.mam()
+            .args(["registry", "finalize", j, "--status", "completed", "--registry-dir"])
+            .args([w.registry().as_os_str()])
+            .run()
+            .expect_rc(0);
+        finished.push(w.record(j)["finished_at"].as_str().unwrap().to_string());
+    }
     let (rc, _) = bg.wait(LOOP_LIMIT);
     let (_, outcome, lrc, _) = last_line(&bg.stdout());
     assert_eq!((rc, outcome.as_str(), lrc), (0, "promoted", 0), "{}", show_bg(&bg));
     let cp = w.checkpoint(&id);
     let jobs = cp["jobs"].as_array().unwrap();
     let first_review = jobs.iter().find(|j| j["role"] == "reviewer").unwrap();
-    assert!(first_review["dispatched_at"].as_str().unwrap() >= finished.as_str(), "{cp:#}\nsub finished {finished}");
+    assert!(first_review["dispatched_at"].as_str().unwrap() >= finished[1].as_str(), "{cp:#}\n{finished:?}");
     // Round 1 stale (the source changed during it), round 2 re-reviewed without a correction job.
     let rounds = cp["review_rounds"].as_array().unwrap();
     let stale: Vec<bool> = rounds.iter().map(|r| r["stale"].as_bool().unwrap()).collect();
     assert_eq!(stale, [true, false], "{cp:#}");
     let roles: Vec<&str> = jobs.iter().map(|j| j["role"].as_str().unwrap()).collect();
     assert_eq!(roles, ["implementer", "reviewer", "reviewer"], "{cp:#}");
-    // The review prompt shows the sub-job table.
+    // The review prompt shows the sub-job table: both rows, completed, with their end times.
     let p = prompts_named(&w, &id, "r1-review-rv.md");
     let body = &p[0].1;
     assert!(body.contains("| job | session | status | start | end | report |"), "{body}");
-    let row = body.lines().find(|l| l.starts_with(&format!("| {sub} |"))).unwrap_or_else(|| panic!("{body}"));
-    assert!(row.contains("| sub | completed |") && row.contains(&finished), "{row}");
+    for (j, session, end) in [(&sub, "sub", &finished[0]), (&grand, "grand", &finished[1])] {
+        let row = body.lines().find(|l| l.starts_with(&format!("| {j} |"))).unwrap_or_else(|| panic!("{body}"));
+        assert!(row.contains(&format!("| {session} | completed |")) && row.contains(end.as_str()), "{row}");
+    }
 }
 
 /// 4.9 test 16, the other side: without sub-jobs an unpinned round is not measured, so the same
@@ -323,6 +335,9 @@ fn t17_an_agent_blocked_reviewer_cancels_its_siblings() {
     assert_eq!((creator["status"].as_str(), creator["reason"].as_str()), (Some("failed"), Some("delegation_failed")));
     assert!(w.review_trees().is_empty());
     assert!(delegate_jobs(&w).is_empty(), "{:?}", delegate_jobs(&w));
+    for j in w.job_ids() {
+        wait_until("the job's heartbeat timer to end", Duration::from_secs(10), || timer_pids(&j).is_empty());
+    }
 }
 
 /// 4.9 test 18: no prompt text in any argv while a loop runs: a marker from the task file is in the
@@ -330,12 +345,13 @@ fn t17_an_agent_blocked_reviewer_cancels_its_siblings() {
 #[test]
 fn t18_no_prompt_text_in_any_argv() {
     let w = world("loop-t18");
-    w.creator("cr", "work_s=1.5");
-    w.reviewer("rv", "PASS", "work_s=1.5");
+    // Every kind of job: plan, plan review, implement, review (NOT PASS), correction, review.
+    w.creator("cr", "work_s=0.8");
+    w.reviewer("rv", "PASS", "work_s=0.8\nverdict@2=NOT PASS");
     let marker = format!("argv-marker-{}", rand_hex(8));
     let task = w.task(&format!("Add a line to app.txt. {marker}"));
     let base = w.base();
-    let mut bg = w.spawn_loop(&strs(&loop_args(&task, &["rv"], &["--base", &base])));
+    let mut bg = w.spawn_loop(&strs(&loop_args(&task, &["rv"], &["--plan", "--base", &base])));
     let (mut scans, mut saw_jobs) = (0, 0);
     let ended = poll(LOOP_LIMIT, || {
         let hits = argv_holding(marker.as_bytes());
@@ -351,8 +367,9 @@ fn t18_no_prompt_text_in_any_argv() {
     let (id, outcome, _, _) = last_line(&bg.stdout());
     assert_eq!((rc, outcome.as_str()), (0, "promoted"), "{}", show_bg(&bg));
     assert!(saw_jobs > 10, "the scan ran while jobs ran ({scans} scans, {saw_jobs} with a delegate-job)");
-    for part in ["implement-cr.md", "r1-review-rv.md"] {
-        assert!(prompts_named(&w, &id, part)[0].1.contains(&marker), "{part}");
+    for part in ["plan1-cr.md", "plan1-review-rv.md", "implement-cr.md", "r1-review-rv.md", "r1-corrector-cr.md"] {
+        let p = prompts_named(&w, &id, part);
+        assert!(p.len() == 1 && p[0].1.contains(&marker), "{part}: {:?}", prompts(&w.loop_dir(&id)));
     }
 }
 
@@ -754,4 +771,29 @@ fn a_killed_delegate_job_leaves_no_job_open() {
     );
     assert!(w.review_trees().is_empty());
     assert!(delegate_jobs(&w).is_empty(), "{:?}", delegate_jobs(&w));
+}
+
+/// 4.7 (A36) with 4.5 step 3a: the wall clock running out while a creator sub-job still runs ends
+/// the loop rc 1 `loop wall clock exhausted`; the sub-job is listed and left running, not cancelled;
+/// no review is dispatched.
+#[test]
+fn t20_the_wall_clock_ends_the_sub_job_wait_and_leaves_the_sub_job_open() {
+    let w = world("loop-t20-sub");
+    w.creator("cr", &subjob_line(&w));
+    w.reviewer("rv", "PASS", "");
+    let task = w.task("Add a line to app.txt.");
+    let r = w.run_loop(&strs(&loop_args(&task, &["rv"], &["--wall-clock", "3"])));
+    let (id, outcome, rc, _) = last_line(&r.stdout());
+    assert_eq!((outcome.as_str(), rc), ("failed", 1), "{}", show(&r));
+    r.expect_rc(1);
+    let err = r.stderr();
+    assert!(err.contains("loop wall clock exhausted"), "{}", show(&r));
+    for j in [read_jid(&w, "sub.jid"), read_jid(&w, "grand.jid")] {
+        assert!(err.contains(&format!("{j} (pending)")), "{j} not listed: {}", show(&r));
+        assert_eq!(w.record(&j)["status"], "pending", "a sub-job is left as it is");
+    }
+    let cp = w.checkpoint(&id);
+    assert!(cp["jobs"].as_array().unwrap().iter().all(|j| j["role"] != "reviewer"), "{cp:#}");
+    let creator = w.record(cp["creator_jid"].as_str().unwrap());
+    assert_eq!((creator["status"].as_str(), creator["reason"].as_str()), (Some("failed"), Some("wall_clock")));
 }
