@@ -1480,6 +1480,12 @@ impl Loop<'_> {
     /// Every exit path: in-flight jobs cancelled on a signal, trees removed, the loop job
     /// finalized, the checkpoint's outcome, the empty `review/` removed.
     fn finish(&mut self, result: Result<(), Stop>) -> Outcome {
+        // Ctrl-C signals the loop's whole process group: a child it killed (diff-collect) makes a
+        // failure of its own, which is the interruption (A39).
+        let result = match (result, sys::pending_signal()) {
+            (Err(_), Some(sig)) => Err(Stop::Interrupted(sig)),
+            (r, _) => r,
+        };
         let (outcome, rc, reason, msg) = match result {
             Ok(()) => ("promoted", 0, None, None),
             Err(Stop::Fail { reason, msg }) => ("failed", 1, Some(reason), Some(msg)),
