@@ -2,7 +2,8 @@
 //! and bad reviewer reports (no verdict, two verdicts, 2 MB).
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mam::registry::is_terminal;
@@ -796,4 +797,79 @@ fn t20_the_wall_clock_ends_the_sub_job_wait_and_leaves_the_sub_job_open() {
     assert!(cp["jobs"].as_array().unwrap().iter().all(|j| j["role"] != "reviewer"), "{cp:#}");
     let creator = w.record(cp["creator_jid"].as_str().unwrap());
     assert_eq!((creator["status"].as_str(), creator["reason"].as_str()), (Some("failed"), Some("wall_clock")));
+}
+
+/// A `git` first on PATH that, once, pauses 2 s before running the real git when `cond` (a shell
+/// condition) holds, after creating the returned mark file; and the PATH that puts it first.
+fn pausing_git(w: &World, cond: &str) -> (String, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let real = String::from_utf8(Command::new("sh").args(["-c", "command -v git"]).output().unwrap().stdout).unwrap();
+    let mark = w.td.path("git-paused");
+    let bin = w.td.path("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let wrapper = format!(
+        "#!/bin/sh\nif {cond} && [ ! -e '{m}' ]; then : > '{m}'; sleep 2; fi\nexec '{real}' \"$@\"\n",
+        m = mark.display(),
+        real = real.trim()
+    );
+    fs::write(bin.join("git"), wrapper).unwrap();
+    fs::set_permissions(bin.join("git"), fs::Permissions::from_mode(0o755)).unwrap();
+    (format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default()), mark)
+}
+
+/// Starts `mam loop <args>` as the leader of its own process group with PATH `path`, waits until
+/// `mark` exists (the pausing git runs), and sends SIGINT to the whole group (Ctrl-C in a terminal).
+fn ctrl_c_at_mark(w: &World, args: &[String], path: &str, mark: &Path) -> Background {
+    use std::os::unix::process::CommandExt;
+    let mut c = w.mam().args(["loop"]).args(args).env("PATH", path);
+    c.cmd.process_group(0);
+    let mut bg = c.spawn_bg(&w.td, "loop");
+    wait_until("the git pause", Duration::from_secs(30), || mark.exists() || bg.exited());
+    assert!(!bg.exited(), "{}", show_bg(&bg));
+    mam::sys::kill(-bg.pid(), libc::SIGINT).unwrap();
+    bg
+}
+
+/// The loop ended `interrupted` rc 1 (no refused round), the loop job `cancelled`, no tree left.
+fn assert_interrupted(w: &World, bg: &mut Background) {
+    let (rc, _) = bg.wait(Duration::from_secs(30));
+    let (id, outcome, lrc, _) = last_line(&bg.stdout());
+    assert_eq!((rc, outcome.as_str(), lrc), (1, "interrupted", 1), "{}", show_bg(bg));
+    assert!(!bg.stderr().contains("REFUSED"), "{}", show_bg(bg));
+    let cp = w.checkpoint(&id);
+    assert_eq!(cp["outcome"], "interrupted");
+    let creator = w.record(cp["creator_jid"].as_str().unwrap());
+    assert_eq!((creator["status"].as_str(), creator["reason"].as_str()), (Some("cancelled"), Some("loop interrupted")));
+    assert!(w.review_trees().is_empty(), "{:?}", w.review_trees());
+    assert!(delegate_jobs(w).is_empty(), "{:?}", delegate_jobs(w));
+}
+
+/// Signals (A39): Ctrl-C while the loop pins round 1 (its git runs in a group of its own and
+/// finishes): the loop stops at its next check, `interrupted`, and the tree it opened is removed.
+#[test]
+fn signals_sigint_to_the_process_group_while_pinning() {
+    let w = world("loop-sig-pin");
+    w.creator("cr", "");
+    w.reviewer("rv", "PASS", "");
+    let (path, mark) =
+        pausing_git(&w, r#"[ -n "$GIT_INDEX_FILE" ] && case " $* " in *' write-tree '*) true ;; *) false ;; esac"#);
+    let task = w.task("Add a line to app.txt.");
+    let base = w.base();
+    let mut bg = ctrl_c_at_mark(&w, &loop_args(&task, &["rv"], &["--base", &base]), &path, &mark);
+    assert_interrupted(&w, &mut bg);
+}
+
+/// Signals (A39): Ctrl-C while `mam diff-collect` runs for a diff-only round: the collector dies of
+/// the signal with the loop's group and leaves no diff; that is the interruption, not a refused round.
+#[test]
+fn signals_sigint_to_the_process_group_while_collecting_the_diff() {
+    let w = world("loop-sig-diff");
+    w.creator("cr", "");
+    remote_row(&w, "rem");
+    let (path, mark) = pausing_git(&w, r#"tr '\0' ' ' < /proc/$PPID/cmdline | grep -q diff-collect"#);
+    let task = w.task("Add a line to app.txt.");
+    let base = w.base();
+    let a = loop_args(&task, &["rem"], &["--base", &base, "--remote-review", "diff-only"]);
+    let mut bg = ctrl_c_at_mark(&w, &a, &path, &mark);
+    assert_interrupted(&w, &mut bg);
 }
