@@ -643,6 +643,10 @@ fn interrupt(phase: Phase, sig: i32, group: bool) {
     for j in w.job_ids() {
         wait_until("the job's timer to end", Duration::from_secs(10), || timer_pids(&j).is_empty());
     }
+    // Nor any other process of the loop (subscribers, collectors, git): none names the world.
+    let root = w.td.root.display().to_string();
+    let left = poll(Duration::from_secs(10), || argv_holding(root.as_bytes()).is_empty().then_some(()));
+    assert!(left.is_some(), "left behind: {:?}", argv_holding(root.as_bytes()));
 }
 
 #[test]
@@ -872,4 +876,26 @@ fn signals_sigint_to_the_process_group_while_collecting_the_diff() {
     let a = loop_args(&task, &["rem"], &["--base", &base, "--remote-review", "diff-only"]);
     let mut bg = ctrl_c_at_mark(&w, &a, &path, &mark);
     assert_interrupted(&w, &mut bg);
+}
+
+/// Signals (A39): SIGTERM while the loop waits for a creator sub-job (4.5 step 3a): `interrupted`
+/// rc 1, the loop job `cancelled`; the sub-job is not the loop's and is left as it is.
+#[test]
+fn signals_sigterm_while_waiting_for_sub_jobs() {
+    let w = world("loop-sig-subjobs");
+    w.creator("cr", &subjob_line(&w));
+    w.reviewer("rv", "PASS", "");
+    let task = w.task("Add a line to app.txt.");
+    let mut bg = w.spawn_loop(&strs(&loop_args(&task, &["rv"], &[])));
+    bg.wait_stdout("waiting for 2 sub-job(s) of the creator", Duration::from_secs(30));
+    bg.signal(libc::SIGTERM);
+    let (rc, _) = bg.wait(Duration::from_secs(30));
+    let (id, outcome, lrc, _) = last_line(&bg.stdout());
+    assert_eq!((rc, outcome.as_str(), lrc), (1, "interrupted", 1), "{}", show_bg(&bg));
+    let cp = w.checkpoint(&id);
+    let creator = w.record(cp["creator_jid"].as_str().unwrap());
+    assert_eq!((creator["status"].as_str(), creator["reason"].as_str()), (Some("cancelled"), Some("loop interrupted")));
+    assert_eq!(w.record(&read_jid(&w, "sub.jid"))["status"], "pending");
+    let lock = mam::sys::open_lock_file(&w.root.join(".mam/loop/cr.lock")).unwrap();
+    assert!(mam::sys::Flock::try_acquire(lock, mam::sys::LockMode::Exclusive).unwrap().is_some(), "the lock is held");
 }
