@@ -1,5 +1,6 @@
-//! ORCH 4.9: the loop's jobs and budgets (tests 14 second half, 16-22, 26), signals in every phase,
-//! and bad reviewer reports (no verdict, two verdicts, 2 MB).
+//! ORCH 4.9: the loop's jobs and budgets (tests 14 second half, 16-22, 26), SIGTERM/SIGINT in every
+//! phase (to the loop, and to its process group as Ctrl-C does), and bad reviewer reports (no
+//! verdict, two verdicts, 2 MB).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -341,6 +342,40 @@ fn t17_an_agent_blocked_reviewer_cancels_its_siblings() {
     }
 }
 
+/// 4.4: a delegation that fails ends the loop rc 1; here the reviewer's delegate-job is itself
+/// killed (SIGTERM leaves its job open, A15): the loop, which gives up on the job, closes it, so no
+/// job of the loop is left open.
+#[test]
+fn a_killed_delegate_job_leaves_no_job_open() {
+    let w = world("loop-dj-killed");
+    w.creator("cr", "");
+    w.reviewer("rv", "PASS", "work_s=30");
+    let task = w.task("Add a line to app.txt.");
+    let base = w.base();
+    let mut bg = w.spawn_loop(&strs(&loop_args(&task, &["rv"], &["--base", &base])));
+    let jid = wait_line(&mut bg, &["· reviewer rv · job", "dispatched"], Duration::from_secs(30));
+    wait_until("the review to run", Duration::from_secs(20), || status_of(&w, &jid) == "running");
+    let dj: Vec<i32> = delegate_jobs(&w).into_iter().filter(|(_, a)| a.contains(&jid)).map(|(p, _)| p).collect();
+    assert_eq!(dj.len(), 1, "{:?}", delegate_jobs(&w));
+    mam::sys::kill(dj[0], libc::SIGTERM).unwrap();
+    let (rc, _) = bg.wait(Duration::from_secs(30));
+    let (id, outcome, lrc, _) = last_line(&bg.stdout());
+    assert_eq!((rc, outcome.as_str(), lrc), (1, "failed", 1), "{}", show_bg(&bg));
+    let cp = w.checkpoint(&id);
+    assert_eq!(cp["reason"], "delegation_failed", "{cp:#}");
+    for j in w.job_ids() {
+        let st = w.record(&j)["status"].as_str().unwrap().to_string();
+        assert!(is_terminal(&st), "{j} left {st}\n{}", show_bg(&bg));
+    }
+    let rec = w.record(&jid);
+    assert_eq!(
+        (rec["status"].as_str(), rec["reason"].as_str()),
+        (Some("cancelled"), Some("loop: delegate-job ended rc 143"))
+    );
+    assert!(w.review_trees().is_empty());
+    assert!(delegate_jobs(&w).is_empty(), "{:?}", delegate_jobs(&w));
+}
+
 /// 4.9 test 18: no prompt text in any argv while a loop runs: a marker from the task file is in the
 /// prompt files, never in /proc/<pid>/cmdline of any process.
 #[test]
@@ -452,6 +487,31 @@ fn t20_the_job_timeout_binds_deadline_timeout() {
     assert_eq!(w.record(rv["jid"].as_str().unwrap())["status"], "deadline_timeout");
     let creator = w.record(cp["creator_jid"].as_str().unwrap());
     assert_eq!(creator["reason"], "delegation_failed");
+}
+
+/// 4.7 (A36) with 4.5 step 3a: the wall clock running out while a creator sub-job still runs ends
+/// the loop rc 1 `loop wall clock exhausted`; the sub-job is listed and left running, not cancelled;
+/// no review is dispatched.
+#[test]
+fn t20_the_wall_clock_ends_the_sub_job_wait_and_leaves_the_sub_job_open() {
+    let w = world("loop-t20-sub");
+    w.creator("cr", &subjob_line(&w));
+    w.reviewer("rv", "PASS", "");
+    let task = w.task("Add a line to app.txt.");
+    let r = w.run_loop(&strs(&loop_args(&task, &["rv"], &["--wall-clock", "3"])));
+    let (id, outcome, rc, _) = last_line(&r.stdout());
+    assert_eq!((outcome.as_str(), rc), ("failed", 1), "{}", show(&r));
+    r.expect_rc(1);
+    let err = r.stderr();
+    assert!(err.contains("loop wall clock exhausted"), "{}", show(&r));
+    for j in [read_jid(&w, "sub.jid"), read_jid(&w, "grand.jid")] {
+        assert!(err.contains(&format!("{j} (pending)")), "{j} not listed: {}", show(&r));
+        assert_eq!(w.record(&j)["status"], "pending", "a sub-job is left as it is");
+    }
+    let cp = w.checkpoint(&id);
+    assert!(cp["jobs"].as_array().unwrap().iter().all(|j| j["role"] != "reviewer"), "{cp:#}");
+    let creator = w.record(cp["creator_jid"].as_str().unwrap());
+    assert_eq!((creator["status"].as_str(), creator["reason"].as_str()), (Some("failed"), Some("wall_clock")));
 }
 
 /// 4.9 test 21: the stall watcher writes `STALL` lines (stderr and `stall.log`) for a quiet job,
@@ -679,61 +739,6 @@ fn signals_sigint_in_the_review_phase() {
     interrupt_in(Phase::Review, libc::SIGINT);
 }
 
-/// Bad input: a report without a VERDICT line is NOT PASS with a synthetic finding; a report with
-/// two VERDICT lines counts the last one (round 1: PASS then NOT PASS; round 2: NOT PASS then PASS).
-#[test]
-fn bad_input_a_missing_verdict_fails_and_the_last_of_two_verdicts_wins() {
-    let w = world("loop-verdicts");
-    w.creator("cr", "");
-    // rv: round 1 no verdict, round 2 PASS. rw: round 1 PASS then NOT PASS, round 2 NOT PASS then PASS.
-    w.reviewer("rv", "PASS", "verdict@1=");
-    w.reviewer(
-        "rw",
-        "PASS",
-        "report_text@1=looked\nVERDICT: PASS\nverdict@1=NOT PASS\nreport_text@2=looked again\nVERDICT: NOT PASS",
-    );
-    let task = w.task("Add a line to app.txt.");
-    let base = w.base();
-    let r = w.run_loop(&strs(&loop_args(&task, &["rv", "rw"], &["--base", &base])));
-    let (id, outcome, rc, _) = last_line(&r.stdout());
-    assert_eq!((outcome.as_str(), rc), ("promoted", 0), "{}", show(&r));
-    let cp = w.checkpoint(&id);
-    let verdict = |round: usize, session: &str| {
-        let rs = cp["review_rounds"][round]["reviewers"].as_array().unwrap();
-        let row = rs.iter().find(|r| r["session"] == session).unwrap();
-        (row["verdict"].as_str().unwrap().to_string(), row["synthetic"].as_str().map(str::to_string))
-    };
-    assert_eq!(verdict(0, "rv"), ("NOT PASS".into(), Some("SYNTHETIC: missing verdict".into())), "{cp:#}");
-    assert_eq!(verdict(0, "rw"), ("NOT PASS".into(), None), "{cp:#}");
-    assert_eq!(verdict(1, "rv"), ("PASS".into(), None));
-    assert_eq!(verdict(1, "rw"), ("PASS".into(), None));
-    let findings = fs::read_to_string(w.loop_dir(&id).join("review/r1/findings.md")).unwrap();
-    assert!(findings.contains("SYNTHETIC: missing verdict") && findings.contains("## rw ("), "{findings}");
-}
-
-/// Bad input: a 2 MB reviewer report: the loop reads at most 1 MiB of it, counts it as cut (its
-/// IDENTITY and VERDICT lines lost: NOT PASS with a synthetic finding), and goes on to round 2.
-#[test]
-fn bad_input_a_2_mb_report_counts_as_cut() {
-    let w = world("loop-huge");
-    w.creator("cr", "");
-    let huge = "x".repeat(2 * 1024 * 1024);
-    w.reviewer("rv", "PASS", &format!("report_text@1={huge}"));
-    let task = w.task("Add a line to app.txt.");
-    let base = w.base();
-    let r = w.run_loop(&strs(&loop_args(&task, &["rv"], &["--base", &base])));
-    let (id, outcome, rc, _) = last_line(&r.stdout());
-    assert_eq!((outcome.as_str(), rc), ("promoted", 0), "{}", show(&r));
-    let cp = w.checkpoint(&id);
-    let row = &cp["review_rounds"][0]["reviewers"][0];
-    assert_eq!(row["verdict"], "NOT PASS", "{cp:#}");
-    let syn = row["synthetic"].as_str().unwrap();
-    assert!(syn.contains("missing verdict (report truncated)") && syn.contains("identity mismatch"), "{syn}");
-    let copy = fs::metadata(row["report"].as_str().unwrap()).unwrap().len();
-    assert!(copy <= 1024 * 1024, "the loop kept {copy} bytes of the report");
-    assert_eq!(cp["review_rounds"][1]["reviewers"][0]["verdict"], "PASS");
-}
-
 #[test]
 fn signals_sigint_to_the_process_group_in_the_review_phase() {
     interrupt(Phase::Review, libc::SIGINT, true);
@@ -742,65 +747,6 @@ fn signals_sigint_to_the_process_group_in_the_review_phase() {
 #[test]
 fn signals_sigterm_to_the_process_group_in_the_implement_phase() {
     interrupt(Phase::Implement, libc::SIGTERM, true);
-}
-
-/// 4.4: a delegation that fails ends the loop rc 1; here the reviewer's delegate-job is itself
-/// killed (SIGTERM leaves its job open, A15): the loop, which gives up on the job, closes it, so no
-/// job of the loop is left open.
-#[test]
-fn a_killed_delegate_job_leaves_no_job_open() {
-    let w = world("loop-dj-killed");
-    w.creator("cr", "");
-    w.reviewer("rv", "PASS", "work_s=30");
-    let task = w.task("Add a line to app.txt.");
-    let base = w.base();
-    let mut bg = w.spawn_loop(&strs(&loop_args(&task, &["rv"], &["--base", &base])));
-    let jid = wait_line(&mut bg, &["· reviewer rv · job", "dispatched"], Duration::from_secs(30));
-    wait_until("the review to run", Duration::from_secs(20), || status_of(&w, &jid) == "running");
-    let dj: Vec<i32> = delegate_jobs(&w).into_iter().filter(|(_, a)| a.contains(&jid)).map(|(p, _)| p).collect();
-    assert_eq!(dj.len(), 1, "{:?}", delegate_jobs(&w));
-    mam::sys::kill(dj[0], libc::SIGTERM).unwrap();
-    let (rc, _) = bg.wait(Duration::from_secs(30));
-    let (id, outcome, lrc, _) = last_line(&bg.stdout());
-    assert_eq!((rc, outcome.as_str(), lrc), (1, "failed", 1), "{}", show_bg(&bg));
-    let cp = w.checkpoint(&id);
-    assert_eq!(cp["reason"], "delegation_failed", "{cp:#}");
-    for j in w.job_ids() {
-        let st = w.record(&j)["status"].as_str().unwrap().to_string();
-        assert!(is_terminal(&st), "{j} left {st}\n{}", show_bg(&bg));
-    }
-    let rec = w.record(&jid);
-    assert_eq!(
-        (rec["status"].as_str(), rec["reason"].as_str()),
-        (Some("cancelled"), Some("loop: delegate-job ended rc 143"))
-    );
-    assert!(w.review_trees().is_empty());
-    assert!(delegate_jobs(&w).is_empty(), "{:?}", delegate_jobs(&w));
-}
-
-/// 4.7 (A36) with 4.5 step 3a: the wall clock running out while a creator sub-job still runs ends
-/// the loop rc 1 `loop wall clock exhausted`; the sub-job is listed and left running, not cancelled;
-/// no review is dispatched.
-#[test]
-fn t20_the_wall_clock_ends_the_sub_job_wait_and_leaves_the_sub_job_open() {
-    let w = world("loop-t20-sub");
-    w.creator("cr", &subjob_line(&w));
-    w.reviewer("rv", "PASS", "");
-    let task = w.task("Add a line to app.txt.");
-    let r = w.run_loop(&strs(&loop_args(&task, &["rv"], &["--wall-clock", "3"])));
-    let (id, outcome, rc, _) = last_line(&r.stdout());
-    assert_eq!((outcome.as_str(), rc), ("failed", 1), "{}", show(&r));
-    r.expect_rc(1);
-    let err = r.stderr();
-    assert!(err.contains("loop wall clock exhausted"), "{}", show(&r));
-    for j in [read_jid(&w, "sub.jid"), read_jid(&w, "grand.jid")] {
-        assert!(err.contains(&format!("{j} (pending)")), "{j} not listed: {}", show(&r));
-        assert_eq!(w.record(&j)["status"], "pending", "a sub-job is left as it is");
-    }
-    let cp = w.checkpoint(&id);
-    assert!(cp["jobs"].as_array().unwrap().iter().all(|j| j["role"] != "reviewer"), "{cp:#}");
-    let creator = w.record(cp["creator_jid"].as_str().unwrap());
-    assert_eq!((creator["status"].as_str(), creator["reason"].as_str()), (Some("failed"), Some("wall_clock")));
 }
 
 /// A `git` first on PATH that, once, pauses 2 s before running the real git when `cond` (a shell
@@ -898,4 +844,59 @@ fn signals_sigterm_while_waiting_for_sub_jobs() {
     assert_eq!(w.record(&read_jid(&w, "sub.jid"))["status"], "pending");
     let lock = mam::sys::open_lock_file(&w.root.join(".mam/loop/cr.lock")).unwrap();
     assert!(mam::sys::Flock::try_acquire(lock, mam::sys::LockMode::Exclusive).unwrap().is_some(), "the lock is held");
+}
+
+/// Bad input: a report without a VERDICT line is NOT PASS with a synthetic finding; a report with
+/// two VERDICT lines counts the last one (round 1: PASS then NOT PASS; round 2: NOT PASS then PASS).
+#[test]
+fn bad_input_a_missing_verdict_fails_and_the_last_of_two_verdicts_wins() {
+    let w = world("loop-verdicts");
+    w.creator("cr", "");
+    // rv: round 1 no verdict, round 2 PASS. rw: round 1 PASS then NOT PASS, round 2 NOT PASS then PASS.
+    w.reviewer("rv", "PASS", "verdict@1=");
+    w.reviewer(
+        "rw",
+        "PASS",
+        "report_text@1=looked\nVERDICT: PASS\nverdict@1=NOT PASS\nreport_text@2=looked again\nVERDICT: NOT PASS",
+    );
+    let task = w.task("Add a line to app.txt.");
+    let base = w.base();
+    let r = w.run_loop(&strs(&loop_args(&task, &["rv", "rw"], &["--base", &base])));
+    let (id, outcome, rc, _) = last_line(&r.stdout());
+    assert_eq!((outcome.as_str(), rc), ("promoted", 0), "{}", show(&r));
+    let cp = w.checkpoint(&id);
+    let verdict = |round: usize, session: &str| {
+        let rs = cp["review_rounds"][round]["reviewers"].as_array().unwrap();
+        let row = rs.iter().find(|r| r["session"] == session).unwrap();
+        (row["verdict"].as_str().unwrap().to_string(), row["synthetic"].as_str().map(str::to_string))
+    };
+    assert_eq!(verdict(0, "rv"), ("NOT PASS".into(), Some("SYNTHETIC: missing verdict".into())), "{cp:#}");
+    assert_eq!(verdict(0, "rw"), ("NOT PASS".into(), None), "{cp:#}");
+    assert_eq!(verdict(1, "rv"), ("PASS".into(), None));
+    assert_eq!(verdict(1, "rw"), ("PASS".into(), None));
+    let findings = fs::read_to_string(w.loop_dir(&id).join("review/r1/findings.md")).unwrap();
+    assert!(findings.contains("SYNTHETIC: missing verdict") && findings.contains("## rw ("), "{findings}");
+}
+
+/// Bad input: a 2 MB reviewer report: the loop reads at most 1 MiB of it, counts it as cut (its
+/// IDENTITY and VERDICT lines lost: NOT PASS with a synthetic finding), and goes on to round 2.
+#[test]
+fn bad_input_a_2_mb_report_counts_as_cut() {
+    let w = world("loop-huge");
+    w.creator("cr", "");
+    let huge = "x".repeat(2 * 1024 * 1024);
+    w.reviewer("rv", "PASS", &format!("report_text@1={huge}"));
+    let task = w.task("Add a line to app.txt.");
+    let base = w.base();
+    let r = w.run_loop(&strs(&loop_args(&task, &["rv"], &["--base", &base])));
+    let (id, outcome, rc, _) = last_line(&r.stdout());
+    assert_eq!((outcome.as_str(), rc), ("promoted", 0), "{}", show(&r));
+    let cp = w.checkpoint(&id);
+    let row = &cp["review_rounds"][0]["reviewers"][0];
+    assert_eq!(row["verdict"], "NOT PASS", "{cp:#}");
+    let syn = row["synthetic"].as_str().unwrap();
+    assert!(syn.contains("missing verdict (report truncated)") && syn.contains("identity mismatch"), "{syn}");
+    let copy = fs::metadata(row["report"].as_str().unwrap()).unwrap().len();
+    assert!(copy <= 1024 * 1024, "the loop kept {copy} bytes of the report");
+    assert_eq!(cp["review_rounds"][1]["reviewers"][0]["verdict"], "PASS");
 }
