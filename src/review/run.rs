@@ -1366,6 +1366,14 @@ impl Loop<'_> {
             .or_else(|| self.store.read(&f.spec.jid).ok().flatten().map(|r| r.status().to_string()))
             .unwrap_or_else(|| "unknown".into());
         self.cp.jobs[f.row].status = status.clone();
+        if rc != 0 && !is_terminal(&status) {
+            // delegate-job stopped waiting and left the job open (an interrupted delegate-job, A15):
+            // the loop gives up on it, so it closes it; no job of the loop is left open.
+            let c = ops::Close { reason: Some(format!("loop: delegate-job ended rc {rc}")), ..ops::Close::default() };
+            if ops::operator_close(self.ctx, &self.store, &f.spec.jid, Kind::Set, Some("cancelled"), &c).is_ok() {
+                self.cp.jobs[f.row].status = "cancelled".into();
+            }
+        }
         // The report of this dispatch, copied before the next one reuses the path (A32).
         let report_path = self.p.resolved.registry.join(&f.spec.jid).join("report.md");
         let (report, truncated) = match checkpoint::read_bounded(&report_path, MAX_REPORT_BYTES) {
@@ -1491,6 +1499,12 @@ impl Loop<'_> {
     /// Every exit path: in-flight jobs cancelled on a signal, trees removed, the loop job
     /// finalized, the checkpoint's outcome, the empty `review/` removed.
     fn finish(&mut self, result: Result<(), Stop>) -> Outcome {
+        // Ctrl-C signals the loop's whole process group: a child it killed (diff-collect) makes a
+        // failure of its own, which is the interruption (A39).
+        let result = match (result, sys::pending_signal()) {
+            (Err(_), Some(sig)) => Err(Stop::Interrupted(sig)),
+            (r, _) => r,
+        };
         let (outcome, rc, reason, msg) = match result {
             Ok(()) => ("promoted", 0, None, None),
             Err(Stop::Fail { reason, msg }) => ("failed", 1, Some(reason), Some(msg)),
@@ -1531,7 +1545,10 @@ impl Loop<'_> {
         }
         let review = self.dir.join("review");
         let _ = std::fs::remove_dir(&review);
-        self.cp.phase = "done".into();
+        // A promoted loop is `done`; any other keeps the phase (and round) where it stopped (A39).
+        if rc == 0 {
+            self.cp.phase = "done".into();
+        }
         self.cp.outcome = Some(outcome.into());
         self.cp.reason = reason.clone().or(msg.clone());
         self.cp.rc = Some(rc);

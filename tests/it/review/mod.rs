@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::support::*;
 
+mod jobs;
 mod rounds;
 mod validate;
 
@@ -96,6 +97,8 @@ impl World {
             ("MAM_HEARTBEAT_MISSES".into(), "5".into()),
             ("MAM_ACK_TIMEOUT_S".into(), "10".into()),
             ("TMPDIR".into(), td.path("tmp").into()),
+            // The fake agent shows no start-up dialog here: no settle wait after each start.
+            ("MAM_STARTUP_DIALOG_SETTLE_MS".into(), "0".into()),
         ];
         for (k, v) in GIT_ENV {
             env.push(((*k).into(), (*v).into()));
