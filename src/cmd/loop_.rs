@@ -53,7 +53,9 @@ Options:
   -h, --help              print this help
 
 Also read: MAM_LOOP_DIFF_MAX_BYTES (524288), MAM_HEARTBEAT_SEC, MAM_HEARTBEAT_MISSES,
-MAM_ACK_TIMEOUT_S (passed to every delegation), MAM_LOOP_PY (ignored: there is one runner).
+MAM_ACK_TIMEOUT_S (passed to every delegation), MAM_PARENT_JOB_ID (the caller's job: every
+delegation is its sub-job, through --parent; no child inherits the variable), MAM_LOOP_PY (ignored:
+there is one runner).
 
 Stdout: one line per phase and job, a summary, and last:
   LOOP_ID=<id> OUTCOME=<promoted|failed|refused|interrupted> RC=<n> REPORTS=<abs dir|none>
@@ -257,6 +259,13 @@ fn run_loop(ctx: &mut Ctx, a: Args) -> Result<i32, Failure> {
         heartbeat_sec: knob::env_or(ctx, "MAM_HEARTBEAT_SEC", 1, 30)?,
         heartbeat_misses: knob::env_or(ctx, "MAM_HEARTBEAT_MISSES", 1, 4)?,
         ack_timeout_s: knob::env_or(ctx, "MAM_ACK_TIMEOUT_S", 1, 300)?,
+        parent: match ctx.var_nonempty("MAM_PARENT_JOB_ID") {
+            Some(p) if clock::valid_job_id(&p) => Some(p),
+            Some(p) => {
+                return Err(Failure::usage(format!("loop: MAM_PARENT_JOB_ID: invalid job id '{}'", one_line(&p))))
+            }
+            None => None,
+        },
     };
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let sink = ctx.clone();

@@ -58,6 +58,8 @@ pub struct ChildSpec<'a> {
     pub ack_timeout_s: u32,
     /// The loop's caller's orchestrator (A42), passed to every delegation.
     pub orchestrator: Option<&'a str>,
+    /// The caller's own job (its `MAM_PARENT_JOB_ID`), passed as `--parent` (4.3).
+    pub parent: Option<&'a str>,
     pub stdout: &'a Path,
     pub stderr: &'a Path,
 }
@@ -76,6 +78,9 @@ pub fn delegate_args(s: &ChildSpec<'_>) -> Vec<OsString> {
     a.extend(["--heartbeat".into(), s.heartbeat_sec.to_string().into()]);
     a.extend(["--heartbeat-misses".into(), s.heartbeat_misses.to_string().into()]);
     a.extend(["--ack-timeout".into(), s.ack_timeout_s.to_string().into()]);
+    if let Some(p) = s.parent {
+        a.extend(["--parent".into(), p.into()]);
+    }
     if let Some(o) = s.orchestrator {
         a.extend(["--orchestrator".into(), o.into()]);
     }

@@ -72,6 +72,9 @@ pub struct Options {
     pub heartbeat_sec: u32,
     pub heartbeat_misses: u32,
     pub ack_timeout_s: u32,
+    /// The caller's job (`MAM_PARENT_JOB_ID`, read once by the command layer): every delegation
+    /// gets it as `--parent`, and no child inherits the variable (4.3).
+    pub parent: Option<String>,
 }
 
 /// Why a loop did not start.
@@ -485,7 +488,7 @@ pub fn run(ctx: &Ctx, o: &Options, say: &mut dyn FnMut(Out, &str)) -> Result<Out
         reviewer_ids: HashMap::new(),
         orchestrator: None,
     };
-    lp.orchestrator = crate::delegate::orchestrator_for(ctx, &lp.p.resolved, &lp.store, None);
+    lp.orchestrator = crate::delegate::orchestrator_for(ctx, &lp.p.resolved, &lp.store, o.parent.as_deref());
     lp.line(&format!(
         "loop {loop_id}: creator {}, reviewers {}, control root {}, source {}{}",
         o.creator,
@@ -1315,6 +1318,7 @@ impl Loop<'_> {
             heartbeat_misses: self.o.heartbeat_misses,
             ack_timeout_s: self.o.ack_timeout_s,
             orchestrator: self.orchestrator.as_deref(),
+            parent: self.o.parent.as_deref(),
             stdout: &stdout,
             stderr: &stderr,
         };

@@ -715,3 +715,35 @@ fn a_task_file_behind_a_symlink_is_read() {
     let r = w.run_loop(&["--creator", "cr", "--reviewer", "rv", "--task-file", s(&link), "--base", &base]);
     promoted(&r);
 }
+
+/// 4.3: the loop passes `--parent` explicitly: run inside a job (its `MAM_PARENT_JOB_ID`), every
+/// delegation is that job's sub-job; an invalid value is exit 2 before anything starts.
+#[test]
+fn a_loop_run_inside_a_job_makes_every_delegation_its_sub_job() {
+    let w = World::new("loop-parent");
+    w.creator("cr", "");
+    w.reviewer("rv", "PASS", "");
+    let r = w.mam().args(["registry", "register", "--session", "outer"]).run();
+    r.expect_rc(0);
+    let outer = r.stdout().trim().to_string();
+    let task = w.task("Add a line to app.txt.");
+    let base = w.base();
+    let r = w
+        .mam()
+        .env("MAM_PARENT_JOB_ID", &outer)
+        .args(["loop", "--creator", "cr", "--reviewer", "rv", "--task-file", s(&task), "--base", &base])
+        .run_within(LOOP_LIMIT);
+    let id = promoted(&r);
+    let cp = w.checkpoint(&id);
+    for j in cp["jobs"].as_array().unwrap() {
+        let rec = w.record(j["jid"].as_str().unwrap());
+        assert_eq!(rec["parent_job_id"], outer.as_str(), "{rec}");
+    }
+    let r = w
+        .mam()
+        .env("MAM_PARENT_JOB_ID", "no/such")
+        .args(["loop", "--creator", "cr", "--reviewer", "rv", "--task-file", s(&task)])
+        .run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("MAM_PARENT_JOB_ID: invalid job id 'no/such'"), "{}", r.stderr());
+}
