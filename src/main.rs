@@ -33,6 +33,8 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("session", "sessions file maintenance: import-yaml (legacy YAML to JSON, once)", true),
     ("delegate-job", "hand a job to an agent and wait for its verdict and report", true),
     ("diff-collect", "the review loop's diff: a base commit against the working tree or a head commit", true),
+    ("agents", "conversation artifacts of agent CLIs: purge one when nothing alive uses it", true),
+    ("orc-onboard", "register, list or remove the orchestrator's conversation uuid", true),
     ("loop", "the review loop: a creator and reviewers to a pinned, promoted PASS; status, prune", true),
     ("bench", "benchmarks against the anchors of docs/PERFORMANCE.md", false),
 ];
@@ -80,6 +82,8 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "daemon" => cmd::daemon::run(ctx, args),
         "reconcile" => cmd::reconcile::run(ctx, args),
         "jobs" => cmd::jobs::run(ctx, args),
+        "agents" => cmd::agents::run(ctx, args),
+        "orc-onboard" => cmd::orc_onboard::run(ctx, args),
         "create" => cmd::create::run(ctx, args),
         "resume" => cmd::resume::run(ctx, args),
         "stop" => cmd::stop::run(ctx, args),
