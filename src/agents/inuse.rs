@@ -136,7 +136,8 @@ pub fn argv_holder(procs: &[Proc], own: i32, uuid: &str) -> Option<i32> {
 pub fn lsof_verdict(rc: Option<i32>, stdout: &str, own: i32) -> Option<Holder> {
     let pids: Vec<i32> = stdout.split_whitespace().filter_map(|s| s.parse().ok()).filter(|p| *p != own).collect();
     match rc {
-        Some(0) if !pids.is_empty() => Some(held(pids.first().copied(), "lsof")),
+        // lsof exits 1 also when it found holders of some paths but not of others.
+        Some(_) if !pids.is_empty() => Some(held(pids.first().copied(), "lsof")),
         // Only our own pid: nothing else holds them.
         Some(0) if !stdout.trim().is_empty() => None,
         Some(1) if stdout.trim().is_empty() => None,
@@ -262,6 +263,7 @@ mod tests {
         assert_eq!(lsof_verdict(Some(1), "", 5), None);
         assert_eq!(lsof_verdict(Some(0), "77\n", 5).unwrap().to_string(), "in use: pid 77 (lsof)");
         assert_eq!(lsof_verdict(Some(1), "garbage", 5).unwrap().reason, "lsof exit 1");
+        assert_eq!(lsof_verdict(Some(1), "78\n", 5).unwrap().to_string(), "in use: pid 78 (lsof)");
         assert_eq!(lsof_verdict(Some(2), "", 5).unwrap().to_string(), "in use: pid - (lsof exit 2)");
         assert_eq!(lsof_verdict(None, "", 5).unwrap().pid, None);
     }
