@@ -245,12 +245,16 @@ mod tests {
         assert_eq!(helper_chain(&procs, 30), BTreeSet::from([20, 30]));
         assert_eq!(argv_holder(&procs, 30, U), Some(10));
         // Without the agent ancestor the whole chain is the helper's own.
-        let procs: Vec<Proc> = procs.into_iter().filter(|x| x.pid != 10).map(|mut x| {
-            if x.pid == 20 {
-                x.ppid = 1;
-            }
-            x
-        }).collect();
+        let procs: Vec<Proc> = procs
+            .into_iter()
+            .filter(|x| x.pid != 10)
+            .map(|mut x| {
+                if x.pid == 20 {
+                    x.ppid = 1;
+                }
+                x
+            })
+            .collect();
         assert_eq!(argv_holder(&procs, 30, U), None);
         // Another process naming it (uppercase too) holds it.
         let mut more = procs.clone();

@@ -65,9 +65,8 @@ impl Report {
 
 /// The canonical form of `uuid` or the A45 usage error.
 pub fn check_uuid(uuid: &str) -> Result<String, PurgeError> {
-    canonical_uuid(uuid).ok_or_else(|| {
-        PurgeError::Usage(format!("'{}' is not a canonical uuid (8-4-4-4-12 hex)", one_line(uuid)))
-    })
+    canonical_uuid(uuid)
+        .ok_or_else(|| PurgeError::Usage(format!("'{}' is not a canonical uuid (8-4-4-4-12 hex)", one_line(uuid))))
 }
 
 fn home(ctx: &Ctx) -> Result<PathBuf, PurgeError> {

@@ -47,7 +47,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     }
     match pos.as_slice() {
         [verb, agent, uuid] if verb == "purge" => Ok(Parsed::Run(Args { agent: agent.clone(), uuid: uuid.clone() })),
-        [verb, ..] if verb != "purge" => Err(Failure::usage(format!("agents: unknown verb '{}' (purge)", one_line(verb)))),
+        [verb, ..] if verb != "purge" => {
+            Err(Failure::usage(format!("agents: unknown verb '{}' (purge)", one_line(verb))))
+        }
         _ => Err(Failure::usage("agents purge: give <agent|auto> <uuid>")),
     }
 }

@@ -83,7 +83,8 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
-    let refused = |rc: i32, e: &OrcError| Failure::new(rc, format!("REFUSED: orc-onboard: {}", one_line(&e.to_string())));
+    let refused =
+        |rc: i32, e: &OrcError| Failure::new(rc, format!("REFUSED: orc-onboard: {}", one_line(&e.to_string())));
     match orc(ctx, &action) {
         Ok(lines) => {
             for l in lines {

@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::sys;
 
-
 /// `<registry>/<job_id>.heartbeat.pid`.
 pub fn pidfile_path(registry: &Path, job_id: &str) -> PathBuf {
     registry.join(format!("{job_id}.heartbeat.pid"))

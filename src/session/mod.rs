@@ -361,7 +361,11 @@ pub fn update<T>(file: &Path, f: impl FnOnce(&mut Sessions) -> Result<T, Session
 /// known kinds.
 pub fn adapter_of(kind: &str) -> Result<&'static agents::Adapter, SessionError> {
     agents::adapter(kind).ok_or_else(|| {
-        SessionError::Refused(format!("unknown agent kind '{}' (known: {})", one_line(kind), agents::kinds().join(", ")))
+        SessionError::Refused(format!(
+            "unknown agent kind '{}' (known: {})",
+            one_line(kind),
+            agents::kinds().join(", ")
+        ))
     })
 }
 
@@ -373,7 +377,10 @@ pub fn check_startable(ctx: &Ctx, backend: &str, ad: &agents::Adapter) -> Result
         return Ok(());
     }
     if backend == "herdr" && ad.herdr_kind.is_none() {
-        return Err(SessionError::Refused(format!("herdr has no agent kind for {}; use MAM_PANE_BACKEND=tmux", ad.kind)));
+        return Err(SessionError::Refused(format!(
+            "herdr has no agent kind for {}; use MAM_PANE_BACKEND=tmux",
+            ad.kind
+        )));
     }
     if pane::on_path(ctx, ad.executable).is_none() {
         return Err(SessionError::Refused(format!(
@@ -395,7 +402,14 @@ pub fn backend_kind(backend: &str, ad: &agents::Adapter) -> String {
 /// The conversation id of a started agent when mam could not choose it (2.2, 6.1): the backend's
 /// native session reference (herdr `agent_session`), else for codex the uuid of the newest rollout
 /// file under the agent's HOME written for `cwd` since `since_ms`.
-pub fn learn_conversation(ctx: &Ctx, b: &dyn Backend, name: &str, ad: &agents::Adapter, cwd: &Path, since_ms: u64) -> Option<String> {
+pub fn learn_conversation(
+    ctx: &Ctx,
+    b: &dyn Backend,
+    name: &str,
+    ad: &agents::Adapter,
+    cwd: &Path,
+    since_ms: u64,
+) -> Option<String> {
     if matches!(ad.conversation, agents::ConversationId::None | agents::ConversationId::Chosen(_)) {
         return None;
     }

@@ -17,9 +17,17 @@ use crate::text::{one_line, show_path};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Add `uuid`, or the session-id variable of `agent` (else of the nearest agent ancestor's kind).
-    Add { uuid: Option<String>, agent: Option<String> },
+    Add {
+        uuid: Option<String>,
+        agent: Option<String>,
+    },
     List,
-    Remove { uuid: String, purge: bool, yes: bool, agent: Option<String> },
+    Remove {
+        uuid: String,
+        purge: bool,
+        yes: bool,
+        agent: Option<String>,
+    },
 }
 
 /// Why orc-onboard stopped; each variant carries its exit code (6.5).
@@ -143,7 +151,9 @@ pub fn run(ctx: &Ctx, action: &Action) -> Result<Vec<String>, OrcError> {
                             });
                         }
                     }
-                    Err(PurgeError::Usage(m)) => return Err(OrcError::Usage(format!("{m}; orchestrator still registered"))),
+                    Err(PurgeError::Usage(m)) => {
+                        return Err(OrcError::Usage(format!("{m}; orchestrator still registered")))
+                    }
                     Err(PurgeError::Refused(m)) => {
                         return Err(OrcError::PurgeRefused(format!("{m}; orchestrator {uuid} still registered")))
                     }

@@ -187,8 +187,7 @@ fn o6_6_2_a_process_holding_only_the_presence_lock_refuses_the_purge() {
 fn o6_6_3_orphaned_leftovers_without_the_database_resolve_to_agy_and_are_purged() {
     let w = W::new("o663");
     let u = &w.u;
-    let left =
-        [format!("conversations/{u}.db-wal"), format!("annotations/{u}.pbtxt"), format!("locks/{u}.lock")];
+    let left = [format!("conversations/{u}.db-wal"), format!("annotations/{u}.pbtxt"), format!("locks/{u}.lock")];
     let files: Vec<PathBuf> = left.iter().map(|f| put(&w.agy().join(f))).collect();
     let r = w.purge("auto");
     r.expect_rc(0);
@@ -209,12 +208,11 @@ fn o6_6_4_helper_chain_excluded_agent_ancestor_counted_session_vars_refuse() {
     // An agent CLI ancestor (argv[0] `claude`, via exec -a) naming the uuid holds it.
     let files = w.agy_fixture();
     let inner = w.td.write("inner.sh", "\"$MAM\" agents purge auto \"$1\"\nexit $?\n");
-    let r = w
-        .td
-        .command("bash")
-        .args(["-c", "exec -a claude bash \"$0\" \"$1\"", inner.to_str().unwrap(), &w.u])
-        .env("MAM", &mam)
-        .run();
+    let r =
+        w.td.command("bash")
+            .args(["-c", "exec -a claude bash \"$0\" \"$1\"", inner.to_str().unwrap(), &w.u])
+            .env("MAM", &mam)
+            .run();
     r.expect_rc(5);
     assert!(r.stderr().contains("(argv)"), "{}", r.stderr());
     assert!(all_exist(&files));
@@ -241,24 +239,26 @@ fn o6_6_5_remove_with_purge_inside_the_orchestrators_own_conversation_is_refused
     w.mam().args(["orc-onboard", &w.u]).run().expect_rc(0);
     let files = w.agy_fixture();
     let shim = Path::new(env!("CARGO_MANIFEST_DIR")).join("shims/orc_onboard.sh");
-    let r = w
-        .td
-        .command(&shim)
-        .args(["--remove", &w.u, "--purge-conversation", "--yes"])
-        .env("MAM_BIN", mam_bin())
-        .env("CLAUDE_CODE_SESSION_ID", &w.u)
-        .run();
+    let r =
+        w.td.command(&shim)
+            .args(["--remove", &w.u, "--purge-conversation", "--yes"])
+            .env("MAM_BIN", mam_bin())
+            .env("CLAUDE_CODE_SESSION_ID", &w.u)
+            .run();
     r.expect_rc(5);
     assert!(r.stderr().contains("in use: pid ") && r.stderr().contains("(session-var)"), "{}", r.stderr());
-    assert_eq!(w.registered(), [w.u.clone()], "still registered");
+    assert_eq!(w.registered(), std::slice::from_ref(&w.u), "still registered");
     assert!(all_exist(&files));
     let r = w.mam().args(["orc-onboard", "--remove", &w.u, "--purge-conversation"]).run();
     r.expect_rc(4);
-    assert_eq!(w.registered(), [w.u.clone()]);
+    assert_eq!(w.registered(), std::slice::from_ref(&w.u));
     // Outside the conversation the purge runs first, then the registration goes.
     let r = w.mam().args(["orc-onboard", "--remove", &w.u, "--purge-conversation", "--yes", "--agent", "agy"]).run();
     r.expect_rc(0);
-    assert!(r.stdout().contains("removed ") && r.stdout().ends_with(&format!("Successfully removed orchestrator {}\n", w.u)));
+    assert!(
+        r.stdout().contains("removed ")
+            && r.stdout().ends_with(&format!("Successfully removed orchestrator {}\n", w.u))
+    );
     assert!(w.registered().is_empty() && files.iter().all(|p| !p.exists()));
 }
 
@@ -274,20 +274,19 @@ fn o6_6_6_add_and_remove_messages_read_added_and_removed() {
     // The uuid defaults to --agent's session-id variable (A48); unset is a refusal naming it.
     let r = w.mam().args(["orc-onboard", "--agent", "claude"]).env("CLAUDE_CODE_SESSION_ID", &w.u).run();
     r.expect_rc(0);
-    assert_eq!(w.registered(), [w.u.clone()]);
+    assert_eq!(w.registered(), std::slice::from_ref(&w.u));
     let r = w.mam().args(["orc-onboard", "--agent", "claude"]).run();
     r.expect_rc(2);
     assert_eq!(r.stderr(), "REFUSED: orc-onboard: no uuid given and CLAUDE_CODE_SESSION_ID unset\n");
     // No --agent: the kind of the nearest agent ancestor (here `claude` via exec -a).
     let v = fresh_uuid();
     let inner = w.td.write("inner.sh", "\"$MAM\" orc-onboard\nexit $?\n");
-    let r = w
-        .td
-        .command("bash")
-        .args(["-c", "exec -a claude bash \"$0\"", inner.to_str().unwrap()])
-        .env("MAM", mam_bin())
-        .env("CLAUDE_CODE_SESSION_ID", &v)
-        .run();
+    let r =
+        w.td.command("bash")
+            .args(["-c", "exec -a claude bash \"$0\"", inner.to_str().unwrap()])
+            .env("MAM", mam_bin())
+            .env("CLAUDE_CODE_SESSION_ID", &v)
+            .run();
     r.expect_rc(0);
     assert_eq!(r.stdout(), format!("Successfully added orchestrator {v}\n"));
 }
@@ -404,7 +403,7 @@ fn o6_6_13_adding_twice_keeps_one_entry_and_the_file_unchanged() {
     r.expect_rc(0);
     assert_eq!(r.stdout(), format!("Orchestrator {} already registered\n", w.u));
     assert_eq!(fs::read(&f).unwrap(), before);
-    assert_eq!(w.registered(), [w.u.clone()]);
+    assert_eq!(w.registered(), std::slice::from_ref(&w.u));
 }
 
 // ---------------------------------------------------------------------------------------------
