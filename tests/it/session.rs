@@ -408,7 +408,11 @@ fn o2_8_1_create_from_control_root_records_binding_without_forwarding() {
             if h.kind == Kind::RealHerdr {
                 // The agent's own argv is the bare command: nothing after `--` of `agent start`
                 // but the agent's arguments.
-                assert_eq!(h.real().agent_process(&panes[0]).1, ["claude", "test-double", "agent"]);
+                let conv = row["conversation_id"].as_str().unwrap();
+                assert_eq!(
+                    h.real().agent_process(&panes[0]).1,
+                    ["claude", "test-double", "agent", "--session-id", conv]
+                );
             }
             // Default names take the lowest free suffix.
             h.create(&[]).run().expect_rc(0);
