@@ -171,6 +171,9 @@ fn o6_6_1_agy_purge_removes_database_sidecars_annotation_brain_and_lock() {
 
 #[test]
 fn o6_6_2_a_process_holding_only_the_presence_lock_refuses_the_purge() {
+    if !have_tool("lsof", "MAM_REQUIRE_LSOF") {
+        return;
+    }
     let w = W::new("o662");
     let files = w.agy_fixture();
     let holder = LockHolder::start(&w.lock());
