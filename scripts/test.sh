@@ -14,6 +14,10 @@ command -v tmux >/dev/null || missing+=(tmux)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v git >/dev/null || missing+=(git)
 command -v setpriv >/dev/null || missing+=(util-linux)
+# The conversation in-use check (ORCH 6.3) asks ps and lsof; flock holds a presence lock in its tests.
+command -v ps >/dev/null || missing+=(procps)
+command -v lsof >/dev/null || missing+=(lsof)
+command -v flock >/dev/null || missing+=(util-linux)
 if ((${#missing[@]})); then
   echo "test.sh: installing ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then
@@ -25,7 +29,7 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1
+export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1 MAM_REQUIRE_LSOF=1
 
 # The real herdr (issue 11): HERDR_BIN (a path) or `herdr` on PATH, exported absolute for the tests.
 # Not installable from a package, so it is required only when MAM_REQUIRE_HERDR=1 (.ci/run sets it).

@@ -4,6 +4,7 @@
 //! The binary (`src/main.rs`) is a thin dispatcher; every subcommand is a library function in `cmd`
 //! taking an explicit `Ctx`, so tests can call entry points in-process.
 
+pub mod agents;
 pub mod broker;
 pub mod cli;
 pub mod clock;

@@ -1,5 +1,6 @@
 //! One module per subcommand: `USAGE`, `parse_args` (validation only, no I/O) and `run`.
 
+pub mod agents;
 pub mod broker;
 pub mod create;
 pub mod daemon;
@@ -10,6 +11,7 @@ pub mod heartbeat;
 pub mod jobs;
 pub mod loop_;
 pub mod monitor;
+pub mod orc_onboard;
 pub mod pane;
 pub mod paths;
 pub mod pub_;

@@ -224,23 +224,11 @@ fn listed(ctx: &Ctx, row: &Row, backend: &str, server: &str) -> Result<(), Deleg
     }
 }
 
-/// The session-id variables an agent exports to its children (ORCH 6.1, A58), in the order they are
-/// consulted.
-pub const SESSION_ID_VARS: &[&str] = &[
-    "CLAUDE_CODE_SESSION_ID",
-    "CODEX_THREAD_ID",
-    "CODEX_SESSION_ID",
-    "ANTIGRAVITY_CONVERSATION_ID",
-    "HERMES_SESSION_ID",
-    "GROK_SESSION_ID",
-    "OPENCODE_SESSION_ID",
-];
-
 /// Which orchestrator a job records when none is given (3.2 step 5, A42): the caller's session id
 /// when the sessions file lists it in `orchestrator_uuids`; else the parent job's; else none.
 pub fn orchestrator_for(ctx: &Ctx, resolved: &paths::Resolved, store: &Store, parent: Option<&str>) -> Option<String> {
     if let Ok(doc) = session::load(&resolved.sessions) {
-        for v in SESSION_ID_VARS {
+        for v in crate::agents::session_id_vars() {
             if let Some(id) = ctx.var_nonempty(v) {
                 if doc.orchestrator_uuids.contains(&id) {
                     return Some(id);

@@ -13,10 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::sys;
 
-/// The agent CLIs whose process a timer watches by default (CORE 7.6).
-pub const AGENT_KINDS: &[&str] = &["claude", "codex", "agy", "hermes", "grok", "opencode"];
-const INTERPRETERS: &[&str] = &["node", "bun", "deno", "python", "python3"];
-
 /// `<registry>/<job_id>.heartbeat.pid`.
 pub fn pidfile_path(registry: &Path, job_id: &str) -> PathBuf {
     registry.join(format!("{job_id}.heartbeat.pid"))
@@ -139,37 +135,10 @@ fn remove_if_exists(path: &Path) -> io::Result<()> {
     }
 }
 
-fn basename(arg: &[u8]) -> &[u8] {
-    arg.rsplit(|&b| b == b'/').next().unwrap_or(arg)
-}
-
-/// True when `args` is an agent CLI by the A18 rule: argv[0]'s basename is an agent kind, or argv[0]
-/// is an interpreter and argv[1]'s basename is.
-pub fn argv_is_agent(args: &[Vec<u8>]) -> bool {
-    let is_kind = |a: &[u8]| AGENT_KINDS.iter().any(|k| k.as_bytes() == basename(a));
-    match args {
-        [first, rest @ ..] if is_kind(first) => {
-            let _ = rest;
-            true
-        }
-        [first, second, ..] => INTERPRETERS.iter().any(|i| i.as_bytes() == basename(first)) && is_kind(second),
-        _ => false,
-    }
-}
-
-/// `nearest_agent_ancestor()` (A18): the nearest ancestor of `pid` (exclusive) that is an agent CLI.
+/// `nearest_agent_ancestor()` (A18): the nearest ancestor of `pid` (exclusive) that is an agent CLI
+/// by the adapter table's recognition rule (`agents::agent_of_argv`, CORE 7.6, A58).
 pub fn nearest_agent_ancestor(pid: i32) -> Option<i32> {
-    let mut cur = sys::proc_ppid(pid).ok()?;
-    for _ in 0..64 {
-        if cur <= 1 {
-            return None;
-        }
-        if sys::proc_cmdline(cur).is_ok_and(|a| argv_is_agent(&a)) {
-            return Some(cur);
-        }
-        cur = sys::proc_ppid(cur).ok()?;
-    }
-    None
+    crate::agents::nearest_agent_ancestor(pid).map(|(p, _)| p)
 }
 
 #[cfg(test)]
@@ -190,6 +159,7 @@ mod tests {
 
     #[test]
     fn h12_agent_argv_forms() {
+        use crate::agents::argv_is_agent;
         assert!(argv_is_agent(&argv(&["claude", "--resume"])));
         assert!(argv_is_agent(&argv(&["/usr/local/bin/codex"])));
         assert!(argv_is_agent(&argv(&["node", "/opt/lib/node_modules/.bin/claude", "x"])));

@@ -166,6 +166,11 @@ pub trait Backend {
     fn start_agent(&self, name: &str, kind: &str, pane: &str, args: &[String]) -> PaneResult<()>;
     fn prompt(&self, target: &str, text: &str, wait_ms: u32) -> PromptOutcome;
     fn agent_status(&self, target: &str) -> Status;
+    /// The agent's native conversation reference as the backend knows it (herdr's `agent_session`
+    /// value), for kinds whose id mam cannot choose (ORCH 2.2). `None` when unknown.
+    fn agent_session(&self, _target: &str) -> Option<String> {
+        None
+    }
     /// The text a quiescence check compares (the agent's visible screen).
     fn read_detection(&self, target: &str) -> PaneResult<String>;
     fn send_keys(&self, target: &str, keys: &str) -> PaneResult<()>;

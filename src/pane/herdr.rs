@@ -573,6 +573,12 @@ impl Backend for Herdr {
         }
     }
 
+    fn agent_session(&self, target: &str) -> Option<String> {
+        let Reply::Ok(v) = self.query(&["agent", "get", target]) else { return None };
+        let a = v.get("agent").filter(|a| a.is_object()).unwrap_or(&v);
+        a.get("agent_session")?.get("value")?.as_str().map(str::to_string)
+    }
+
     fn read_detection(&self, target: &str) -> PaneResult<String> {
         // Plain terminal text (herdr 0.8 prints reads as they are, never as a document).
         self.read_text(&["agent", "read", target, "--source", "visible"])

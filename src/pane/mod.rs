@@ -23,7 +23,7 @@ use std::fmt;
 pub use contract::*;
 pub use knobs::Knobs;
 pub use place::*;
-pub use proc::{denied, no_autostart, on_path, run_capture, server_env, BOOTSTRAP_DENYLIST};
+pub use proc::{denied, no_autostart, on_path, run_capture, server_env};
 pub use sks::{prompt_problem, send_keys_safe, Confirm, SksOutcome, MAX_PROMPT};
 
 use crate::ctx::Ctx;

@@ -11,27 +11,11 @@ use super::contract::{PaneError, PaneResult};
 use crate::ctx::{ChildRole, Ctx};
 use crate::sys;
 
-/// The per-session agent runtime markers a bootstrapped server must not inherit (1.3): exact names,
-/// no prefix match, so user configuration such as `CLAUDE_PROJECT_DIR` still passes. The claude
-/// CLI's messaging/bridge/parent markers are listed by the names it is known to export.
-pub const BOOTSTRAP_DENYLIST: &[&str] = &[
-    "CLAUDECODE",
-    "CLAUDE_CODE_CHILD_SESSION",
-    "CLAUDE_CODE_SESSION_ID",
-    "CLAUDE_CODE_ENTRYPOINT",
-    "CLAUDE_CODE_SSE_PORT",
-    "CLAUDE_CODE_PARENT_PID",
-    "CLAUDE_CODE_IPC_SOCKET",
-    "CLAUDE_CODE_BRIDGE_PORT",
-    "ANTIGRAVITY_CONVERSATION_ID",
-    "HERMES_SESSION_ID",
-    "GROK_SESSION_ID",
-    "OPENCODE_SESSION_ID",
-];
-
-/// True when `name` is a denylisted marker.
+/// True when `name` is a per-session agent runtime marker a bootstrapped server must not inherit
+/// (1.3): a session-id variable or another marker of the adapter table (`agents`), exact names, no
+/// prefix match, so user configuration such as `CLAUDE_PROJECT_DIR` still passes.
 pub fn denied(name: &str) -> bool {
-    BOOTSTRAP_DENYLIST.contains(&name)
+    crate::agents::is_runtime_marker(name)
 }
 
 /// MAM_NO_AUTOSTART=1 (only the literal `1`).

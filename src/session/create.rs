@@ -7,9 +7,10 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    caller_binding, command_line, default_name, ensure_daemon, forward_env, load, rollback_text, same_dir, update,
-    verified_rollback, Notes, PaneRef, Row, SessionError, KINDS,
+    adapter_of, backend_kind, caller_binding, check_startable, command_line, default_name, ensure_daemon, forward_env,
+    learn_conversation, load, rollback_text, same_dir, update, verified_rollback, Notes, PaneRef, Row, SessionError,
 };
+use crate::agents;
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::pane::{self, Backend, Knobs, PaneError, PlaceFailure, PlaceRequest, Placed};
@@ -48,13 +49,7 @@ pub type Onboard<'a> = &'a mut dyn FnMut(&Ctx, &str, &Placed, &mut Notes) -> Res
 
 pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>) -> Result<Vec<String>, SessionError> {
     // 1. Validation: nothing is spawned or written before it passes.
-    if !KINDS.contains(&a.kind.as_str()) {
-        return Err(SessionError::Refused(format!(
-            "unknown agent kind '{}' (known: {})",
-            crate::text::one_line(&a.kind),
-            KINDS.join(", ")
-        )));
-    }
+    let ad = adapter_of(&a.kind)?;
     let w = sys::absolutize(ctx.cwd(), a.workspace.as_deref().unwrap_or(ctx.cwd()));
     if !w.is_dir() {
         return Err(SessionError::Refused(format!("--workspace {} is not a directory", show_path(&w))));
@@ -98,14 +93,24 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
         None => Vec::new(),
     };
 
-    // 5. Place and start.
+    // 5. Place and start, with the adapter's start arguments (the conversation id chosen where the
+    // CLI lets mam choose it, ORCH 6.1). A missing executable fails here, before any pane exists.
     let b = pane::open(ctx, None)?;
+    check_startable(ctx, b.name(), ad)?;
+    let chosen = if ad.chooses_id() {
+        Some(agents::new_uuid().map_err(|e| SessionError::Failed(format!("random: {e}")))?)
+    } else {
+        None
+    };
+    let mut args = a.agent_args.clone();
+    args.extend(ad.start_with(chosen.as_deref()));
+    let started_ms = clock::now_ms();
     let req = PlaceRequest {
         name: name.clone(),
-        kind: a.kind.clone(),
+        kind: backend_kind(b.name(), ad),
         cwd: w.clone(),
         env,
-        args: a.agent_args.clone(),
+        args,
         label: a.label.clone().or_else(|| ctx.var_nonempty("MAM_WS_LABEL")),
     };
     let placed = match pane::place_and_start(b.as_ref(), &req, &knobs) {
@@ -116,6 +121,8 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
         let left = verified_rollback(b.as_ref(), &placed, &name, &w, row_written.then_some(file.as_path()));
         SessionError::Failed(format!("{what}; {}", rollback_text(&left)))
     };
+
+    let conversation = chosen.or_else(|| learn_conversation(ctx, b.as_ref(), &name, ad, &w, started_ms));
 
     // 6. The row; B is persisted whenever it was computed, forwarded or not.
     let now = clock::now_ts();
@@ -136,6 +143,7 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
         }),
         start_command: Some(cmd),
         agent_args: a.agent_args.clone(),
+        conversation_id: conversation,
         control_plane: binding,
         created_at: Some(now),
         herdr_confirmed: Some(true),

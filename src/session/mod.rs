@@ -8,6 +8,7 @@
 //! not lock (ORCH 0.3).
 
 pub mod create;
+pub mod orc;
 pub mod reconcile;
 pub mod resume;
 pub mod status;
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::agents;
 use crate::ctx::{ChildRole, Ctx};
 use crate::knob::ConfigError;
 use crate::pane::{self, Backend, ListOutcome, Placed};
@@ -355,18 +357,70 @@ pub fn update<T>(file: &Path, f: impl FnOnce(&mut Sessions) -> Result<T, Session
 // ---------------------------------------------------------------------------------------------
 // Names and kinds
 
-/// Agent kinds with an adapter (ORCH 6.1). Section 6 owns the adapter table; until it lands this is
-/// the list create validates against, and `resume_args` the one per-kind fact resume needs.
-pub const KINDS: &[&str] = &["claude", "agy", "hermes", "grok", "opencode", "codex"];
+/// The adapter of a row's or a request's kind (ORCH 6.1), or the create/resume refusal naming the
+/// known kinds.
+pub fn adapter_of(kind: &str) -> Result<&'static agents::Adapter, SessionError> {
+    agents::adapter(kind).ok_or_else(|| {
+        SessionError::Refused(format!(
+            "unknown agent kind '{}' (known: {})",
+            one_line(kind),
+            agents::kinds().join(", ")
+        ))
+    })
+}
 
-/// The adapter's resume arguments for a known conversation (appended to the row's agent args).
-pub fn resume_args(kind: &str, conversation: &str) -> Vec<String> {
-    match kind {
-        "claude" => vec!["--resume".into(), conversation.into()],
-        "codex" => vec!["resume".into(), conversation.into()],
-        "opencode" => vec!["--session".into(), conversation.into()],
-        _ => Vec::new(),
+/// Before anything is placed: the executable a process-backed backend will start must be on the
+/// caller's PATH (the fake backend runs the mam binary itself), and herdr must know the kind.
+/// Fails fast naming the executable and the kind instead of a start timeout.
+pub fn check_startable(ctx: &Ctx, backend: &str, ad: &agents::Adapter) -> Result<(), SessionError> {
+    if backend == "fake" {
+        return Ok(());
     }
+    if backend == "herdr" && ad.herdr_kind.is_none() {
+        return Err(SessionError::Refused(format!(
+            "herdr has no agent kind for {}; use MAM_PANE_BACKEND=tmux",
+            ad.kind
+        )));
+    }
+    if pane::on_path(ctx, ad.executable).is_none() {
+        return Err(SessionError::Refused(format!(
+            "agent executable '{}' (kind {}) not found on PATH",
+            ad.executable, ad.kind
+        )));
+    }
+    Ok(())
+}
+
+/// The kind a backend starts: herdr's own name for it, else the kind.
+pub fn backend_kind(backend: &str, ad: &agents::Adapter) -> String {
+    match (backend, ad.herdr_kind) {
+        ("herdr", Some(k)) => k.to_string(),
+        _ => ad.kind.to_string(),
+    }
+}
+
+/// The conversation id of a started agent when mam could not choose it (2.2, 6.1): the backend's
+/// native session reference (herdr `agent_session`), else for codex the uuid of the newest rollout
+/// file under the agent's HOME written for `cwd` since `since_ms`.
+pub fn learn_conversation(
+    ctx: &Ctx,
+    b: &dyn Backend,
+    name: &str,
+    ad: &agents::Adapter,
+    cwd: &Path,
+    since_ms: u64,
+) -> Option<String> {
+    if matches!(ad.conversation, agents::ConversationId::None | agents::ConversationId::Chosen(_)) {
+        return None;
+    }
+    if let Some(s) = b.agent_session(name).filter(|s| !s.is_empty() && !s.chars().any(char::is_control)) {
+        return Some(s);
+    }
+    if ad.conversation == agents::ConversationId::CodexRollout {
+        let home = ctx.path_var("HOME")?;
+        return agents::artifacts::codex_rollout_id(&home, cwd, since_ms);
+    }
+    None
 }
 
 /// `<agent>-NN`: the lowest two-digit suffix no row uses (2.1, decided).

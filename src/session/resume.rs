@@ -9,9 +9,11 @@ use std::path::PathBuf;
 use super::create::place_error;
 use super::reconcile::row_target;
 use super::{
-    caller_binding, command_line, ensure_daemon, forward_env, load, resume_args, rollback_text, same_dir, update,
-    verified_rollback, Notes, PaneRef, SessionError, BINDING_VARS,
+    adapter_of, backend_kind, caller_binding, check_startable, command_line, ensure_daemon, forward_env,
+    learn_conversation, load, rollback_text, same_dir, update, verified_rollback, Notes, PaneRef, SessionError,
+    BINDING_VARS,
 };
+use crate::agents;
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::pane::{self, Knobs, ListOutcome, PlaceRequest};
@@ -138,14 +140,30 @@ pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String
         Some(b) => forward_env(ctx, b, &w).map_err(SessionError::Refused)?.unwrap_or_default(),
         None => Vec::new(),
     };
-    let mut args = row.agent_args.clone();
-    if let Some(c) = row.conversation_id.as_deref().filter(|c| !c.is_empty()) {
-        args.extend(resume_args(&row.agent, c));
-    }
+    // The adapter's resume arguments for the recorded conversation; without one (or for a kind that
+    // cannot resume) a fresh start, whose id is chosen or learnt like create's.
+    let ad = adapter_of(&row.agent)?;
     let b = pane::open_named(ctx, &backend, Some(&server))?;
+    check_startable(ctx, b.name(), ad)?;
+    let recorded = row.conversation_id.clone().filter(|c| !c.is_empty());
+    let mut args = row.agent_args.clone();
+    let mut conversation = recorded.clone();
+    match recorded.as_deref() {
+        Some(c) if !ad.resume_with(c).is_empty() => args.extend(ad.resume_with(c)),
+        _ => {
+            let chosen = if ad.chooses_id() {
+                Some(agents::new_uuid().map_err(|e| SessionError::Failed(format!("random: {e}")))?)
+            } else {
+                None
+            };
+            args.extend(ad.start_with(chosen.as_deref()));
+            conversation = chosen;
+        }
+    }
+    let started_ms = clock::now_ms();
     let req = PlaceRequest {
         name: row.name.clone(),
-        kind: row.agent.clone(),
+        kind: backend_kind(b.name(), ad),
         cwd: w.clone(),
         env,
         args: args.clone(),
@@ -155,6 +173,7 @@ pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String
         Ok(p) => p,
         Err(f) => return Err(place_error(b.as_ref(), &f, &row.name, &w)),
     };
+    let conversation = conversation.or_else(|| learn_conversation(ctx, b.as_ref(), &row.name, ad, &w, started_ms));
     let now = clock::now_ts();
     let cmd = command_line(&row.agent, &row.agent_args);
     let written = update(&file, |doc| {
@@ -177,6 +196,7 @@ pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String
         r.start_command = Some(cmd.clone());
         r.status = "running".into();
         r.resumed_at = Some(now.clone());
+        r.conversation_id = conversation.clone();
         r.herdr_confirmed = Some(true);
         if let Some(bd) = &binding {
             match &mut r.control_plane {

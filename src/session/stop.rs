@@ -7,12 +7,12 @@
 //! Stop never bootstraps a pane server (a server that is down has nothing to close). Never prints.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use super::reconcile::row_target;
-use super::{load, run_self, update, Notes, Row, SessionError};
+use super::{learn_conversation, load, update, Notes, Row, SessionError};
+use crate::agents::{self, purge::PurgeError};
 use crate::clock;
-use crate::ctx::{ChildRole, Ctx};
+use crate::ctx::Ctx;
 use crate::pane::{self, ListOutcome};
 use crate::paths;
 use crate::publish::close;
@@ -167,26 +167,75 @@ fn close_and_confirm(ctx: &Ctx, row: &Row, notes: &mut Notes) -> Result<(), Sess
     }
 }
 
-/// How long `mam agents purge` may take.
-const PURGE_LIMIT: Duration = Duration::from_secs(60);
-
-/// 2.5 step 6 through `mam agents purge <kind> <uuid>` (section 6). `Err` is the reason it refused.
-fn purge(ctx: &Ctx, row: &Row) -> Result<bool, String> {
+/// 2.5 step 6: the one purge of section 6 (`agents::purge`) for the row's kind and conversation,
+/// now that its agent is gone. `Ok(None)`: no conversation recorded. A refusal (in use, no
+/// artifact, a kind that does not purge) is `ConversationKept` (rc 5); residuals are rc 1.
+fn purge(ctx: &Ctx, row: &Row, notes: &mut Notes) -> Result<Option<Vec<PathBuf>>, SessionError> {
     let Some(uuid) = row.conversation_id.as_deref().filter(|u| !u.is_empty()) else {
-        return Ok(false);
+        return Ok(None);
     };
-    let out = run_self(ctx, ChildRole::Agent, &["agents", "purge", &row.agent, uuid], PURGE_LIMIT)?;
-    if out.rc == 0 {
-        return Ok(true);
+    let kept = |why: String| SessionError::ConversationKept { name: row.name.clone(), why };
+    match agents::purge::purge(ctx, &row.agent, uuid) {
+        Ok(rep) if rep.residual.is_empty() => Ok(Some(rep.removed)),
+        Ok(rep) => {
+            for p in &rep.removed {
+                notes.note(format!("session {}: removed {}", row.name, show_path(p)));
+            }
+            let left: Vec<String> = rep.residual.iter().map(|(p, why)| format!("{} ({why})", show_path(p))).collect();
+            Err(SessionError::Failed(format!(
+                "{}: session stopped; conversation {uuid} purged with residuals: {}",
+                row.name,
+                left.join(", ")
+            )))
+        }
+        Err(e @ PurgeError::Refused(_)) => Err(kept(e.to_string())),
+        Err(e @ PurgeError::Usage(_)) => Err(kept(e.to_string())),
     }
-    let last = out.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
-    Err(format!("mam agents purge exit {}: {}", out.rc, one_line(&last)))
+}
+
+/// Records the conversation id of a row that has none when the backend or the CLI's files can tell
+/// it now (codex writes its rollout only once it works), so a later resume resumes it.
+fn learn_before_close(ctx: &Ctx, file: &Path, row: &Row) {
+    if row.conversation_id.is_some() || row.remote() {
+        return;
+    }
+    let (Some(ad), Some((backend, server)), Some(cwd)) = (agents::adapter(&row.agent), row_target(ctx, row), row.cwd())
+    else {
+        return;
+    };
+    let Ok(b) = pane::open_named(ctx, &backend, Some(&server)) else { return };
+    let since = row.resumed_at.as_deref().or(row.created_at.as_deref()).and_then(clock::parse_ts).unwrap_or(0);
+    if let Some(c) = learn_conversation(ctx, b.as_ref(), &row.name, ad, Path::new(cwd), since) {
+        let _ = update(file, |doc| {
+            if let Some(r) = doc.row_mut(&row.name) {
+                if r.conversation_id.is_none() {
+                    r.conversation_id = Some(c.clone());
+                }
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The whole of 2.5 for every name. On the first failure the rest are not attempted.
 pub fn stop(ctx: &Ctx, a: &StopArgs, notes: &mut Notes) -> Result<Vec<Stopped>, SessionError> {
     if a.purge && !a.yes {
         return Err(SessionError::PurgeNeedsYes);
+    }
+    if a.purge {
+        // A45: a recorded conversation id that is not a canonical uuid is refused before any change.
+        let file = paths::resolve(ctx, None)?.sessions;
+        let doc = load(&file)?;
+        for n in &a.names {
+            if let Some(c) = doc.row(n).and_then(|r| r.conversation_id.as_deref()).filter(|c| !c.is_empty()) {
+                if agents::canonical_uuid(c).is_none() {
+                    return Err(SessionError::Refused(format!(
+                        "session {n}: conversation id '{}' is not a canonical uuid; not purged",
+                        one_line(c)
+                    )));
+                }
+            }
+        }
     }
     let mut ctx = ctx.clone();
     ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
@@ -219,6 +268,7 @@ fn stop_one(ctx: &Ctx, file: &Path, name: &str, purge_too: bool, notes: &mut Not
     } else {
         let store = row_store(ctx, &row);
         s.cancelled = cancel_jobs(ctx, &store, name, notes)?;
+        learn_before_close(ctx, file, &row);
         if !row.remote() {
             close_and_confirm(ctx, &row, notes)?;
         }
@@ -232,9 +282,13 @@ fn stop_one(ctx: &Ctx, file: &Path, name: &str, purge_too: bool, notes: &mut Not
         })?;
     }
     if purge_too {
-        match purge(ctx, &row) {
-            Ok(false) => notes.note(format!("session {name}: no conversation id recorded; nothing to purge")),
-            Ok(true) => {
+        let row = load(file)?.row(name).cloned().unwrap_or(row);
+        match purge(ctx, &row, notes)? {
+            None => notes.note(format!("session {name}: no conversation id recorded; nothing to purge")),
+            Some(removed) => {
+                for p in &removed {
+                    notes.note(format!("session {name}: removed {}", show_path(p)));
+                }
                 s.purged = true;
                 update(file, |doc| {
                     if let Some(r) = doc.row_mut(name) {
@@ -246,7 +300,6 @@ fn stop_one(ctx: &Ctx, file: &Path, name: &str, purge_too: bool, notes: &mut Not
                     Ok(())
                 })?;
             }
-            Err(why) => return Err(SessionError::ConversationKept { name: name.to_string(), why: why.to_string() }),
         }
     }
     Ok(s)

@@ -16,13 +16,14 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{canon, git, git_ok, is_within, repo, run_error, trim_nl, worktrees, Repo, WorktreeError, PREPARE_BUDGET};
+use crate::agents;
 use crate::ctx::Ctx;
 use crate::diffcollect::Git;
 use crate::pane;
 use crate::paths;
 use crate::review::git as rgit;
 use crate::session::create::{create, CreateArgs, Onboard};
-use crate::session::{self, Notes, Row, KINDS};
+use crate::session::{self, Notes, Row};
 use crate::sys;
 use crate::text::{one_line, show_path};
 
@@ -149,8 +150,12 @@ fn run(
 fn decide(ctx: &Ctx, a: &PrepareArgs, notes: &mut Notes, deadline: Instant) -> Result<Plan, WorktreeError> {
     let usage = WorktreeError::Usage;
     if let Some(kind) = &a.creator {
-        if !KINDS.contains(&kind.as_str()) {
-            return Err(usage(format!("unknown agent kind '{}' (known: {})", one_line(kind), KINDS.join(", "))));
+        if agents::adapter(kind).is_none() {
+            return Err(usage(format!(
+                "unknown agent kind '{}' (known: {})",
+                one_line(kind),
+                agents::kinds().join(", ")
+            )));
         }
     }
     if let Some(n) = &a.name {

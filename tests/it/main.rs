@@ -4,6 +4,7 @@
 #[macro_use]
 mod support;
 
+mod agents;
 mod broker;
 mod cli;
 mod daemon;

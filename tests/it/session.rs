@@ -398,7 +398,9 @@ fn o2_8_1_create_from_control_root_records_binding_without_forwarding() {
             assert!(env_flags(&creates[0]).is_empty(), "no --env: {:?}", creates[0]);
             let start = &h.calls_of(&["agent", "start"])[0];
             let after: Vec<&String> = start.iter().skip_while(|a| *a != "--").skip(1).collect();
-            assert_eq!(after, ["test-double", "agent"], "bare agent args: {start:?}");
+            // The user's arguments, then the adapter's start arguments (the chosen conversation id).
+            let conv = row["conversation_id"].as_str().unwrap();
+            assert_eq!(after, ["test-double", "agent", "--session-id", conv], "bare agent args: {start:?}");
         } else {
             let panes = h.panes();
             assert_eq!(panes.len(), 1);
@@ -406,7 +408,11 @@ fn o2_8_1_create_from_control_root_records_binding_without_forwarding() {
             if h.kind == Kind::RealHerdr {
                 // The agent's own argv is the bare command: nothing after `--` of `agent start`
                 // but the agent's arguments.
-                assert_eq!(h.real().agent_process(&panes[0]).1, ["claude", "test-double", "agent"]);
+                let conv = row["conversation_id"].as_str().unwrap();
+                assert_eq!(
+                    h.real().agent_process(&panes[0]).1,
+                    ["claude", "test-double", "agent", "--session-id", conv]
+                );
             }
             // Default names take the lowest free suffix.
             h.create(&[]).run().expect_rc(0);
@@ -755,7 +761,8 @@ fn o2_8_8_body(h: &S) {
     let lines: Vec<String> = r.stdout().lines().map(str::to_string).collect();
     let pane = h.row("s1")["pane"]["id"].as_str().unwrap().to_string();
     let backend = h.backend_server();
-    assert_eq!(lines[0], format!("s1\tclaude\t{backend}\t{pane}\t{}\trunning\t-\trunning", h.td.ws().display()));
+    let conv = h.row("s1")["conversation_id"].as_str().unwrap().to_string();
+    assert_eq!(lines[0], format!("s1\tclaude\t{backend}\t{pane}\t{}\trunning\t{conv}\trunning", h.td.ws().display()));
     assert_eq!(lines[1..], ["  job j1 task pending"], "only open jobs");
     let r = h.mam(["status", "s1", "--json"]).run();
     r.expect_rc(0);
@@ -1285,4 +1292,127 @@ fn lib_sh_wrappers_and_the_herdr_shim() {
         .run();
     r.expect_rc(1);
     assert_eq!(r.stderr().trim(), "NOTE: no server running");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversation ids and the adapter table (ORCH 2.2, 2.4 step 5, 2.5 step 6, 6.1)
+
+/// argv of a live process.
+fn argv_of(pid: i32) -> Vec<String> {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+impl S {
+    /// The arguments the agent of `pane` was started with (fake: the agent process; tmux: the child
+    /// of the pane's shell; mock herdr: the last `agent start` call after `--`).
+    fn agent_argv(&self, pane: &str) -> Vec<String> {
+        match self.kind {
+            Kind::Fake => {
+                let pid = fs::read_to_string(self.td.path("panes/panes").join(pane).join("pid")).unwrap();
+                argv_of(pid.trim().parse().unwrap())
+            }
+            Kind::Tmux => {
+                let sock = self.tmux.as_deref().unwrap();
+                let out = Command::new("tmux")
+                    .args(["-L", sock, "display-message", "-p", "-t", pane, "#{pane_pid}"])
+                    .output()
+                    .unwrap();
+                let shell: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+                let child = wait_for("the agent under the pane's shell", Duration::from_secs(10), || {
+                    mam::sys::list_pids().unwrap().into_iter().find(|p| mam::sys::proc_ppid(*p).ok() == Some(shell))
+                });
+                argv_of(child)
+            }
+            Kind::Herdr => self.calls_of(&["agent", "start"]).last().cloned().unwrap_or_default(),
+            Kind::RealHerdr => self.real().agent_process(pane).1,
+        }
+    }
+}
+
+fn conversation_kept_across_stop_and_resume(h: &S) {
+    let r = h.create(&["--name", "c1"]).run();
+    r.expect_rc(0);
+    let pane = kv(&r.stdout(), "PANE");
+    let conv = h.row("c1")["conversation_id"].as_str().expect("create records the chosen id").to_string();
+    assert!(mam::agents::canonical_uuid(&conv).as_deref() == Some(conv.as_str()), "{conv}");
+    let argv = h.agent_argv(&pane);
+    let w = argv.windows(2).any(|w| w[0] == "--session-id" && w[1] == conv);
+    assert!(w, "start arguments choose the id: {argv:?}");
+    h.mam(["stop", "c1"]).run().expect_rc(0);
+    assert_eq!(h.row("c1")["conversation_id"], conv.as_str(), "stop keeps it");
+    let r = h.mam(["resume", "c1"]).run();
+    r.expect_rc(0);
+    let argv = h.agent_argv(&kv(&r.stdout(), "PANE"));
+    assert!(argv.windows(2).any(|w| w[0] == "--resume" && w[1] == conv), "resume passes it: {argv:?}");
+    assert!(!argv.iter().any(|a| a == "--session-id"), "no new conversation: {argv:?}");
+    assert_eq!(h.row("c1")["conversation_id"], conv.as_str());
+    h.mam(["stop", "c1"]).run().expect_rc(0);
+}
+
+#[test]
+fn create_stop_resume_keeps_the_conversation_id_on_the_fake_backend() {
+    conversation_kept_across_stop_and_resume(&S::fake("conv_fake"));
+}
+
+#[test]
+fn create_stop_resume_keeps_the_conversation_id_on_the_mock_herdr() {
+    conversation_kept_across_stop_and_resume(&S::herdr("conv_herdr", json!({"running": true})));
+}
+
+#[test]
+fn create_stop_resume_keeps_the_conversation_id_on_tmux() {
+    let Some(h) = S::tmux("conv_tmux") else { return };
+    conversation_kept_across_stop_and_resume(&h);
+}
+
+#[test]
+fn create_fails_fast_naming_the_executable_and_kind_when_it_is_not_on_path() {
+    for backend in ["tmux", "herdr"] {
+        let h = S::herdr(&format!("fast_{backend}"), json!({"running": true}));
+        let started = std::time::Instant::now();
+        let r = h.mam(["create", "codex", "--no-onboard"]).env("MAM_PANE_BACKEND", backend).run();
+        r.expect_rc(2);
+        assert!(started.elapsed() < Duration::from_secs(1), "{backend}: took {:?}", started.elapsed());
+        assert!(
+            r.stderr().starts_with("REFUSED: create: agent executable 'codex' (kind codex) not found on PATH"),
+            "{backend}: {}",
+            r.stderr()
+        );
+        assert!(!h.file().exists(), "no row");
+    }
+}
+
+#[test]
+fn stop_purge_conversation_purges_through_the_adapter() {
+    let h = S::fake("stop_purge");
+    let r = h.create(&["--name", "p1"]).run();
+    r.expect_rc(0);
+    let conv = h.row("p1")["conversation_id"].as_str().unwrap().to_string();
+    // claude's transcript as the CLI writes it (A47), in the test's HOME.
+    let t = h.td.write(&format!("home/.claude/projects/-work-p/{conv}.jsonl"), "{}\n");
+    h.mam(["stop", "p1", "--purge-conversation"]).run().expect_rc(4);
+    assert!(t.exists() && h.row("p1")["status"] == "running", "nothing changed without --yes");
+    let r = h.mam(["stop", "p1", "--purge-conversation", "--yes"]).run();
+    r.expect_rc(0);
+    assert!(r.stdout().contains("SESSION=p1 STATUS=stopped") && r.stdout().contains("PURGED=1"), "{}", r.stdout());
+    assert!(!t.exists(), "the transcript is gone");
+    assert!(h.row("p1").get("conversation_id").is_none(), "cleared by the successful purge");
+    // A kind whose artifacts are not pinned keeps its conversation: exit 5 naming why.
+    h.edit_row("p1", |r| {
+        r["agent"] = json!("codex");
+        r["conversation_id"] = json!("0193aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee");
+    });
+    let r = h.mam(["stop", "p1", "--purge-conversation", "--yes"]).run();
+    r.expect_rc(5);
+    assert!(r.stderr().contains("conversation kept (no artifact (purge not supported for codex))"), "{}", r.stderr());
+    // A hostile conversation id on the row is refused before any change (A45).
+    h.edit_row("p1", |r| r["conversation_id"] = json!("../../etc"));
+    let r = h.mam(["stop", "p1", "--purge-conversation", "--yes"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("is not a canonical uuid"), "{}", r.stderr());
 }

@@ -1,0 +1,330 @@
+//! Conversation artifacts on disk (ORCH 6.1, 6.2, A47): for each pinned layout the paths that carry
+//! one conversation, split into what purge deletes first and what goes last (the presence lock; a
+//! claude session file of a dead process), the pids a live claude session file names (holders),
+//! the no-follow removal, and the residual walk.
+//!
+//! The agy layout (decided, docs/AGENTS.md) under `~/.gemini/antigravity-cli`:
+//! `conversations/<uuid>.db` with `-wal`, `-shm`, `-journal`; `brain/<uuid>/`;
+//! `annotations/<uuid>.pbtxt`; the presence lock `locks/<uuid>.lock`. Claude (A47, A58):
+//! `~/.claude/projects/<cwd with / as ->/<uuid>.jsonl` (and a `<uuid>/` beside it), and
+//! `~/.claude/sessions/<pid>.json` naming the uuid.
+//!
+//! Architecture Invariant: nothing here follows a symlink below an agent root or deletes through
+//! one: every component from the root down is checked with `lstat` before a removal, a symlink is
+//! left in place and reported, and the walk never descends into one. Paths are built only from a
+//! uuid `canonical_uuid` returned. Never prints.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::Layout;
+use crate::sys;
+use crate::text::show_path;
+
+/// One conversation's artifacts in one layout.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The agent root: nothing outside it is touched, the residual walk starts here.
+    pub root: PathBuf,
+    /// Deleted first (database sidecars, database, brain, annotation; claude's transcripts).
+    pub first: Vec<PathBuf>,
+    /// Deleted last, after a second in-use check (agy's presence lock; dead claude session files).
+    pub last: Vec<PathBuf>,
+    /// Pids named by live-looking session files (claude `sessions/<pid>.json`): holders when alive.
+    pub session_pids: Vec<i32>,
+}
+
+impl Plan {
+    /// Every candidate path, first then last.
+    pub fn all(&self) -> impl Iterator<Item = &PathBuf> {
+        self.first.iter().chain(self.last.iter())
+    }
+
+    /// The candidates that exist (`lstat`: a dangling symlink exists).
+    pub fn existing(&self) -> Vec<PathBuf> {
+        self.all().filter(|p| lexists(p)).cloned().collect()
+    }
+
+    /// `has_artifacts` (6.1, 6.2): any single piece exists.
+    pub fn has_artifacts(&self) -> bool {
+        self.all().any(|p| lexists(p))
+    }
+}
+
+fn lexists(p: &Path) -> bool {
+    fs::symlink_metadata(p).is_ok()
+}
+
+/// The agy root under `home`.
+pub fn agy_root(home: &Path) -> PathBuf {
+    home.join(".gemini/antigravity-cli")
+}
+
+/// The claude root under `home`.
+pub fn claude_root(home: &Path) -> PathBuf {
+    home.join(".claude")
+}
+
+/// The plan of `layout` for `uuid` (already canonical) under `home`; `None` for an unpinned layout.
+pub fn plan(layout: Layout, home: &Path, uuid: &str) -> Option<Plan> {
+    match layout {
+        Layout::Agy => Some(agy_plan(home, uuid)),
+        Layout::Claude => Some(claude_plan(home, uuid)),
+        Layout::Unsupported => None,
+    }
+}
+
+fn agy_plan(home: &Path, uuid: &str) -> Plan {
+    let root = agy_root(home);
+    let db = root.join("conversations").join(format!("{uuid}.db"));
+    let side = |s: &str| root.join("conversations").join(format!("{uuid}.db{s}"));
+    Plan {
+        first: vec![
+            side("-wal"),
+            side("-shm"),
+            side("-journal"),
+            db,
+            root.join("brain").join(uuid),
+            root.join("annotations").join(format!("{uuid}.pbtxt")),
+        ],
+        last: vec![root.join("locks").join(format!("{uuid}.lock"))],
+        session_pids: Vec::new(),
+        root,
+    }
+}
+
+/// The entries of `dir` that are real directories (a symlinked one is not entered).
+fn real_subdirs(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+fn claude_plan(home: &Path, uuid: &str) -> Plan {
+    let root = claude_root(home);
+    let mut first = Vec::new();
+    if !is_symlink(&root) && !is_symlink(&root.join("projects")) {
+        for d in real_subdirs(&root.join("projects")) {
+            first.push(d.join(format!("{uuid}.jsonl")));
+            first.push(d.join(uuid));
+        }
+    }
+    first.retain(|p| lexists(p));
+    let mut last = Vec::new();
+    let mut session_pids = Vec::new();
+    let sessions = root.join("sessions");
+    if !is_symlink(&root) && !is_symlink(&sessions) {
+        for e in fs::read_dir(&sessions).into_iter().flatten().flatten() {
+            let p = e.path();
+            if !e.file_type().is_ok_and(|t| t.is_file()) || p.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let Some(v) = read_json_nofollow(&p) else { continue };
+            let names = v.get("sessionId").and_then(|s| s.as_str()).is_some_and(|s| s.eq_ignore_ascii_case(uuid));
+            if names {
+                if let Some(pid) = v.get("pid").and_then(|p| p.as_i64()).and_then(|p| i32::try_from(p).ok()) {
+                    session_pids.push(pid);
+                }
+                last.push(p);
+            }
+        }
+    }
+    last.sort();
+    Plan { root, first, last, session_pids }
+}
+
+fn read_json_nofollow(p: &Path) -> Option<serde_json::Value> {
+    use std::io::Read;
+    let mut f = sys::open_nofollow_read(p).ok()?;
+    let mut buf = Vec::new();
+    f.by_ref().take(1 << 20).read_to_end(&mut buf).ok()?;
+    serde_json::from_slice(&buf).ok()
+}
+
+fn is_symlink(p: &Path) -> bool {
+    fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// The first symlink on the way from `root` (inclusive) down to `path` (inclusive), if any; a path
+/// outside `root` is refused outright.
+pub fn symlink_on_the_way(root: &Path, path: &Path) -> Result<Option<PathBuf>, String> {
+    let rel = path.strip_prefix(root).map_err(|_| format!("{} is outside {}", show_path(path), show_path(root)))?;
+    let mut cur = root.to_path_buf();
+    if is_symlink(&cur) {
+        return Ok(Some(cur));
+    }
+    for c in rel.components() {
+        cur.push(c);
+        if is_symlink(&cur) {
+            return Ok(Some(cur));
+        }
+    }
+    Ok(None)
+}
+
+/// Removes one artifact (a file, or a directory with everything in it) without following a
+/// symlink: when `root`..=`path` holds one, nothing is removed and the error says where.
+pub fn remove(root: &Path, path: &Path) -> Result<bool, String> {
+    if let Some(link) = symlink_on_the_way(root, path)? {
+        return Err(format!("{} is a symlink, not followed", show_path(&link)));
+    }
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("cannot stat {}: {e}", show_path(path))),
+    };
+    // remove_dir_all removes symlinks inside as entries and never descends through them.
+    let r = if meta.is_dir() { fs::remove_dir_all(path) } else { fs::remove_file(path) };
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(format!("cannot remove {}: {e}", show_path(path))),
+    }
+}
+
+/// `residual_artifacts` (6.2, 6.4): every path under `root` (inclusive of symlinks, never
+/// descending into one) with a component below `root` that contains `uuid`, case-insensitive;
+/// plus, for claude, the session files still naming it.
+pub fn residual(layout: Layout, home: &Path, uuid: &str) -> Vec<PathBuf> {
+    let Some(p) = plan(layout, home, uuid) else { return Vec::new() };
+    let mut out = Vec::new();
+    if !is_symlink(&p.root) {
+        walk(&p.root, &uuid.to_ascii_lowercase(), false, &mut out, 0);
+    }
+    for l in p.last {
+        if lexists(&l) && !out.contains(&l) {
+            out.push(l);
+        }
+    }
+    out.sort();
+    out
+}
+
+fn walk(dir: &Path, uuid: &str, carried: bool, out: &mut Vec<PathBuf>, depth: usize) {
+    if depth > 32 {
+        return;
+    }
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().to_ascii_lowercase();
+        let here = carried || name.contains(uuid);
+        if here {
+            out.push(p.clone());
+        }
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            walk(&p, uuid, here, out, depth + 1);
+        }
+    }
+}
+
+/// The files under `path` (itself when it is a file), never through a symlink: what lsof and the
+/// `/proc/*/fd` scan are asked about.
+pub fn files_for_holders(path: &Path) -> Vec<PathBuf> {
+    let Ok(m) = fs::symlink_metadata(path) else { return Vec::new() };
+    if m.file_type().is_symlink() {
+        return Vec::new();
+    }
+    let mut out = vec![path.to_path_buf()];
+    if m.is_dir() {
+        let mut stack = vec![path.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+                let t = e.file_type();
+                if t.as_ref().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+                if t.is_ok_and(|t| !t.is_symlink()) {
+                    out.push(e.path());
+                }
+            }
+            if out.len() > 10_000 {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// codex's conversation id, learnt after start (6.1, A58): the uuid at the end of the newest
+/// `~/.codex/sessions/YYYY/MM/DD/rollout-<stamp>-<uuid>.jsonl` modified since `since_ms` whose first
+/// line (`session_meta`) records `cwd`. Never follows a symlink; reads at most 64 KiB of a file.
+pub fn codex_rollout_id(home: &Path, cwd: &Path, since_ms: u64) -> Option<String> {
+    use std::io::Read;
+    let root = home.join(".codex/sessions");
+    if is_symlink(&home.join(".codex")) || is_symlink(&root) {
+        return None;
+    }
+    let want = cwd.to_string_lossy().into_owned();
+    let want_canon = fs::canonicalize(cwd).map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| want.clone());
+    let mut best: Option<(std::time::SystemTime, String)> = None;
+    for y in real_subdirs(&root) {
+        for m in real_subdirs(&y) {
+            for d in real_subdirs(&m) {
+                for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let Some(stem) = name.strip_prefix("rollout-").and_then(|n| n.strip_suffix(".jsonl")) else {
+                        continue;
+                    };
+                    let Some(id) = stem.len().checked_sub(36).and_then(|i| super::canonical_uuid(&stem[i..])) else {
+                        continue;
+                    };
+                    let Ok(meta) = e.metadata() else { continue };
+                    let Ok(mtime) = meta.modified() else { continue };
+                    let ms = mtime.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+                    if !meta.is_file() || ms + 2000 < since_ms {
+                        continue;
+                    }
+                    let Ok(mut f) = sys::open_nofollow_read(&e.path()) else { continue };
+                    let mut buf = Vec::new();
+                    let _ = f.by_ref().take(64 * 1024).read_to_end(&mut buf);
+                    let first = buf.split(|b| *b == b'\n').next().unwrap_or(&[]);
+                    let Ok(v) = serde_json::from_slice::<serde_json::Value>(first) else { continue };
+                    let c = v.pointer("/payload/cwd").or_else(|| v.get("cwd")).and_then(|c| c.as_str()).unwrap_or("");
+                    if c != want && c != want_canon {
+                        continue;
+                    }
+                    if best.as_ref().is_none_or(|(t, _)| mtime > *t) {
+                        best = Some((mtime, id));
+                    }
+                }
+            }
+        }
+    }
+    best.map(|(_, id)| id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("mam-art-{}", sys::random_hex(6).unwrap()));
+        sys::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn removal_never_goes_through_a_symlink() {
+        let home = tmp();
+        let outside = home.join("outside");
+        sys::create_dir_all(&outside).unwrap();
+        sys::write_file(&outside.join("victim.db"), b"x").unwrap();
+        let root = agy_root(&home);
+        sys::create_dir_all(&root).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("conversations")).unwrap();
+        let p = root.join("conversations/victim.db");
+        let e = remove(&root, &p).unwrap_err();
+        assert!(e.contains("is a symlink, not followed"), "{e}");
+        assert!(outside.join("victim.db").exists());
+        assert!(remove(&root, &home.join("elsewhere")).is_err(), "outside the root");
+        fs::remove_dir_all(&home).unwrap();
+    }
+}
