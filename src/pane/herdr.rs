@@ -25,6 +25,8 @@ use crate::ctx::{ChildRole, Ctx};
 use crate::sys;
 use crate::text::{one_line, show_path};
 
+/// How long `agent start` is retried while herdr says the new pane has no shell yet.
+const PANE_SHELL_WAIT: Duration = Duration::from_secs(10);
 /// Default server for new sessions (1.1).
 pub const DEFAULT_SESSION: &str = "multi-agent-mux";
 
@@ -512,7 +514,18 @@ impl Backend for Herdr {
             argv.extend(args.iter().map(String::as_str));
         }
         let limit = Duration::from_millis(self.knobs.start_timeout_ms.clamp(3001, 300_000) as u64 + 10_000);
-        self.mutate(&argv, limit).map(|_| ())
+        // A pane created a moment ago may not run its shell yet (a loaded machine starts bash slowly),
+        // and herdr then refuses with `agent_pane_busy` ("not an available shell") having started
+        // nothing: asked again for up to PANE_SHELL_WAIT, every 250 ms.
+        let since = std::time::Instant::now();
+        loop {
+            match self.mutate(&argv, limit) {
+                Err(PaneError::Failed(m)) if m.contains("agent_pane_busy") && since.elapsed() < PANE_SHELL_WAIT => {
+                    crate::sys::sleep(Duration::from_millis(250));
+                }
+                r => return r.map(|_| ()),
+            }
+        }
     }
 
     fn prompt(&self, target: &str, text: &str, wait_ms: u32) -> PromptOutcome {

@@ -31,9 +31,14 @@ pub struct Tmux {
     knobs: Knobs,
 }
 
-/// True when tmux's stderr says there is no server.
+/// True when tmux's stderr says there is no server: none was running, its socket is stale, or it
+/// exited while this call talked to it (the server ends when its last session is killed, and a
+/// `list-sessions` racing that exit reads "server exited unexpectedly"; its panes are gone either way).
 fn no_server_text(stderr: &str) -> bool {
-    stderr.contains("no server running") || (stderr.contains("error connecting to") && stderr.contains("No such file"))
+    stderr.contains("no server running")
+        || stderr.contains("server exited unexpectedly")
+        || (stderr.contains("error connecting to")
+            && (stderr.contains("No such file") || stderr.contains("Connection refused")))
 }
 
 fn base(cmd: &str) -> &str {
@@ -353,5 +358,20 @@ impl Backend for Tmux {
 
     fn close_workspace(&self, id: &str) -> PaneResult<()> {
         self.ok(&["kill-session", "-t", id]).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::no_server_text;
+
+    #[test]
+    fn a_server_that_is_gone_or_going_is_no_server() {
+        assert!(no_server_text("no server running on /tmp/tmux-0/x\n"));
+        assert!(no_server_text("server exited unexpectedly\n"));
+        assert!(no_server_text("error connecting to /tmp/tmux-0/x (No such file or directory)\n"));
+        assert!(no_server_text("error connecting to /tmp/tmux-0/x (Connection refused)\n"));
+        assert!(!no_server_text("error connecting to /tmp/tmux-0/x (Permission denied)\n"));
+        assert!(!no_server_text("can't find pane: %9\n"));
     }
 }
