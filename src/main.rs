@@ -34,7 +34,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("delegate-job", "hand a job to an agent and wait for its verdict and report", true),
     ("diff-collect", "the review loop's diff: a base commit against the working tree or a head commit", true),
     ("loop", "the review loop: a creator and reviewers to a pinned, promoted PASS; status, prune", true),
-    ("bench", "benchmarks against the anchors of docs/PERFORMANCE.md", false),
+    ("bench", "benchmarks against the anchors of docs/PERFORMANCE.md (loop-round)", true),
 ];
 
 /// The entry points that load the env file before refusing as not yet available (CORE 1.3), so an
@@ -89,6 +89,7 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "delegate-job" => cmd::delegate_job::run(ctx, args),
         "diff-collect" => cmd::diff_collect::run(ctx, args),
         "loop" => cmd::loop_::run(ctx, args),
+        "bench" => cmd::bench::run(ctx, args),
         _ => not_yet(ctx, name, args),
     }
 }
