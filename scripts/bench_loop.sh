@@ -14,7 +14,8 @@
 # Usage: scripts/bench_loop.sh [REPS (default 15)]
 # Env: MAM_BIN (default: a release build, built with cargo), BENCH_DIR (where the repository, the
 #      temporary indexes and the review trees live; default /tmp, e.g. /dev/shm for tmpfs),
-#      DIRS (50), FILES (100), EDITS (3), BENCH_WHOLE (1; 0 skips the whole-loop line).
+#      DIRS (50), FILES (100), EDITS (3), BENCH_WHOLE (1; 0 skips the whole-loop line),
+#      BENCH_VERBOSE (0; 1 prints every repetition: the floor, then the loop round's steps).
 set -euo pipefail
 reps=${1:-15}
 dirs=${DIRS:-50} files=${FILES:-100} edits=${EDITS:-3}
@@ -107,7 +108,7 @@ if [ "$whole" = 1 ]; then
     MAM_HEARTBEAT_MISSES=5 MAM_ACK_TIMEOUT_S=10
   "$mam" broker --port 0 >"$tmp/out/broker.out" 2>"$tmp/out/broker.err" &
   broker_pid=$!
-  for _ in $(seq 100); do grep -q 'listening on' "$tmp/out/broker.out" && break; sleep 0.05; done
+  for _ in $(seq 100); do grep -qs "listening on" "$tmp/out/broker.out" && break; sleep 0.05; done
   MQTT_PORT=$(sed -n 's/^mam broker listening on .*:\([0-9][0-9]*\)$/\1/p' "$tmp/out/broker.out")
   [ -n "$MQTT_PORT" ] || { echo "ERROR: bench_loop: the broker did not start" >&2; exit 1; }
   export MQTT_PORT
@@ -139,9 +140,9 @@ for ((i = 1; i <= reps; i++)); do
 done
 [ "$(git -C "$repo" worktree list | wc -l)" = 1 ] || { echo "ERROR: bench_loop: a worktree was left" >&2; exit 1; }
 
-python3 - "$tmp" "$reps" "$nfiles" "$(date -u +%Y-%m-%d)" "$(nproc)" <<'PY'
+python3 - "$tmp" "$reps" "$nfiles" "$(date -u +%Y-%m-%d)" "$(nproc)" "${BENCH_VERBOSE:-0}" <<'PY'
 import statistics as st, sys
-tmp, reps, nfiles, day, cores = sys.argv[1:]
+tmp, reps, nfiles, day, cores, verbose = sys.argv[1:]
 floor = [float(x) for x in open(f"{tmp}/floor.ms").read().split()]
 steps = {}
 for line in open(f"{tmp}/loop.lines"):
@@ -153,8 +154,14 @@ mf, ml = st.median(floor), st.median(steps["total_ms"])
 print(f"floor (git only)      median {mf:8.1f} ms   (min {min(floor):.1f}, max {max(floor):.1f}, {len(floor)} runs)")
 print(f"loop round (mam)      median {ml:8.1f} ms   (min {min(steps['total_ms']):.1f}, max {max(steps['total_ms']):.1f})"
       f"   ratio {ml / mf:.2f}x (target <= 1.5x)")
+if verbose == "1":
+    for i, f in enumerate(floor):
+        print(f"rep {i + 1:2d}: floor {f:7.1f} ms | loop " + " ".join(f"{k}={v[i]:.1f}" for k, v in steps.items()))
+pairs = sorted(l / f for l, f in zip(steps["total_ms"], floor))
+print(f"  paired: median of the {len(pairs)} per-repetition ratios {st.median(pairs):.2f}x"
+      f" (each loop round against the floor run just before it)")
 print("  steps (medians, ms): " + " ".join(f"{k}={st.median(v):.1f}" for k, v in steps.items() if k != "total_ms"))
-row = f"| {day} | {nfiles} files | {mf:.0f} ms | {ml:.0f} ms | {ml / mf:.2f}x |"
+row = f"| {day} | {nfiles} files | {mf:.0f} ms | {ml:.0f} ms | {ml / mf:.2f}x | {st.median(pairs):.2f}x |"
 if whole:
     mw = st.median(whole)
     print(f"whole mam loop        median {mw:8.1f} ms   ratio {mw / mf:.2f}x (delegate-job, broker, agent start included)")
