@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The review loop's own cost per round (issue 13, docs/PERFORMANCE.md) against the git commands that
 # are its floor, on a throwaway repository of DIRS x FILES small committed text files with a small
-# dirty change (EDITS files edited, one untracked file added). Both run REPS times, alternately, in
-# the same run; the medians and their ratio are printed, then a table row for docs/PERFORMANCE.md.
+# dirty change (EDITS files edited, one untracked file added). Both run REPS times, alternately (the
+# order swapped every repetition), in the same run; the medians and their ratio are printed, then a
+# table row for docs/PERFORMANCE.md.
 #   floor: the shell sequence below (git only, one fork per command).
 #   loop:  `mam bench loop-round --reps 1` (the loop's library code for one pinned round: pin,
 #          guard, review tree, diff-collect child, prompt, evidence check, re-measure, tree removal,
@@ -15,7 +16,9 @@
 # Env: MAM_BIN (default: a release build, built with cargo), BENCH_DIR (where the repository, the
 #      temporary indexes and the review trees live; default /tmp, e.g. /dev/shm for tmpfs),
 #      DIRS (50), FILES (100), EDITS (3), BENCH_WHOLE (1; 0 skips the whole-loop line),
-#      BENCH_VERBOSE (0; 1 prints every repetition: the floor, then the loop round's steps).
+#      BENCH_VERBOSE (0; 1 prints every repetition: the floor, then the loop round's steps),
+#      BENCH_PAUSE_S (0): seconds of idle before every timed run, so that one run's 5,000 deletions
+#      do not slow the next run's checkout (seen on ext4 mounted with `discard`).
 set -euo pipefail
 reps=${1:-15}
 dirs=${DIRS:-50} files=${FILES:-100} edits=${EDITS:-3}
@@ -133,10 +136,14 @@ for f in floor.ms loop.lines whole.ms; do : >"$tmp/$f"; done
 floor_round # one warm-up each: the page cache, git's first object reads
 "$mam" bench loop-round --repo "$repo" --base "$base" --reps 1 >/dev/null
 [ "$whole" = 1 ] && whole_loop
+pause=${BENCH_PAUSE_S:-0}
+run_floor() { sleep "$pause"; t0=$EPOCHREALTIME; floor_round; t1=$EPOCHREALTIME; ms "$t0" "$t1" >>"$tmp/floor.ms"; }
+run_loop() { sleep "$pause"; "$mam" bench loop-round --repo "$repo" --base "$base" --reps 1 | grep '^rep=' >>"$tmp/loop.lines"; }
 for ((i = 1; i <= reps; i++)); do
-  t0=$EPOCHREALTIME; floor_round; t1=$EPOCHREALTIME; ms "$t0" "$t1" >>"$tmp/floor.ms"
-  "$mam" bench loop-round --repo "$repo" --base "$base" --reps 1 | grep '^rep=' >>"$tmp/loop.lines"
-  if [ "$whole" = 1 ]; then t0=$EPOCHREALTIME; whole_loop; t1=$EPOCHREALTIME; ms "$t0" "$t1" >>"$tmp/whole.ms"; fi
+  # The order is swapped every repetition: a run can slow the one right after it (the page cache's
+  # writeback, the disk's discards), and that must not always fall on the same side.
+  if ((i % 2)); then run_floor; run_loop; else run_loop; run_floor; fi
+  if [ "$whole" = 1 ]; then sleep "$pause"; t0=$EPOCHREALTIME; whole_loop; t1=$EPOCHREALTIME; ms "$t0" "$t1" >>"$tmp/whole.ms"; fi
 done
 [ "$(git -C "$repo" worktree list | wc -l)" = 1 ] || { echo "ERROR: bench_loop: a worktree was left" >&2; exit 1; }
 
@@ -159,7 +166,7 @@ if verbose == "1":
         print(f"rep {i + 1:2d}: floor {f:7.1f} ms | loop " + " ".join(f"{k}={v[i]:.1f}" for k, v in steps.items()))
 pairs = sorted(l / f for l, f in zip(steps["total_ms"], floor))
 print(f"  paired: median of the {len(pairs)} per-repetition ratios {st.median(pairs):.2f}x"
-      f" (each loop round against the floor run just before it)")
+      f" (each loop round against the floor run next to it)")
 print("  steps (medians, ms): " + " ".join(f"{k}={st.median(v):.1f}" for k, v in steps.items() if k != "total_ms"))
 row = f"| {day} | {nfiles} files | {mf:.0f} ms | {ml:.0f} ms | {ml / mf:.2f}x | {st.median(pairs):.2f}x |"
 if whole:
