@@ -147,9 +147,10 @@ for ((i = 1; i <= reps; i++)); do
 done
 [ "$(git -C "$repo" worktree list | wc -l)" = 1 ] || { echo "ERROR: bench_loop: a worktree was left" >&2; exit 1; }
 
-python3 - "$tmp" "$reps" "$nfiles" "$(date -u +%Y-%m-%d)" "$(nproc)" "${BENCH_VERBOSE:-0}" <<'PY'
+where="$(df --output=fstype "$tmp" | tail -n 1) ${BENCH_DIR:-/tmp}"
+python3 - "$tmp" "$reps" "$nfiles" "$(date -u +%Y-%m-%d)" "$(nproc)" "${BENCH_VERBOSE:-0}" "$where" <<'PY'
 import statistics as st, sys
-tmp, reps, nfiles, day, cores, verbose = sys.argv[1:]
+tmp, reps, nfiles, day, cores, verbose, where = sys.argv[1:]
 floor = [float(x) for x in open(f"{tmp}/floor.ms").read().split()]
 steps = {}
 for line in open(f"{tmp}/loop.lines"):
@@ -168,11 +169,13 @@ pairs = sorted(l / f for l, f in zip(steps["total_ms"], floor))
 print(f"  paired: median of the {len(pairs)} per-repetition ratios {st.median(pairs):.2f}x"
       f" (each loop round against the floor run next to it)")
 print("  steps (medians, ms): " + " ".join(f"{k}={st.median(v):.1f}" for k, v in steps.items() if k != "total_ms"))
-row = f"| {day} | {nfiles} files | {mf:.0f} ms | {ml:.0f} ms | {ml / mf:.2f}x | {st.median(pairs):.2f}x |"
+row = f"| {where}, {day}, {nfiles} files | {mf:,.0f} ms | {ml:,.0f} ms | {ml / mf:.2f}x | {st.median(pairs):.2f}x |"
 if whole:
     mw = st.median(whole)
     print(f"whole mam loop        median {mw:8.1f} ms   ratio {mw / mf:.2f}x (delegate-job, broker, agent start included)")
-    row += f" {mw:.0f} ms ({mw / mf:.2f}x) |"
-print(f"docs/PERFORMANCE.md row ({reps} reps, {cores} cores):")
+    row += f" {mw:,.0f} ms ({mw / mf:.2f}x) |"
+else:
+    row += " |"
+print(f"docs/PERFORMANCE.md row ({reps} reps, {cores} cores; run | floor | loop round | ratio | paired | whole loop):")
 print(row)
 PY
