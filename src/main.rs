@@ -37,7 +37,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("orc-onboard", "register, list or remove the orchestrator's conversation uuid", true),
     ("loop", "the review loop: a creator and reviewers to a pinned, promoted PASS; status, prune", true),
     ("worktree", "a creator's own git worktree: prepare, remove (only when nothing is lost), list", true),
-    ("bench", "benchmarks against the anchors of docs/PERFORMANCE.md", false),
+    ("bench", "benchmarks against the anchors of docs/PERFORMANCE.md (loop-round)", true),
 ];
 
 /// The entry points that load the env file before refusing as not yet available (CORE 1.3), so an
@@ -95,6 +95,7 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "diff-collect" => cmd::diff_collect::run(ctx, args),
         "loop" => cmd::loop_::run(ctx, args),
         "worktree" => cmd::worktree::run(ctx, args),
+        "bench" => cmd::bench::run(ctx, args),
         _ => not_yet(ctx, name, args),
     }
 }

@@ -430,18 +430,43 @@ fn temp_tree(g: &mut Git<'_>, head: &str, excludes: &[OsString]) -> Result<Strin
     g.run_ok(&["read-tree", head])?;
     // An exclusion naming an ignored path makes `git add` fail ("paths are ignored"); such a path is
     // left out by `add -A` anyway, so only the exclusions of paths git would add are passed.
-    let mut keep = Vec::new();
-    for spec in excludes {
-        let rel = spec.to_string_lossy();
-        let rel = rel.strip_prefix(":(exclude,literal)").unwrap_or(&rel).to_string();
-        let ignored = g.run(&["check-ignore", "-q", "--", rel.as_str()]).is_ok_and(|o| o.status.success());
-        if !ignored {
-            keep.push(spec.clone());
-        }
-    }
+    let ignored = ignored_excludes(g, excludes);
+    let keep: Vec<OsString> = excludes.iter().zip(ignored).filter(|(_, ign)| !ign).map(|(s, _)| s.clone()).collect();
     g.run_ok(&with_paths(&["add", "-A"], &keep))?;
     let out = g.run_ok(&["write-tree"])?;
     Ok(String::from_utf8_lossy(line(&out)).into_owned())
+}
+
+/// For each exclusion spec, whether git ignores its path (`git check-ignore`; a failed check
+/// counts as not ignored). One run asks for all of them: git prints the ignored ones as given, one
+/// a line, exit 0 (some) or 1 (none). A name git would quote (a control character, `"`, `\`) or
+/// that is not UTF-8, or a run failing as a whole (exit 128: a path beyond a symlink), falls back
+/// to one run per path.
+fn ignored_excludes(g: &mut Git<'_>, excludes: &[OsString]) -> Vec<bool> {
+    let rel = |spec: &OsString| {
+        let s = spec.to_string_lossy();
+        s.strip_prefix(":(exclude,literal)").unwrap_or(&s).to_string()
+    };
+    let plain =
+        |s: &OsStr| s.to_str().is_some_and(|s| !s.bytes().any(|b| b < 0x20 || b == 0x7f || b == b'"' || b == b'\\'));
+    let rels: Vec<String> = excludes.iter().map(rel).collect();
+    if rels.is_empty() {
+        return Vec::new();
+    }
+    if excludes.iter().all(|s| plain(s)) {
+        let args: Vec<&str> = ["check-ignore", "--"].into_iter().chain(rels.iter().map(String::as_str)).collect();
+        if let Ok(out) = g.run(&args) {
+            let listed: Option<BTreeSet<&[u8]>> = match out.status.code() {
+                Some(0) => Some(out.stdout.split(|b| *b == b'\n').filter(|l| !l.is_empty()).collect()),
+                Some(1) => Some(BTreeSet::new()),
+                _ => None,
+            };
+            if let Some(listed) = listed {
+                return rels.iter().map(|r| listed.contains(r.as_bytes())).collect();
+            }
+        }
+    }
+    rels.iter().map(|r| g.run(&["check-ignore", "-q", "--", r.as_str()]).is_ok_and(|o| o.status.success())).collect()
 }
 
 /// The registered submodule paths (mode 160000) of `head` and of the repository's own index
@@ -836,6 +861,36 @@ mod tests {
         assert!(matches!(repo.guard(&ctx, "--help", &c1), Guard::Undeterminable(_)));
         let gone = Repo { root: td.p("missing"), exclude: vec![] };
         assert!(matches!(gone.guard(&ctx, &c1, &c3), Guard::Undeterminable(_)));
+    }
+
+    /// The exclusions of ignored paths are not given to `git add` (it would fail), those of other
+    /// paths are: checked in one `check-ignore` run, or one per path for a name git would quote.
+    #[test]
+    fn exclusions_of_ignored_and_unignored_paths_in_one_check_or_one_each() {
+        let td = Td::new("ignx");
+        let root = td.repo("ws");
+        td.write("ws/.gitignore", "*.log\n/.mam/\n*.ign\n");
+        td.write("ws/ctl/tracked.txt", "control\n");
+        sh(&root, &["add", "-A"]);
+        sh(&root, &["commit", "-q", "-m", "control"]);
+        td.write("ws/ctl/tracked.txt", "control changed\n");
+        td.write("ws/ctl/new.txt", "control new\n");
+        td.write("ws/.mam/jobs/j.json", "{}\n");
+        td.write("ws/we\"ird.ign/x.txt", "ignored\n");
+        td.write("ws/a.txt", "edited\n");
+        let plain = vec![root.join(".mam"), root.join(".mam/jobs"), root.join("ctl")];
+        let quoted = [plain.clone(), vec![root.join("we\"ird.ign")]].concat();
+        let mut trees = Vec::new();
+        for exclude in [plain, quoted] {
+            let repo = Repo { root: root.clone(), exclude };
+            let snap = repo.pin(&td.ctx(), "0123abcd").unwrap_or_else(|e| panic!("{:?}: {e}", repo.exclude));
+            let files = sh(&root, &["ls-tree", "-r", "--name-only", &snap.commit]);
+            assert_eq!(files.lines().collect::<Vec<_>>(), [".gitignore", "a.txt", "b.txt", "ctl/tracked.txt"]);
+            assert_eq!(sh(&root, &["show", &format!("{}:ctl/tracked.txt", snap.commit)]), "control\n");
+            assert_eq!(sh(&root, &["show", &format!("{}:a.txt", snap.commit)]), "edited\n");
+            trees.push(snap.tree);
+        }
+        assert_eq!(trees[0], trees[1]);
     }
 
     #[test]

@@ -118,7 +118,7 @@ const LOADERS: &[&[&str]] = &[
     &["daemon", "ensure"],
     &["reconcile", "--subscribe"],
     &["jobs"],
-    &["bench"],
+    &["bench", "loop-round", "--repo", ".", "--base", "HEAD"],
 ];
 
 fn e10_check(td: &TestDir, file: &std::path::Path, kind: &str, unprivileged: bool) {
