@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::support::*;
 
+mod demo;
 mod jobs;
 mod rounds;
 mod validate;
