@@ -181,7 +181,12 @@ impl Backend for Tmux {
                     .map(|p| Agent { name: p.agent, pane: p.id, kind: p.kind, status: "unknown".into() })
                     .collect(),
             ),
-            Err(e) => ListOutcome::Unknown(e.to_string()),
+            // The server may have exited between the two calls (it ends with its last session):
+            // asked once more, a server that is gone is `NoServer`, not unknown.
+            Err(e) => match self.server_up() {
+                Ok(false) => ListOutcome::NoServer,
+                _ => ListOutcome::Unknown(e.to_string()),
+            },
         }
     }
 
