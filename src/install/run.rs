@@ -489,8 +489,9 @@ fn update(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<(), InstallE
         .map(|v| String::from_utf8_lossy(&v).split_whitespace().next().unwrap_or("unknown").to_string())
         .unwrap_or_else(|| "unknown".into());
     let stamp = ledger::stamp(&o.now_ts);
-    backup(o, steps, &touched(&manifest, is_legacy(t)), &stamp)?;
-    match update_steps(o, steps, r, &old_hashes, &old_state, &stamp) {
+    let res = backup(o, steps, &touched(&manifest, is_legacy(t)), &stamp)
+        .and_then(|_| update_steps(o, steps, r, &old_hashes, &old_state, &stamp));
+    match res {
         Ok(binary_changed) => {
             fsops::delete(t, BACKUP_INDEX)?;
             let _ = fs::remove_dir_all(fsops::abs(t, BACKUP_DIR));
@@ -500,9 +501,14 @@ fn update(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<(), InstallE
             }
             Ok(())
         }
-        Err(cause) => {
+        Err(cause) if fs::symlink_metadata(fsops::abs(t, BACKUP_INDEX)).is_ok() => {
             let left = restore(o, steps, r)?;
             Err(InstallError::Restored { cause: Box::new(cause), left })
+        }
+        Err(cause) => {
+            // The backup never got its index: nothing else had changed yet.
+            let _ = fs::remove_dir_all(fsops::abs(t, BACKUP_DIR));
+            Err(InstallError::Restored { cause: Box::new(cause), left: Vec::new() })
         }
     }
 }
