@@ -98,6 +98,7 @@ fn diff(a: &BTreeMap<String, (Vec<u8>, u32)>, b: &BTreeMap<String, (Vec<u8>, u32
 
 /// Files (not directories) under the target that no ledger lists and that were not there before
 /// (`before`): what an interrupted run must never leave behind.
+#[cfg(feature = "test-hooks")]
 fn unledgered(td: &TestDir, before: &BTreeMap<String, (Vec<u8>, u32)>) -> Vec<String> {
     let m: Vec<String> = if td.ws().join(".mam/install/manifest.txt").exists() { manifest(td) } else { Vec::new() };
     snapshot(&td.ws())
