@@ -13,6 +13,7 @@ command -v mosquitto_pub >/dev/null || missing+=(mosquitto-clients)
 command -v tmux >/dev/null || missing+=(tmux)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v git >/dev/null || missing+=(git)
+command -v python3 >/dev/null || missing+=(python3)
 command -v setpriv >/dev/null || missing+=(util-linux)
 # The conversation in-use check (ORCH 6.3) asks ps and lsof; flock holds a presence lock in its tests.
 command -v ps >/dev/null || missing+=(procps)
@@ -29,7 +30,7 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1 MAM_REQUIRE_LSOF=1
+export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1 MAM_REQUIRE_LSOF=1 MAM_REQUIRE_PYTHON3=1
 
 # The real herdr (issue 11): HERDR_BIN (a path) or `herdr` on PATH, exported absolute for the tests.
 # Not installable from a package, so it is required only when MAM_REQUIRE_HERDR=1 (.ci/run sets it).

@@ -7,7 +7,7 @@ use mam::cli::{rc, Failure};
 use mam::cmd;
 use mam::ctx::Ctx;
 
-const VERSION: &str = env!("CARGO_PKG_VERSION");
+const VERSION: &str = mam::version::VERSION;
 
 /// Every subcommand with its one-line summary; `ready: false` entries belong to later work and say so.
 const COMMANDS: &[(&str, &str, bool)] = &[
@@ -37,6 +37,9 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("orc-onboard", "register, list or remove the orchestrator's conversation uuid", true),
     ("loop", "the review loop: a creator and reviewers to a pinned, promoted PASS; status, prune", true),
     ("worktree", "a creator's own git worktree: prepare, remove (only when nothing is lost), list", true),
+    ("install", "install mam (binary, shims, skills, .gitignore block) into a repository", true),
+    ("update", "update an installed (or legacy) repository, keeping local edits and state", true),
+    ("remove", "take mam out of a repository; local edits kept aside, state kept", true),
     ("bench", "benchmarks against the anchors of docs/PERFORMANCE.md (loop-round)", true),
 ];
 
@@ -96,6 +99,9 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "loop" => cmd::loop_::run(ctx, args),
         "worktree" => cmd::worktree::run(ctx, args),
         "bench" => cmd::bench::run(ctx, args),
+        "install" => cmd::install::run_install(ctx, args),
+        "update" => cmd::install::run_update(ctx, args),
+        "remove" => cmd::install::run_remove(ctx, args),
         _ => not_yet(ctx, name, args),
     }
 }
@@ -128,7 +134,7 @@ fn main() {
                 rc::OK
             }
             Some("-V" | "--version") => {
-                ctx.say(&format!("mam {VERSION}"));
+                ctx.say(&format!("mam {}", mam::version::long()));
                 rc::OK
             }
             Some(name) => match dispatch(&mut ctx, name, argv.collect()) {

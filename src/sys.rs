@@ -65,7 +65,13 @@ pub fn hex(bytes: &[u8]) -> String {
 /// The last component must end up a real directory: a planted symlink there (to a directory of
 /// someone else's choosing) is an error, never followed by the writes that come next (issue 12).
 pub fn create_dir_all(dir: &Path) -> io::Result<()> {
-    DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    create_dir_all_mode(dir, 0o700)
+}
+
+/// `create_dir_all` with the mode of the directories it creates (installed asset directories are
+/// 0755 so a repository's other users can read the skills, ORCH 7.2).
+pub fn create_dir_all_mode(dir: &Path, mode: u32) -> io::Result<()> {
+    DirBuilder::new().recursive(true).mode(mode).create(dir)?;
     if fs::symlink_metadata(dir)?.file_type().is_symlink() {
         return Err(symlink_refused());
     }
@@ -151,6 +157,13 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
 /// The result is always mode 0600; a symlink at `path` is replaced by the file, never written
 /// through. The parent directory must exist (creation is the caller's decision, CORE 2.1 "lazy").
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    atomic_write_mode(path, bytes, 0o600)
+}
+
+/// `atomic_write` with the file mode given (permission bits only): installed assets are 0755 or
+/// 0644, and a restored file gets back the mode it had (ORCH 7.4, A50). Like `atomic_write`, the
+/// mode is never taken from the existing target or a link's target.
+pub fn atomic_write_mode(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
     let mut tmp_name = Vec::from(&b"."[..]);
@@ -164,7 +177,7 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
         let mut f = create_new(&tmp)?;
         {
             use std::os::unix::fs::PermissionsExt;
-            f.set_permissions(fs::Permissions::from_mode(0o600))?;
+            f.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
         }
         f.write_all(bytes)?;
         f.sync_all()?;

@@ -9,6 +9,7 @@ pub mod delegate_job;
 pub mod diff_collect;
 pub mod env;
 pub mod heartbeat;
+pub mod install;
 pub mod jobs;
 pub mod loop_;
 pub mod monitor;

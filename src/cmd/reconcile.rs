@@ -13,7 +13,7 @@ use crate::ctx::{ChildRole, Ctx};
 use crate::{knob, paths};
 
 pub const USAGE: &str = "
-Usage: mam reconcile
+Usage: mam reconcile [--once]
        mam reconcile --subscribe [--idle-timeout S] [--registry-dir D]
 
 Without --subscribe: the one-shot reconcile of the sessions file (ORCH 2.7). Every pane server
@@ -27,6 +27,7 @@ and log root resolved here (absolute). --idle-timeout S exits after S seconds wi
 (0 = run forever, the default). See `mam daemon --help`.
 
 Options:
+  --once              the one-shot reconcile, said explicitly (the legacy `reconcile.sh --once`)
   --subscribe         run the subscriber daemon for the control root
   --idle-timeout S    exit after S seconds without any message (0 = never)
   --registry-dir D    the job registry (relative to the cwd)
@@ -40,6 +41,7 @@ lock); 2 usage.
 #[derive(Debug, Default)]
 struct Args {
     subscribe: bool,
+    once: bool,
     idle_timeout: Option<u32>,
     registry_dir: Option<std::path::PathBuf>,
 }
@@ -51,11 +53,15 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     while let Some(arg) = p.next()? {
         match arg {
             Long("subscribe") => a.subscribe = true,
+            Long("once") => a.once = true,
             Long("idle-timeout") => a.idle_timeout = Some(knob::flag("--idle-timeout", &p.value()?, 0)?),
             Long("registry-dir") => a.registry_dir = Some(p.value()?.into()),
             Short('h') | Long("help") => return Ok(Parsed::Help),
             _ => return Err(arg.unexpected().into()),
         }
+    }
+    if a.once && a.subscribe {
+        return Err(Failure::usage("mam reconcile: --once is the one-shot reconcile; it excludes --subscribe"));
     }
     if !a.subscribe && (a.idle_timeout.is_some() || a.registry_dir.is_some()) {
         return Err(Failure::usage("mam reconcile: --idle-timeout and --registry-dir need --subscribe"));

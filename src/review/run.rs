@@ -432,7 +432,7 @@ pub fn run(ctx: &Ctx, o: &Options, say: &mut dyn FnMut(Out, &str)) -> Result<Out
     let now = clock::now_ts();
     let cp = Checkpoint {
         loop_id: loop_id.clone(),
-        framework_version: env!("CARGO_PKG_VERSION").to_string(),
+        framework_version: crate::version::VERSION.to_string(),
         pid: std::process::id(),
         control_root: p.control.display().to_string(),
         source_root: p.source.display().to_string(),

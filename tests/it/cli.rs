@@ -26,7 +26,8 @@ fn version_prints_the_crate_version() {
     let td = TestDir::new("version");
     let r = td.mam().args(["--version"]).run();
     r.expect_rc(0);
-    assert_eq!(r.stdout(), format!("mam {}\n", env!("CARGO_PKG_VERSION")));
+    // ORCH 7.6 (A54): `mam <version> (<commit|unknown>)`.
+    assert_eq!(r.stdout(), format!("mam {} ({})\n", env!("CARGO_PKG_VERSION"), mam::version::COMMIT));
 }
 
 #[test]

@@ -15,6 +15,7 @@ mod heartbeat;
 mod herdr_contract;
 mod herdr_mam;
 mod herdr_real;
+mod install;
 mod jobs;
 mod liveness;
 mod mqtt;

@@ -1270,9 +1270,10 @@ fn lib_sh_wrappers_and_the_herdr_shim() {
     assert!(out.contains(&format!("\"MAM_JOBS_DIR\":\"{ws}/.mam/jobs\"")), "{out}");
     assert!(out.contains(&format!("prefix=WORKSPACE_ROOT='{ws}' ")), "{out}");
     assert!(out.ends_with("defined\n"), "{out}");
-    // The one side effect: the herdr shim at the pinned control root, two lines, executable.
+    // The one side effect: the herdr wrapper at the pinned control root (the text of `mam install
+    // --print-herdr-shim`, naming the binary's absolute path), executable.
     let shim = td.ws().join(".mam/shim/herdr");
-    let want = format!("#!/usr/bin/env bash\nexec '{}' pane \"$@\"\n", mam_bin().display());
+    let want = mam::install::assets::herdr_shim(&fs::canonicalize(mam_bin()).unwrap().to_string_lossy());
     assert_eq!(fs::read_to_string(&shim).unwrap(), want);
     use std::os::unix::fs::PermissionsExt;
     assert!(fs::metadata(&shim).unwrap().permissions().mode() & 0o111 != 0);

@@ -1,0 +1,581 @@
+//! Install and update (ORCH 7.1-7.4, A49-A53) with the legacy takeover (issue 16): the fresh install
+//! (also how an interrupted one completes), the update with its committed backup, local edits moved
+//! aside, dropped assets, the `install_state` merge, and the byte-exact restore (mode bits kept) when
+//! anything fails, also after a SIGKILL.
+
+use std::fs;
+use std::path::Path;
+
+use super::assets::{self, Asset};
+use super::fsops::{self, Found, Steps};
+use super::{gitignore, ledger, legacy, InstallError, Options, Report};
+use crate::session::yaml;
+use crate::sys;
+
+/// The update backup (7.4 step 1): copies named `f<n>` and the `index` that commits it.
+pub const BACKUP_DIR: &str = ".mam/install/update-backup";
+const BACKUP_INDEX: &str = ".mam/install/update-backup/index";
+
+/// Checks a target before anything changes (7.1: exit 2 when missing, not a directory, not
+/// writable; also not a repository's top level, or a `.gitignore`/`.mam` that cannot be used).
+pub fn check_target(target: &Path) -> Result<(), InstallError> {
+    let show = crate::text::show_path(target);
+    let m = fs::metadata(target).map_err(|_| InstallError::BadTarget(format!("target {show} does not exist")))?;
+    if !m.is_dir() {
+        return Err(InstallError::BadTarget(format!("target {show} is not a directory")));
+    }
+    if fs::symlink_metadata(target.join(".git")).is_err() {
+        return Err(InstallError::BadTarget(format!(
+            "target {show} is not a git repository's top level (no .git); mam installs into a repository"
+        )));
+    }
+    for (name, want_dir) in [(".gitignore", false), (".mam", true), (".agents", true)] {
+        match fs::symlink_metadata(target.join(name)) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(InstallError::BadTarget(format!(
+                    "{show}/{name} is a symbolic link; not followed (docs/SECURITY.md)"
+                )))
+            }
+            Ok(m) if want_dir && !m.is_dir() => {
+                return Err(InstallError::BadTarget(format!("{show}/{name} is not a directory")))
+            }
+            Ok(m) if !want_dir && !m.is_file() => {
+                return Err(InstallError::BadTarget(format!("{show}/{name} is not a regular file")))
+            }
+            _ => {}
+        }
+    }
+    // A real probe: root passes access(2) on a read-only mount, and a read-only bind mount passes
+    // the mode bits.
+    let probe = target.join(format!(
+        ".mam-install-probe.{}.{}.tmp",
+        std::process::id(),
+        sys::random_hex(8).unwrap_or_else(|_| "0".repeat(16))
+    ));
+    match sys::create_new(&probe) {
+        Ok(_) => {
+            let _ = fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(InstallError::BadTarget(format!("target {show} is not writable ({e})"))),
+    }
+}
+
+/// True when the target holds the legacy layout: its skill directory's `scripts/` or a legacy ledger.
+pub fn is_legacy(target: &Path) -> bool {
+    let d = target.join(legacy::DIR);
+    d.join("scripts").is_dir() || legacy::LEDGERS.iter().any(|l| d.join(l).is_file())
+}
+
+/// Every directory above an asset path, target-relative with a trailing `/`, `.mam/` excluded (it is
+/// the state's root and outlives a remove).
+fn dirs_of(paths: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in paths {
+        let mut acc = String::new();
+        let parts: Vec<&str> = p.trim_end_matches('/').split('/').collect();
+        for c in &parts[..parts.len() - 1] {
+            acc.push_str(c);
+            acc.push('/');
+            if acc != ".mam/" && !out.contains(&acc) {
+                out.push(acc.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Deepest first, so children go before their parents.
+pub fn deepest_first(mut dirs: Vec<String>) -> Vec<String> {
+    dirs.sort_by(|a, b| b.matches('/').count().cmp(&a.matches('/').count()).then(b.cmp(a)));
+    dirs
+}
+
+fn fresh_state(o: &Options, gitignore_created: bool, legacy_paths: bool) -> Vec<u8> {
+    let mut s = format!("version={}\ninstalled_at={}\nbinary={}\n", o.version, o.now_ts, assets::BINARY);
+    if gitignore_created {
+        s.push_str("gitignore_created=1\n");
+    }
+    if legacy_paths {
+        s.push_str("legacy_paths=1\n");
+    }
+    s.into_bytes()
+}
+
+/// An old `install_state` without the `pending=` line (it belongs to the interrupted run only).
+fn without_pending(state: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for l in state.split_inclusive(|b| *b == b'\n') {
+        if !l.starts_with(b"pending=") {
+            out.extend_from_slice(l);
+        }
+    }
+    out
+}
+
+fn herdr_text(o: &Options) -> String {
+    assets::herdr_shim(&o.target.join(assets::BINARY).to_string_lossy())
+}
+
+/// The manifest of an asset set: every asset, the generated herdr wrapper and its directory, and
+/// every directory above them.
+fn manifest_of(paths: &[String]) -> Vec<String> {
+    let mut all: Vec<String> = paths.to_vec();
+    all.push(assets::HERDR_SHIM.into());
+    let mut m = dirs_of(&all);
+    m.extend(all);
+    m.sort();
+    m.dedup();
+    m
+}
+
+/// Deletes the temp files an interrupted run can have left: in every asset directory, the install
+/// directory, the herdr wrapper's, and the two target-level files.
+fn clean_all_temps(o: &Options, r: &mut Report) {
+    let all = assets::shipped(Vec::new(), &o.version, true);
+    let paths: Vec<String> = all.iter().map(|a| a.path.clone()).collect();
+    let mut dirs: Vec<String> =
+        dirs_of(&manifest_of(&paths)).into_iter().map(|d| d.trim_end_matches('/').to_string()).collect();
+    dirs.extend([".mam".to_string(), ledger::DIR.to_string(), BACKUP_DIR.to_string()]);
+    let mut gone = fsops::clean_temps(&o.target, "", Some(&[".gitignore", assets::ENV_EXAMPLE, "mam-install-probe"]));
+    for d in dirs {
+        let only: Option<&[&str]> =
+            if d == ".mam" { Some(&["agent_sessions.json", "agent_sessions.yaml.bak"]) } else { None };
+        gone.extend(fsops::clean_temps(&o.target, &d, only));
+    }
+    for g in gone {
+        r.note(format!("deleted {g}, a temp file of an interrupted run"));
+    }
+}
+
+/// `mam install` (and `update` without `--from`): a fresh install, the completion of an interrupted
+/// one, an update of an installed target, or the takeover of a legacy install.
+pub fn install(o: &Options, r: &mut Report) -> Result<(), InstallError> {
+    check_target(&o.target)?;
+    let mut steps = Steps::new(o.hooks);
+    clean_all_temps(o, r);
+    if fs::symlink_metadata(fsops::abs(&o.target, BACKUP_INDEX)).is_ok() {
+        r.note("an update was interrupted: restoring what it backed up first");
+        let left = restore(o, &mut steps, r)?;
+        if !left.is_empty() {
+            return Err(InstallError::Restored {
+                cause: Box::new(InstallError::BadTarget("interrupted update".into())),
+                left,
+            });
+        }
+    } else if fs::symlink_metadata(fsops::abs(&o.target, BACKUP_DIR)).is_ok() {
+        // A backup that never got its index: the update had changed nothing yet.
+        fs::remove_dir_all(fsops::abs(&o.target, BACKUP_DIR))
+            .map_err(|e| InstallError::io("delete", &fsops::abs(&o.target, BACKUP_DIR), e))?;
+    }
+    let state = fsops::read_bytes(&o.target, ledger::STATE)?.unwrap_or_default();
+    let pending = ledger::state_value(&String::from_utf8_lossy(&state), "pending") == Some("install");
+    let installed = fs::symlink_metadata(fsops::abs(&o.target, ledger::MANIFEST)).is_ok();
+    if installed && !pending {
+        update(o, &mut steps, r)
+    } else {
+        fresh(o, &mut steps, r, pending.then_some(state))
+    }
+}
+
+/// Install into a target with no manifest (or an interrupted install, `pending` holding its state).
+fn fresh(o: &Options, steps: &mut Steps, r: &mut Report, pending: Option<Vec<u8>>) -> Result<(), InstallError> {
+    let t = &o.target;
+    let legacy = is_legacy(t);
+    let prev = pending.clone().unwrap_or_default();
+    let prev_s = String::from_utf8_lossy(&prev).into_owned();
+    let legacy_state = if legacy {
+        fsops::read_bytes(t, &format!("{}/install_state", legacy::DIR))?.unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let gitignore_created = match &pending {
+        Some(_) => ledger::state_value(&prev_s, "gitignore_created") == Some("1"),
+        None => fsops::read(t, ".gitignore")? == Found::Missing,
+    };
+    let legacy_paths = legacy || ledger::state_value(&prev_s, "legacy_paths") == Some("1");
+    let shipped = assets::shipped(o.binary.clone(), &o.version, legacy_paths);
+    let paths: Vec<String> = shipped.iter().map(|a| a.path.clone()).collect();
+    let fresh = fresh_state(o, gitignore_created, legacy_paths);
+    let old_keys = ledger::merge_state(&without_pending(&prev), &without_pending(&legacy_state));
+
+    // The pending state and the whole manifest come first: from here on every file this run can
+    // write is in a ledger, and a second run knows it is completing this one.
+    let mut pending_state = ledger::merge_state(&fresh, &old_keys);
+    pending_state.extend_from_slice(b"pending=install\n");
+    fsops::write(t, ledger::STATE, &pending_state, 0o644)?;
+    steps.step()?;
+    fsops::write(t, ledger::MANIFEST, &ledger::render_lines(manifest_of(&paths)), 0o644)?;
+    steps.step()?;
+
+    let stamp = ledger::stamp(&o.now_ts);
+    if legacy {
+        take_over(o, steps, r, &stamp)?;
+    }
+    for a in &shipped {
+        put_asset(o, steps, r, a, None, &stamp)?;
+    }
+    finish(o, steps, r, &shipped, &[], &fresh, &old_keys, gitignore_created)?;
+    let what = if legacy { "took over the legacy install and installed" } else { "installed" };
+    r.say(format!("{what} mam {} into {}", o.version, crate::text::show_path(t)));
+    Ok(())
+}
+
+/// The legacy takeover: the legacy ledgers go to `.mam/removed-<stamp>/` (their `install_state`
+/// keys were merged), a legacy YAML sessions file is imported (the YAML stays byte for byte, with a
+/// `.yaml.bak` copy), and the rest of the state is not touched. The legacy entry points themselves
+/// are replaced by `put_asset` (their originals moved aside there too).
+fn take_over(o: &Options, steps: &mut Steps, r: &mut Report, stamp: &str) -> Result<(), InstallError> {
+    let t = &o.target;
+    for l in legacy::LEDGERS {
+        let rel = format!("{}/{l}", legacy::DIR);
+        if fsops::read(t, &rel)? != Found::Missing {
+            let to = fsops::move_aside(t, &rel, stamp)?;
+            steps.step()?;
+            r.say(format!("legacy ledger {rel} kept as {to}"));
+        }
+    }
+    let yaml_rel = legacy::YAML_SESSIONS;
+    let json_rel = ".mam/agent_sessions.json";
+    let yaml_abs = fsops::abs(t, yaml_rel);
+    if let Found::File { bytes, .. } = fsops::read(t, yaml_rel)? {
+        if fsops::read(t, json_rel)? == Found::Missing {
+            let bak = yaml::backup_path(&yaml_abs);
+            // An import cut short between its backup and its JSON file left an identical backup.
+            if fs::read(&bak).is_ok_and(|b| b == bytes) {
+                let _ = fs::remove_file(&bak);
+            }
+            match yaml::import(&yaml_abs, &fsops::abs(t, json_rel)) {
+                Ok(yaml::Imported::Converted { rows, backup }) => {
+                    steps.step()?;
+                    r.say(format!(
+                        "imported the legacy sessions file {yaml_rel} ({rows} row(s)) into {json_rel}; the YAML is unchanged, copy kept as {}",
+                        crate::text::show_path(&backup)
+                    ));
+                }
+                Ok(yaml::Imported::AlreadyJson) => {}
+                Err(e) => return Err(InstallError::Sessions(e.to_string())),
+            }
+        }
+    }
+    let lib_py = fsops::abs(t, &format!("{}/lib_py", legacy::DIR));
+    if lib_py.is_dir() {
+        r.note(format!("{}/lib_py (the legacy Python package) is left as it was; nothing of mam uses it", legacy::DIR));
+    }
+    r.say("legacy state taken over unchanged: .mam/jobs, .mam/delegate_job_logs, the sessions file and its orchestrator_uuids, .mam.env");
+    Ok(())
+}
+
+/// Writes one asset. What is already there: our bytes → left; pristine per `old_hash` → replaced;
+/// anything else (a local edit, a legacy file, a link, a directory) → moved to
+/// `.mam/removed-<stamp>/` and listed first (A51).
+fn put_asset(
+    o: &Options,
+    steps: &mut Steps,
+    r: &mut Report,
+    a: &Asset,
+    old_hash: Option<&str>,
+    stamp: &str,
+) -> Result<(), InstallError> {
+    let t = &o.target;
+    match fsops::read(t, &a.path)? {
+        Found::File { bytes, mode } if bytes == *a.bytes => {
+            if mode != a.mode {
+                fsops::write(t, &a.path, &a.bytes, a.mode)?;
+                steps.step()?;
+            }
+            return Ok(());
+        }
+        Found::File { bytes, .. } if old_hash == Some(ledger::sha256_hex(&bytes).as_str()) => {}
+        Found::Missing => {}
+        _ => {
+            let to = fsops::move_aside(t, &a.path, stamp)?;
+            steps.step()?;
+            r.say(format!("kept local edit: {} -> {to}", a.path));
+        }
+    }
+    fsops::write(t, &a.path, &a.bytes, a.mode)?;
+    steps.step()
+}
+
+/// The end of install and update: the herdr wrapper, the `.gitignore` block, then the ledgers
+/// (hashes, version, manifest, and the merged `install_state` last, which ends a pending install).
+#[allow(clippy::too_many_arguments)] // one call site per procedure; a struct would only rename them
+fn finish(
+    o: &Options,
+    steps: &mut Steps,
+    r: &mut Report,
+    shipped: &[Asset],
+    carried: &[(String, String)],
+    fresh: &[u8],
+    old_state: &[u8],
+    _gitignore_created: bool,
+) -> Result<(), InstallError> {
+    let t = &o.target;
+    let herdr = herdr_text(o);
+    if fsops::read_bytes(t, assets::HERDR_SHIM)?.as_deref() != Some(herdr.as_bytes()) {
+        fsops::write(t, assets::HERDR_SHIM, herdr.as_bytes(), 0o755)?;
+        steps.step()?;
+    }
+    let old_gi = fsops::read_bytes(t, ".gitignore")?;
+    let (gi, warnings) = gitignore::with_block(old_gi.as_deref());
+    for w in warnings {
+        r.warn(w);
+    }
+    if old_gi.as_deref() != Some(gi.as_slice()) {
+        let mode = match fsops::read(t, ".gitignore")? {
+            Found::File { mode, .. } => mode,
+            _ => 0o644,
+        };
+        fsops::write(t, ".gitignore", &gi, mode)?;
+        steps.step()?;
+    }
+    let mut hashes: Vec<(String, String)> =
+        shipped.iter().map(|a| (ledger::sha256_hex(&a.bytes), a.path.clone())).collect();
+    hashes.extend(carried.iter().cloned());
+    fsops::write(t, ledger::HASHES, &ledger::render_hashes(&hashes), 0o644)?;
+    steps.step()?;
+    fsops::write(t, ledger::VERSION, format!("{} {}\n", o.version, o.commit).as_bytes(), 0o644)?;
+    steps.step()?;
+    let paths: Vec<String> = hashes.iter().map(|(_, p)| p.clone()).collect();
+    fsops::write(t, ledger::MANIFEST, &ledger::render_lines(manifest_of(&paths)), 0o644)?;
+    steps.step()?;
+    fsops::write(t, ledger::STATE, &ledger::merge_state(fresh, &without_pending(old_state)), 0o644)?;
+    steps.step()
+}
+
+/// One backed-up path of the update: its copy's number and mode, or absent before the update.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Saved {
+    rel: String,
+    copy: Option<(usize, u32)>,
+}
+
+fn parse_index(text: &str) -> Option<(String, Vec<Saved>)> {
+    let mut stamp = None;
+    let mut out = Vec::new();
+    for l in text.lines() {
+        if let Some(s) = l.strip_prefix("stamp ") {
+            stamp = Some(s.to_string());
+        } else if let Some(rel) = l.strip_prefix("absent ") {
+            out.push(Saved { rel: rel.to_string(), copy: None });
+        } else if let Some(rest) = l.strip_prefix("file ") {
+            let mut it = rest.splitn(3, ' ');
+            let n = it.next()?.parse().ok()?;
+            let mode = u32::from_str_radix(it.next()?, 8).ok()?;
+            out.push(Saved { rel: it.next()?.to_string(), copy: Some((n, mode)) });
+        }
+    }
+    Some((stamp?, out))
+}
+
+/// Every path an update can change: the files of the old manifest, the four ledgers,
+/// `.gitignore`, every path any asset set of this binary writes (legacy ones included), and what a
+/// legacy takeover moves or writes. The backup records each one, present or absent, so a restore
+/// puts back exactly what was there.
+fn touched(manifest: &[String], legacy: bool) -> Vec<String> {
+    let mut v: Vec<String> = manifest.iter().filter(|p| !p.ends_with('/')).cloned().collect();
+    v.extend(ledger::ALL.iter().map(|s| s.to_string()));
+    v.push(".gitignore".into());
+    v.extend(assets::shipped(Vec::new(), crate::version::VERSION, true).into_iter().map(|a| a.path));
+    v.push(assets::HERDR_SHIM.into());
+    if legacy {
+        v.extend(legacy::LEDGERS.iter().map(|l| format!("{}/{l}", legacy::DIR)));
+        v.extend([".mam/agent_sessions.json".to_string(), ".mam/agent_sessions.yaml.bak".to_string()]);
+    }
+    let mut seen = Vec::new();
+    v.retain(|p| {
+        let new = !seen.contains(p);
+        seen.push(p.clone());
+        new
+    });
+    v
+}
+
+/// 7.4 step 1: every file the old manifest names, the four ledgers and `.gitignore` are copied into
+/// the backup directory; the `index` written last commits it.
+fn backup(o: &Options, steps: &mut Steps, files: &[String], stamp: &str) -> Result<Vec<Saved>, InstallError> {
+    let t = &o.target;
+    let mut saved = Vec::new();
+    let mut index = format!("stamp {stamp}\n");
+    for (n, rel) in files.iter().enumerate() {
+        match fsops::read(t, rel)? {
+            Found::File { bytes, mode } => {
+                fsops::write(t, &format!("{BACKUP_DIR}/f{n}"), &bytes, 0o600)?;
+                index.push_str(&format!("file {n} {mode:o} {rel}\n"));
+                saved.push(Saved { rel: rel.clone(), copy: Some((n, mode)) });
+            }
+            Found::Missing => {
+                index.push_str(&format!("absent {rel}\n"));
+                saved.push(Saved { rel: rel.clone(), copy: None });
+            }
+            // A link or directory where a file was: the update leaves it (put_asset moves it aside
+            // and the restore puts it back from there).
+            Found::Other => {}
+        }
+    }
+    fsops::write(t, BACKUP_INDEX, index.as_bytes(), 0o600)?;
+    steps.step()?;
+    Ok(saved)
+}
+
+/// 7.4 step 4: every backed-up path back as it was (a file byte for byte with its mode, an absent
+/// one deleted, so what the failed run added goes), its copies in `.mam/removed-<stamp>/` and the
+/// directories it made removed, then the backup itself. Returns what could not be restored.
+fn restore(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<Vec<String>, InstallError> {
+    steps.disarm();
+    let t = &o.target;
+    let text = fsops::read_bytes(t, BACKUP_INDEX)?.unwrap_or_default();
+    let Some((stamp, saved)) = parse_index(&String::from_utf8_lossy(&text)) else {
+        return Ok(vec![format!("{BACKUP_INDEX} (unreadable; the backup is kept)")]);
+    };
+    let mut left = Vec::new();
+    for s in &saved {
+        let res = match s.copy {
+            Some((n, mode)) => match fsops::read_bytes(t, &format!("{BACKUP_DIR}/f{n}")) {
+                Ok(Some(bytes)) => {
+                    let same = matches!(fsops::read(t, &s.rel), Ok(Found::File { bytes: ref b, mode: m }) if *b == bytes && m == mode);
+                    // The copy the failed run moved aside is the same bytes: it goes.
+                    let aside = format!(".mam/removed-{stamp}/{}", s.rel);
+                    if fsops::read_bytes(t, &aside).ok().flatten().as_deref() == Some(bytes.as_slice()) {
+                        let _ = fsops::delete(t, &aside);
+                    }
+                    if same {
+                        Ok(())
+                    } else {
+                        fsops::write(t, &s.rel, &bytes, mode)
+                    }
+                }
+                _ => Err(InstallError::BadTarget(format!("backup copy f{n} missing"))),
+            },
+            None => fsops::delete(t, &s.rel).map(|_| ()),
+        };
+        if let Err(e) = res {
+            left.push(format!("{} ({e})", s.rel));
+        }
+    }
+    let old_dirs: Vec<String> = fsops::read_bytes(t, ledger::MANIFEST)?
+        .and_then(|m| ledger::parse_manifest(&String::from_utf8_lossy(&m)).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.ends_with('/'))
+        .collect();
+    let mut dirs = dirs_of(&saved.iter().map(|s| s.rel.clone()).collect::<Vec<_>>());
+    let aside_root = format!(".mam/removed-{stamp}/");
+    dirs.extend(dirs_of(&saved.iter().map(|s| format!("{aside_root}{}", s.rel)).collect::<Vec<_>>()));
+    for d in deepest_first(dirs) {
+        if !old_dirs.contains(&d) {
+            fsops::rmdir_if_empty(t, &d);
+        }
+    }
+    if left.is_empty() {
+        fs::remove_dir_all(fsops::abs(t, BACKUP_DIR))
+            .map_err(|e| InstallError::io("delete", &fsops::abs(t, BACKUP_DIR), e))?;
+        r.note("restored every file the update had backed up, byte for byte");
+    }
+    Ok(left)
+}
+
+/// 7.4 on an installed target: backup, install with local edits moved aside, dropped assets, the
+/// merged state; any failure restores.
+fn update(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<(), InstallError> {
+    let t = &o.target;
+    let manifest =
+        ledger::parse_manifest(&String::from_utf8_lossy(&fsops::read_bytes(t, ledger::MANIFEST)?.unwrap_or_default()))?;
+    let old_hashes =
+        ledger::parse_hashes(&String::from_utf8_lossy(&fsops::read_bytes(t, ledger::HASHES)?.unwrap_or_default()))?;
+    let old_state = fsops::read_bytes(t, ledger::STATE)?.unwrap_or_default();
+    let old_version = fsops::read_bytes(t, ledger::VERSION)?
+        .map(|v| String::from_utf8_lossy(&v).split_whitespace().next().unwrap_or("unknown").to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let stamp = ledger::stamp(&o.now_ts);
+    let res = backup(o, steps, &touched(&manifest, is_legacy(t)), &stamp)
+        .and_then(|_| update_steps(o, steps, r, &old_hashes, &old_state, &stamp));
+    match res {
+        Ok(binary_changed) => {
+            fsops::delete(t, BACKUP_INDEX)?;
+            let _ = fs::remove_dir_all(fsops::abs(t, BACKUP_DIR));
+            r.say(format!("updated mam {old_version} -> {} in {}", o.version, crate::text::show_path(t)));
+            if binary_changed {
+                r.note("the binary .mam/bin/mam was replaced; restart the daemon (mam monitor stop, then mam monitor start) so it runs the new one");
+            }
+            Ok(())
+        }
+        Err(cause) if fs::symlink_metadata(fsops::abs(t, BACKUP_INDEX)).is_ok() => {
+            let left = restore(o, steps, r)?;
+            Err(InstallError::Restored { cause: Box::new(cause), left })
+        }
+        Err(cause) => {
+            // The backup never got its index: nothing else had changed yet.
+            let _ = fs::remove_dir_all(fsops::abs(t, BACKUP_DIR));
+            Err(InstallError::Restored { cause: Box::new(cause), left: Vec::new() })
+        }
+    }
+}
+
+fn update_steps(
+    o: &Options,
+    steps: &mut Steps,
+    r: &mut Report,
+    old_hashes: &[(String, String)],
+    old_state: &[u8],
+    stamp: &str,
+) -> Result<bool, InstallError> {
+    let t = &o.target;
+    let legacy = is_legacy(t);
+    let legacy_paths = legacy || ledger::state_value(&String::from_utf8_lossy(old_state), "legacy_paths") == Some("1");
+    let shipped = assets::shipped(o.binary.clone(), &o.version, legacy_paths);
+    let old_hash = |p: &str| old_hashes.iter().find(|(_, q)| q == p).map(|(h, _)| h.as_str());
+    let binary_changed = old_hash(assets::BINARY) != Some(ledger::sha256_hex(&o.binary).as_str());
+    let gitignore_created = fsops::read(t, ".gitignore")? == Found::Missing;
+    let mut old_keys = old_state.to_vec();
+    if legacy {
+        let ls = fsops::read_bytes(t, &format!("{}/install_state", legacy::DIR))?.unwrap_or_default();
+        old_keys = ledger::merge_state(&old_keys, &ls);
+        take_over(o, steps, r, stamp)?;
+    }
+    for a in &shipped {
+        put_asset(o, steps, r, a, old_hash(&a.path), stamp)?;
+    }
+    let mut carried = Vec::new();
+    for (h, p) in old_hashes {
+        if shipped.iter().any(|a| a.path == *p) {
+            continue;
+        }
+        match fsops::read(t, p)? {
+            Found::File { bytes, .. } if ledger::sha256_hex(&bytes) == *h => {
+                fsops::delete(t, p)?;
+                steps.step()?;
+                r.say(format!("removed {p} (no longer shipped)"));
+            }
+            Found::Missing => {}
+            _ => {
+                carried.push((h.clone(), p.clone()));
+                r.say(format!("kept {p}: modified locally and no longer shipped"));
+            }
+        }
+    }
+    let fresh = fresh_state(o, gitignore_created, legacy_paths);
+    finish(o, steps, r, &shipped, &carried, &fresh, &old_keys, gitignore_created)?;
+    Ok(binary_changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirs_are_listed_once_without_the_state_root() {
+        let d = dirs_of(&[".mam/bin/mam".into(), ".agents/skills/a/SKILL.md".into(), ".mam/shim/herdr".into()]);
+        assert_eq!(d, vec![".mam/bin/", ".agents/", ".agents/skills/", ".agents/skills/a/", ".mam/shim/"]);
+        assert_eq!(deepest_first(vec!["a/".into(), "a/b/".into()]), vec!["a/b/", "a/"]);
+    }
+
+    #[test]
+    fn the_index_round_trips() {
+        let (s, v) = parse_index("stamp 20260101T000000Z\nfile 3 755 .mam/bin/mam\nabsent .gitignore\n").unwrap();
+        assert_eq!(s, "20260101T000000Z");
+        assert_eq!(v[0], Saved { rel: ".mam/bin/mam".into(), copy: Some((3, 0o755)) });
+        assert_eq!(v[1], Saved { rel: ".gitignore".into(), copy: None });
+    }
+}
