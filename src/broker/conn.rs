@@ -157,7 +157,11 @@ fn forget_conn(shared: &Shared, conn: u64) {
     if let Some(slot) = lock(&shared.conns).get_mut(&conn) {
         slot.stream = None;
     }
-    shared.active.fetch_sub(1, Ordering::SeqCst);
+    if shared.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+        // The last connection ended: hand the freed buffers back (issue 17, memory after clients
+        // leave).
+        crate::sys::release_free_memory();
+    }
 }
 
 enum ReadEnd {

@@ -15,6 +15,12 @@ use std::sync::Arc;
 pub const DEFAULT_SESSION_MESSAGES: usize = 1000;
 /// Default per-session limit on the payload and topic bytes of those messages.
 pub const DEFAULT_SESSION_BYTES: usize = 16 * 1024 * 1024;
+/// A connected client may have this many QoS 1/2 messages unacknowledged (the packet-id space
+/// less one): a live subscriber that reads but acknowledges late is slowed by the outbound
+/// queue's backpressure, not dropped at the away limit.
+pub const LIVE_MESSAGES: usize = u16::MAX as usize - 1;
+/// ... and at most this many times the away limit's bytes.
+pub const LIVE_BYTES_FACTOR: usize = 4;
 
 /// One message as a session holds it: shared by every session it was routed to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,8 +64,9 @@ struct Inflight {
     stage: Stage,
 }
 
-/// The per-session limits: at most `messages` QoS 1/2 messages unacknowledged or queued, holding
-/// at most `bytes` of topic and payload. A message past either is dropped (the newest one, as
+/// The per-session limits: while the client is away, at most `messages` QoS 1/2 messages
+/// unacknowledged or queued, holding at most `bytes` of topic and payload (while it is connected,
+/// `LIVE_MESSAGES` and `LIVE_BYTES_FACTOR` x `bytes`). A message past either is dropped (the newest one, as
 /// mosquitto does), and the drop is reported so the caller logs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -152,7 +159,12 @@ impl Session {
             };
         }
         let cost = msg.cost();
-        if self.pending() >= lim.messages || self.bytes + cost > lim.bytes {
+        let (max_n, max_b) = if online {
+            (LIVE_MESSAGES, lim.bytes.saturating_mul(LIVE_BYTES_FACTOR))
+        } else {
+            (lim.messages, lim.bytes)
+        };
+        if self.pending() >= max_n || self.bytes + cost > max_b {
             let first = !self.over_limit;
             self.over_limit = true;
             return Delivered::Dropped { first };
@@ -346,7 +358,10 @@ mod tests {
         s.puback(1);
         assert_eq!(s.deliver(msg("g", 1), false, &LIM), Delivered::Queued, "room again after an ack");
         let big = Msg { payload: vec![0u8; 200].into(), ..msg("", 1) };
-        assert_eq!(s.deliver(big, true, &LIM), Delivered::Dropped { first: true }, "the byte limit holds");
+        assert_eq!(s.deliver(big.clone(), false, &LIM), Delivered::Dropped { first: true }, "the byte limit holds");
+        // A connected client gets more room: the packet-id space and 4 x the bytes.
+        assert!(matches!(s.deliver(big.clone(), true, &LIM), Delivered::Send(_)));
+        assert_eq!(s.deliver(big, true, &LIM), Delivered::Dropped { first: true }, "4 x 100 bytes at most");
     }
 
     fn sent_q0(p: &str) -> Delivered {

@@ -185,10 +185,14 @@ fn workspace_creds(ctx: &Ctx, path: &std::path::Path) -> Result<Creds, Failure> 
     Creds::generate(0).map_err(|e| Failure::runtime(format!("broker credentials: no random bytes ({e})")))
 }
 
-/// `max` lowered so that `max` connections fit the open-file limit (4 descriptors each, 64 kept
-/// for everything else), with a NOTE when it had to be lowered.
+/// Raises the soft open-file limit to the hard one, then lowers `max` so that `max` connections
+/// fit it (4 descriptors each, 64 kept for everything else), with a NOTE when it had to be lowered.
 fn fit_descriptor_limit(ctx: &Ctx, max: usize) -> usize {
-    let Some(limit) = sys::nofile_limit() else { return max };
+    let limit = sys::raise_nofile_limit().unwrap_or_else(|e| {
+        ctx.diag(&format!("NOTE: broker: cannot raise the open-file limit: {e}"));
+        sys::nofile_limit()
+    });
+    let Some(limit) = limit else { return max };
     let room = (usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(64) / broker::FDS_PER_CONNECTION).max(1);
     if max <= room {
         return max;
