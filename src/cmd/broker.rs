@@ -35,7 +35,7 @@ unless it runs anonymous; log lines go to stderr.
 Supported: MQTT 3.1.1 (protocol level 4) for one broker: QoS 0, 1 and 2 in both directions,
 retained messages, will messages (sent on any end but DISCONNECT, keepalive expiry included, with
 their QoS and retain flag), persistent sessions (CleanSession=0: subscriptions and QoS 1/2
-messages kept while the client is away, at most 1000 messages or 16 MiB per session, the newest
+messages kept while the client is away, at most 1000 messages or 16 MiB per absent client, the newest
 dropped past that and logged; unacknowledged messages re-sent with DUP on reconnect), `+`/`#`
 filters (not matching `$` topics at the first level), every CONNACK return code.
 Not supported: MQTT 3.1 and 5 (CONNACK 0x01), TLS and websockets (put a proxy in front),
