@@ -652,9 +652,49 @@ pub fn nofile_limit() -> Option<u64> {
     (rc == 0 && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (the broker's start, issue 17); returns the
+/// soft limit in force afterwards (None when unlimited). An unlimited hard limit is left alone:
+/// Linux refuses an infinite descriptor limit.
+pub fn raise_nofile_limit() -> io::Result<Option<u64>> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `r` is a valid, writable rlimit for the duration of the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if r.rlim_cur < r.rlim_max && r.rlim_max != libc::RLIM_INFINITY {
+        let raised = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
+        // SAFETY: `raised` is a valid rlimit; lowering nothing, raising soft to hard is allowed.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(nofile_limit())
+}
+
+/// Gives freed heap memory back to the system (glibc keeps it in its arenas otherwise): the
+/// broker calls it when its last connection has ended, so its RSS falls after clients leave.
+pub fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists; 0 keeps no padding.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn raising_the_descriptor_limit_reaches_the_hard_limit() {
+        let got = raise_nofile_limit().unwrap();
+        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: as in `nofile_limit`.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+        if r.rlim_max != libc::RLIM_INFINITY {
+            assert_eq!((r.rlim_cur, got), (r.rlim_max, Some(r.rlim_max)));
+        }
+    }
 
     #[test]
     fn kill_refuses_pids_at_most_one_and_group_one() {

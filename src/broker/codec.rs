@@ -38,24 +38,34 @@ pub fn fixed_header(buf: &[u8]) -> Result<Option<(usize, usize)>, DecodeError> {
     Err(DecodeError("malformed remaining length"))
 }
 
+/// The will message of a CONNECT (MQTT 3.1.1 3.1.2.5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Will<'a> {
+    pub topic: &'a str,
+    pub payload: &'a [u8],
+    pub qos: u8,
+    pub retain: bool,
+}
+
 /// A CONNECT at protocol level 4.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Connect<'a> {
     pub keep_alive: u16,
     pub client_id: &'a str,
     pub clean_session: bool,
-    pub will: bool,
+    pub will: Option<Will<'a>>,
     pub username: Option<&'a str>,
     pub password: Option<&'a [u8]>,
 }
 
-/// A PUBLISH (QoS 0..=2; the caller refuses 2).
+/// A PUBLISH (QoS 0..=2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Publish<'a> {
     pub topic: &'a str,
     pub qos: u8,
     pub pid: u16,
     pub retain: bool,
+    pub dup: bool,
     pub payload: &'a [u8],
 }
 
@@ -67,8 +77,9 @@ pub enum Packet<'a> {
     UnsupportedLevel(u8),
     Publish(Publish<'a>),
     Puback(u16),
-    /// PUBREC, PUBREL or PUBCOMP: the QoS 2 flow, which the broker refuses.
-    Qos2Flow(&'static str),
+    Pubrec(u16),
+    Pubrel(u16),
+    Pubcomp(u16),
     Subscribe {
         pid: u16,
         filters: Vec<(&'a str, u8)>,
@@ -155,24 +166,30 @@ pub fn decode(frame: &[u8]) -> Result<Packet<'_>, DecodeError> {
             if qos == 3 {
                 return Err(DecodeError("malformed PUBLISH: QoS 3"));
             }
+            let dup = flags & 8 != 0;
+            if dup && qos == 0 {
+                // MQTT-3.3.1-2: DUP must be 0 for QoS 0.
+                return Err(DecodeError("malformed PUBLISH: DUP set at QoS 0"));
+            }
             let topic = c.str()?;
             let pid = if qos > 0 { c.pid()? } else { 0 };
             let payload = c.rest();
-            Ok(Packet::Publish(Publish { topic, qos, pid, retain: flags & 1 == 1, payload }))
+            Ok(Packet::Publish(Publish { topic, qos, pid, retain: flags & 1 == 1, dup, payload }))
         }
         4..=7 => {
-            let (name, want) = match kind {
-                4 => ("PUBACK", 0),
-                5 => ("PUBREC", 0),
-                6 => ("PUBREL", 2),
-                _ => ("PUBCOMP", 0),
-            };
+            // MQTT-3.6.1-1: PUBREL's flags are 0010; the others' are 0.
+            let want = if kind == 6 { 2 } else { 0 };
             if flags != want || body.len() != 2 {
                 return Err(DecodeError("malformed acknowledgement packet"));
             }
             c.what = "malformed acknowledgement packet";
             let pid = c.pid()?;
-            Ok(if kind == 4 { Packet::Puback(pid) } else { Packet::Qos2Flow(name) })
+            Ok(match kind {
+                4 => Packet::Puback(pid),
+                5 => Packet::Pubrec(pid),
+                6 => Packet::Pubrel(pid),
+                _ => Packet::Pubcomp(pid),
+            })
         }
         8 => {
             fixed_flags(2, "malformed SUBSCRIBE: reserved flags")?;
@@ -232,18 +249,22 @@ fn decode_connect<'a>(c: &mut Cursor<'a>) -> Result<Packet<'a>, DecodeError> {
     if flags & 1 != 0 {
         return Err(DecodeError("malformed CONNECT: reserved flag set"));
     }
-    let will = flags & 0x04 != 0;
+    let has_will = flags & 0x04 != 0;
     let will_qos = (flags >> 3) & 3;
     let will_retain = flags & 0x20 != 0;
-    if will_qos == 3 || (!will && (will_qos != 0 || will_retain)) {
+    // MQTT-3.1.2-13, -14, -15: will QoS 3 is malformed; without a will, QoS and retain are 0.
+    if will_qos == 3 || (!has_will && (will_qos != 0 || will_retain)) {
         return Err(DecodeError("malformed CONNECT: will flags"));
     }
     let keep_alive = c.u16()?;
     let client_id = c.str()?;
-    if will {
-        c.str()?;
-        c.bytes()?;
-    }
+    let will = if has_will {
+        let topic = c.str()?;
+        let payload = c.bytes()?;
+        Some(Will { topic, payload, qos: will_qos, retain: will_retain })
+    } else {
+        None
+    };
     let username = if flags & 0x80 != 0 { Some(c.str()?) } else { None };
     let password = if flags & 0x40 != 0 { Some(c.bytes()?) } else { None };
     c.end()?;
@@ -264,15 +285,34 @@ fn push_remaining(out: &mut Vec<u8>, mut n: usize) {
     }
 }
 
-/// CONNACK with session-present 0 and return code `code`.
-pub fn connack(code: u8) -> Vec<u8> {
-    vec![0x20, 2, 0, code]
+/// CONNACK with return code `code`; session-present only with code 0 (MQTT-3.2.2-4).
+pub fn connack(session_present: bool, code: u8) -> Vec<u8> {
+    vec![0x20, 2, u8::from(session_present && code == 0), code]
+}
+
+fn ack(first: u8, pid: u16) -> Vec<u8> {
+    let p = pid.to_be_bytes();
+    vec![first, 2, p[0], p[1]]
 }
 
 /// PUBACK for `pid`.
 pub fn puback(pid: u16) -> Vec<u8> {
-    let p = pid.to_be_bytes();
-    vec![0x40, 2, p[0], p[1]]
+    ack(0x40, pid)
+}
+
+/// PUBREC for `pid`.
+pub fn pubrec(pid: u16) -> Vec<u8> {
+    ack(0x50, pid)
+}
+
+/// PUBREL for `pid` (fixed header flags 0010: MQTT-3.6.1-1).
+pub fn pubrel(pid: u16) -> Vec<u8> {
+    ack(0x62, pid)
+}
+
+/// PUBCOMP for `pid`.
+pub fn pubcomp(pid: u16) -> Vec<u8> {
+    ack(0x70, pid)
 }
 
 /// UNSUBACK for `pid`.
@@ -286,7 +326,7 @@ pub fn pingresp() -> Vec<u8> {
     vec![0xd0, 0]
 }
 
-/// SUBACK for `pid` with one return code per filter (0, 1 or 0x80).
+/// SUBACK for `pid` with one return code per filter (0, 1, 2 or 0x80).
 pub fn suback(pid: u16, codes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(codes.len() + 6);
     out.push(0x90);
@@ -296,11 +336,12 @@ pub fn suback(pid: u16, codes: &[u8]) -> Vec<u8> {
     out
 }
 
-/// PUBLISH; `pid` is used only when `qos` > 0. Topic length fits u16 because it came off the wire.
-pub fn publish(topic: &str, payload: &[u8], qos: u8, pid: u16, retain: bool) -> Vec<u8> {
+/// PUBLISH; `pid` is used only when `qos` > 0, `dup` only then too (MQTT-3.3.1-2). Topic length
+/// fits u16 because it came off the wire.
+pub fn publish(topic: &str, payload: &[u8], qos: u8, pid: u16, retain: bool, dup: bool) -> Vec<u8> {
     let remaining = 2 + topic.len() + if qos > 0 { 2 } else { 0 } + payload.len();
     let mut out = Vec::with_capacity(remaining + 5);
-    out.push(0x30 | (qos << 1) | u8::from(retain));
+    out.push(0x30 | (u8::from(dup && qos > 0) << 3) | (qos << 1) | u8::from(retain));
     push_remaining(&mut out, remaining);
     out.extend_from_slice(&(topic.len() as u16).to_be_bytes());
     out.extend_from_slice(topic.as_bytes());
@@ -351,7 +392,7 @@ mod tests {
                 keep_alive: 30,
                 client_id: "c1",
                 clean_session: true,
-                will: false,
+                will: None,
                 username: Some("u"),
                 password: Some(b"p"),
             }))
@@ -366,7 +407,7 @@ mod tests {
         });
         assert_eq!(
             decode(&enc(&publish)),
-            Ok(Packet::Publish(Publish { topic: "a/b", qos: 1, pid: 7, retain: true, payload: b"hi" }))
+            Ok(Packet::Publish(Publish { topic: "a/b", qos: 1, pid: 7, retain: true, dup: false, payload: b"hi" }))
         );
         let sub = mqttrs::Packet::Subscribe(mqttrs::Subscribe::new(
             pid,
@@ -381,12 +422,54 @@ mod tests {
         assert_eq!(decode(&enc(&mqttrs::Packet::Pingreq)), Ok(Packet::Pingreq));
         assert_eq!(decode(&enc(&mqttrs::Packet::Disconnect)), Ok(Packet::Disconnect));
         assert_eq!(decode(&enc(&mqttrs::Packet::Puback(pid))), Ok(Packet::Puback(7)));
-        assert_eq!(decode(&enc(&mqttrs::Packet::Pubrel(pid))), Ok(Packet::Qos2Flow("PUBREL")));
+        assert_eq!(decode(&enc(&mqttrs::Packet::Pubrel(pid))), Ok(Packet::Pubrel(7)));
+        assert_eq!(decode(&enc(&mqttrs::Packet::Pubrec(pid))), Ok(Packet::Pubrec(7)));
+        assert_eq!(decode(&enc(&mqttrs::Packet::Pubcomp(pid))), Ok(Packet::Pubcomp(7)));
+        let with_will = mqttrs::Packet::Connect(mqttrs::Connect {
+            protocol: mqttrs::Protocol::MQTT311,
+            keep_alive: 5,
+            client_id: "w",
+            clean_session: false,
+            last_will: Some(mqttrs::LastWill {
+                topic: "w/t",
+                message: b"bye",
+                qos: mqttrs::QoS::ExactlyOnce,
+                retain: true,
+            }),
+            username: None,
+            password: None,
+        });
+        match decode(&enc(&with_will)) {
+            Ok(Packet::Connect(c)) => {
+                assert_eq!(c.will, Some(Will { topic: "w/t", payload: b"bye", qos: 2, retain: true }));
+                assert!(!c.clean_session);
+            }
+            other => panic!("{other:?}"),
+        }
+        let dup = mqttrs::Packet::Publish(mqttrs::Publish {
+            dup: true,
+            qospid: mqttrs::QosPid::ExactlyOnce(pid),
+            retain: false,
+            topic_name: "d",
+            payload: b"",
+        });
+        assert!(matches!(decode(&enc(&dup)), Ok(Packet::Publish(Publish { dup: true, qos: 2, pid: 7, .. }))));
     }
 
     #[test]
     fn mqttrs_decodes_what_we_encode() {
-        let p = publish("t/x", b"payload", 1, 9, true);
+        let p = publish("t/x", b"payload", 2, 9, true, true);
+        match mqttrs::decode_slice(&p).unwrap().unwrap() {
+            mqttrs::Packet::Publish(m) => assert!(m.dup && m.qospid.qos() == mqttrs::QoS::ExactlyOnce),
+            other => panic!("{other:?}"),
+        }
+        for (bytes, want) in [(pubrec(3), "Pubrec"), (pubrel(3), "Pubrel"), (pubcomp(3), "Pubcomp")] {
+            let got = format!("{:?}", mqttrs::decode_slice(&bytes).unwrap().unwrap());
+            assert!(got.starts_with(want), "{got}");
+        }
+        assert_eq!(connack(true, 0), vec![0x20, 2, 1, 0]);
+        assert_eq!(connack(true, 2), vec![0x20, 2, 0, 2], "session present is 0 with a refusal");
+        let p = publish("t/x", b"payload", 1, 9, true, false);
         match mqttrs::decode_slice(&p).unwrap().unwrap() {
             mqttrs::Packet::Publish(m) => {
                 assert_eq!((m.topic_name, m.payload, m.retain), ("t/x", &b"payload"[..], true));
@@ -395,7 +478,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let big = vec![7u8; 300_000];
-        let p = publish("t", &big, 0, 0, false);
+        let p = publish("t", &big, 0, 0, false, false);
         match mqttrs::decode_slice(&p).unwrap().unwrap() {
             mqttrs::Packet::Publish(m) => assert_eq!(m.payload.len(), 300_000),
             other => panic!("{other:?}"),
@@ -404,7 +487,7 @@ mod tests {
             mqttrs::Packet::Suback(s) => assert_eq!(s.return_codes.len(), 3),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(mqttrs::decode_slice(&connack(4)).unwrap().unwrap(), mqttrs::Packet::Connack(_)));
+        assert!(matches!(mqttrs::decode_slice(&connack(false, 4)).unwrap().unwrap(), mqttrs::Packet::Connack(_)));
         assert!(matches!(mqttrs::decode_slice(&unsuback(2)).unwrap().unwrap(), mqttrs::Packet::Unsuback(_)));
         assert!(matches!(mqttrs::decode_slice(&pingresp()).unwrap().unwrap(), mqttrs::Packet::Pingresp));
     }
@@ -445,6 +528,8 @@ mod tests {
             &[0x30, 5, 0, 1, b'a'],          // shorter than announced
             &[0x30, 2, 0, 0, 1],             // longer than announced
             &[0x30, 4, 0, 2, 0xff, 0xfe],    // topic not UTF-8
+            &[0x38, 3, 0, 1, b'a'],          // DUP at QoS 0
+            &[0x60, 2, 0, 1],                // PUBREL with flags 0
         ] {
             assert!(decode(bad).is_err(), "{bad:?} should not decode");
         }

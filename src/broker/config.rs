@@ -20,6 +20,8 @@ pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 100;
 pub const DEFAULT_MAX_RETAINED_BYTES: usize = 64 * 1024 * 1024;
 /// Default `max_retained_message` and `max_packet`: 1 MiB, room for a 768 KiB inline brief (A12).
 pub const DEFAULT_MAX_PACKET: usize = 1024 * 1024;
+/// Default `max_sessions`: persistent sessions kept for clients that are away.
+pub const DEFAULT_MAX_SESSIONS: usize = 1000;
 /// Descriptors one connection holds (its socket, the acceptor's handle, the writer's, the routing
 /// entry's): `mam broker` keeps `max_connections` under the descriptor limit with this.
 pub const FDS_PER_CONNECTION: usize = 4;
@@ -54,6 +56,13 @@ pub struct BrokerConfig {
     pub max_retained_bytes: usize,
     /// Largest retained payload stored; a larger one is forwarded but not retained.
     pub max_retained_message: usize,
+    /// Persistent sessions (CleanSession=0) kept while their clients are away; a CONNECT that
+    /// would create one more gets CONNACK 0x03.
+    pub max_sessions: usize,
+    /// Per-session limits on QoS 1/2 messages unacknowledged or queued (count and bytes); past
+    /// either, new messages for that session are dropped and the first drop is logged.
+    pub session_messages: usize,
+    pub session_bytes: usize,
 }
 
 impl Default for BrokerConfig {
@@ -72,6 +81,9 @@ impl Default for BrokerConfig {
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
             max_retained_bytes: DEFAULT_MAX_RETAINED_BYTES,
             max_retained_message: DEFAULT_MAX_PACKET,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            session_messages: super::session::DEFAULT_SESSION_MESSAGES,
+            session_bytes: super::session::DEFAULT_SESSION_BYTES,
         }
     }
 }
@@ -92,6 +104,9 @@ impl fmt::Debug for BrokerConfig {
             .field("max_subscriptions", &self.max_subscriptions)
             .field("max_retained_bytes", &self.max_retained_bytes)
             .field("max_retained_message", &self.max_retained_message)
+            .field("max_sessions", &self.max_sessions)
+            .field("session_messages", &self.session_messages)
+            .field("session_bytes", &self.session_bytes)
             .finish()
     }
 }

@@ -16,8 +16,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::codec::{self, Packet};
-use super::route::{self, Publish, Refusal, Session};
-use super::state::{lock, Client, Out, Shared, State};
+use super::route::{self, Publish, Refusal};
+use super::session::{self, Delivered, Msg, Send, Session};
+use super::state::{lock, Client, Link, Out, Shared, State};
+use super::topic;
 use crate::text::one_line;
 
 const WRITER_STACK: usize = 64 * 1024;
@@ -77,6 +79,18 @@ struct Conn {
     frame_limit: usize,
     /// A retained message of this connection was already refused at a cap (logged once).
     retain_refusal_logged: bool,
+    /// The CONNECT's will, published unless the client ends with DISCONNECT (MQTT-3.1.2-8).
+    will: Option<OwnedWill>,
+    /// The client sent DISCONNECT: its will is discarded (MQTT-3.1.2-10).
+    graceful: bool,
+}
+
+/// A will message kept for the connection's life.
+struct OwnedWill {
+    topic: String,
+    payload: Vec<u8>,
+    qos: u8,
+    retain: bool,
 }
 
 pub(super) fn serve(shared: Arc<Shared>, conn: u64, stream: TcpStream, peer: SocketAddr) {
@@ -105,16 +119,28 @@ pub(super) fn serve(shared: Arc<Shared>, conn: u64, stream: TcpStream, peer: Soc
         client_id: None,
         frame_limit,
         retain_refusal_logged: false,
+        will: None,
+        graceful: false,
     };
     let end = c.run();
     if let Some(why) = end {
         let line = c.who(&why);
         c.shared.log(line);
     }
+    c.publish_will();
     if let Some(id) = &c.client_id {
         let mut st = lock(&c.shared.state);
-        if st.clients.get(id).is_some_and(|cl| cl.conn == conn) {
-            st.clients.remove(id);
+        if st.clients.get(id).is_some_and(|cl| cl.is_conn(conn)) {
+            let persistent = st.clients.get(id).is_some_and(|cl| cl.persistent);
+            if persistent {
+                // MQTT-3.1.2-4: the session outlives the connection; queued messages wait for it.
+                if let Some(cl) = st.clients.get_mut(id) {
+                    cl.link = None;
+                    cl.session.shrink();
+                }
+            } else {
+                st.clients.remove(id);
+            }
         }
     }
     let _ = c.tx.try_send(Out::Close);
@@ -131,7 +157,11 @@ fn forget_conn(shared: &Shared, conn: u64) {
     if let Some(slot) = lock(&shared.conns).get_mut(&conn) {
         slot.stream = None;
     }
-    shared.active.fetch_sub(1, Ordering::SeqCst);
+    if shared.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+        // The last connection ended: hand the freed buffers back (issue 17, memory after clients
+        // leave).
+        crate::sys::release_free_memory();
+    }
 }
 
 enum ReadEnd {
@@ -285,12 +315,17 @@ impl Conn {
             Packet::Connect(c) => c,
             Packet::UnsupportedLevel(n) => {
                 lock(&self.shared.state).note_connect("", self.shared.cfg.record);
-                let _ = self.send(codec::connack(0x01));
+                let _ = self.send(codec::connack(false, 0x01));
                 return Err(Some(format!("unsupported protocol level {n}; only 4 (3.1.1)")));
             }
             _ => return Err(Some("protocol error: first packet is not CONNECT; closing".into())),
         };
         lock(&self.shared.state).note_connect(c.client_id, self.shared.cfg.record);
+        if c.client_id.is_empty() && !c.clean_session {
+            // MQTT-3.1.3-8: a zero-length id needs CleanSession=1.
+            let _ = self.send(codec::connack(false, 0x02));
+            return Err(Some("zero-length client id with CleanSession=0; identifier rejected (0x02)".into()));
+        }
         let id = if c.client_id.is_empty() {
             format!("auto-{}", crate::sys::random_hex(8).unwrap_or_else(|_| format!("{:016x}", self.conn)))
         } else {
@@ -303,43 +338,93 @@ impl Conn {
                 return Err(None);
             }
         }
-        if c.will {
-            let _ = self.send(codec::connack(0x03));
-            return Err(Some("will messages are not supported".into()));
+        if let Some(w) = &c.will {
+            if !topic::valid_topic_name(w.topic) {
+                return Err(Some(format!(
+                    "protocol error: invalid will topic '{}' (empty or wildcard); closing",
+                    short_id(w.topic)
+                )));
+            }
         }
         let cfg = &self.shared.cfg;
         let want = cfg.username.as_deref().map(|u| (u, cfg.password.as_deref().unwrap_or("").as_bytes()));
         match route::authorize(want, c.username, c.password) {
             0x00 => {}
             0x05 => {
-                let _ = self.send(codec::connack(0x05));
+                let _ = self.send(codec::connack(false, 0x05));
                 return Err(Some("no username; not authorized (0x05)".into()));
             }
             code => {
-                let _ = self.send(codec::connack(code));
+                let _ = self.send(codec::connack(false, code));
                 return Err(Some("bad username or password (0x04)".into()));
             }
         }
-        if !c.clean_session {
-            let line = self.who("WARNING: CleanSession=0 requested; treating the session as clean");
-            self.shared.log(line);
-        }
+        self.will = c.will.as_ref().map(|w| OwnedWill {
+            topic: w.topic.to_string(),
+            payload: w.payload.to_vec(),
+            qos: w.qos,
+            retain: w.retain,
+        });
         let clone = self.stream.try_clone().map_err(|e| Some(format!("cannot register: {e}")))?;
-        let old = {
+        let (old, pending) = {
             let mut st = lock(&self.shared.state);
-            let old = st.clients.insert(
-                id.clone(),
-                Client { conn: self.conn, tx: self.tx.clone(), stream: clone, session: Session::default() },
-            );
-            self.send(codec::connack(0x00)).map_err(Some)?;
-            old
+            let old = st.clients.remove(&id);
+            let (session, present, old_link) = match old {
+                // MQTT-3.2.2-2: a stored session is resumed and reported.
+                Some(cl) if !c.clean_session && cl.persistent => (cl.session, true, cl.link),
+                // MQTT-3.1.2-6: CleanSession=1 discards any previous session.
+                Some(cl) => (Session::default(), false, cl.link),
+                None => {
+                    let stored = st.clients.values().filter(|cl| cl.link.is_none()).count();
+                    if !c.clean_session && stored >= self.shared.cfg.max_sessions {
+                        drop(st);
+                        let _ = self.send(codec::connack(false, 0x03));
+                        return Err(Some(format!(
+                            "WARNING: max-sessions {} persistent sessions stored; server unavailable (0x03)",
+                            self.shared.cfg.max_sessions
+                        )));
+                    }
+                    (Session::default(), false, None)
+                }
+            };
+            let link = Link { conn: self.conn, tx: self.tx.clone(), stream: clone };
+            let mut client = Client { link: Some(link), session, persistent: !c.clean_session };
+            self.send(codec::connack(present, 0x00)).map_err(Some)?;
+            // MQTT-4.4.0-1: unacknowledged PUBLISH and PUBREL packets go again, in order.
+            let resend: Vec<Out> = client.session.resume().iter().map(|s| Out::Owned(encode(s))).collect();
+            let pending = queue_now(&self.tx, resend);
+            st.clients.insert(id.clone(), client);
+            (old_link, pending)
         };
         if let Some(old) = old {
             let _ = old.stream.shutdown(Shutdown::Both);
             let line = self.who("client id connected again; closed the older connection");
             self.shared.log(line);
         }
+        for p in pending {
+            if !send_with_grace(&self.tx, p, &self.shared.stop) {
+                return Err(Some(overflow_msg(self.shared.cfg.queue_limit)));
+            }
+        }
         Ok(c.keep_alive)
+    }
+
+    /// Runs `f` on this connection's session; None when another connection took the client id.
+    fn with_session<R>(&self, f: impl FnOnce(&mut Session) -> R) -> Option<R> {
+        let mut st = lock(&self.shared.state);
+        let id = self.client_id.as_deref().unwrap_or("");
+        st.clients.get_mut(id).filter(|cl| cl.is_conn(self.conn)).map(|cl| f(&mut cl.session))
+    }
+
+    /// Publishes the will after an abnormal end (MQTT-3.1.2-8), at its QoS and with its retain
+    /// flag (MQTT-3.1.2-15, -17); not after DISCONNECT or while the broker shuts down.
+    fn publish_will(&mut self) {
+        let Some(w) = self.will.take() else { return };
+        if self.graceful || self.shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let msg = Publish { topic: &w.topic, payload: &w.payload, qos: w.qos, retain: w.retain };
+        let _ = self.publish(&msg);
     }
 
     fn packet(&mut self, frame: &[u8]) -> Result<(), End> {
@@ -347,29 +432,45 @@ impl Conn {
         match pkt {
             Packet::Publish(p) => {
                 let msg = Publish { topic: p.topic, payload: p.payload, qos: p.qos, retain: p.retain };
-                if let Some(line) = self.publish(&msg)? {
-                    return Err(Some(line));
+                // QoS 2, Method B (MQTT-4.3.3-2): routed once; a duplicate before PUBREL is not.
+                let new = p.qos < 2 || self.with_session(|s| s.incoming_qos2(p.pid)).ok_or(None)?;
+                if new {
+                    if let Some(line) = self.publish(&msg)? {
+                        return Err(Some(line));
+                    }
                 }
-                if p.qos == 1 {
-                    self.send(codec::puback(p.pid)).map_err(Some)?;
+                match p.qos {
+                    1 => self.send(codec::puback(p.pid)).map_err(Some),
+                    2 => self.send(codec::pubrec(p.pid)).map_err(Some),
+                    _ => Ok(()),
                 }
-                Ok(())
             }
-            Packet::Puback(_) => Ok(()),
+            Packet::Puback(pid) => self.with_session(|s| s.puback(pid)).ok_or(None),
+            Packet::Pubrec(pid) => match self.with_session(|s| s.pubrec(pid)).ok_or(None)? {
+                Some(rel) => self.send(encode(&rel)).map_err(Some),
+                None => Ok(()),
+            },
+            Packet::Pubrel(pid) => {
+                self.with_session(|s| s.incoming_release(pid)).ok_or(None)?;
+                self.send(codec::pubcomp(pid)).map_err(Some)
+            }
+            Packet::Pubcomp(pid) => self.with_session(|s| s.pubcomp(pid)).ok_or(None),
             Packet::Subscribe { pid, filters } => self.subscribe(pid, &filters),
             Packet::Unsubscribe { pid, filters } => {
                 let mut st = lock(&self.shared.state);
                 let id = self.client_id.as_deref().unwrap_or("");
                 match st.clients.get_mut(id) {
-                    Some(cl) if cl.conn == self.conn => cl.session.unsubscribe(&filters),
+                    Some(cl) if cl.is_conn(self.conn) => cl.session.unsubscribe(&filters),
                     _ => return Err(None),
                 }
                 drop(st);
                 self.send(codec::unsuback(pid)).map_err(Some)
             }
             Packet::Pingreq => self.send(codec::pingresp()).map_err(Some),
-            Packet::Disconnect => Err(None),
-            Packet::Qos2Flow(name) => Err(Some(format!("protocol error: {name} (QoS 2 is not supported); closing"))),
+            Packet::Disconnect => {
+                self.graceful = true;
+                Err(None)
+            }
             Packet::Connect(_) | Packet::UnsupportedLevel(_) => {
                 Err(Some("protocol error: second CONNECT; closing".into()))
             }
@@ -381,28 +482,31 @@ impl Conn {
         let mut st = lock(&self.shared.state);
         let State { clients, retained, .. } = &mut *st;
         let id = self.client_id.as_deref().unwrap_or("");
-        let Some(cl) = clients.get_mut(id).filter(|cl| cl.conn == self.conn) else {
+        let Some(cl) = clients.get_mut(id).filter(|cl| cl.is_conn(self.conn)) else {
             return Err(None);
         };
         let max_subs = self.shared.cfg.max_subscriptions;
+        let lim = self.shared.session_limits();
         let decided = route::subscribe(&mut cl.session, retained, max_subs, filters);
         let over_cap = decided.over_cap;
-        let mut out = vec![codec::suback(pid, &decided.codes)];
+        let mut out = vec![Out::Owned(codec::suback(pid, &decided.codes))];
+        let mut dropped = false;
         for r in decided.replay {
-            out.push(codec::publish(r.topic, r.payload, r.qos, r.pid, true));
+            let msg = Msg { topic: r.topic.into(), payload: r.payload.into(), qos: r.qos, retain: true };
+            match cl.session.deliver(msg, true, &lim) {
+                Delivered::Send(s) => out.push(Out::Owned(encode(&s))),
+                Delivered::Dropped { first } => dropped |= first,
+                Delivered::Queued | Delivered::Skipped => {}
+            }
         }
         // Queue under the lock while there is room, so no live message overtakes a retained one;
         // a burst larger than the queue waits for room after the lock is released.
-        let mut rest = out.into_iter().map(Out::Owned);
-        let mut pending = Vec::new();
-        for p in rest.by_ref() {
-            if let Err(TrySendError::Full(p)) = cl.tx.try_send(p) {
-                pending.push(p);
-                break;
-            }
-        }
-        pending.extend(rest);
+        let pending = queue_now(&self.tx, out);
         drop(st);
+        if dropped {
+            let line = self.who(&format!("WARNING: {}", session_full_text(&lim)));
+            self.shared.log(line);
+        }
         if over_cap > 0 {
             let line = self.who(&format!(
                 "WARNING: {over_cap} filter(s) refused (0x80): max-subscriptions {max_subs} per client reached"
@@ -421,9 +525,14 @@ impl Conn {
     /// Removes client `id` (if it is still connection `conn`) and closes its socket.
     fn evict(&self, id: &str, conn: u64) -> bool {
         let mut st = lock(&self.shared.state);
-        if st.clients.get(id).is_some_and(|cl| cl.conn == conn) {
-            if let Some(cl) = st.clients.remove(id) {
-                let _ = cl.stream.shutdown(Shutdown::Both);
+        if st.clients.get(id).is_some_and(|cl| cl.is_conn(conn)) {
+            if let Some(cl) = st.clients.get_mut(id) {
+                if let Some(link) = cl.link.take() {
+                    let _ = link.stream.shutdown(Shutdown::Both);
+                }
+                if !cl.persistent {
+                    st.clients.remove(id);
+                }
             }
             return true;
         }
@@ -437,9 +546,8 @@ impl Conn {
         let mut st = lock(&shared.state);
         let State { clients, retained, retained_bytes, .. } = &mut *st;
         let mut targets: Vec<(&String, &mut Client)> = clients.iter_mut().collect();
-        let routed = route::route(targets.iter_mut().map(|(_, cl)| &mut cl.session), msg).map_err(|r| {
+        let routed = route::route(targets.iter().map(|(_, cl)| &cl.session), msg).map_err(|r| {
             Some(match r {
-                Refusal::Qos2 => "QoS 2 is not supported; closing".to_string(),
                 Refusal::InvalidTopic => format!(
                     "protocol error: invalid publish topic '{}' (empty or wildcard); closing",
                     short_id(msg.topic)
@@ -456,22 +564,42 @@ impl Conn {
             refused_retain = route::apply_retain(retained, retained_bytes, t, op, &limits).err();
         }
         let mut qos0: Option<Arc<[u8]>> = None;
+        // The message as sessions keep it, built once for every QoS 1/2 copy.
+        let mut kept: Option<(Arc<str>, Arc<[u8]>)> = None;
+        let lim = shared.session_limits();
+        let mut full: Vec<String> = Vec::new();
         let mut blocked: Vec<(String, u64, SyncSender<Out>, Out)> = Vec::new();
         for d in routed.deliveries {
-            let (id, cl) = &targets[d.to];
+            let (id, cl) = &mut targets[d.to];
             let out = if d.qos == 0 {
-                Out::Shared(qos0.get_or_insert_with(|| codec::publish(t, payload, 0, 0, false).into()).clone())
+                if cl.link.is_none() {
+                    continue;
+                }
+                Out::Shared(qos0.get_or_insert_with(|| codec::publish(t, payload, 0, 0, false, false).into()).clone())
             } else {
-                Out::Owned(codec::publish(t, payload, d.qos, d.pid, false))
+                let (topic, body) = kept.get_or_insert_with(|| (t.into(), payload.into())).clone();
+                let m = Msg { topic, payload: body, qos: d.qos, retain: false };
+                match cl.session.deliver(m, cl.link.is_some(), &lim) {
+                    Delivered::Send(s) => Out::Owned(encode(&s)),
+                    Delivered::Dropped { first: true } => {
+                        full.push((*id).clone());
+                        continue;
+                    }
+                    Delivered::Dropped { .. } | Delivered::Queued | Delivered::Skipped => continue,
+                }
             };
-            if let Err(TrySendError::Full(out)) = cl.tx.try_send(out) {
-                blocked.push(((*id).clone(), cl.conn, cl.tx.clone(), out));
+            let Some(link) = &cl.link else { continue };
+            if let Err(TrySendError::Full(out)) = link.tx.try_send(out) {
+                blocked.push(((*id).clone(), link.conn, link.tx.clone(), out));
             }
         }
         if shared.cfg.record {
             st.note_received(msg);
         }
         drop(st);
+        for id in full {
+            shared.log(format!("WARNING: broker: client {}: {}", short_id(&id), session_full_text(&lim)));
+        }
         if let Some(over) = refused_retain {
             if !self.retain_refusal_logged {
                 self.retain_refusal_logged = true;
@@ -509,6 +637,35 @@ impl Conn {
         }
         Ok(mine)
     }
+}
+
+/// The packet bytes of one `Send`.
+fn encode(s: &Send) -> Vec<u8> {
+    match s {
+        Send::Publish { msg, pid, dup } => codec::publish(&msg.topic, &msg.payload, msg.qos, *pid, msg.retain, *dup),
+        Send::Pubrel(pid) => codec::pubrel(*pid),
+    }
+}
+
+/// Queues `out` in order while the queue has room; returns what did not fit, in order.
+fn queue_now(tx: &SyncSender<Out>, out: Vec<Out>) -> Vec<Out> {
+    let mut rest = out.into_iter();
+    let mut pending = Vec::new();
+    for p in rest.by_ref() {
+        if let Err(TrySendError::Full(p)) = tx.try_send(p) {
+            pending.push(p);
+            break;
+        }
+    }
+    pending.extend(rest);
+    pending
+}
+
+fn session_full_text(lim: &session::Limits) -> String {
+    format!(
+        "session full ({} QoS 1/2 messages or {} bytes unacknowledged or queued); dropping new messages for it until it drains",
+        lim.messages, lim.bytes
+    )
 }
 
 /// How long a full outbound queue may stay full (no packet leaves it) before its client is

@@ -14,14 +14,15 @@
 //!
 //! This file only declares the modules and re-exports the public API; no file imports it. The
 //! others import one way: `server` (start, handle, acceptor) -> `conn` (one connection) ->
-//! `state` (shared state, lock, log ring) -> `route` (pure routing) -> `topic`; `conn` also uses
-//! `route` and `codec`, and `server` and `state` use `config`. `codec`, `topic` and `config` are
-//! leaves.
+//! `state` (shared state, lock, log ring) -> `route` (pure routing) -> `session` (pure per-client
+//! QoS state machines and queues) -> `topic`; `conn` also uses `route`, `session` and `codec`,
+//! and `server` and `state` use `config`. `codec`, `topic` and `config` are leaves.
 
 mod config;
 mod conn;
 mod route;
 mod server;
+mod session;
 mod state;
 
 pub mod codec;
@@ -29,6 +30,7 @@ pub mod topic;
 
 pub use config::{
     BrokerConfig, LogSink, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PACKET, DEFAULT_MAX_RETAINED_BYTES,
-    DEFAULT_MAX_SUBSCRIPTIONS, FDS_PER_CONNECTION,
+    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SUBSCRIPTIONS, FDS_PER_CONNECTION,
 };
 pub use server::{start, BrokerHandle};
+pub use session::{DEFAULT_SESSION_BYTES, DEFAULT_SESSION_MESSAGES};

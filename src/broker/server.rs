@@ -158,7 +158,16 @@ impl BrokerHandle {
 
     /// Ids of the currently connected clients, sorted.
     pub fn clients(&self) -> Vec<String> {
-        let mut v: Vec<String> = lock(&self.shared.state).clients.keys().cloned().collect();
+        let st = lock(&self.shared.state);
+        let mut v: Vec<String> = st.clients.iter().filter(|(_, c)| c.link.is_some()).map(|(k, _)| k.clone()).collect();
+        v.sort();
+        v
+    }
+
+    /// Ids of the clients away with a stored persistent session, sorted.
+    pub fn sessions(&self) -> Vec<String> {
+        let st = lock(&self.shared.state);
+        let mut v: Vec<String> = st.clients.iter().filter(|(_, c)| c.link.is_none()).map(|(k, _)| k.clone()).collect();
         v.sort();
         v
     }

@@ -1,4 +1,4 @@
-//! The broker's shared state: connected clients (queue, socket handle, routing `Session`), the
+//! The broker's shared state: the clients (live link, `Session`; persistent ones also while away), the
 //! retained store, the connection slots the acceptor joins, the CONNACK stall hooks and the log
 //! ring, with the one lock helper every thread uses.
 //!
@@ -14,7 +14,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::config::BrokerConfig;
-use super::route::{Publish, RetainedStore, Session};
+use super::route::{Publish, RetainedStore};
+use super::session::{Limits, Session};
 
 /// Records kept for `received()`: at most this many messages and this many payload bytes.
 const RECORD_MAX_MESSAGES: usize = 100_000;
@@ -30,13 +31,27 @@ pub(super) enum Out {
     Close,
 }
 
-/// A connected client: which connection it is, its outbound queue, a handle on its socket (to close
-/// it from another thread) and its routing state.
-pub(super) struct Client {
+/// A client's live connection: which connection it is, its outbound queue and a handle on its
+/// socket (to close it from another thread).
+pub(super) struct Link {
     pub(super) conn: u64,
     pub(super) tx: SyncSender<Out>,
     pub(super) stream: TcpStream,
+}
+
+/// A client the broker knows: connected (`link`), or away with a persistent session
+/// (CleanSession=0) that keeps its subscriptions and QoS 1/2 messages until it returns.
+pub(super) struct Client {
+    pub(super) link: Option<Link>,
     pub(super) session: Session,
+    pub(super) persistent: bool,
+}
+
+impl Client {
+    /// The client's queue when it is connected through connection `conn`.
+    pub(super) fn is_conn(&self, conn: u64) -> bool {
+        self.link.as_ref().is_some_and(|l| l.conn == conn)
+    }
 }
 
 /// Everything under the state lock.
@@ -101,6 +116,10 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    pub(super) fn session_limits(&self) -> Limits {
+        Limits { messages: self.cfg.session_messages, bytes: self.cfg.session_bytes }
+    }
+
     pub(super) fn log(&self, line: String) {
         if let Some(sink) = &self.cfg.log {
             sink(&line);

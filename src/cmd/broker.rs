@@ -26,11 +26,21 @@ pub const USAGE: &str = "
 Usage: mam broker [--bind ADDR] [--port N] [--allow-remote]
                   [--allow-anonymous | --username U --password-file F] [--max-packet BYTES]
                   [--max-connections N] [--max-subscriptions N] [--max-retained-bytes BYTES]
-                  [--max-retained-message BYTES]
+                  [--max-retained-message BYTES] [--max-sessions N]
 
 Runs the embedded MQTT 3.1.1 broker (CORE 11) until SIGTERM or SIGINT. Prints
 `mam broker listening on <addr>:<port>` on stdout when ready, then `credentials in <path>`
 unless it runs anonymous; log lines go to stderr.
+
+Supported: MQTT 3.1.1 (protocol level 4) for one broker: QoS 0, 1 and 2 in both directions,
+retained messages, will messages (sent on any end but DISCONNECT, keepalive expiry included, with
+their QoS and retain flag), persistent sessions (CleanSession=0: subscriptions and QoS 1/2
+messages kept while the client is away, at most 1000 messages or 16 MiB per absent client, the newest
+dropped past that and logged; unacknowledged messages re-sent with DUP on reconnect), `+`/`#`
+filters (not matching `$` topics at the first level), every CONNACK return code.
+Not supported: MQTT 3.1 and 5 (CONNACK 0x01), TLS and websockets (put a proxy in front),
+bridges, ACLs per topic, $SYS topics, and persistence: sessions and retained messages live in
+memory and are lost when the broker stops.
 
 Every client must authenticate. By default the broker uses the workspace's credential file
 <control root>/.mam/broker.cred (username mam, a random password; created 0600 on first start,
@@ -54,6 +64,8 @@ Options:
   --max-retained-bytes BYTES    retained topics and payloads in all (default 67108864)
   --max-retained-message BYTES  largest retained payload kept (default 1048576); a retained
                                 message over either cap is forwarded but not stored
+  --max-sessions N              persistent sessions kept for absent clients (default 1000);
+                                a CONNECT that would store one more gets CONNACK 0x03
   -h, --help                    print this help
 
 Exit codes: 0 stopped by a signal, 1 runtime error (bind failed, password file unreadable,
@@ -73,6 +85,7 @@ struct Args {
     max_subscriptions: usize,
     max_retained_bytes: usize,
     max_retained_message: usize,
+    max_sessions: usize,
 }
 
 fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
@@ -90,6 +103,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         max_subscriptions: broker::DEFAULT_MAX_SUBSCRIPTIONS,
         max_retained_bytes: broker::DEFAULT_MAX_RETAINED_BYTES,
         max_retained_message: broker::DEFAULT_MAX_PACKET,
+        max_sessions: broker::DEFAULT_MAX_SESSIONS,
     };
     while let Some(arg) = p.next()? {
         match arg {
@@ -123,6 +137,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Long("max-retained-message") => {
                 a.max_retained_message = knob::flag("--max-retained-message", &p.value()?, 0)? as usize;
             }
+            Long("max-sessions") => a.max_sessions = knob::flag("--max-sessions", &p.value()?, 0)? as usize,
             Short('h') | Long("help") => return Ok(Parsed::Help),
             _ => return Err(arg.unexpected().into()),
         }
@@ -170,10 +185,14 @@ fn workspace_creds(ctx: &Ctx, path: &std::path::Path) -> Result<Creds, Failure> 
     Creds::generate(0).map_err(|e| Failure::runtime(format!("broker credentials: no random bytes ({e})")))
 }
 
-/// `max` lowered so that `max` connections fit the open-file limit (4 descriptors each, 64 kept
-/// for everything else), with a NOTE when it had to be lowered.
+/// Raises the soft open-file limit to the hard one, then lowers `max` so that `max` connections
+/// fit it (4 descriptors each, 64 kept for everything else), with a NOTE when it had to be lowered.
 fn fit_descriptor_limit(ctx: &Ctx, max: usize) -> usize {
-    let Some(limit) = sys::nofile_limit() else { return max };
+    let limit = sys::raise_nofile_limit().unwrap_or_else(|e| {
+        ctx.diag(&format!("NOTE: broker: cannot raise the open-file limit: {e}"));
+        sys::nofile_limit()
+    });
+    let Some(limit) = limit else { return max };
     let room = (usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(64) / broker::FDS_PER_CONNECTION).max(1);
     if max <= room {
         return max;
@@ -228,6 +247,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         max_subscriptions: a.max_subscriptions,
         max_retained_bytes: a.max_retained_bytes,
         max_retained_message: a.max_retained_message,
+        max_sessions: a.max_sessions,
         ..BrokerConfig::default()
     };
     let handle = broker::start(cfg).map_err(|e| Failure::runtime(text::one_line(&e.to_string())))?;

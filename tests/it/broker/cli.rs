@@ -55,12 +55,6 @@ impl Drop for BrokerProc {
     }
 }
 
-fn run_tool(cmd: &mut Command) -> std::process::Output {
-    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    wait_exit(&format!("{cmd:?}"), &mut child, Duration::from_secs(10));
-    child.wait_with_output().unwrap()
-}
-
 #[test]
 fn k1_mosquitto_clients_against_mam_broker() {
     if !have_tool("mosquitto_pub", "MAM_REQUIRE_MOSQUITTO") {

@@ -85,16 +85,6 @@ fn duplicate_client_id_closes_the_older_connection() {
 }
 
 #[test]
-fn clean_session_0_is_clean_with_a_warning() {
-    let b = start();
-    let mut r = Raw::open(b.addr());
-    r.send(&connect_bytes("persist-me", 60, false, None, None));
-    assert_eq!(r.expect(), Got::Connack { session_present: false, code: 0 });
-    wait_log(&b, "WARNING: broker: client persist-me");
-    assert!(has_log(&b, "CleanSession=0"));
-}
-
-#[test]
 fn stall_and_release_connack() {
     let b = start();
     b.stall_connack("slow-");

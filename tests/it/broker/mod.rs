@@ -45,8 +45,11 @@ pub(crate) enum Got {
     Connack { session_present: bool, code: u8 },
     Suback(Vec<u8>),
     Unsuback,
-    Publish { topic: String, payload: Vec<u8>, qos: u8, retain: bool, pid: u16 },
+    Publish { topic: String, payload: Vec<u8>, qos: u8, retain: bool, pid: u16, dup: bool },
     Puback(u16),
+    Pubrec(u16),
+    Pubrel(u16),
+    Pubcomp(u16),
     Pingresp,
     Other(String),
 }
@@ -62,6 +65,8 @@ pub(crate) struct Raw {
     s: TcpStream,
     buf: Vec<u8>,
     pid: u16,
+    /// Packets read while waiting for a particular one (a PUBREL), returned first by `next`.
+    stash: std::collections::VecDeque<Got>,
 }
 
 fn encode(p: &mqttrs::Packet) -> Vec<u8> {
@@ -101,7 +106,7 @@ impl Raw {
     pub(crate) fn open(addr: SocketAddr) -> Raw {
         let s = TcpStream::connect_timeout(&addr, WAIT).unwrap();
         s.set_nodelay(true).unwrap();
-        Raw { s, buf: Vec::new(), pid: 0 }
+        Raw { s, buf: Vec::new(), pid: 0, stash: Default::default() }
     }
 
     /// Connects with CleanSession=1 and keepalive 60, expecting CONNACK 0.
@@ -133,6 +138,9 @@ impl Raw {
 
     /// The next packet within `within`, or Closed / Timeout.
     pub(crate) fn next(&mut self, within: Duration) -> Next {
+        if let Some(g) = self.stash.pop_front() {
+            return Next::Packet(g);
+        }
         let deadline = Instant::now() + within;
         loop {
             if let Ok(Some(p)) = mqttrs::decode_slice(&self.buf) {
@@ -170,8 +178,12 @@ impl Raw {
                         },
                         retain: p.retain,
                         pid: p.qospid.pid().map(|p| p.get()).unwrap_or(0),
+                        dup: p.dup,
                     },
                     mqttrs::Packet::Puback(p) => Got::Puback(p.get()),
+                    mqttrs::Packet::Pubrec(p) => Got::Pubrec(p.get()),
+                    mqttrs::Packet::Pubrel(p) => Got::Pubrel(p.get()),
+                    mqttrs::Packet::Pubcomp(p) => Got::Pubcomp(p.get()),
                     mqttrs::Packet::Pingresp => Got::Pingresp,
                     other => Got::Other(format!("{other:?}")),
                 };
@@ -204,17 +216,70 @@ impl Raw {
         }
     }
 
-    /// The next PUBLISH, acknowledging QoS 1 ones; returns a one-line description.
+    /// The next PUBLISH, acknowledging QoS 1 ones and completing the QoS 2 flow of QoS 2 ones
+    /// (PUBREC, then PUBCOMP after the broker's PUBREL); returns a one-line description.
     pub(crate) fn expect_publish(&mut self) -> String {
         match self.expect() {
-            Got::Publish { topic, payload, qos, retain, pid } => {
+            Got::Publish { topic, payload, qos, retain, pid, .. } => {
+                let p = || mqttrs::Pid::try_from(pid).unwrap();
                 if qos == 1 {
-                    self.send(&encode(&mqttrs::Packet::Puback(mqttrs::Pid::try_from(pid).unwrap())));
+                    self.send(&encode(&mqttrs::Packet::Puback(p())));
+                }
+                if qos == 2 {
+                    self.send(&encode(&mqttrs::Packet::Pubrec(p())));
+                    self.wait_for(Got::Pubrel(pid));
+                    self.send(&encode(&mqttrs::Packet::Pubcomp(p())));
                 }
                 format!("publish {topic} {:?} q{qos} r{}", String::from_utf8_lossy(&payload), u8::from(retain))
             }
             other => panic!("expected PUBLISH, got {other:?}"),
         }
+    }
+
+    /// Reads until `want` arrives (within the default wait); other packets are kept for `next`.
+    pub(crate) fn wait_for(&mut self, want: Got) {
+        let mut kept = Vec::new();
+        loop {
+            match self.next(WAIT) {
+                Next::Packet(g) if g == want => break,
+                Next::Packet(g) => kept.push(g),
+                other => panic!("expected {want:?}, got {other:?} (after {kept:?})"),
+            }
+        }
+        // Kept packets come before anything stashed later but after what was stashed before.
+        for g in kept.into_iter().rev() {
+            self.stash.push_front(g);
+        }
+    }
+
+    /// Sends one PUBLISH with an explicit packet id and DUP flag; waits for nothing.
+    pub(crate) fn publish_raw(&mut self, topic: &str, payload: &[u8], qos: u8, pid: u16, dup: bool) {
+        let p = mqttrs::Pid::try_from(pid.max(1)).unwrap();
+        let qospid = match qos {
+            0 => mqttrs::QosPid::AtMostOnce,
+            1 => mqttrs::QosPid::AtLeastOnce(p),
+            _ => mqttrs::QosPid::ExactlyOnce(p),
+        };
+        let pkt = mqttrs::Packet::Publish(mqttrs::Publish { dup, qospid, retain: false, topic_name: topic, payload });
+        self.send(&encode(&pkt));
+    }
+
+    /// Sends an acknowledgement packet (`kind` "puback", "pubrec", "pubrel" or "pubcomp").
+    pub(crate) fn ack(&mut self, kind: &str, pid: u16) {
+        let p = mqttrs::Pid::try_from(pid).unwrap();
+        let pkt = match kind {
+            "puback" => mqttrs::Packet::Puback(p),
+            "pubrec" => mqttrs::Packet::Pubrec(p),
+            "pubrel" => mqttrs::Packet::Pubrel(p),
+            _ => mqttrs::Packet::Pubcomp(p),
+        };
+        self.send(&encode(&pkt));
+    }
+
+    /// Sends DISCONNECT and closes the socket.
+    pub(crate) fn disconnect(mut self) {
+        self.send(&encode(&mqttrs::Packet::Disconnect));
+        let _ = self.s.shutdown(Shutdown::Both);
     }
 
     /// Waits for the broker to close the connection.
@@ -249,7 +314,7 @@ impl Raw {
         assert_eq!(self.expect(), Got::Unsuback);
     }
 
-    /// Publishes; for QoS 1 waits for the matching PUBACK.
+    /// Publishes; for QoS 1 waits for the matching PUBACK, for QoS 2 completes PUBREC/PUBREL/PUBCOMP.
     pub(crate) fn publish(&mut self, topic: &str, payload: &[u8], qos: u8, retain: bool) {
         let pid = self.next_pid();
         let qospid = match qos {
@@ -265,7 +330,33 @@ impl Raw {
                 other => panic!("expected PUBACK, got {other:?}"),
             }
         }
+        if qos == 2 {
+            self.wait_for(Got::Pubrec(pid));
+            self.ack("pubrel", pid);
+            self.wait_for(Got::Pubcomp(pid));
+        }
     }
+}
+
+/// A CONNECT with a will (and CleanSession `clean`).
+pub(crate) fn connect_will(
+    id: &str,
+    keep_alive: u16,
+    clean: bool,
+    topic: &str,
+    msg: &[u8],
+    qos: u8,
+    retain: bool,
+) -> Vec<u8> {
+    encode(&mqttrs::Packet::Connect(mqttrs::Connect {
+        protocol: mqttrs::Protocol::MQTT311,
+        keep_alive,
+        client_id: id,
+        clean_session: clean,
+        last_will: Some(mqttrs::LastWill { topic, message: msg, qos: qos_of(qos), retain }),
+        username: None,
+        password: None,
+    }))
 }
 
 fn header_len(buf: &[u8]) -> (usize, usize) {
@@ -317,6 +408,46 @@ fn until_sentinel(c: &mut Raw, sentinel: &str) -> Vec<String> {
     }
 }
 
+/// Runs a client tool to its end (10 s at most) and returns its output.
+fn run_tool(cmd: &mut Command) -> std::process::Output {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_exit(&format!("{cmd:?}"), &mut child, Duration::from_secs(10));
+    child.wait_with_output().unwrap()
+}
+
+/// Runs `mosquitto_sub` with `args` (stdout lines to the receiver, read on a thread of its own).
+fn sub_lines(args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut sub = Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = sub.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    (sub, rx)
+}
+
+/// Waits for a line containing `needle`; the lines before it are skipped.
+fn wait_line(rx: &mpsc::Receiver<String>, needle: &str) {
+    let deadline = Instant::now() + WAIT;
+    let mut seen = Vec::new();
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) if l.contains(needle) => return,
+            Ok(l) => seen.push(l),
+            Err(_) => panic!("no line containing {needle:?} within {WAIT:?}; got {seen:#?}"),
+        }
+    }
+}
+
 // The tests, by protocol area (declared after `same_on_both!` so they can use it).
 mod bad_input;
 mod cli;
@@ -324,5 +455,8 @@ mod connect;
 mod keepalive;
 mod lifecycle;
 mod publish;
+mod qos2;
 mod retain;
+mod session;
 mod subscribe;
+mod will;
