@@ -44,7 +44,8 @@ pub enum Layout {
     Unsupported,
 }
 
-/// One start-up dialog: while `screen` is visible the agent waits for `keys` (tmux key names).
+/// One start-up dialog: while `screen` is visible the agent waits for `keys` (backend-neutral key
+/// names: `enter`, or one printable character; each backend spells them its own way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dialog {
     pub screen: &'static str,
@@ -105,7 +106,7 @@ pub const ADAPTERS: &[Adapter] = &[
         layout: Layout::Claude,
         ready_line: "? for shortcuts",
         dialogs: &[
-            Dialog { screen: "Yes, I trust this folder", keys: &["Enter"] },
+            Dialog { screen: "Yes, I trust this folder", keys: &["enter"] },
             Dialog { screen: "Detected a custom API key", keys: &["1"] },
         ],
         working_marks: &["esc to interrupt", "Retrying in"],
@@ -125,9 +126,9 @@ pub const ADAPTERS: &[Adapter] = &[
         ready_line: "Ask Codex to do anything",
         dialogs: &[
             Dialog { screen: "Sign in another way", keys: &["3"] },
-            Dialog { screen: "Use an OpenAI API key", keys: &["Enter"] },
-            Dialog { screen: "Detected OPENAI_API_KEY", keys: &["Enter"] },
-            Dialog { screen: "Trust and continue", keys: &["Enter"] },
+            Dialog { screen: "Use an OpenAI API key", keys: &["enter"] },
+            Dialog { screen: "Detected OPENAI_API_KEY", keys: &["enter"] },
+            Dialog { screen: "Trust and continue", keys: &["enter"] },
         ],
         working_marks: &["esc to interrupt", "Reconnecting..."],
     },
@@ -144,9 +145,9 @@ pub const ADAPTERS: &[Adapter] = &[
         layout: Layout::Unsupported,
         ready_line: "Type your message or @path/to/file",
         dialogs: &[
-            Dialog { screen: "Do you trust the files in this folder?", keys: &["Enter"] },
-            Dialog { screen: "Use Gemini API Key", keys: &["Enter"] },
-            Dialog { screen: "Enter Gemini API Key", keys: &["Enter"] },
+            Dialog { screen: "Do you trust the files in this folder?", keys: &["enter"] },
+            Dialog { screen: "Use Gemini API Key", keys: &["enter"] },
+            Dialog { screen: "Enter Gemini API Key", keys: &["enter"] },
         ],
         working_marks: &["esc to cancel"],
     },
@@ -233,6 +234,11 @@ const INTERPRETERS: &[&str] = &["node", "bun", "deno", "python", "python3"];
 /// The adapter of `kind`.
 pub fn adapter(kind: &str) -> Option<&'static Adapter> {
     ADAPTERS.iter().find(|a| a.kind == kind)
+}
+
+/// The adapter a backend was asked to start under `kind`: a kind of the table or its herdr kind.
+pub fn adapter_of_started(kind: &str) -> Option<&'static Adapter> {
+    adapter(kind).or_else(|| ADAPTERS.iter().find(|a| a.herdr_kind == Some(kind)))
 }
 
 /// Every kind, in table order.

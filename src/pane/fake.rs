@@ -321,6 +321,10 @@ impl Backend for Fake {
         Ok(fs::read_to_string(self.pane_dir(&pane).join("screen")).unwrap_or_default())
     }
 
+    fn shows_screen(&self) -> bool {
+        false
+    }
+
     fn send_keys(&self, target: &str, keys: &str) -> PaneResult<()> {
         let pane = self.pane_of_agent(target).unwrap_or_else(|| target.to_string());
         let d = self.pane_dir(&pane);
