@@ -321,6 +321,10 @@ impl Backend for Fake {
         Ok(fs::read_to_string(self.pane_dir(&pane).join("screen")).unwrap_or_default())
     }
 
+    fn pane_pids(&self, pane: &str) -> Vec<i32> {
+        self.agent_pid(pane).into_iter().collect()
+    }
+
     fn shows_screen(&self) -> bool {
         false
     }

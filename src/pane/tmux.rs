@@ -432,6 +432,10 @@ impl Backend for Tmux {
         self.ok(&["send-keys", "-t", &pane, key]).map(|_| ())
     }
 
+    fn pane_pids(&self, pane: &str) -> Vec<i32> {
+        self.pane_row(pane).map(|p| vec![p.pid]).unwrap_or_default()
+    }
+
     fn close_pane(&self, pane: &str) -> PaneResult<()> {
         self.ok(&["kill-pane", "-t", pane]).map(|_| ())
     }

@@ -1299,7 +1299,8 @@ fn ws_index(state: &mut Value, id: &str) -> Option<usize> {
 }
 
 fn new_pane(state: &mut Value, pid: &str, cwd: &str, env: &[String]) -> Value {
-    let shell_pid = counter(state, "next_pid", 40_000) * 10;
+    // Above any pid_max (2^22): a pid of the mock never names a real process that `stop` could end.
+    let shell_pid = counter(state, "next_pid", 40_000) * 10 + 4_200_000;
     let env: Map<String, Value> =
         env.iter().filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), json!(v)))).collect();
     json!({"pane_id": pid, "cwd": cwd, "env": env, "terminal_id": terminal_id(), "shell_pid": shell_pid,

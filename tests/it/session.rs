@@ -1052,6 +1052,38 @@ fn tmux_create_status_stop_resume() {
     assert!(h.tmux_panes().is_empty());
 }
 
+/// `stop` leaves nothing of the agent behind: a process of its tree that ignores SIGHUP (as gemini
+/// does) outlives the closed pane, and stop ends it by pid.
+#[test]
+fn tmux_stop_ends_an_agent_process_that_outlives_its_pane() {
+    let Some(h) = S::tmux("tmux_orphan") else { return };
+    let claude = h.td.path("bin/claude");
+    fs::remove_file(&claude).unwrap();
+    let pidfile = h.td.path("orphan.pid");
+    h.td.write(
+        "bin/claude",
+        format!(
+            "#!/usr/bin/env bash\ntrap '' HUP\nsleep 300 &\necho $! > '{}'\nexec -a claude '{}' \"$@\"\n",
+            pidfile.display(),
+            mam_bin().display()
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
+    h.create(&["--name", "t1"]).run().expect_rc(0);
+    let row = h.row("t1");
+    assert!(row["pane"]["agent_pids"].as_array().is_some_and(|a| !a.is_empty()), "{row}");
+    let orphan: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(mam::sys::process_exists(orphan));
+    let t0 = std::time::Instant::now();
+    h.mam(["stop", "t1"]).run().expect_rc(0);
+    assert!(h.tmux_panes().is_empty());
+    wait_until("the orphan is gone", Duration::from_secs(5), || {
+        !mam::sys::process_exists(orphan) || matches!(mam::sys::proc_start_ticks(orphan), Ok((_, true)))
+    });
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+}
+
 #[test]
 fn tmux_create_in_a_pane_not_at_a_shell_is_rolled_back() {
     let Some(h) = S::tmux("tmux_not_shell") else { return };
