@@ -76,6 +76,9 @@ pub struct Adapter {
     pub layout: Layout,
     /// The CLI's own input line: on a screen showing it the agent is ready (README "ready").
     pub ready_line: &'static str,
+    /// How long the input line must stay on screen to count (codex draws it for about 0.4 s before
+    /// its init shows the login chooser over it).
+    pub ready_hold_ms: u64,
     /// Start-up dialogs in the order they appear, each with the keys that pass it.
     pub dialogs: &'static [Dialog],
     /// Screen text that means the agent is busy (a model call, also one stuck in its network retry).
@@ -105,6 +108,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &["--resume"],
         layout: Layout::Claude,
         ready_line: "? for shortcuts",
+        ready_hold_ms: 0,
         dialogs: &[
             Dialog { screen: "Yes, I trust this folder", keys: &["enter"] },
             Dialog { screen: "Detected a custom API key", keys: &["1"] },
@@ -124,6 +128,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &["resume"],
         layout: Layout::Unsupported,
         ready_line: "Ask Codex to do anything",
+        ready_hold_ms: 1500,
         dialogs: &[
             Dialog { screen: "Sign in another way", keys: &["3"] },
             Dialog { screen: "Use an OpenAI API key", keys: &["enter"] },
@@ -144,6 +149,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &["--resume"],
         layout: Layout::Unsupported,
         ready_line: "Type your message or @path/to/file",
+        ready_hold_ms: 0,
         dialogs: &[
             Dialog { screen: "Do you trust the files in this folder?", keys: &["enter"] },
             Dialog { screen: "Use Gemini API Key", keys: &["enter"] },
@@ -163,6 +169,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &["--resume"],
         layout: Layout::Unsupported,
         ready_line: "Type your message or @path/to/file",
+        ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &["esc to cancel"],
     },
@@ -178,6 +185,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &[],
         layout: Layout::Unsupported,
         ready_line: "Ask me anything...",
+        ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &[],
     },
@@ -193,6 +201,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &["--session"],
         layout: Layout::Unsupported,
         ready_line: "Ask anything",
+        ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &["esc interrupt", "retrying in"],
     },
@@ -208,6 +217,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &[],
         layout: Layout::Agy,
         ready_line: "",
+        ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &[],
     },
@@ -223,6 +233,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &[],
         layout: Layout::Unsupported,
         ready_line: "",
+        ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &[],
     },

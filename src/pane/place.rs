@@ -246,6 +246,8 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
     let mut answers = 0u32;
     let mut last: Option<(Prompted, Instant)> = None;
     let mut screen = String::new();
+    let hold = Duration::from_millis(ad.ready_hold_ms);
+    let mut ready_since: Option<Instant> = None;
     loop {
         match b.read_detection(name) {
             Ok(s) => screen = s,
@@ -260,8 +262,14 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
         }
         let blocked = b.has_lifecycle() && b.agent_status(name) == Status::Blocked;
         let seen = last.map(|(p, at)| (p, at.elapsed() >= settle));
-        match screen_step(ad, &screen, blocked, seen, answers, knobs.dialog_max) {
-            ScreenStep::Ready => return Ok(()),
+        let step = screen_step(ad, &screen, blocked, seen, answers, knobs.dialog_max);
+        if step != ScreenStep::Ready {
+            ready_since = None;
+        }
+        match step {
+            // Ready once the input line held for the kind's hold time.
+            ScreenStep::Ready if ready_since.get_or_insert_with(Instant::now).elapsed() >= hold => return Ok(()),
+            ScreenStep::Ready => {}
             ScreenStep::Stuck(Prompted::Dialog(d)) => {
                 return Err(PaneError::Failed(format!(
                     "agent {name} still blocked in its start-up dialog '{}' after {answers} answer(s) \

@@ -99,7 +99,9 @@ impl Tmux {
         let mut c = Command::new("tmux");
         c.env_clear().envs(server_env(&self.ctx));
         c.env_remove("TMUX").env_remove("TMUX_PANE");
-        c.arg("-L").arg(&self.socket).args(args).current_dir(self.ctx.cwd());
+        // `-u`: without a UTF-8 locale the client prints a format's tabs as `_` (every listing here
+        // is tab separated) and the agents' screens lose their `❯` and `›`.
+        c.arg("-u").arg("-L").arg(&self.socket).args(args).current_dir(self.ctx.cwd());
         run_capture(&mut c, Duration::from_secs(20), &format!("tmux {}", args.first().copied().unwrap_or("")))
     }
 

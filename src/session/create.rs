@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    adapter_of, agent_pids_value, backend_kind, caller_binding, check_startable, command_line, default_name, ensure_daemon, forward_env,
-    learn_conversation, load, rollback_text, same_dir, update, verified_rollback, Notes, PaneRef, Row, SessionError,
+    adapter_of, agent_pids_value, backend_kind, caller_binding, check_startable, command_line, default_name,
+    ensure_daemon, forward_env, learn_conversation, load, rollback_text, same_dir, update, verified_rollback, Notes,
+    PaneRef, Row, SessionError,
 };
 use crate::agents;
 use crate::clock;
