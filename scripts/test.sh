@@ -56,6 +56,15 @@ else
   unset HERDR_BIN
   echo "test.sh: no herdr found (HERDR_BIN or PATH): the real-herdr tests skip"
 fi
+# The real agent CLIs (issue 15): installed from npm once into a cache directory (a private HOME,
+# self-updates off); the real-CLI tests (tests/it/agents_real.rs) find them through MAM_AGENTS_BIN
+# and are required only when the install succeeded. A failed install is one line, and they skip.
+if agents_dir=$(scripts/install_agents.sh); then
+  export MAM_AGENTS_BIN=$agents_dir/node_modules/.bin MAM_REQUIRE_AGENTS=1
+  echo "test.sh: real agent CLIs: $MAM_AGENTS_BIN"
+else
+  unset MAM_AGENTS_BIN MAM_REQUIRE_AGENTS
+fi
 # No inherited control plane or broker may leak into the tests (AMENDMENTS A29).
 unset WORKSPACE_ROOT AGENT_SESSIONS_YAML MAM_JOBS_DIR DELEGATE_JOB_LOGS_DIR MAM_ENV_FILE
 # Nor the caller's own herdr server (each test runs its own, in a private HOME).

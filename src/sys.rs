@@ -458,6 +458,20 @@ pub fn proc_ppid(pid: i32) -> io::Result<i32> {
     proc_stat_fields(pid)?.get(1).and_then(|s| s.parse().ok()).ok_or_else(bad_stat)
 }
 
+/// The foreground process group of `pid`'s controlling terminal (field 8 of /proc/<pid>/stat;
+/// -1 without a terminal).
+pub fn proc_tpgid(pid: i32) -> io::Result<i32> {
+    proc_stat_fields(pid)?.get(5).and_then(|s| s.parse().ok()).ok_or_else(bad_stat)
+}
+
+/// The value of `name` in `pid`'s initial environment (/proc/<pid>/environ; our own user's
+/// processes only).
+pub fn proc_environ_var(pid: i32, name: &str) -> io::Result<Option<Vec<u8>>> {
+    let raw = fs::read(format!("/proc/{pid}/environ"))?;
+    let key = format!("{name}=");
+    Ok(raw.split(|&b| b == 0).find_map(|e| e.strip_prefix(key.as_bytes()).map(<[u8]>::to_vec)))
+}
+
 /// Makes the child start in a new session (setsid), for detached timers, daemons and job groups.
 pub fn set_new_session(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;

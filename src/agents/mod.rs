@@ -44,7 +44,8 @@ pub enum Layout {
     Unsupported,
 }
 
-/// One start-up dialog: while `screen` is visible the agent waits for `keys` (tmux key names).
+/// One start-up dialog: while `screen` is visible the agent waits for `keys` (backend-neutral key
+/// names: `enter`, or one printable character; each backend spells them its own way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dialog {
     pub screen: &'static str,
@@ -75,6 +76,9 @@ pub struct Adapter {
     pub layout: Layout,
     /// The CLI's own input line: on a screen showing it the agent is ready (README "ready").
     pub ready_line: &'static str,
+    /// How long the input line must stay on screen to count (codex draws it for about 0.4 s before
+    /// its init shows the login chooser over it).
+    pub ready_hold_ms: u64,
     /// Start-up dialogs in the order they appear, each with the keys that pass it.
     pub dialogs: &'static [Dialog],
     /// Screen text that means the agent is busy (a model call, also one stuck in its network retry).
@@ -104,8 +108,9 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &["--resume"],
         layout: Layout::Claude,
         ready_line: "? for shortcuts",
+        ready_hold_ms: 0,
         dialogs: &[
-            Dialog { screen: "Yes, I trust this folder", keys: &["Enter"] },
+            Dialog { screen: "Yes, I trust this folder", keys: &["enter"] },
             Dialog { screen: "Detected a custom API key", keys: &["1"] },
         ],
         working_marks: &["esc to interrupt", "Retrying in"],
@@ -123,11 +128,12 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &["resume"],
         layout: Layout::Unsupported,
         ready_line: "Ask Codex to do anything",
+        ready_hold_ms: 1500,
         dialogs: &[
             Dialog { screen: "Sign in another way", keys: &["3"] },
-            Dialog { screen: "Use an OpenAI API key", keys: &["Enter"] },
-            Dialog { screen: "Detected OPENAI_API_KEY", keys: &["Enter"] },
-            Dialog { screen: "Trust and continue", keys: &["Enter"] },
+            Dialog { screen: "Use an OpenAI API key", keys: &["enter"] },
+            Dialog { screen: "Detected OPENAI_API_KEY", keys: &["enter"] },
+            Dialog { screen: "Trust and continue", keys: &["enter"] },
         ],
         working_marks: &["esc to interrupt", "Reconnecting..."],
     },
@@ -143,10 +149,11 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &["--resume"],
         layout: Layout::Unsupported,
         ready_line: "Type your message or @path/to/file",
+        ready_hold_ms: 0,
         dialogs: &[
-            Dialog { screen: "Do you trust the files in this folder?", keys: &["Enter"] },
-            Dialog { screen: "Use Gemini API Key", keys: &["Enter"] },
-            Dialog { screen: "Enter Gemini API Key", keys: &["Enter"] },
+            Dialog { screen: "Do you trust the files in this folder?", keys: &["enter"] },
+            Dialog { screen: "Use Gemini API Key", keys: &["enter"] },
+            Dialog { screen: "Enter Gemini API Key", keys: &["enter"] },
         ],
         working_marks: &["esc to cancel"],
     },
@@ -162,6 +169,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &["--resume"],
         layout: Layout::Unsupported,
         ready_line: "Type your message or @path/to/file",
+        ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &["esc to cancel"],
     },
@@ -177,6 +185,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &[],
         layout: Layout::Unsupported,
         ready_line: "Ask me anything...",
+        ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &[],
     },
@@ -192,6 +201,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &["--session"],
         layout: Layout::Unsupported,
         ready_line: "Ask anything",
+        ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &["esc interrupt", "retrying in"],
     },
@@ -207,6 +217,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &[],
         layout: Layout::Agy,
         ready_line: "",
+        ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &[],
     },
@@ -222,6 +233,7 @@ pub const ADAPTERS: &[Adapter] = &[
         resume_args: &[],
         layout: Layout::Unsupported,
         ready_line: "",
+        ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &[],
     },
@@ -233,6 +245,11 @@ const INTERPRETERS: &[&str] = &["node", "bun", "deno", "python", "python3"];
 /// The adapter of `kind`.
 pub fn adapter(kind: &str) -> Option<&'static Adapter> {
     ADAPTERS.iter().find(|a| a.kind == kind)
+}
+
+/// The adapter a backend was asked to start under `kind`: a kind of the table or its herdr kind.
+pub fn adapter_of_started(kind: &str) -> Option<&'static Adapter> {
+    adapter(kind).or_else(|| ADAPTERS.iter().find(|a| a.herdr_kind == Some(kind)))
 }
 
 /// Every kind, in table order.

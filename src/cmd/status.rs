@@ -12,7 +12,9 @@ pub const USAGE: &str = "
 Usage: mam status [<name>] [--json]
 
 One line per session: name, agent, backend/server, pane, cwd, liveness (running, gone, unknown),
-conversation id, row status (tab separated; `-` when unknown), then `  job <id> <type> <status>` for each open
+agent state as its backend knows it (working, idle, done, blocked; herdr reports it, tmux reads it
+from the agent's screen; unknown when it cannot tell, gone when not listed), conversation id, row
+status (tab separated; `-` when unknown), then `  job <id> <type> <status>` for each open
 job addressed to it (and its onboarding job). Jobs are looked up in MAM_JOBS_DIR, the row's
 registry, $WORKSPACE_ROOT/.mam/jobs, then the default registry; the first holding a job wins.
 

@@ -176,6 +176,17 @@ pub trait Backend {
     fn send_keys(&self, target: &str, keys: &str) -> PaneResult<()>;
     fn close_pane(&self, pane: &str) -> PaneResult<()>;
     fn close_workspace(&self, id: &str) -> PaneResult<()>;
+    /// The pane's own processes (its shell, the processes in its foreground), the roots of the tree
+    /// `stop` ends after closing the pane. Empty when the backend cannot tell.
+    fn pane_pids(&self, _pane: &str) -> Vec<i32> {
+        Vec::new()
+    }
+    /// True when `read_detection` is the agent's terminal screen, so start-up dialogs and the ready
+    /// line can be read from it (A58). The fake backend has no terminal: its agent reports a dialog
+    /// through its status (1.8), and start-up follows the status rule of 1.5 step 7.
+    fn shows_screen(&self) -> bool {
+        true
+    }
     /// False when `agent_status` can only say `unknown`/`absent` (tmux): `send_keys_safe` then skips
     /// the idle handshake and relies on quiescence (A24).
     fn has_lifecycle(&self) -> bool {

@@ -321,6 +321,14 @@ impl Backend for Fake {
         Ok(fs::read_to_string(self.pane_dir(&pane).join("screen")).unwrap_or_default())
     }
 
+    fn pane_pids(&self, pane: &str) -> Vec<i32> {
+        self.agent_pid(pane).into_iter().collect()
+    }
+
+    fn shows_screen(&self) -> bool {
+        false
+    }
+
     fn send_keys(&self, target: &str, keys: &str) -> PaneResult<()> {
         let pane = self.pane_of_agent(target).unwrap_or_else(|| target.to_string());
         let d = self.pane_dir(&pane);

@@ -183,6 +183,19 @@ fn has_agent(p: &Value) -> bool {
     }
 }
 
+/// The pids a `pane process-info` result names: the shell's and every foreground process's.
+fn process_info_pids(v: &Value) -> Vec<i32> {
+    let info = v.get("process_info").unwrap_or(v);
+    let mut out: Vec<i32> = info.get("shell_pid").and_then(Value::as_i64).map(|p| p as i32).into_iter().collect();
+    if let Some(list) = info.get("foreground_processes").and_then(Value::as_array) {
+        out.extend(list.iter().filter_map(|p| p.get("pid").and_then(Value::as_i64)).map(|p| p as i32));
+    }
+    out.retain(|p| *p > 1);
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// True when a `pane process-info` result says the pane's shell owns the foreground (1.5 step 3):
 /// the foreground process group is the shell's and every foreground process is a shell. The group
 /// alone is not enough: a shell that `exec`ed a program keeps its pid as the group.
@@ -602,6 +615,11 @@ impl Backend for Herdr {
         self.mutate(&["pane", "send-keys", &pane, keys], Duration::from_secs(30)).map(|_| ())
     }
 
+    fn pane_pids(&self, pane: &str) -> Vec<i32> {
+        let Reply::Ok(v) = self.query(&["pane", "process-info", "--pane", pane]) else { return Vec::new() };
+        process_info_pids(&v)
+    }
+
     fn close_pane(&self, pane: &str) -> PaneResult<()> {
         let args = ["pane", "close", pane];
         self.expect_ok(&args, self.query(&args)).map(|_| ())
@@ -643,6 +661,13 @@ mod tests {
     const NOT_FOUND: &str =
         r#"{"error":{"code":"agent_not_found","message":"agent target nobody not found"},"id":"cli:agent:get"}"#;
     const STALLED: &str = r#"{"error":{"code":"agent_prompt_stalled","message":"agent prompt produced no observed state change within 5000 ms; status is idle and state_change_seq remained 1"},"id":"cli:agent:prompt"}"#;
+    #[test]
+    fn process_info_names_the_shell_and_the_foreground() {
+        let v: Value = serde_json::from_str(PROCESS_INFO).unwrap();
+        assert_eq!(process_info_pids(&v["result"]), [16461]);
+        assert!(process_info_pids(&serde_json::json!({"process_info": {"shell_pid": 1}})).is_empty());
+    }
+
     const PROCESS_INFO: &str = r#"{"id":"cli:pane:process_info","result":{"process_info":{"foreground_process_group_id":16461,"foreground_processes":[{"argv":["/bin/bash"],"cmdline":"/bin/bash","cwd":"/tmp/hx","name":"bash","pid":16461}],"pane_id":"w1:p1","shell_pid":16461},"type":"pane_process_info"}}"#;
     const LAYOUT: &str = r#"{"id":"cli:pane:layout","result":{"layout":{"area":{"height":23,"width":54,"x":26,"y":1},"focused_pane_id":"w1:p1","panes":[{"focused":true,"pane_id":"w1:p1","rect":{"height":23,"width":27,"x":26,"y":1}},{"focused":false,"pane_id":"w1:p2","rect":{"height":12,"width":27,"x":53,"y":1}},{"focused":false,"pane_id":"w1:p3","rect":{"height":11,"width":27,"x":53,"y":13}}],"splits":[],"tab_id":"w1:t1","workspace_id":"w1","zoomed":false},"type":"pane_layout"}}"#;
 

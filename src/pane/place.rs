@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use super::contract::{valid_name, Backend, Dir, PaneError, PaneInfo, PaneResult, Status, Workspace};
 use super::knobs::Knobs;
+use crate::agents::{self, Adapter, Dialog};
 use crate::sys;
+use crate::text::one_line;
 
 /// Where a new agent goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,8 +169,146 @@ pub fn place_and_start(b: &dyn Backend, req: &PlaceRequest, knobs: &Knobs) -> Re
         b.rename_workspace(&placed.workspace, label).map_err(fail)?;
     }
     b.start_agent(&req.name, &req.kind, &placed.pane, &req.args).map_err(fail)?;
-    clear_startup_dialogs(b, &req.name, knobs).map_err(fail)?;
+    match agents::adapter_of_started(&req.kind).filter(|a| !a.ready_line.is_empty() && b.shows_screen()) {
+        Some(ad) => pass_startup_screens(b, &req.name, ad, knobs).map_err(fail)?,
+        None => clear_startup_dialogs(b, &req.name, knobs).map_err(fail)?,
+    }
     Ok(placed)
+}
+
+/// What a start-up answer answered: a dialog of the adapter's table seen on the screen, or a
+/// `blocked` status with no dialog the table knows (1.5 step 7: `enter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prompted {
+    Dialog(&'static Dialog),
+    Blocked,
+}
+
+impl Prompted {
+    fn keys(self) -> &'static [&'static str] {
+        match self {
+            Prompted::Dialog(d) => d.keys,
+            Prompted::Blocked => &["enter"],
+        }
+    }
+}
+
+/// One look at the screen during start-up (A58).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScreenStep {
+    Ready,
+    Answer(Prompted),
+    /// Still prompted after the answers allowed.
+    Stuck(Prompted),
+    Wait,
+}
+
+/// The pure decision of `pass_startup_screens`. The CLI's own input line with no dialog and no
+/// `blocked` status means ready; a dialog of the adapter's table is answered with its keys, a
+/// `blocked` status the table cannot explain with `enter`. The same prompt answered a moment ago is
+/// answered again only once `settled` (the settle time passed), so a key is not typed twice into a
+/// screen that is still redrawing. `last` is the last answer, `answers` how many were given.
+pub fn screen_step(
+    ad: &Adapter,
+    screen: &str,
+    blocked: bool,
+    last: Option<(Prompted, bool)>,
+    answers: u32,
+    max: u32,
+) -> ScreenStep {
+    let prompted = match ad.dialog_on(screen) {
+        Some(d) => Prompted::Dialog(d),
+        None if blocked => Prompted::Blocked,
+        None if ad.ready_on(screen) => return ScreenStep::Ready,
+        None => return ScreenStep::Wait,
+    };
+    // A kind's own dialogs are answered at least once each (codex shows four in a row); a status
+    // the table cannot explain, at most MAM_STARTUP_DIALOG_MAX times.
+    let limit = match prompted {
+        Prompted::Dialog(_) => max.max(ad.dialogs.len() as u32),
+        Prompted::Blocked => max,
+    };
+    match last {
+        Some((prev, false)) if prev == prompted => ScreenStep::Wait,
+        _ if answers >= limit => ScreenStep::Stuck(prompted),
+        _ => ScreenStep::Answer(prompted),
+    }
+}
+
+/// A58 in place of 1.5 step 7 for kinds whose input line is known: read the agent's screen until it
+/// shows the input line, answering each start-up dialog of the adapter's table with its keys (and a
+/// `blocked` status the table cannot explain with `enter`), within `MAM_AGENT_START_TIMEOUT_MS`.
+/// "Ready" is never just a live process: claude's trust dialog and codex's login chooser run in a
+/// live process that herdr may even call idle.
+pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, knobs: &Knobs) -> PaneResult<()> {
+    let deadline = Instant::now() + Duration::from_millis(knobs.start_timeout_ms as u64);
+    let settle = Duration::from_millis(knobs.dialog_settle_ms.max(200));
+    let mut answers = 0u32;
+    let mut last: Option<(Prompted, Instant)> = None;
+    let mut screen = String::new();
+    let hold = Duration::from_millis(ad.ready_hold_ms);
+    let mut ready_since: Option<Instant> = None;
+    loop {
+        match b.read_detection(name) {
+            Ok(s) => screen = s,
+            Err(_) if b.agent_status(name) == Status::Absent => {
+                return Err(PaneError::Failed(format!(
+                    "agent {name} ({}) exited during start; last screen line: {}",
+                    ad.kind,
+                    last_line(&screen)
+                )))
+            }
+            Err(_) => {}
+        }
+        let blocked = b.has_lifecycle() && b.agent_status(name) == Status::Blocked;
+        let seen = last.map(|(p, at)| (p, at.elapsed() >= settle));
+        let step = screen_step(ad, &screen, blocked, seen, answers, knobs.dialog_max);
+        if step != ScreenStep::Ready {
+            ready_since = None;
+        }
+        match step {
+            // Ready once the input line held for the kind's hold time.
+            ScreenStep::Ready if ready_since.get_or_insert_with(Instant::now).elapsed() >= hold => return Ok(()),
+            ScreenStep::Ready => {}
+            ScreenStep::Stuck(Prompted::Dialog(d)) => {
+                return Err(PaneError::Failed(format!(
+                    "agent {name} still blocked in its start-up dialog '{}' after {answers} answer(s) \
+                     (MAM_STARTUP_DIALOG_MAX={})",
+                    d.screen, knobs.dialog_max
+                )))
+            }
+            ScreenStep::Stuck(Prompted::Blocked) => {
+                return Err(PaneError::Failed(format!(
+                    "agent {name} still blocked after {answers} start-up dialog enter(s) (MAM_STARTUP_DIALOG_MAX={})",
+                    knobs.dialog_max
+                )))
+            }
+            ScreenStep::Answer(p) => {
+                for k in p.keys() {
+                    b.send_keys(name, k)?;
+                }
+                answers += 1;
+                last = Some((p, Instant::now()));
+            }
+            ScreenStep::Wait => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(PaneError::Failed(format!(
+                "agent {name} ({}) not ready within {} ms: its input line '{}' never showed \
+                 (MAM_AGENT_START_TIMEOUT_MS); last screen line: {}",
+                ad.kind,
+                knobs.start_timeout_ms,
+                ad.ready_line,
+                last_line(&screen)
+            )));
+        }
+        sys::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The last non-blank line of a screen, for a diagnostic.
+fn last_line(screen: &str) -> String {
+    one_line(screen.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("(blank)"))
 }
 
 /// Undoes what a placement created: the workspace when this attempt created it, else the split pane;
@@ -287,6 +427,37 @@ mod tests {
         let mut panes: Vec<PaneInfo> = (0..3).map(|i| pane(&format!("a{i}"), true)).collect();
         panes.push(pane("idle", false));
         assert_eq!(choose(&[ws("w1", panes)], false, 2), Choice::Create);
+    }
+
+    #[test]
+    fn screens_pass_dialogs_once_each_then_ready() {
+        let c = agents::adapter("claude").unwrap();
+        let trust = "Accessing workspace:\n ❯ 1. Yes, I trust this folder\n   2. No, exit";
+        let ScreenStep::Answer(d) = screen_step(c, trust, true, None, 0, 3) else { panic!() };
+        assert_eq!(d.keys(), ["enter"]);
+        // The same dialog again before it had time to react: no second key.
+        assert_eq!(screen_step(c, trust, false, Some((d, false)), 1, 3), ScreenStep::Wait);
+        assert_eq!(screen_step(c, trust, false, Some((d, true)), 1, 3), ScreenStep::Answer(d));
+        assert_eq!(screen_step(c, trust, false, Some((d, true)), 3, 3), ScreenStep::Stuck(d));
+        // The next dialog is answered at once, with its own key (the default is No).
+        let key = "Detected a custom API key in your environment\n 1. Yes\n ❯ 2. No (recommended)";
+        let ScreenStep::Answer(k) = screen_step(c, key, false, Some((d, false)), 1, 3) else { panic!() };
+        assert_eq!(k.keys(), ["1"]);
+        let ready = "──\n❯ \n──\n  ? for shortcuts";
+        assert_eq!(screen_step(c, ready, false, Some((k, false)), 2, 3), ScreenStep::Ready);
+        // A backend that still says blocked at the input line gets enter, bounded by the knob alone.
+        assert_eq!(screen_step(c, ready, true, None, 0, 1), ScreenStep::Answer(Prompted::Blocked));
+        assert_eq!(screen_step(c, ready, true, None, 1, 1), ScreenStep::Stuck(Prompted::Blocked));
+        assert_eq!(screen_step(c, "", false, None, 0, 3), ScreenStep::Wait);
+        // codex: four dialogs in a row pass with the default of three.
+        let x = agents::adapter("codex").unwrap();
+        let login = "Welcome to Codex\n> 1. Sign in with ChatGPT\n  3. Sign in another way";
+        let ScreenStep::Answer(l) = screen_step(x, login, false, None, 3, 3) else { panic!() };
+        assert_eq!(l.keys(), ["3"]);
+        let trust = "Folder access\n› 1. Trust and continue\n  2. Back";
+        assert!(matches!(screen_step(x, trust, false, Some((l, false)), 3, 3), ScreenStep::Answer(_)));
+        let ready = "› Ask Codex to do anything\n ← for agents · ? for shortcuts";
+        assert_eq!(screen_step(x, ready, false, None, 4, 3), ScreenStep::Ready);
     }
 
     #[test]

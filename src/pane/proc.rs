@@ -1,10 +1,12 @@
 //! Process helpers of the process-backed backends (ORCH 1.3): the bootstrap environment denylist,
 //! `MAM_NO_AUTOSTART`, finding a tool on the context's PATH, the environment a server may inherit,
-//! and `run_capture`, one bounded run of a backend CLI.
+//! `run_capture`, one bounded run of a backend CLI, and a pane's process tree with `reap`, which
+//! ends what of it outlives its pane (gemini ignores SIGHUP; README "What a pane orchestrator must
+//! handle" 7).
 //!
 //! Nothing here knows a backend's commands or a job; it never prints.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::contract::{PaneError, PaneResult};
@@ -16,6 +18,102 @@ use crate::sys;
 /// prefix match, so user configuration such as `CLAUDE_PROJECT_DIR` still passes.
 pub fn denied(name: &str) -> bool {
     crate::agents::is_runtime_marker(name)
+}
+
+/// One process, named by its pid and its start time (so a reused pid is never taken for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Proc {
+    pub pid: i32,
+    pub start: u64,
+}
+
+impl Proc {
+    /// `pid` as it runs now (None: gone, a zombie, or not a process we may judge).
+    pub fn now(pid: i32) -> Option<Proc> {
+        match sys::proc_start_ticks(pid) {
+            Ok((start, false)) if pid > 1 => Some(Proc { pid, start }),
+            _ => None,
+        }
+    }
+
+    /// Still the same live process.
+    pub fn alive(self) -> bool {
+        Proc::now(self.pid) == Some(self)
+    }
+}
+
+/// Every live process descended from `roots` (the roots included), never pid 1 or below, never this
+/// process or one of its ancestors (a `stop` run from inside the pane it closes).
+pub fn tree_of(roots: &[i32]) -> Vec<Proc> {
+    let mut mine = vec![std::process::id() as i32];
+    let mut cur = mine[0];
+    while let Ok(pp) = sys::proc_ppid(cur) {
+        if pp <= 1 || mine.contains(&pp) {
+            break;
+        }
+        mine.push(pp);
+        cur = pp;
+    }
+    let parents: Vec<(i32, i32)> =
+        sys::list_pids().unwrap_or_default().into_iter().filter_map(|p| Some((p, sys::proc_ppid(p).ok()?))).collect();
+    let mut want: Vec<i32> = roots.iter().copied().filter(|p| *p > 1).collect();
+    let mut i = 0;
+    while i < want.len() {
+        let parent = want[i];
+        for (p, pp) in &parents {
+            if *pp == parent && !want.contains(p) {
+                want.push(*p);
+            }
+        }
+        i += 1;
+    }
+    let mut out: Vec<Proc> = want.into_iter().filter(|p| !mine.contains(p)).filter_map(Proc::now).collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The pane's process tree when its roots are verifiably the pane's: each root runs a shell or an
+/// agent CLI and works in `cwd` (the pane's directory). A backend that names pids it does not own
+/// (a mock, a stale answer) gets nothing killed.
+pub fn pane_tree(roots: &[i32], cwd: &Path) -> Vec<Proc> {
+    let want = super::contract::canon(cwd);
+    let verified: Vec<i32> = roots
+        .iter()
+        .copied()
+        .filter(|&pid| {
+            let Ok(argv) = sys::proc_cmdline(pid) else { return false };
+            let shell = argv.first().is_some_and(|a| super::contract::is_shell(&String::from_utf8_lossy(a)));
+            let here = sys::proc_cwd(pid).is_ok_and(|c| super::contract::canon(&c) == want);
+            (shell || crate::agents::argv_is_agent(&argv)) && here
+        })
+        .collect();
+    tree_of(&verified)
+}
+
+/// Ends the processes of `procs` that still live (each checked against its start time): SIGTERM,
+/// then SIGKILL for what is left after `grace`, each step confirmed within its deadline. Returns the
+/// pids that survived both.
+pub fn reap(procs: &[Proc], grace: Duration) -> Vec<i32> {
+    let live = |ps: &[Proc]| ps.iter().copied().filter(|p| p.alive()).collect::<Vec<_>>();
+    let wait_gone = |ps: &[Proc], limit: Duration| {
+        let deadline = Instant::now() + limit;
+        let mut left = live(ps);
+        while !left.is_empty() && Instant::now() < deadline {
+            sys::sleep(Duration::from_millis(20));
+            left = live(&left);
+        }
+        left
+    };
+    let mut left = live(procs);
+    for p in &left {
+        let _ = sys::kill(p.pid, libc::SIGTERM);
+    }
+    left = wait_gone(&left, grace);
+    for p in &left {
+        let _ = sys::kill(p.pid, libc::SIGKILL);
+    }
+    wait_gone(&left, grace).into_iter().map(|p| p.pid).collect()
 }
 
 /// MAM_NO_AUTOSTART=1 (only the literal `1`).
@@ -141,6 +239,28 @@ pub fn run_capture(cmd: &mut std::process::Command, limit: Duration, what: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_is_reaped_and_never_includes_us() {
+        // sh (root) -> sleep, plus a sleep that ignores SIGTERM: both end, the root too.
+        let mut c = std::process::Command::new("sh");
+        c.args(["-c", "trap '' TERM; sleep 30 & sleep 30; wait"]);
+        let mut child = sys::spawn(&mut c).unwrap();
+        let root = child.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut tree = tree_of(&[root]);
+        while tree.len() < 3 && Instant::now() < deadline {
+            sys::sleep(Duration::from_millis(20));
+            tree = tree_of(&[root]);
+        }
+        assert_eq!(tree.len(), 3, "{tree:?}");
+        assert!(tree_of(&[std::process::id() as i32, 1, 0]).iter().all(|p| p.pid != std::process::id() as i32));
+        let t0 = Instant::now();
+        assert!(reap(&tree, Duration::from_millis(500)).is_empty());
+        assert!(t0.elapsed() < Duration::from_secs(3));
+        let _ = child.wait();
+        assert!(tree.iter().all(|p| !p.alive()));
+    }
 
     fn capture_within(script: &str, limit: Duration) -> (PaneResult<std::process::Output>, Duration) {
         let script = script.to_string();

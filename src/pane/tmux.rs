@@ -3,8 +3,11 @@
 //! its single window. Agents are started by typing their POSIX-quoted command line into a pane that
 //! is at a shell; the agent name lives in the pane option `@mam_agent`.
 //!
-//! tmux has no agent lifecycle: status is `unknown` while the agent process lives and `absent`
-//! otherwise, and a prompt is always `Accepted` (delivery is confirmed by the job's own `started`).
+//! tmux has no agent lifecycle: the agent's state is read from its screen with the adapter's marks
+//! (`Adapter::state_on`: blocked at a start-up dialog, working while a working mark shows, idle at
+//! the input line, else `unknown`) while the agent process lives, `absent` otherwise; a prompt is
+//! always `Accepted` (delivery is confirmed by the job's own `started`). The agent process is the
+//! pane's foreground process, recognised by the adapter's argv rule (node CLIs run as `node`).
 //! Every call runs with the denylisted markers removed, since any call may start the server.
 
 use std::path::Path;
@@ -17,6 +20,7 @@ use super::contract::{
 };
 use super::knobs::Knobs;
 use super::proc::{no_autostart, run_capture, server_env};
+use crate::agents;
 use crate::ctx::Ctx;
 use crate::sys;
 use crate::text::{one_line, shell_quote, show_path};
@@ -50,6 +54,36 @@ struct PaneRow {
     agent: String,
     kind: String,
     command: String,
+    /// The pane's first process (its shell).
+    pid: i32,
+}
+
+/// The foreground process of the terminal `shell` runs on: the leader of its foreground group.
+fn foreground_of(shell: i32) -> Option<i32> {
+    let pg = sys::proc_tpgid(shell).ok()?;
+    (pg > 1).then_some(pg)
+}
+
+/// True when `pid` runs the agent of `kind` (the adapter's argv rule, or an executable named so).
+fn runs_kind(pid: i32, kind: &str) -> bool {
+    let Ok(argv) = sys::proc_cmdline(pid) else { return false };
+    if agents::agent_of_argv(&argv).is_some_and(|a| a.kind == kind || a.executable == kind) {
+        return true;
+    }
+    argv.first().is_some_and(|a0| base(&String::from_utf8_lossy(a0)) == kind)
+}
+
+impl PaneRow {
+    /// The pane's agent process lives in its foreground.
+    fn agent_running(&self) -> bool {
+        if self.agent.is_empty() || self.kind.is_empty() {
+            return false;
+        }
+        if base(&self.command) == self.kind {
+            return true;
+        }
+        !is_shell(&self.command) && foreground_of(self.pid).is_some_and(|fg| runs_kind(fg, &self.kind))
+    }
 }
 
 impl Tmux {
@@ -65,7 +99,9 @@ impl Tmux {
         let mut c = Command::new("tmux");
         c.env_clear().envs(server_env(&self.ctx));
         c.env_remove("TMUX").env_remove("TMUX_PANE");
-        c.arg("-L").arg(&self.socket).args(args).current_dir(self.ctx.cwd());
+        // `-u`: without a UTF-8 locale the client prints a format's tabs as `_` (every listing here
+        // is tab separated) and the agents' screens lose their `❯` and `›`.
+        c.arg("-u").arg("-L").arg(&self.socket).args(args).current_dir(self.ctx.cwd());
         run_capture(&mut c, Duration::from_secs(20), &format!("tmux {}", args.first().copied().unwrap_or("")))
     }
 
@@ -100,17 +136,22 @@ impl Tmux {
     }
 
     fn all_panes(&self) -> PaneResult<Vec<PaneRow>> {
-        let text =
-            self.ok(&["list-panes", "-a", "-F", "#{pane_id}\t#{@mam_agent}\t#{@mam_kind}\t#{pane_current_command}"])?;
+        let text = self.ok(&[
+            "list-panes",
+            "-a",
+            "-F",
+            "#{pane_id}\t#{@mam_agent}\t#{@mam_kind}\t#{pane_current_command}\t#{pane_pid}",
+        ])?;
         Ok(text
             .lines()
             .filter_map(|l| {
                 let f: Vec<&str> = l.split('\t').collect();
-                (f.len() >= 4).then(|| PaneRow {
+                (f.len() >= 5).then(|| PaneRow {
                     id: f[0].into(),
                     agent: f[1].into(),
                     kind: f[2].into(),
                     command: f[3].into(),
+                    pid: f[4].trim().parse().unwrap_or(0),
                 })
             })
             .collect())
@@ -136,6 +177,20 @@ impl Tmux {
             .collect();
         v.sort();
         Ok(v)
+    }
+
+    /// The state the agent's screen shows (`Adapter::state_on`), `unknown` when it shows none.
+    fn screen_state(&self, p: &PaneRow) -> Status {
+        let Some(ad) = agents::adapter_of_started(&p.kind) else { return Status::Unknown };
+        match self.ok(&["capture-pane", "-p", "-t", &p.id]) {
+            Ok(screen) => ad.state_on(&screen).map(Status::parse).unwrap_or(Status::Unknown),
+            Err(_) => Status::Unknown,
+        }
+    }
+
+    /// The pane row of `pane` (any pane, agent or not).
+    fn pane_row(&self, pane: &str) -> Option<PaneRow> {
+        self.all_panes().ok()?.into_iter().find(|p| p.id == pane)
     }
 
     fn pane_command(&self, pane: &str) -> PaneResult<String> {
@@ -177,8 +232,11 @@ impl Backend for Tmux {
         match self.all_panes() {
             Ok(rows) => ListOutcome::Confirmed(
                 rows.into_iter()
-                    .filter(|p| !p.agent.is_empty() && base(&p.command) == p.kind)
-                    .map(|p| Agent { name: p.agent, pane: p.id, kind: p.kind, status: "unknown".into() })
+                    .filter(PaneRow::agent_running)
+                    .map(|p| {
+                        let status = self.screen_state(&p).word().to_string();
+                        Agent { name: p.agent, pane: p.id, kind: p.kind, status }
+                    })
                     .collect(),
             ),
             // The server may have exited between the two calls (it ends with its last session):
@@ -272,7 +330,7 @@ impl Backend for Tmux {
                 one_line(&now)
             )));
         }
-        if self.find(name).is_some_and(|p| base(&p.command) == p.kind) {
+        if self.find(name).is_some_and(|p| p.agent_running()) {
             return Err(PaneError::Usage(format!("agent name {name} is already in use on socket {}", self.socket)));
         }
         let exe_base = base(kind).to_string();
@@ -290,9 +348,18 @@ impl Backend for Tmux {
         self.ok(&["send-keys", "-t", pane, "Enter"])?;
         let deadline = Instant::now() + Duration::from_millis(self.knobs.start_timeout_ms as u64);
         let stable_for = Duration::from_millis(self.knobs.tmux_stable_ms);
+        // A kind whose input line is known is ready at that line: placement reads the screen until it
+        // shows it, answering the start-up dialogs on the way (A58). Here: its process is up.
+        let by_screen = agents::adapter_of_started(kind).is_some_and(|a| !a.ready_line.is_empty());
         let mut last: Option<(String, Instant)> = None;
+        let mut seen = false;
         loop {
-            if base(&self.pane_command(pane)?) == exe_base {
+            let row = self.pane_row(pane);
+            if row.as_ref().is_some_and(PaneRow::agent_running) {
+                seen = true;
+                if by_screen {
+                    return Ok(());
+                }
                 let screen = self.ok(&["capture-pane", "-p", "-t", pane])?;
                 match &last {
                     Some((s, since)) if *s == screen => {
@@ -304,6 +371,16 @@ impl Backend for Tmux {
                 }
             } else {
                 last = None;
+                // Back at the shell after the agent ran: it exited (claude offline without its
+                // onboarding state exits within 3 s). Fail now with its last words.
+                if seen && row.as_ref().is_some_and(|r| is_shell(&r.command)) {
+                    let screen = self.ok(&["capture-pane", "-p", "-t", pane]).unwrap_or_default();
+                    let tail = screen.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+                    return Err(PaneError::Failed(format!(
+                        "agent {name} ({kind}) exited during start in pane {pane}; last screen line: {}",
+                        one_line(tail)
+                    )));
+                }
             }
             if Instant::now() >= deadline {
                 return Err(PaneError::Failed(format!(
@@ -316,7 +393,7 @@ impl Backend for Tmux {
     }
 
     fn prompt(&self, target: &str, text: &str, _wait_ms: u32) -> PromptOutcome {
-        let Some(p) = self.find(target).filter(|p| base(&p.command) == p.kind) else {
+        let Some(p) = self.find(target).filter(PaneRow::agent_running) else {
             return PromptOutcome::TransportError(format!("agent {target} is not running on socket {}", self.socket));
         };
         let tmpdir = self.ctx.path_var("TMPDIR").unwrap_or_else(|| std::path::PathBuf::from("/tmp"));
@@ -339,7 +416,7 @@ impl Backend for Tmux {
 
     fn agent_status(&self, target: &str) -> Status {
         match self.find(target) {
-            Some(p) if base(&p.command) == p.kind => Status::Unknown,
+            Some(p) if p.agent_running() => self.screen_state(&p),
             _ => Status::Absent,
         }
     }
@@ -355,6 +432,10 @@ impl Backend for Tmux {
         let pane = self.find(target).map(|p| p.id).unwrap_or_else(|| target.to_string());
         let key = if keys.eq_ignore_ascii_case("enter") { "Enter" } else { keys };
         self.ok(&["send-keys", "-t", &pane, key]).map(|_| ())
+    }
+
+    fn pane_pids(&self, pane: &str) -> Vec<i32> {
+        self.pane_row(pane).map(|p| vec![p.pid]).unwrap_or_default()
     }
 
     fn close_pane(&self, pane: &str) -> PaneResult<()> {

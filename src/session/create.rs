@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    adapter_of, backend_kind, caller_binding, check_startable, command_line, default_name, ensure_daemon, forward_env,
-    learn_conversation, load, rollback_text, same_dir, update, verified_rollback, Notes, PaneRef, Row, SessionError,
+    adapter_of, agent_pids_value, backend_kind, caller_binding, check_startable, command_line, default_name,
+    ensure_daemon, forward_env, learn_conversation, load, rollback_text, same_dir, update, verified_rollback, Notes,
+    PaneRef, Row, SessionError,
 };
 use crate::agents;
 use crate::clock;
@@ -139,7 +140,9 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
             workspace_id: Some(placed.workspace.clone()),
             cwd: Some(w.to_string_lossy().into_owned()),
             cmd_full: Some(cmd.clone()),
-            extra: Default::default(),
+            extra: agent_pids_value(b.as_ref(), &placed.pane, &w)
+                .map(|v| [(super::AGENT_PIDS.to_string(), v)].into_iter().collect())
+                .unwrap_or_default(),
         }),
         start_command: Some(cmd),
         agent_args: a.agent_args.clone(),

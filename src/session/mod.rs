@@ -423,6 +423,37 @@ pub fn learn_conversation(
     None
 }
 
+/// The pane extra field holding the agent's processes, `[[pid, start ticks], ...]`.
+pub const AGENT_PIDS: &str = "agent_pids";
+
+/// The agent's processes right after start: the pane's tree without its shell (verified to be the
+/// pane's, `pane::proc::pane_tree`), as recorded in the row's `pane.agent_pids`.
+pub fn agent_pids_value(b: &dyn Backend, pane_id: &str, cwd: &Path) -> Option<Value> {
+    let roots = b.pane_pids(pane_id);
+    let procs: Vec<Value> = pane::proc::pane_tree(&roots, cwd)
+        .into_iter()
+        .filter(|p| {
+            let argv = sys::proc_cmdline(p.pid).unwrap_or_default();
+            !argv.first().is_some_and(|a| pane::is_shell(&String::from_utf8_lossy(a)))
+        })
+        .map(|p| serde_json::json!([p.pid, p.start]))
+        .collect();
+    (!procs.is_empty()).then_some(Value::Array(procs))
+}
+
+/// The processes a row recorded for its agent (`pane.agent_pids`).
+pub fn recorded_procs(row: &Row) -> Vec<pane::proc::Proc> {
+    let Some(list) = row.pane.as_ref().and_then(|p| p.extra.get(AGENT_PIDS)).and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|v| {
+            let pid = v.get(0)?.as_i64().filter(|p| *p > 1 && *p <= i32::MAX as i64)? as i32;
+            Some(pane::proc::Proc { pid, start: v.get(1)?.as_u64()? })
+        })
+        .collect()
+}
+
 /// `<agent>-NN`: the lowest two-digit suffix no row uses (2.1, decided).
 pub fn default_name(doc: &Sessions, kind: &str) -> Option<String> {
     (1..=99).map(|n| format!("{kind}-{n:02}")).find(|n| doc.row(n).is_none())

@@ -96,14 +96,20 @@ pub fn row_target(ctx: &Ctx, r: &Row) -> Option<(String, String)> {
 
 /// Lists `(backend, server)` under MAM_NO_AUTOSTART=1 (set on the given context by the caller).
 pub fn list_server(ctx: &Ctx, backend: &str, server: &str) -> ServerState {
-    let b = match pane::open_named(ctx, backend, Some(server)) {
-        Ok(b) => b,
-        Err(e) => return ServerState::Unknown(e.to_string()),
-    };
+    match list_server_agents(ctx, backend, server) {
+        Ok(list) => ServerState::Listed(list.into_iter().map(|a| a.name).collect()),
+        Err(d) => ServerState::Unknown(d),
+    }
+}
+
+/// The agents a server lists with the state the backend knows for each (herdr's own status, tmux's
+/// read from the screen); no server is an empty list, an unknown state the diagnostic.
+pub fn list_server_agents(ctx: &Ctx, backend: &str, server: &str) -> Result<Vec<pane::Agent>, String> {
+    let b = pane::open_named(ctx, backend, Some(server)).map_err(|e| e.to_string())?;
     match b.list_agents() {
-        ListOutcome::Confirmed(list) => ServerState::Listed(list.into_iter().map(|a| a.name).collect()),
-        ListOutcome::NoServer => ServerState::Listed(Vec::new()),
-        ListOutcome::Unknown(d) => ServerState::Unknown(d),
+        ListOutcome::Confirmed(list) => Ok(list),
+        ListOutcome::NoServer => Ok(Vec::new()),
+        ListOutcome::Unknown(d) => Err(d),
     }
 }
 

@@ -174,6 +174,7 @@ pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String
         Err(f) => return Err(place_error(b.as_ref(), &f, &row.name, &w)),
     };
     let conversation = conversation.or_else(|| learn_conversation(ctx, b.as_ref(), &row.name, ad, &w, started_ms));
+    let pids = super::agent_pids_value(b.as_ref(), &placed.pane, &w);
     let now = clock::now_ts();
     let cmd = command_line(&row.agent, &row.agent_args);
     let written = update(&file, |doc| {
@@ -183,7 +184,11 @@ pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String
         if r.incarnation() != row.incarnation() {
             return Err(SessionError::Failed(format!("row {} was changed meanwhile", row.name)));
         }
-        let extra = r.pane.as_ref().map(|p| p.extra.clone()).unwrap_or_default();
+        let mut extra = r.pane.as_ref().map(|p| p.extra.clone()).unwrap_or_default();
+        match &pids {
+            Some(v) => extra.insert(super::AGENT_PIDS.to_string(), v.clone()),
+            None => extra.remove(super::AGENT_PIDS),
+        };
         r.pane = Some(PaneRef {
             id: Some(placed.pane.clone()),
             server: Some(placed.server.clone()),

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use super::reconcile::{list_server, row_target, ServerState};
+use super::reconcile::{list_server_agents, row_target};
 use super::{load, Row, SessionError};
 use crate::ctx::Ctx;
 use crate::paths;
@@ -32,6 +32,9 @@ pub struct RowStatus {
     pub backend: String,
     pub server: String,
     pub liveness: &'static str,
+    /// The agent's state as its backend knows it (working, idle, done, blocked, unknown), `gone`
+    /// when it is not listed, `unknown` when the server's state is.
+    pub state: String,
     pub jobs: Vec<JobLine>,
 }
 
@@ -66,6 +69,7 @@ impl Report {
                     dash(r.row.pane_id()),
                     dash(r.row.cwd()),
                     r.liveness.to_string(),
+                    r.state.clone(),
                     dash(r.row.conversation_id.as_deref()),
                     dash(Some(&r.row.status)),
                 ]
@@ -92,6 +96,7 @@ impl Report {
                         "pane": r.row.pane_id(),
                         "cwd": r.row.cwd(),
                         "liveness": r.liveness,
+                        "state": r.state,
                         "conversation_id": r.row.conversation_id,
                         "jobs": r.jobs.iter().map(|j| json!({
                             "job_id": j.id, "type": j.job_type, "status": j.status,
@@ -229,26 +234,28 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
         })?],
         None => doc.herdr_sessions.clone(),
     };
-    let mut lists: BTreeMap<(String, String), ServerState> = BTreeMap::new();
+    let mut lists: BTreeMap<(String, String), Result<Vec<crate::pane::Agent>, String>> = BTreeMap::new();
     let mut report = Report::default();
     let mut cache = Cache::new();
     for row in rows {
-        let (backend, server, liveness) = if row.remote() {
-            ("remote".to_string(), "-".to_string(), "unknown")
+        let unknown = || ("unknown", "unknown".to_string());
+        let (backend, server, (liveness, state)) = if row.remote() {
+            ("remote".to_string(), "-".to_string(), unknown())
         } else {
             match row_target(&ctx, &row) {
-                None => ("?".to_string(), "?".to_string(), "unknown"),
+                None => ("?".to_string(), "?".to_string(), unknown()),
                 Some((backend, server)) => {
-                    let state = lists
+                    let listed = lists
                         .entry((backend.clone(), server.clone()))
-                        .or_insert_with(|| list_server(&ctx, &backend, &server))
-                        .clone();
-                    let l = match state {
-                        ServerState::Listed(names) if names.contains(&row.name) => "running",
-                        ServerState::Listed(_) => "gone",
-                        ServerState::Unknown(_) => {
+                        .or_insert_with(|| list_server_agents(&ctx, &backend, &server));
+                    let l = match listed {
+                        Ok(list) => match list.iter().find(|a| a.name == row.name) {
+                            Some(a) => ("running", crate::pane::Status::parse(&a.status).word().to_string()),
+                            None => ("gone", "gone".to_string()),
+                        },
+                        Err(_) => {
                             report.any_unknown = true;
-                            "unknown"
+                            unknown()
                         }
                     };
                     (backend, server, l)
@@ -256,7 +263,7 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
             }
         };
         let jobs = jobs_of(&ctx, &row, &mut cache);
-        report.rows.push(RowStatus { row, backend, server, liveness, jobs });
+        report.rows.push(RowStatus { row, backend, server, liveness, state, jobs });
     }
     Ok(report)
 }

@@ -2,11 +2,13 @@
 //! `set cancelled`, reason `session stopped`; each then has its timer stopped and its closed state
 //! published, as after any operator close, A4), close its pane and confirm the agent is no longer
 //! listed, purge the conversation when asked (after the stop: the live agent is itself a holder),
-//! and mark the row `stopped`.
+//! and mark the row `stopped`. What of the agent's processes outlives its pane (the pane's process
+//! tree taken before the close, and the processes recorded at start) is ended by pid.
 //!
 //! Stop never bootstraps a pane server (a server that is down has nothing to close). Never prints.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::reconcile::row_target;
 use super::{learn_conversation, load, update, Notes, Row, SessionError};
@@ -130,9 +132,15 @@ fn close_and_confirm(ctx: &Ctx, row: &Row, notes: &mut Notes) -> Result<(), Sess
         return Err(SessionError::Failed(format!("session {}: cannot tell its pane backend", row.name)));
     };
     let b = pane::open_named(ctx, &backend, Some(&server))?;
+    // The agent's processes as recorded at start (those still the same processes), so an agent
+    // that outlived its pane or server (gemini ignores SIGHUP) is ended too.
+    let mut tree = recorded_agent_procs(row);
     let agents = match b.list_agents() {
         ListOutcome::Confirmed(list) => list,
-        ListOutcome::NoServer => return Ok(()),
+        ListOutcome::NoServer => {
+            reap_left(&row.name, &tree, notes);
+            return Ok(());
+        }
         ListOutcome::Unknown(d) => {
             return Err(SessionError::Failed(format!(
                 "session {}: state of server {server} unknown ({}); nothing closed",
@@ -148,11 +156,15 @@ fn close_and_confirm(ctx: &Ctx, row: &Row, notes: &mut Notes) -> Result<(), Sess
         None => row.pane_id().filter(|p| !agents.iter().any(|a| a.pane == *p)).map(str::to_string),
     };
     if let Some(p) = &target {
+        // The pane's process tree, taken before the close: afterwards its orphans have another parent.
+        if let Some(cwd) = row.cwd() {
+            tree.extend(pane::proc::pane_tree(&b.pane_pids(p), Path::new(cwd)));
+        }
         if let Err(e) = b.close_pane(p) {
             notes.warn(format!("session {}: closing pane {p}: {e}", row.name));
         }
     }
-    match b.list_agents() {
+    let confirmed = match b.list_agents() {
         ListOutcome::Confirmed(list) if list.iter().any(|a| a.name == row.name) => Err(SessionError::Failed(format!(
             "session {}: agent still listed on server {server} after closing pane {}",
             row.name,
@@ -164,6 +176,26 @@ fn close_and_confirm(ctx: &Ctx, row: &Row, notes: &mut Notes) -> Result<(), Sess
             one_line(&d)
         ))),
         _ => Ok(()),
+    };
+    reap_left(&row.name, &tree, notes);
+    confirmed
+}
+
+/// How long each of SIGTERM and SIGKILL gets to end an agent's leftover processes.
+const REAP_GRACE: Duration = Duration::from_secs(3);
+
+/// The processes `create`/`resume` recorded for the row's agent that still run (pid and start time
+/// both match).
+fn recorded_agent_procs(row: &Row) -> Vec<pane::proc::Proc> {
+    super::recorded_procs(row).into_iter().filter(|p| p.alive()).collect()
+}
+
+/// Ends what of the agent's process tree outlived its pane; a survivor of SIGKILL is a WARNING.
+fn reap_left(name: &str, tree: &[pane::proc::Proc], notes: &mut Notes) {
+    let left = pane::proc::reap(tree, REAP_GRACE);
+    if !left.is_empty() {
+        let pids: Vec<String> = left.iter().map(i32::to_string).collect();
+        notes.warn(format!("session {name}: agent process(es) {} still alive after SIGKILL", pids.join(",")));
     }
 }
 

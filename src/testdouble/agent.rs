@@ -205,7 +205,9 @@ const CLEAR: &str = "\x1b[H\x1b[2J\x1b[3J";
 /// The start-up dialog of terminal mode, shaped like claude's bash permission prompt so that herdr's
 /// `bash_permission_prompt` rule ("do you want to proceed?", "bash command", a "1. Yes" line) and
 /// `live_blocked_form`-style cues ("esc to cancel") classify it as `blocked`. No `❯` marker: that would
-/// look like claude's idle prompt box to the `live_prompt_box` rule.
+/// look like claude's idle prompt box to the `live_prompt_box` rule. Its "Yes" line quotes claude's
+/// trust dialog, so that the adapter table's claude row answers it on a backend that reads the screen
+/// (tmux, and herdr through A58) the way it answers the real one.
 pub const STARTUP_DIALOG: &str = "\
 ────────────────────────────────────────────────────────────
  Bash command
@@ -214,7 +216,7 @@ pub const STARTUP_DIALOG: &str = "\
    Start-up dialog of the fake agent
 
  Do you want to proceed?
-   1. Yes
+   1. Yes, I trust this folder
    2. No
 
  Esc to cancel · Tab to amend · ctrl+e to explain
@@ -267,6 +269,12 @@ impl Agent {
             }
         }
     }
+}
+
+/// The adapter of the CLI name this process was started under (argv[0]), if any.
+fn own_adapter() -> Option<&'static crate::agents::Adapter> {
+    let argv = sys::proc_cmdline(std::process::id() as i32).ok()?;
+    crate::agents::agent_of_argv(&argv[..1.min(argv.len())])
 }
 
 /// Writes `s` to stdout and flushes it (a title carries no newline to flush the line buffer).
@@ -379,6 +387,13 @@ fn serve(ctx: &Ctx, raw: &RawScript) -> Result<i32, String> {
     }
     agent.status("idle");
     agent.screen("fake agent ready");
+    // The input line of the CLI this fake stands in for (started as `claude`: claude's footer), so
+    // that readiness is detected the way it is for the real CLI (A58).
+    if agent.pane_dir.is_none() {
+        if let Some(ad) = own_adapter().filter(|a| !a.ready_line.is_empty()) {
+            agent.screen(&format!("  {}", ad.ready_line));
+        }
+    }
     let mut handled = 0u64;
     match &agent.pane_dir {
         Some(d) => {

@@ -377,6 +377,11 @@ fn workspace_of(pane: &str) -> String {
     pane.split(':').next().unwrap_or_default().to_string()
 }
 
+/// The input line an idle CLI of `kind` shows (the adapter table's ready line).
+fn ready_line(kind: &str) -> &'static str {
+    crate::agents::adapter_of_started(kind).map(|a| a.ready_line).unwrap_or("")
+}
+
 fn push_screen(state: &mut Value, pane: &str, line: &str) {
     if let Some(p) = pane_mut(state, pane) {
         arr(p, "screen").push(json!(line));
@@ -1083,6 +1088,8 @@ impl Call {
                 let Some(ai) = ai else { continue };
                 let Some(n) = state["agents"][ai].get("blocked_enters").and_then(Value::as_u64) else { continue };
                 if n <= 1 {
+                    let ready = ready_line(&s(&state["agents"][ai], "agent"));
+                    push_screen(state, pane, ready);
                     let seq = bump_seq(state);
                     let a = &mut state["agents"][ai];
                     a["blocked_enters"] = Value::Null;
@@ -1178,6 +1185,10 @@ impl Call {
         }
         push_screen(state, &pane, &format!("{kind} ready"));
         let status = state.pointer("/inject/start_status").and_then(Value::as_str).unwrap_or("idle").to_string();
+        // An idle CLI shows its own input line (the adapter table's ready line, A58).
+        if status != "blocked" {
+            push_screen(state, &pane, ready_line(&kind));
+        }
         let never = state.pointer("/inject/never_working").and_then(Value::as_bool).unwrap_or(false);
         let seq = bump_seq(state);
         let shell_pid = state["workspaces"][wi]["panes"][pi]["shell_pid"].as_u64().unwrap_or(1);
@@ -1288,7 +1299,8 @@ fn ws_index(state: &mut Value, id: &str) -> Option<usize> {
 }
 
 fn new_pane(state: &mut Value, pid: &str, cwd: &str, env: &[String]) -> Value {
-    let shell_pid = counter(state, "next_pid", 40_000) * 10;
+    // Above any pid_max (2^22): a pid of the mock never names a real process that `stop` could end.
+    let shell_pid = counter(state, "next_pid", 40_000) * 10 + 4_200_000;
     let env: Map<String, Value> =
         env.iter().filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), json!(v)))).collect();
     json!({"pane_id": pid, "cwd": cwd, "env": env, "terminal_id": terminal_id(), "shell_pid": shell_pid,

@@ -5,6 +5,7 @@
 mod support;
 
 mod agents;
+mod agents_real;
 mod broker;
 mod cli;
 mod daemon;

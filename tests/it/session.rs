@@ -762,7 +762,11 @@ fn o2_8_8_body(h: &S) {
     let pane = h.row("s1")["pane"]["id"].as_str().unwrap().to_string();
     let backend = h.backend_server();
     let conv = h.row("s1")["conversation_id"].as_str().unwrap().to_string();
-    assert_eq!(lines[0], format!("s1\tclaude\t{backend}\t{pane}\t{}\trunning\t{conv}\trunning", h.td.ws().display()));
+    // The agent's state as the backend knows it: the fake agent and herdr both say idle at its prompt.
+    assert_eq!(
+        lines[0],
+        format!("s1\tclaude\t{backend}\t{pane}\t{}\trunning\tidle\t{conv}\trunning", h.td.ws().display())
+    );
     assert_eq!(lines[1..], ["  job j1 task pending"], "only open jobs");
     let r = h.mam(["status", "s1", "--json"]).run();
     r.expect_rc(0);
@@ -775,7 +779,7 @@ fn o2_8_8_body(h: &S) {
     let r = h.mam(["status", "s1"]).run();
     r.expect_rc(0);
     assert_eq!(r.stdout().lines().count(), 1);
-    assert!(r.stdout().contains("\tgone\t"), "{}", r.stdout());
+    assert!(r.stdout().contains("\tgone\tgone\t"), "{}", r.stdout());
 }
 
 #[test]
@@ -1032,7 +1036,11 @@ fn tmux_create_status_stop_resume() {
     let st = h.mam(["status", "t1"]).run();
     st.expect_rc(0);
     assert!(st.stdout().contains(&format!("\ttmux/{}\t{pane}\t", h.tmux.as_deref().unwrap())), "{}", st.stdout());
-    assert!(st.stdout().contains("\trunning\t"), "{}", st.stdout());
+    // tmux reads the state from the screen: the fake claude shows claude's input line, so idle.
+    assert!(st.stdout().contains("\trunning\tidle\t"), "{}", st.stdout());
+    let ls = h.mam(["pane", "ls"]).run();
+    ls.expect_rc(0);
+    assert_eq!(ls.stdout(), format!("t1\t{pane}\tclaude\tidle\n"));
     h.mam(["stop", "t1"]).run().expect_rc(0);
     assert!(h.tmux_panes().is_empty(), "no pane left");
     assert!(h.mam(["status", "t1"]).run().stdout().contains("\tgone\t"));
@@ -1042,6 +1050,38 @@ fn tmux_create_status_stop_resume() {
     assert!(h.mam(["status", "t1"]).run().stdout().contains("\trunning\t"));
     h.mam(["stop", "t1"]).run().expect_rc(0);
     assert!(h.tmux_panes().is_empty());
+}
+
+/// `stop` leaves nothing of the agent behind: a process of its tree that ignores SIGHUP (as gemini
+/// does) outlives the closed pane, and stop ends it by pid.
+#[test]
+fn tmux_stop_ends_an_agent_process_that_outlives_its_pane() {
+    let Some(h) = S::tmux("tmux_orphan") else { return };
+    let claude = h.td.path("bin/claude");
+    fs::remove_file(&claude).unwrap();
+    let pidfile = h.td.path("orphan.pid");
+    h.td.write(
+        "bin/claude",
+        format!(
+            "#!/usr/bin/env bash\ntrap '' HUP\nsleep 300 &\necho $! > '{}'\nexec -a claude '{}' \"$@\"\n",
+            pidfile.display(),
+            mam_bin().display()
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
+    h.create(&["--name", "t1"]).run().expect_rc(0);
+    let row = h.row("t1");
+    assert!(row["pane"]["agent_pids"].as_array().is_some_and(|a| !a.is_empty()), "{row}");
+    let orphan: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(mam::sys::process_exists(orphan));
+    let t0 = std::time::Instant::now();
+    h.mam(["stop", "t1"]).run().expect_rc(0);
+    assert!(h.tmux_panes().is_empty());
+    wait_until("the orphan is gone", Duration::from_secs(5), || {
+        !mam::sys::process_exists(orphan) || matches!(mam::sys::proc_start_ticks(orphan), Ok((_, true)))
+    });
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
 }
 
 #[test]
