@@ -39,6 +39,11 @@ pub struct World {
 
 impl Drop for World {
     fn drop(&mut self) {
+        // Each loop froze a copy of the binary (tens of MB in a debug build): a suite of loops
+        // would otherwise fill a small disk. Everything else stays for a look after a failure.
+        for id in self.loop_ids() {
+            let _ = fs::remove_file(self.loop_dir(&id).join("bin/mam"));
+        }
         for pid in self.agents.borrow().iter() {
             let _ = mam::sys::kill(-pid, 9);
         }
