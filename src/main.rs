@@ -108,7 +108,11 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
 
 fn not_yet(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failure> {
     let Some((_, summary, _)) = COMMANDS.iter().find(|(n, _, _)| *n == name) else {
-        return Err(Failure::usage(format!("unknown command '{}' (see mam --help)", mam::text::one_line(name))));
+        let hint = match mam::text::closest(name, COMMANDS.iter().map(|(n, _, _)| *n)) {
+            Some(c) => format!("; did you mean 'mam {c}'?"),
+            None => String::new(),
+        };
+        return Err(Failure::usage(format!("unknown command '{}'{hint} (see mam --help)", mam::text::one_line(name))));
     };
     if args.iter().any(|a| a == "--help" || a == "-h") {
         ctx.say(&format!("Usage: mam {name} ...\n\n{summary}.\n\nNot yet available in this build: exits 2."));

@@ -33,5 +33,6 @@ mod session;
 mod sign;
 mod spec;
 mod tidy;
+mod userpath;
 mod watch;
 mod worktree;
