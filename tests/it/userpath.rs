@@ -13,3 +13,33 @@ fn broker_not_running_says_how_to_start_one() {
     assert!(last.starts_with(&format!("ERROR: cannot connect to broker 127.0.0.1:{port}")), "{last}");
     assert!(last.contains("start one with `mam broker") && last.contains("MQTT_BROKER and MQTT_PORT"), "{last}");
 }
+
+/// `mam pub`/`mam sub` take the mosquitto flags people type (-L, -l, -i, -d, -u, -F, -N, -R), refuse
+/// -P with "set MQTT_PASSWORD" (the password never shown), and `sub -W` says it timed out.
+#[test]
+fn pub_and_sub_take_mosquitto_flags() {
+    let td = TestDir::new("mosqflags");
+    let Some(b) = start_target(Target::Embedded, &td) else { return };
+    let port = b.port().to_string();
+    let mut sub = td
+        .mam()
+        .env("MQTT_PORT", &port)
+        .args(["sub", "-t", "u/#", "-C", "3", "-F", "%t=%p(%l)", "-N", "-d", "-i", "mam-sub-test", "-W", "30"])
+        .spawn_bg(&td, "sub");
+    wait_until("sub subscribed", std::time::Duration::from_secs(20), || sub.stderr().contains("NOTE: sub: subscribed to u/#"));
+    let url = format!("mqtt://someone@127.0.0.1:{port}/u/a");
+    td.mam().args(["pub", "-L", &url, "-m", "one", "-i", "mam-pub-test"]).run().expect_rc(0);
+    let r = td.mam().env("MQTT_PORT", &port).args(["pub", "-t", "u/b", "-l", "-d"]).run_stdin(b"x\nyy\n");
+    r.expect_rc(0);
+    assert!(r.stderr().contains("NOTE: pub: sent 2 bytes to 'u/b'"), "{}", r.stderr());
+    let (rc, _) = sub.wait(std::time::Duration::from_secs(20));
+    assert_eq!(rc, 0, "{}", sub.stderr());
+    assert_eq!(sub.stdout(), "u/a=one(3)u/b=x(1)u/b=yy(2)");
+
+    let r = td.mam().env("MQTT_PORT", &port).args(["pub", "-t", "u/c", "-m", "x", "-P", "hunter2"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("set MQTT_PASSWORD") && !r.stderr().contains("hunter2"), "{}", r.stderr());
+    let r = td.mam().env("MQTT_PORT", &port).args(["sub", "-t", "u/none", "-W", "1"]).run();
+    r.expect_rc(27);
+    assert_eq!(r.stderr(), "NOTE: sub: timed out after 1 s (-W) with 0 message(s) received\n");
+}
