@@ -34,7 +34,9 @@ Options:
   --job-id ID            the job (see `mam registry publish-cmd ID` for the whole line)
   --event E              started, progress, completed, failed or error
   --message TEXT         free text, at most 4096 bytes
-  --data JSON            a JSON object of at most 64 KiB (integers only, no floats)
+  --data JSON            a JSON object of at most 64 KiB; a number that is not an integer (0.5,
+                         1e3) is sent as its decimal text in a string, since signed payloads
+                         carry integers only (a NOTE says so)
   --attempt A            must match the record (default: the record's attempt)
   --dispatch-token T     must match the record (default: the record's token)
   --registry-dir D       the job registry; else MAM_JOBS_DIR; else <control root>/.mam/jobs
@@ -60,12 +62,15 @@ struct Args {
     registry_dir: Option<std::path::PathBuf>,
     heartbeat: Option<u32>,
     watch_pid: Option<i32>,
+    /// `--data` numbers sent as strings, as (path, text), for the NOTE.
+    data_notes: Vec<(String, String)>,
 }
 
 fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     use lexopt::prelude::*;
     let mut p = lexopt::Parser::from_args(args);
     let (mut job_id, mut event, mut message, mut data) = (None, None, String::new(), Map::new());
+    let mut data_notes = Vec::new();
     let (mut attempt, mut token, mut registry_dir, mut heartbeat, mut watch_pid, mut no_state) =
         (None, None, None, None, None, false);
     while let Some(arg) = p.next()? {
@@ -102,7 +107,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 }
                 message = v;
             }
-            Long("data") => data = parse_data(p.value()?)?,
+            Long("data") => (data, data_notes) = parse_data(p.value()?)?,
             Long("attempt") => attempt = Some(u64::from(knob::flag("--attempt", &p.value()?, 1)?)),
             Long("dispatch-token") => {
                 let v = cli::utf8("--dispatch-token", p.value()?)?;
@@ -137,6 +142,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         registry_dir,
         heartbeat,
         watch_pid,
+        data_notes,
     }))
 }
 
@@ -149,21 +155,50 @@ fn short(v: &str) -> String {
     }
 }
 
-/// `--data`: a JSON object of at most 64 KiB that has canonical bytes (integers only).
-fn parse_data(raw: OsString) -> Result<Map<String, Value>, Failure> {
+/// Replaces every number that is not an integer with its decimal text (issue 18: `--data` takes
+/// any JSON number, and the canonical bytes of CORE 4 hold integers only), noting each (path, text).
+fn stringify_floats(v: &mut Value, path: &str, notes: &mut Vec<(String, String)>) {
+    match v {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            let t = n.to_string();
+            notes.push((path.to_string(), t.clone()));
+            *v = Value::String(t);
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter_mut().enumerate() {
+                stringify_floats(x, &format!("{path}[{i}]"), notes);
+            }
+        }
+        Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                stringify_floats(x, &format!("{path}.{k}"), notes);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `--data`: a JSON object of at most 64 KiB that has canonical bytes once its non-integer numbers
+/// are strings.
+type Data = (Map<String, Value>, Vec<(String, String)>);
+fn parse_data(raw: OsString) -> Result<Data, Failure> {
     let v = cli::utf8("--data", raw)?;
     if v.len() > publish::MAX_DATA {
         return Err(Failure::usage(format!("--data: {} bytes is more than {}", v.len(), publish::MAX_DATA)));
     }
     let parsed: Value = serde_json::from_str(&v)
         .map_err(|e| Failure::usage(format!("--data: invalid JSON ({})", text::one_line(&e.to_string()))))?;
-    let Value::Object(m) = parsed else {
+    let Value::Object(_) = parsed else {
         return Err(Failure::usage("--data: must be a JSON object"));
     };
-    if let Err(e) = sign::canonical(&Value::Object(m.clone())) {
+    let mut parsed = parsed;
+    let mut notes = Vec::new();
+    stringify_floats(&mut parsed, "data", &mut notes);
+    if let Err(e) = sign::canonical(&parsed) {
         return Err(Failure::usage(format!("--data: {e}")));
     }
-    Ok(m)
+    let Value::Object(m) = parsed else { unreachable!("checked above") };
+    Ok((m, notes))
 }
 
 /// Entry point.
@@ -172,6 +207,11 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
+    for (path, t) in &a.data_notes {
+        ctx.diag(&format!(
+            "NOTE: publish: --data: {path} = {t} is not an integer; sent as the string \"{t}\" (signed payloads carry integers only)"
+        ));
+    }
     let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
     let settings = Settings::for_registry(ctx, Some(&store.registry))?;
@@ -272,7 +312,10 @@ mod tests {
         assert_eq!(ok(&["progress", "--watch-pid", "1"]).unwrap_err().rc, 2);
         assert_eq!(ok(&["beat"]).unwrap_err().rc, 2);
         assert_eq!(ok(&["progress", "--data", "[1]"]).unwrap_err().line, "ERROR: --data: must be a JSON object");
-        assert_eq!(ok(&["progress", "--data", "{\"r\":0.5}"]).unwrap_err().rc, 2);
+        // Issue 18: any JSON number; a non-integer travels as its decimal text.
+        let Ok(Parsed::Run(a)) = ok(&["progress", "--data", "{\"r\":0.5,\"n\":[1,2.5e3],\"i\":-3}"]) else { panic!() };
+        assert_eq!(Value::Object(a.req.data), serde_json::json!({"r": "0.5", "n": [1, "2500.0"], "i": -3}));
+        assert_eq!(a.data_notes, [("data.r".to_string(), "0.5".to_string()), ("data.n[1]".into(), "2500.0".into())]);
         let big = format!("{{\"a\":\"{}\"}}", "x".repeat(64 * 1024));
         assert_eq!(ok(&["progress", "--data", &big]).unwrap_err().rc, 2);
         let msg = "m".repeat(4097);
