@@ -37,8 +37,9 @@ to the finish (else now); FINISHED is the finish time (UTC; HH:MM:SS today, else
 EVIDENCE is the age of the newest sign of life (record timestamps such as last_event_at and
 updated_at, or the mtime of events.log); HEARTBEAT the age of the last heartbeat (heartbeat_at, or
 the last events.log line with \"heartbeat\":true); both are `-` for a finished job, where an age
-means nothing. `-` means none. Reads files only: works with no broker and creates nothing; a
-registry that does not exist is an error (see `mam paths`).
+means nothing. `-` means none. Reads files only: works with no broker and creates nothing. A
+registry that does not exist is an error (see `mam paths`), except the default one of a control
+root whose .mam/ exists (nothing registered yet: an empty table).
 
 Options:
   --registry-dir D   the job registry (relative to the cwd); else MAM_JOBS_DIR; else
@@ -327,7 +328,12 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     cli::load_env(ctx)?;
     let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
-    if !store.registry.is_dir() {
+    // The default registry of a control root that exists is merely empty so far; any other
+    // registry that does not exist is a wrong path (another root, a typo), not an empty table.
+    let fresh_default = a.registry_dir.is_none()
+        && ctx.path_var("MAM_JOBS_DIR").is_none()
+        && resolved.control_root.join(".mam").is_dir();
+    if !store.registry.is_dir() && !fresh_default {
         return Err(Failure::runtime(format!(
             "jobs: no registry at {} (nothing registered there yet, or another control root: see `mam paths`; \
              --registry-dir or MAM_JOBS_DIR name another)",

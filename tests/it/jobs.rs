@@ -138,6 +138,13 @@ fn jobs_on_a_missing_registry_is_an_error_and_creates_nothing() {
     r.expect_rc(1);
     assert_eq!(r.stdout(), "");
     assert!(!td.path("nowhere").exists());
+    // The default registry of a control root that exists is only empty so far.
+    let r = td.mam().args(["jobs"]).run();
+    r.expect_rc(0);
+    assert!(r.stdout().starts_with("registry ") && r.stdout().contains(": 0 job(s) at "), "{}", r.stdout());
+    // A directory that is no control root at all has no registry.
+    fs::create_dir_all(td.path("elsewhere")).unwrap();
+    td.mam().cwd(td.path("elsewhere")).args(["jobs"]).run().expect_rc(1);
     assert_eq!(tree(&td.ws()), vec![".mam".to_string()]);
     let r = td.mam().args(["jobs", "--bogus"]).run();
     r.expect_rc(2);

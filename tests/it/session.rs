@@ -762,8 +762,10 @@ fn o2_8_8_body(h: &S) {
     let pane = h.row("s1")["pane"]["id"].as_str().unwrap().to_string();
     let backend = h.backend_server();
     let conv = h.row("s1")["conversation_id"].as_str().unwrap().to_string();
-    assert_eq!(lines[0], format!("s1\tclaude\t{backend}\t{pane}\t{}\trunning\t{conv}\trunning", h.td.ws().display()));
-    assert_eq!(lines[1..], ["  job j1 task pending"], "only open jobs");
+    // Issue 18: a header row names the columns.
+    assert_eq!(lines[0], "NAME\tAGENT\tSERVER\tPANE\tCWD\tLIVENESS\tCONVERSATION\tSTATUS");
+    assert_eq!(lines[1], format!("s1\tclaude\t{backend}\t{pane}\t{}\trunning\t{conv}\trunning", h.td.ws().display()));
+    assert_eq!(lines[2..], ["  job j1 task pending"], "only open jobs");
     let r = h.mam(["status", "s1", "--json"]).run();
     r.expect_rc(0);
     let v: Value = serde_json::from_str(&r.stdout()).unwrap();
@@ -774,7 +776,7 @@ fn o2_8_8_body(h: &S) {
     h.mam(["stop", "s1"]).run().expect_rc(0);
     let r = h.mam(["status", "s1"]).run();
     r.expect_rc(0);
-    assert_eq!(r.stdout().lines().count(), 1);
+    assert_eq!(r.stdout().lines().count(), 2);
     assert!(r.stdout().contains("\tgone\t"), "{}", r.stdout());
 }
 
@@ -1194,7 +1196,16 @@ fn monitor_is_a_front_over_the_daemon() {
         let m = h.mam(["monitor", verb]).run();
         let d = h.mam(["daemon", daemon, "--workspace", &s(&h.td.ws())]).run();
         assert_eq!(m.rc(), d.rc(), "monitor {verb}: {} / {}", m.stderr(), d.stderr());
-        assert_eq!(m.stdout(), d.stdout());
+        // Issue 18: monitor labels what the daemon command prints bare.
+        let root = s(&h.td.ws());
+        let want = match d.stdout().trim() {
+            "" if verb == "status" => format!("daemon for {root}: not running (start it with `mam monitor start`)\n"),
+            pid if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) => {
+                format!("daemon for {root}: running, pid {pid}\n")
+            }
+            _ => d.stdout(),
+        };
+        assert_eq!(m.stdout(), want, "monitor {verb}");
     }
     let m = h.mam(["monitor"]).run();
     assert_eq!(m.rc(), h.mam(["daemon", "status", "--workspace", &s(&h.td.ws())]).run().rc());
@@ -1220,7 +1231,7 @@ fn shims_exec_the_session_subcommands() {
     }
     let out = st.args(["sh1"]).run();
     out.expect_rc(0);
-    assert!(out.stdout().starts_with("sh1\tclaude\tfake/fake\t"), "{}", out.stdout());
+    assert!(out.stdout().lines().nth(1).is_some_and(|l| l.starts_with("sh1\tclaude\tfake/fake\t")), "{}", out.stdout());
     let mut stop = h.td.command(shims.join("stop_session.sh")).env("MAM_BIN", mam_bin());
     for (k, v) in &h.env {
         stop = stop.env(k, v);

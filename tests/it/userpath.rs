@@ -43,3 +43,21 @@ fn pub_and_sub_take_mosquitto_flags() {
     r.expect_rc(27);
     assert_eq!(r.stderr(), "NOTE: sub: timed out after 1 s (-W) with 0 message(s) received\n");
 }
+
+/// `mam status` and `mam reconcile` say "no sessions" / "nothing to do" instead of printing nothing;
+/// `mam monitor` labels what it prints.
+#[test]
+fn empty_answers_are_sentences() {
+    let td = TestDir::new("emptyans");
+    let r = td.mam().env("MAM_PANE_BACKEND", "fake").args(["status"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), "no sessions (start one with `mam create <agent>`)\n");
+    let r = td.mam().env("MAM_PANE_BACKEND", "fake").args(["status", "--json"]).run();
+    assert_eq!(r.stdout(), "[]\n");
+    let r = td.mam().env("MAM_PANE_BACKEND", "fake").args(["reconcile"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), "nothing to do: no sessions to reconcile\n");
+    let r = td.mam().args(["monitor", "status"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), format!("daemon for {}: not running (start it with `mam monitor start`)\n", td.ws().display()));
+}
