@@ -80,6 +80,16 @@ impl From<PaneError> for Failure {
     }
 }
 
+/// rc 4 for an engine refusal of job `id`: the reason, what it means in words, and that the record
+/// did not change (issue 18): `REFUSED: <id>: late_signal: the job has already finished, so this
+/// signal came too late; the record is unchanged`.
+pub fn job_refused(id: &str, reason: &str) -> Failure {
+    match crate::registry::engine::explain(reason) {
+        Some(words) => Failure::refused(format!("{id}: {reason}: {words}; the record is unchanged")),
+        None => Failure::refused(format!("{id}: {reason}; the record is unchanged")),
+    }
+}
+
 /// The one stderr line and exit code of `delegate-job` stopping before a job was registered.
 pub fn delegate_failure(e: DelegateError) -> Failure {
     match e {

@@ -15,6 +15,7 @@ use crate::heartbeat::timer::{self, TimerError};
 use crate::knob;
 use crate::paths;
 use crate::publish::{self, Event, Outcome, WireReport};
+use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::sign;
 use crate::text;
@@ -218,15 +219,34 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let id = a.req.job_id.clone();
     let event = a.req.event.name();
     let mut diag = |line: String| ctx.diag(&line);
-    let outcome = publish::publish(&store, &settings, &a.req, &mut diag).map_err(Failure::runtime)?;
-    let mut rc = 0;
+    // Issue 18: the timer is armed as soon as the event is recorded, before the wire is tried, so
+    // a broker outage at start cannot hold it back past the job's idle window.
+    let mut arm_failure: Option<Failure> = None;
+    let mut armed_early = false;
+    let mut hook = |rec: &Record| match a.heartbeat {
+        Some(n) => {
+            armed_early = true;
+            let (lines, fail) = arm_timer(ctx, &store, &settings, &a, n, rec);
+            arm_failure = fail;
+            lines
+        }
+        None => Vec::new(),
+    };
+    let outcome = publish::publish(&store, &settings, &a.req, &mut diag, Some(&mut hook)).map_err(Failure::runtime)?;
+    if let Some(f) = &arm_failure {
+        ctx.diag(&f.line);
+    }
+    let mut rc = arm_failure.map_or(0, |f| f.rc);
     let arm = match &outcome {
         Outcome::Published { seq, report } => {
-            rc = report_rc(ctx, report, &format!("job {id}: {event} seq={seq}"));
-            if rc == 0 {
+            let wire = report_rc(ctx, report, &format!("job {id}: {event} seq={seq}"));
+            if wire == 0 && rc == 0 {
                 ctx.say(&format!("published {event} seq={seq} job={id}"));
             }
-            true
+            if wire != 0 {
+                rc = wire;
+            }
+            !armed_early
         }
         Outcome::Repeat { status, resent } => {
             ctx.say(&format!("already {status}; nothing new to publish"));
@@ -236,10 +256,15 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             // A31: an idempotent `started --heartbeat N` re-arms the timer when none is alive.
             timer::status(&store.registry, &id).is_none()
         }
-        Outcome::Refused { reason } => return Err(Failure::refused(format!("{id}: {reason}"))),
+        Outcome::Refused { reason } => return Err(cli::job_refused(&id, reason)),
     };
     if let (Some(n), true) = (a.heartbeat, arm) {
-        if let Err(f) = arm_timer(ctx, &store, &settings, &a, n) {
+        let rec = store.read_existing(&a.req.job_id).map_err(Failure::runtime)?;
+        let (lines, fail) = arm_timer(ctx, &store, &settings, &a, n, &rec);
+        for l in lines {
+            ctx.diag(&l);
+        }
+        if let Some(f) = fail {
             ctx.diag(&f.line);
             if rc == 0 {
                 rc = f.rc;
@@ -264,30 +289,41 @@ fn report_rc(ctx: &Ctx, r: &WireReport, what: &str) -> i32 {
 }
 
 /// CORE 6.3 step 8: start_timer after a non-terminal event. An ended attempt is a WARNING only.
-fn arm_timer(ctx: &Ctx, store: &Store, settings: &Settings, a: &Args, n: u32) -> Result<(), Failure> {
-    let rec = store.read_existing(&a.req.job_id).map_err(Failure::runtime)?;
-    if let Some(m) = rec.u64("heartbeat_sec").filter(|m| *m != u64::from(n)) {
-        ctx.diag(&format!("WARNING: --heartbeat {n} differs from the job's heartbeat_sec {m}; the record keeps {m}"));
-    }
+/// Returns the lines to print and, when the timer could not be started, the failure.
+///
+/// A `--heartbeat N` that disagrees with the record's `heartbeat_sec` M is not applied (issue 18,
+/// docs/DESIGN.md): the timer beats every M s, the cadence the job's idle window (K x M) and every
+/// watcher count on, and a WARNING says so. Before, the timer beat every N s while the warning said
+/// the record kept M: both at once.
+fn arm_timer(ctx: &Ctx, store: &Store, settings: &Settings, a: &Args, n: u32, rec: &Record) -> (Vec<String>, Option<Failure>) {
+    let mut lines = Vec::new();
+    let interval = match rec.u64("heartbeat_sec").and_then(|m| u32::try_from(m).ok()).filter(|m| *m >= 1) {
+        Some(m) if m != n => {
+            lines.push(format!(
+                "WARNING: --heartbeat {n} is not this job's heartbeat_sec {m}; the timer beats every {m} s, as the record \
+                 says (its idle window counts on {m})"
+            ));
+            m
+        }
+        _ => n,
+    };
     let req = Arm {
         attempt: a.req.attempt,
         dispatch_token: a.req.dispatch_token.clone(),
-        interval: n,
+        interval,
         watch_pid: a.watch_pid,
         lifetime: None,
     };
-    match arm::arm(ctx, store, settings, &a.req.job_id, &rec, req) {
+    match arm::arm(ctx, store, settings, &a.req.job_id, rec, req) {
         Ok(armed) => {
-            for w in &armed.warnings {
-                ctx.diag(w);
-            }
-            Ok(())
+            lines.extend(armed.warnings);
+            (lines, None)
         }
         Err(TimerError::AttemptEnded { why, .. }) => {
-            ctx.diag(&format!("WARNING: heartbeat timer not armed: attempt ended ({why})"));
-            Ok(())
+            lines.push(format!("WARNING: heartbeat timer not armed: attempt ended ({why})"));
+            (lines, None)
         }
-        Err(e) => Err(Failure::runtime(format!("heartbeat timer not started: {e}"))),
+        Err(e) => (lines, Some(Failure::runtime(format!("heartbeat timer not started: {e}")))),
     }
 }
 

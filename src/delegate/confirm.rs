@@ -36,7 +36,7 @@ impl Confirm for JobStarted {
     }
     fn confirmed(&mut self) -> Option<String> {
         let t = self.token.as_deref()?;
-        job_started(&self.job, t).then(|| format!("job {} started", self.job.job_id))
+        job_started(&self.job, t).then(|| format!("job {} reported started", self.job.job_id))
     }
 }
 

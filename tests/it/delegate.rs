@@ -643,7 +643,8 @@ fn o3_7_11_no_working_status_but_started_is_not_blocked() {
         h.delegate("w1", &task, FAST).env("MAM_FAKE_PROMPT_RESULT", "stalled").env("SKS_DELIVERY_GRACE_S", "10").run();
     r.expect_rc(0);
     assert_eq!(last_line(&r.stdout()).1, "completed");
-    assert!(r.stderr().contains("confirmed by job"), "{}", r.stderr());
+    // Issue 18: the delivery line says in words what confirmed it.
+    assert!(r.stderr().contains("reported started, which confirms delivery"), "{}", r.stderr());
 }
 
 /// 3.7 test 12: after an ack failure no subscriber process remains (it did run: its log exists).

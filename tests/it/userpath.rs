@@ -61,3 +61,37 @@ fn empty_answers_are_sentences() {
     r.expect_rc(0);
     assert_eq!(r.stdout(), format!("daemon for {}: not running (start it with `mam monitor start`)\n", td.ws().display()));
 }
+
+/// `mam publish --event started --heartbeat N` arms the timer as soon as the event is recorded,
+/// while the wire is still retrying: a broker outage at start cannot make a healthy job miss its
+/// idle window. A `--heartbeat` that disagrees with the record's N is not applied: the timer beats
+/// at the record's N and a WARNING says so (never "the record keeps M" while beating at N).
+#[test]
+fn heartbeat_is_armed_while_the_wire_retries_and_the_record_s_n_wins() {
+    use std::time::Duration;
+    let td = TestDir::new("hbearly");
+    let port = free_port();
+    let id = crate::publish::new_job(&td, port, &[]);
+    let _timers = TimerGuard(id.clone());
+    let mut p = crate::publish::mam_at(&td, port)
+        .env("MAM_PUBLISH_BUDGET_S", "8")
+        .args(["publish", "--job-id", &id, "--event", "started", "--heartbeat", "5", "--watch-pid", "0"])
+        .spawn_bg(&td, "publish");
+    wait_until("the timer, while publish still retries", Duration::from_secs(5), || {
+        !timer_pids(&id).is_empty() || p.exited()
+    });
+    assert!(!p.exited(), "publish ended before the timer was seen: {}", p.stderr());
+    let (rc, _) = p.wait(Duration::from_secs(30));
+    assert_eq!(rc, 3, "{}", p.stderr());
+    let err = p.stderr();
+    assert!(
+        err.contains("WARNING: --heartbeat 5 is not this job's heartbeat_sec 1; the timer beats every 1 s"),
+        "{err}"
+    );
+    assert!(!err.contains("the record keeps"), "{err}");
+    // The timer beats at the record's N = 1 s: two beats land in events.log within a few seconds.
+    let log = td.ws().join(".mam/jobs").join(&id).join("events.log");
+    wait_until("two beats at 1 s", Duration::from_secs(10), || {
+        std::fs::read_to_string(&log).unwrap_or_default().matches("\"heartbeat\":true").count() >= 2
+    });
+}
