@@ -614,7 +614,7 @@ mod tests {
             no_state: false,
         };
         let mut diag = |_: String| {};
-        let e = publish(&store, &settings, &req, &mut diag).unwrap_err().to_string();
+        let e = publish(&store, &settings, &req, &mut diag, None).unwrap_err().to_string();
         assert_eq!(e, format!("job j1: data of {} bytes is more than {MAX_DATA}", MAX_DATA + 13));
         // A larger limit passes the check and gets as far as the (missing) record.
         let e = publish_with_limit(&store, &settings, &req, 4 * MAX_DATA, &mut diag).unwrap_err().to_string();
