@@ -1428,3 +1428,70 @@ fn stop_purge_conversation_purges_through_the_adapter() {
     r.expect_rc(2);
     assert!(r.stderr().contains("is not a canonical uuid"), "{}", r.stderr());
 }
+
+/// Issue 18: `mam create` says how to look at the pane; `mam attach` prints (`--print`) and runs
+/// the way there: attach-session from a plain terminal, and from inside another tmux server a new
+/// window of that server running a nested client of the agent's server (checked on real tmux).
+#[test]
+fn tmux_attach_prints_and_brings_the_user_to_the_pane() {
+    let Some(h) = S::tmux("tmux_attach") else { return };
+    let r = h.create(&["--name", "t1"]).run();
+    r.expect_rc(0);
+    assert!(r.stderr().contains("NOTE: look at the agent's pane with `mam attach t1`"), "{}", r.stderr());
+    let pane = kv(&r.stdout(), "PANE");
+    let sock = h.tmux.clone().unwrap();
+    let r = h.mam(["attach", "t1", "--print"]).env_remove("TMUX").run();
+    r.expect_rc(0);
+    eqnice!(
+        format!(
+            "tmux -L {sock} select-window -t {pane}\ntmux -L {sock} select-pane -t {pane}\ntmux -L {sock} attach-session -t {pane}\n"
+        ),
+        r.stdout()
+    );
+    // The person's own tmux server (a second private one), and `mam attach` run "inside" it.
+    let user = format!("user-{}", rand_hex(4));
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux").args(["-L", &self.0, "kill-server"]).output();
+        }
+    }
+    let _kill = Kill(user.clone());
+    let st = Command::new("tmux").args(["-L", &user, "new-session", "-d", "-x", "80", "-y", "24"]).status().unwrap();
+    assert!(st.success());
+    let out = Command::new("tmux").args(["-L", &user, "display-message", "-p", "#{socket_path}"]).output().unwrap();
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let tmux_var = format!("{path},1,0");
+    let r = h.mam(["attach", "t1", "--print"]).env("TMUX", &tmux_var).run();
+    r.expect_rc(0);
+    assert!(
+        r.stdout().ends_with(&format!("tmux new-window -n mam:t1 'env -u TMUX tmux -L {sock} attach-session -t {pane}'\n")),
+        "{}",
+        r.stdout()
+    );
+    let r = h.mam(["attach", "t1"]).env("TMUX", &tmux_var).run();
+    r.expect_rc(0);
+    assert!(r.stderr().contains("nested client"), "{}", r.stderr());
+    let windows = Command::new("tmux").args(["-L", &user, "list-windows", "-F", "#{window_name}"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&windows.stdout).lines().any(|w| w == "mam:t1"), "{windows:?}");
+    wait_until("a client on the agent's server", Duration::from_secs(10), || {
+        let c = Command::new("tmux").args(["-L", &sock, "list-clients", "-F", "#{client_name}"]).output().unwrap();
+        !String::from_utf8_lossy(&c.stdout).trim().is_empty()
+    });
+    drop(_kill);
+    h.mam(["stop", "t1"]).run().expect_rc(0);
+}
+
+/// Issue 18: `mam attach` names an unknown session's closest name, and the fake backend has no pane.
+#[test]
+fn attach_refuses_unknown_sessions_and_the_fake_backend() {
+    let h = S::fake("attach_fake");
+    h.create(&["--name", "s1"]).run().expect_rc(0);
+    let r = h.mam(["attach", "s2"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("unknown session 's2'") && r.stderr().contains("did you mean 's1'?"), "{}", r.stderr());
+    let r = h.mam(["attach", "s1", "--print"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("no pane to look at"), "{}", r.stderr());
+    h.mam(["stop", "s1"]).run().expect_rc(0);
+}
