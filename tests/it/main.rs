@@ -11,6 +11,7 @@ mod daemon;
 mod delegate;
 mod diff_collect;
 mod envfile;
+mod guide;
 mod heartbeat;
 mod herdr_contract;
 mod herdr_mam;
