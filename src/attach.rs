@@ -177,7 +177,10 @@ mod tests {
 
     #[test]
     fn here_from_vars() {
-        assert_eq!(Here::from_vars(Some("/tmp/tmux-1000/default,123,0"), None), Here::Tmux { socket: "default".into() });
+        assert_eq!(
+            Here::from_vars(Some("/tmp/tmux-1000/default,123,0"), None),
+            Here::Tmux { socket: "default".into() }
+        );
         assert_eq!(Here::from_vars(Some(""), Some("1")), Here::Herdr);
         assert_eq!(Here::from_vars(None, None), Here::Outside);
     }
@@ -187,11 +190,7 @@ mod tests {
         let p = plan(&tmux(), &Here::Outside).unwrap();
         assert_eq!(
             lines(&p),
-            [
-                "tmux -L mam select-window -t %3",
-                "tmux -L mam select-pane -t %3",
-                "tmux -L mam attach-session -t %3"
-            ]
+            ["tmux -L mam select-window -t %3", "tmux -L mam select-pane -t %3", "tmux -L mam attach-session -t %3"]
         );
         assert!(p.takes_terminal);
     }
@@ -212,7 +211,8 @@ mod tests {
 
     #[test]
     fn herdr_focuses_inside_and_attaches_outside() {
-        let t = Target { name: "w1".into(), backend: "herdr".into(), server: "multi-agent-mux".into(), pane: "p_1".into() };
+        let t =
+            Target { name: "w1".into(), backend: "herdr".into(), server: "multi-agent-mux".into(), pane: "p_1".into() };
         assert_eq!(lines(&plan(&t, &Here::Herdr).unwrap()), ["HERDR_SESSION=multi-agent-mux herdr agent focus p_1"]);
         let p = plan(&t, &Here::Outside).unwrap();
         assert_eq!(lines(&p), ["HERDR_SESSION=multi-agent-mux herdr agent attach p_1"]);

@@ -23,8 +23,9 @@ pub struct ConfigError {
     pub value: Option<String>,
     /// What was expected, e.g. `a decimal integer >= 1`.
     pub expected: String,
-    /// A variable's: where its value came from, and what it should have been (`a port`).
-    pub origin: Option<(String, String)>,
+    /// A variable's: where its value came from, and what it should have been (`a port`). Boxed:
+    /// the error travels inside larger error enums.
+    pub origin: Option<Box<(String, String)>>,
 }
 
 impl ConfigError {
@@ -34,19 +35,30 @@ impl ConfigError {
         let secret = crate::ctx::SECRET_VARS.contains(&name);
         let value = if secret { None } else { ctx.var(name) };
         let origin = ctx.var_origin(name).unwrap_or_else(|| "the environment".into());
-        ConfigError { name: name.into(), value, expected: expected.into(), origin: Some((origin, what.into())) }
+        ConfigError {
+            name: name.into(),
+            value,
+            expected: expected.into(),
+            origin: Some(Box::new((origin, what.into()))),
+        }
     }
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.origin, &self.value) {
+        match (self.origin.as_deref(), &self.value) {
             (None, Some(v)) => write!(f, "{}: invalid value '{}' (expected {})", self.name, one_line(v), self.expected),
             (None, None) => write!(f, "{}: invalid value (expected {})", self.name, self.expected),
             (Some((origin, what)), Some(v)) => {
                 // The usual slip in an env file: a trailing comment, which is part of the value.
                 let hint = if v.contains('#') { "; comments must be on their own line" } else { "" };
-                write!(f, "{}: '{}' from {origin} is not {what} (expected {}{hint})", self.name, one_line(v), self.expected)
+                write!(
+                    f,
+                    "{}: '{}' from {origin} is not {what} (expected {}{hint})",
+                    self.name,
+                    one_line(v),
+                    self.expected
+                )
             }
             (Some((origin, what)), None) => write!(
                 f,
@@ -159,8 +171,14 @@ mod tests {
     #[test]
     fn var_message_names_value_and_origin_but_never_a_secret() {
         let mut ctx = Ctx::with_env([("MAM_HEARTBEAT_SEC", "3x")], std::path::Path::new("/"));
-        ctx.apply_overlay(vec![("MQTT_PORT".into(), "33581 # my broker".into()), ("MQTT_PASSWORD".into(), "hunter2".into())]);
-        ctx.note_origins(vec![("MQTT_PORT".into(), ".mam.env:3".into()), ("MQTT_PASSWORD".into(), ".mam.env:4".into())]);
+        ctx.apply_overlay(vec![
+            ("MQTT_PORT".into(), "33581 # my broker".into()),
+            ("MQTT_PASSWORD".into(), "hunter2".into()),
+        ]);
+        ctx.note_origins(vec![
+            ("MQTT_PORT".into(), ".mam.env:3".into()),
+            ("MQTT_PASSWORD".into(), ".mam.env:4".into()),
+        ]);
         assert_eq!(
             ConfigError::var(&ctx, "MQTT_PORT", "a port", "digits only, 1-65535").to_string(),
             "MQTT_PORT: '33581 # my broker' from .mam.env:3 is not a port (expected digits only, 1-65535; comments must be on their own line)"

@@ -75,7 +75,9 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let mut notes = Notes::default();
     let r = create(ctx, &a, &mut notes, &mut onboard::onboard);
     // Issue 18: say how to look at the agent (stdout stays KEY=VALUE lines for scripts).
-    let name = r.as_ref().ok().and_then(|lines| lines.iter().find_map(|l| l.strip_prefix("SESSION=")?.split_whitespace().next()).map(str::to_string));
+    let name = r.as_ref().ok().and_then(|lines| {
+        lines.iter().find_map(|l| l.strip_prefix("SESSION=")?.split_whitespace().next()).map(str::to_string)
+    });
     let rc = super::session::finish(ctx, "create", notes, r)?;
     if let Some(name) = name {
         ctx.diag(&format!(

@@ -250,9 +250,8 @@ pub fn age(then_ms: Option<u64>, now_ms: u64) -> String {
 
 /// The table as text (header plus one line per row, columns padded).
 pub fn table(rows: &[Row], now_ms: u64) -> String {
-    let mut cells: Vec<[String; 8]> = vec![
-        ["JOB", "STATUS", "ATTEMPT", "SESSION", "ELAPSED", "FINISHED", "EVIDENCE", "HEARTBEAT"].map(String::from)
-    ];
+    let mut cells: Vec<[String; 8]> =
+        vec![["JOB", "STATUS", "ATTEMPT", "SESSION", "ELAPSED", "FINISHED", "EVIDENCE", "HEARTBEAT"].map(String::from)];
     for r in rows {
         let status = match r.silent_ms(now_ms) {
             Some(ms) => format!("silent({})", age(Some(0), ms)),
@@ -441,7 +440,7 @@ mod tests {
         };
         assert_eq!(r.silent_ms(120_000), None, "inside the window");
         assert_eq!(r.silent_ms(302_000), Some(302_000));
-        assert!(table(&[r.clone()], 302_000).lines().nth(1).unwrap().contains("silent(5m02s)"));
+        assert!(table(std::slice::from_ref(&r), 302_000).lines().nth(1).unwrap().contains("silent(5m02s)"));
         let done = Row { status: "completed".into(), ..r.clone() };
         assert_eq!(done.silent_ms(999_000), None);
         let pending = Row { status: "pending".into(), ..r };

@@ -164,9 +164,7 @@ pub(crate) fn mosquitto_flag(cmd: &str, arg: &Key, p: &mut lexopt::Parser, mosq:
                 return instead("-V", "mam speaks MQTT 3.1.1 only (-V mqttv311)");
             }
         }
-        "-c" | "--disable-clean-session" => {
-            return instead("-c", "mam always connects with a clean session (CORE 3)")
-        }
+        "-c" | "--disable-clean-session" => return instead("-c", "mam always connects with a clean session (CORE 3)"),
         "--will-topic" | "--will-payload" | "--will-qos" | "--will-retain" => {
             return instead("--will-*", "mam connects without a will (CORE 3)")
         }
@@ -387,7 +385,10 @@ mod tests {
         assert_eq!((a.topic.as_str(), a.host.as_deref(), a.port), ("a/b", Some("example.org"), Some(1999)));
         assert_eq!((a.mosq.username.as_deref(), a.mosq.id.as_deref(), a.mosq.debug), (Some("bob"), Some("me"), true));
         let Parsed::Run(a) = parse(&["-t", "a", "-l", "-u", "u1", "-I", "pre-"]).unwrap() else { panic!() };
-        assert_eq!((a.payload, a.mosq.username.as_deref(), a.mosq.id_prefix.as_deref()), (Payload::Lines, Some("u1"), Some("pre-")));
+        assert_eq!(
+            (a.payload, a.mosq.username.as_deref(), a.mosq.id_prefix.as_deref()),
+            (Payload::Lines, Some("u1"), Some("pre-"))
+        );
         let e = parse(&["-t", "a", "-m", "x", "-P", "hunter2"]).unwrap_err();
         assert_eq!(e.rc, 2);
         assert!(e.line.contains("set MQTT_PASSWORD") && !e.line.contains("hunter2"), "{e}");

@@ -295,7 +295,14 @@ fn report_rc(ctx: &Ctx, r: &WireReport, what: &str) -> i32 {
 /// docs/DESIGN.md): the timer beats every M s, the cadence the job's idle window (K x M) and every
 /// watcher count on, and a WARNING says so. Before, the timer beat every N s while the warning said
 /// the record kept M: both at once.
-fn arm_timer(ctx: &Ctx, store: &Store, settings: &Settings, a: &Args, n: u32, rec: &Record) -> (Vec<String>, Option<Failure>) {
+fn arm_timer(
+    ctx: &Ctx,
+    store: &Store,
+    settings: &Settings,
+    a: &Args,
+    n: u32,
+    rec: &Record,
+) -> (Vec<String>, Option<Failure>) {
     let mut lines = Vec::new();
     let interval = match rec.u64("heartbeat_sec").and_then(|m| u32::try_from(m).ok()).filter(|m| *m >= 1) {
         Some(m) if m != n => {

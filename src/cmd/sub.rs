@@ -182,7 +182,13 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
                 debug(format!("skipped a retained message on '{}' (-R)", m.topic));
             }
             Ok(Some(m)) => {
-                debug(format!("received {} bytes on '{}' (qos {}, retain {})", m.payload.len(), m.topic, m.qos, m.retain));
+                debug(format!(
+                    "received {} bytes on '{}' (qos {}, retain {})",
+                    m.payload.len(),
+                    m.topic,
+                    m.qos,
+                    m.retain
+                ));
                 let mut line = match &a.format {
                     Some(f) => render(f, &m),
                     None => {

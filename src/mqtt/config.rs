@@ -80,8 +80,9 @@ impl MqttConfig {
     pub fn from_ctx_near(ctx: &Ctx, registry: Option<&Path>) -> Result<MqttConfig, ConfigError> {
         let tls = match ctx.var("MQTT_TLS") {
             None => false,
-            Some(v) => parse_bool(&v)
-                .ok_or_else(|| ConfigError::var(ctx, "MQTT_TLS", "a yes/no value", "1/true/yes/on or 0/false/no/off"))?,
+            Some(v) => parse_bool(&v).ok_or_else(|| {
+                ConfigError::var(ctx, "MQTT_TLS", "a yes/no value", "1/true/yes/on or 0/false/no/off")
+            })?,
         };
         let port = match ctx.var_nonempty("MQTT_PORT") {
             None => default_port(tls),

@@ -129,7 +129,9 @@ pub fn send_keys_safe(
     let deadline = Instant::now() + Duration::from_millis(k.grace_ms);
     loop {
         if b.agent_status(target) == Status::Working {
-            return SksOutcome::Delivered(format!("{took} ({why}); the agent then started working, which confirms delivery"));
+            return SksOutcome::Delivered(format!(
+                "{took} ({why}); the agent then started working, which confirms delivery"
+            ));
         }
         if let Some(by) = confirm.as_deref_mut().and_then(|c| c.confirmed()) {
             return SksOutcome::Delivered(format!("{took} ({why}); {by}, which confirms delivery"));

@@ -80,7 +80,10 @@ fn unknown_flag_names_command_closest_flag_and_help() {
     let td = TestDir::new("flaghint");
     let r = td.mam().args(["create", "claude", "--nmae", "w1"]).run();
     r.expect_rc(2);
-    assert_eq!(r.stderr(), "ERROR: mam create: unknown flag '--nmae'; did you mean '--name'? (see mam create --help)\n");
+    assert_eq!(
+        r.stderr(),
+        "ERROR: mam create: unknown flag '--nmae'; did you mean '--name'? (see mam create --help)\n"
+    );
     let r = td.mam().args(["jobs", "--zzzzzzzzzz"]).run();
     r.expect_rc(2);
     assert_eq!(r.stderr(), "ERROR: mam jobs: unknown flag '--zzzzzzzzzz' (see mam jobs --help)\n");

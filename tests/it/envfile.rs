@@ -409,7 +409,8 @@ fn control_root_env_file_is_found_from_a_subdirectory() {
 #[test]
 fn knob_error_names_value_file_and_line() {
     let td = TestDir::new("knobsrc");
-    let f = td.write("ws/.mam.env", "# broker\nMQTT_BROKER=127.0.0.1\nMQTT_PORT=33581 # my broker\nMQTT_PASSWORD=hunter2\n");
+    let f = td
+        .write("ws/.mam.env", "# broker\nMQTT_BROKER=127.0.0.1\nMQTT_PORT=33581 # my broker\nMQTT_PASSWORD=hunter2\n");
     let r = td.mam().env("MAM_ENV_FILE", &f).args(["pub", "-t", "a/b", "-m", "x"]).run();
     r.expect_rc(2);
     eqnice!(

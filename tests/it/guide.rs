@@ -123,8 +123,16 @@ fn the_guide_runs_with_the_fake_agent() {
     // Nothing is left: no tmux server, no daemon.
     let alive = std::process::Command::new("tmux").args(["-L", &sock, "list-sessions"]).output().unwrap();
     assert!(!alive.status.success(), "the tmux server is still there");
-    assert!(!project.join(".mam/monitor.lock").exists() || {
-        let r = td.mam().cwd(&project).env_remove("MAM_ENV_FILE").args(["daemon", "status", "--workspace"]).args([&project]).run();
-        r.stdout().trim().is_empty()
-    });
+    assert!(
+        !project.join(".mam/monitor.lock").exists() || {
+            let r = td
+                .mam()
+                .cwd(&project)
+                .env_remove("MAM_ENV_FILE")
+                .args(["daemon", "status", "--workspace"])
+                .args([&project])
+                .run();
+            r.stdout().trim().is_empty()
+        }
+    );
 }

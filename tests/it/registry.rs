@@ -172,7 +172,10 @@ fn r1_bare_register_has_every_field() {
     // An existing id is refused with rc 4 and audited.
     let r = td.mam().args(["registry", "register", "--session", "w1", "--job-id", "child1"]).run();
     r.expect_rc(4);
-    assert_eq!(r.stderr(), "REFUSED: child1: exists: a job with this id is already registered; the record is unchanged\n");
+    assert_eq!(
+        r.stderr(),
+        "REFUSED: child1: exists: a job with this id is already registered; the record is unchanged\n"
+    );
     assert_eq!(audit_kinds(&td, "child1"), ["registered", "refused"]);
 }
 
@@ -440,7 +443,10 @@ fn x5_cas_fails_closed_without_attempt() {
     register(&td, "x5b", &[]);
     let r = td.mam().args(["registry", "finalize", "x5b", "--status", "cancelled", "--expected-attempt", "2"]).run();
     r.expect_rc(4);
-    assert_eq!(r.stderr(), "REFUSED: x5b: cas_failed: the job's attempt is not the one given; the record is unchanged\n");
+    assert_eq!(
+        r.stderr(),
+        "REFUSED: x5b: cas_failed: the job's attempt is not the one given; the record is unchanged\n"
+    );
 }
 
 #[test]
@@ -510,7 +516,10 @@ fn x10_expire_before_and_after_the_deadline() {
     register(&td, "x10job", &["--timeout", "3600"]);
     let r = td.mam().args(["registry", "expire", "x10job"]).run();
     r.expect_rc(4);
-    assert_eq!(r.stderr(), "REFUSED: x10job: deadline_not_reached: the job's deadline has not passed yet; the record is unchanged\n");
+    assert_eq!(
+        r.stderr(),
+        "REFUSED: x10job: deadline_not_reached: the job's deadline has not passed yet; the record is unchanged\n"
+    );
     // Move the deadline into the past (deadline_at is operator metadata, not a reserved key).
     let past = mam::clock::format_ts(now() - 1000);
     td.mam().args(["registry", "set-meta", "x10job", &format!("deadline_at={past}")]).run().expect_rc(0);

@@ -1465,7 +1465,8 @@ fn tmux_attach_prints_and_brings_the_user_to_the_pane() {
     let r = h.mam(["attach", "t1", "--print"]).env("TMUX", &tmux_var).run();
     r.expect_rc(0);
     assert!(
-        r.stdout().ends_with(&format!("tmux new-window -n mam:t1 'env -u TMUX tmux -L {sock} attach-session -t {pane}'\n")),
+        r.stdout()
+            .ends_with(&format!("tmux new-window -n mam:t1 'env -u TMUX tmux -L {sock} attach-session -t {pane}'\n")),
         "{}",
         r.stdout()
     );

@@ -26,7 +26,9 @@ fn pub_and_sub_take_mosquitto_flags() {
         .env("MQTT_PORT", &port)
         .args(["sub", "-t", "u/#", "-C", "3", "-F", "%t=%p(%l)", "-N", "-d", "-i", "mam-sub-test", "-W", "30"])
         .spawn_bg(&td, "sub");
-    wait_until("sub subscribed", std::time::Duration::from_secs(20), || sub.stderr().contains("NOTE: sub: subscribed to u/#"));
+    wait_until("sub subscribed", std::time::Duration::from_secs(20), || {
+        sub.stderr().contains("NOTE: sub: subscribed to u/#")
+    });
     let url = format!("mqtt://someone@127.0.0.1:{port}/u/a");
     td.mam().args(["pub", "-L", &url, "-m", "one", "-i", "mam-pub-test"]).run().expect_rc(0);
     let r = td.mam().env("MQTT_PORT", &port).args(["pub", "-t", "u/b", "-l", "-d"]).run_stdin(b"x\nyy\n");
@@ -59,7 +61,10 @@ fn empty_answers_are_sentences() {
     assert_eq!(r.stdout(), "nothing to do: no sessions to reconcile\n");
     let r = td.mam().args(["monitor", "status"]).run();
     r.expect_rc(0);
-    assert_eq!(r.stdout(), format!("daemon for {}: not running (start it with `mam monitor start`)\n", td.ws().display()));
+    assert_eq!(
+        r.stdout(),
+        format!("daemon for {}: not running (start it with `mam monitor start`)\n", td.ws().display())
+    );
 }
 
 /// `mam publish --event started --heartbeat N` arms the timer as soon as the event is recorded,
