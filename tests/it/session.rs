@@ -795,8 +795,13 @@ fn o2_8_9_body(h: &S) {
         r.expect_rc(0);
         assert!(!r.stdout().contains("DAEMON_PID="), "{}", r.stdout());
         assert_eq!(r.stdout().lines().count(), 1, "{}", r.stdout());
-        let lines: Vec<String> = r.stderr().lines().map(str::to_string).collect();
-        assert_eq!(lines.len(), 1, "exactly one stderr line: {lines:?}");
+        // Issue 18: the last line says how to look at the pane.
+        let mut lines: Vec<String> = r.stderr().lines().map(str::to_string).collect();
+        assert!(
+            lines.pop().is_some_and(|l| l.starts_with("NOTE: look at the agent's pane with `mam attach ")),
+            "{lines:?}"
+        );
+        assert_eq!(lines.len(), 1, "exactly one stderr line before it: {lines:?}");
         assert!(lines[0].contains("daemon"), "{lines:?}");
         // The control root's daemon, never the worktree's.
         assert!(!lines[0].contains(wt.to_str().unwrap()), "{lines:?}");
