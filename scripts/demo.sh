@@ -14,9 +14,12 @@
 #   --backend B   the pane backend: tmux (default) or herdr (a private herdr server with its own HOME)
 #   --agent KIND  job 1 goes to a real agent of KIND (claude, codex ...) when it is installed; jobs 2 and
 #                 3 always use the fake agent (a real agent cannot be told to crash or to ignore a prompt)
-#   --keep        keep the temp directory (its path is printed)
-# Env: MAM_BIN (use this mam binary; else the script builds one with cargo), HERDR_BIN (the herdr to use
-# with --backend herdr; else herdr on PATH, else ../shared/herdr/herdr beside the repository), TMPDIR.
+#   --keep        keep the temp directory and the agents' panes (their server stays up); prints how to
+#                 attach to them and how to clean up afterwards
+# Env: MAM_BIN (use this mam binary; else a release build in the target directory that is newer than the
+# sources, else an installed `mam` of this version on PATH, else the script builds a release binary with
+# cargo), HERDR_BIN (the herdr to use with --backend herdr; else herdr on PATH, else
+# ../shared/herdr/herdr beside the repository), TMPDIR.
 set -u -o pipefail
 
 N=1 K=3 T=5
@@ -26,7 +29,7 @@ while [ $# -gt 0 ]; do
     --backend) BACKEND=${2:?--backend needs tmux or herdr}; shift 2 ;;
     --agent) AGENT=${2:?--agent needs a kind}; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ERROR: demo: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -56,12 +59,23 @@ if [ "$BACKEND" = herdr ]; then
         { echo "ERROR: demo: --backend herdr needs herdr (set HERDR_BIN or put herdr on PATH)" >&2; exit 1; }
     herdr=$(cd "$(dirname "$herdr")" && pwd)/$(basename "$herdr")
 fi
+# The binary: MAM_BIN; else a release build newer than every source; else an installed mam of this
+# version; else build one (release, once: later runs reuse it).
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/Cargo.toml" | head -n 1)
+release=${CARGO_TARGET_DIR:-$here/target}/release/mam
+fresh() { [ -x "$1" ] && [ -z "$(find "$here/src" "$here/Cargo.toml" "$here/Cargo.lock" -newer "$1" -print -quit 2>/dev/null)" ]; }
 if [ -n "${MAM_BIN:-}" ]; then
     mam=$MAM_BIN
+elif fresh "$release"; then
+    mam=$release
+    echo "using the release build $mam"
+elif installed=$(command -v mam) && "$installed" --version 2>/dev/null | grep -q "^mam $version\b"; then
+    mam=$installed
+    echo "using the installed $mam ($("$mam" --version))"
 else
-    echo "building mam (cargo build)..."
-    (cd "$here" && cargo build --quiet) || { echo "ERROR: demo: cargo build failed" >&2; exit 1; }
-    mam=$here/target/debug/mam
+    echo "building mam (cargo build --release, once; later runs reuse it)..."
+    (cd "$here" && cargo build --release --quiet) || { echo "ERROR: demo: cargo build failed" >&2; exit 1; }
+    mam=$release
 fi
 [ -x "$mam" ] || { echo "ERROR: demo: no mam binary at $mam" >&2; exit 1; }
 mam=$(cd "$(dirname "$mam")" && pwd)/$(basename "$mam")
@@ -78,7 +92,9 @@ cleanup() {
     trap - EXIT INT TERM
     for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-    if [ "$BACKEND" = herdr ]; then
+    if [ "$KEEP" = 1 ]; then
+        : # --keep: the panes stay; the lines printed at the end say how to reach and remove them
+    elif [ "$BACKEND" = herdr ]; then
         timeout 10 "$herdr" --session "$sock" server stop >/dev/null 2>&1
         pkill -KILL -f "herdr --session $sock server" 2>/dev/null
     else
@@ -92,7 +108,18 @@ cleanup() {
         "$mam" heartbeat stop --job-id "$j" --registry-dir "$ws/.mam/jobs" >/dev/null 2>&1
     done
     [ -n "$broker_pid" ] && kill -TERM "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
-    if [ "$KEEP" = 1 ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi
+    if [ "$KEEP" = 1 ]; then
+        echo "kept $tmp and the agents' panes. Look at one (worker-ok, worker-crash, worker-silent):"
+        echo "  WORKSPACE_ROOT=$ws MAM_ENV_FILE=$tmp/absent.env MAM_PANE_BACKEND=$BACKEND MAM_TMUX_SOCKET=$sock MAM_HERDR_SESSION=$sock $mam attach worker-ok"
+        if [ "$BACKEND" = herdr ]; then
+            echo "clean up: HERDR_SESSION=$sock XDG_CONFIG_HOME=$tmp/c $herdr --session $sock server stop; rm -rf $tmp"
+        else
+            echo "  (or directly: tmux -L $sock attach)"
+            echo "clean up: tmux -L $sock kill-server; rm -rf $tmp"
+        fi
+    else
+        rm -rf "$tmp"
+    fi
     exit "$rc"
 }
 trap cleanup EXIT
@@ -158,7 +185,9 @@ create() { # name kind [args...]
     shift 2
     (cd "$ws" && "$mam" create "$kind" --name "$name" --no-onboard -- "$@") >"$tmp/out/create-$name.out" 2>&1 ||
         die "create $name: $(tail -n 3 "$tmp/out/create-$name.out")"
-    say "session $name ($kind) in $BACKEND pane $(sed -n 's/.*PANE=\([^ ]*\).*/\1/p' "$tmp/out/create-$name.out")"
+    local who="a real $kind"
+    [ "$kind" = "$fake" ] && who="the fake agent, standing in for $kind"
+    say "session $name ($who) in $BACKEND pane $(sed -n 's/.*PANE=\([^ ]*\).*/\1/p' "$tmp/out/create-$name.out")"
 }
 ok_session=worker-ok
 if [ -n "$real_agent" ]; then
@@ -227,10 +256,10 @@ while [ "$ndone" -lt 3 ]; do
         case "$label" in
         completes)
             report=$(sed -n 's/.* REPORT=\(.*\)$/\1/p' <<<"$last")
-            [ -s "$report" ] && say "     report $report: $(head -n 1 "$report")" ||
+            [ -s "$report" ] && say "     the agent's report ($report): $(head -n 1 "$report")" ||
                 { say "BAD  no report at $report"; fails=$((fails + 1)); }
             claimed=$(field "$jid" claimed_at)
-            [ -n "$claimed" ] && say "     started $(printf '%.2f' "$(echo "$(ts_s "$claimed") - ${launched[$label]}" | bc)") s after delegate-job began"
+            [ -n "$claimed" ] && say "     the agent published 'started' $(printf '%.2f' "$(echo "$(ts_s "$claimed") - ${launched[$label]}" | bc)") s after delegate-job began (that is what confirmed the prompt arrived)"
             ;;
         crashes)
             [ "$reason" = unresponsive ] || { say "BAD  reason '$reason', expected unresponsive"; fails=$((fails + 1)); }
@@ -242,15 +271,23 @@ while [ "$ndone" -lt 3 ]; do
                 crash=$(echo "$(ts_s "$first") + 2" | bc) # crash_after_s=2 after the prompt (= started)
                 r1=$(echo "($(ts_s "$fin") - $crash) / ($K * $N)" | bc -l)
                 r2=$(echo "($(ts_s "$fin") - $(ts_s "$lastbeat")) / ($K * $N)" | bc -l)
-                say "     crash -> verdict $(printf '%.2f' "$r1") x K*N; last beat -> verdict $(printf '%.2f' "$r2") x K*N"
+                d1=$(echo "$(ts_s "$fin") - $crash" | bc -l)
+                d2=$(echo "$(ts_s "$fin") - $(ts_s "$lastbeat")" | bc -l)
+                say "     the agent crashed about 2 s after it started; the job was judged unresponsive $(printf '%.1f' "$d1") s later,"
+                say "     $(printf '%.2f' "$r1") times its idle window (K x N = $K x ${N} s = $((K * N)) s: K heartbeats missed), and"
+                say "     $(printf '%.1f' "$d2") s ($(printf '%.2f' "$r2") x K x N) after the last heartbeat it sent"
             fi
             ;;
+        esac
+        case "$label" in
+        never-starts)
+            say "     the agent never ran the start command, so no 'started' came within T = ${T} s: blocked" ;;
         esac
     done
     sleep 0.1
 done
 
-say "mam jobs:"
+say "mam jobs (ELAPSED: claim to finish; EVIDENCE and HEARTBEAT: age of the last sign of life, '-' once finished):"
 (cd "$ws" && "$mam" jobs) | sed 's/^/       /'
 if [ "$fails" -ne 0 ]; then
     say "FAIL: $fails verdict(s) not as expected"

@@ -80,6 +80,16 @@ impl From<PaneError> for Failure {
     }
 }
 
+/// rc 4 for an engine refusal of job `id`: the reason, what it means in words, and that the record
+/// did not change (issue 18): `REFUSED: <id>: late_signal: the job has already finished, so this
+/// signal came too late; the record is unchanged`.
+pub fn job_refused(id: &str, reason: &str) -> Failure {
+    match crate::registry::engine::explain(reason) {
+        Some(words) => Failure::refused(format!("{id}: {reason}: {words}; the record is unchanged")),
+        None => Failure::refused(format!("{id}: {reason}; the record is unchanged")),
+    }
+}
+
 /// The one stderr line and exit code of `delegate-job` stopping before a job was registered.
 pub fn delegate_failure(e: DelegateError) -> Failure {
     match e {
@@ -144,20 +154,63 @@ pub enum Parsed<A> {
 /// A subcommand entry point: arguments after the subcommand name.
 pub type Entry = fn(&mut Ctx, Vec<OsString>) -> Result<i32, Failure>;
 
-/// Runs a parse function and prints `usage` on `--help`.
+/// Runs a parse function and prints `usage` on `--help`. An unknown flag is named with the command,
+/// the closest flag of `usage` and where the help is (issue 18).
 pub fn parse_or_help<A>(
     ctx: &Ctx,
     usage: &str,
     args: Vec<OsString>,
     parse: fn(Vec<OsString>) -> Result<Parsed<A>, Failure>,
 ) -> Result<Option<A>, Failure> {
-    match parse(args)? {
+    match parse(args).map_err(|f| explain_unknown_flag(usage, f))? {
         Parsed::Run(a) => Ok(Some(a)),
         Parsed::Help => {
             ctx.say_raw(usage.trim_start_matches('\n').as_bytes());
             Ok(None)
         }
     }
+}
+
+/// The command a USAGE text is for (`Usage: mam <cmd> ...`).
+fn usage_command(usage: &str) -> Option<&str> {
+    usage.split("Usage: mam ").nth(1)?.split_whitespace().next()
+}
+
+/// The flags a USAGE text lists (`--name`, `-t`), in order of first mention.
+pub fn usage_flags(usage: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '-';
+    for (i, _) in usage.match_indices('-') {
+        let before = usage[..i].chars().next_back();
+        if before.is_some_and(word) {
+            continue;
+        }
+        let rest = &usage[i..];
+        let end = rest.char_indices().find(|(_, c)| !word(*c)).map_or(rest.len(), |(j, _)| j);
+        let f = &rest[..end];
+        let ok = match f.strip_prefix("--") {
+            Some(long) => long.len() >= 2 && long.starts_with(|c: char| c.is_ascii_lowercase()),
+            None => f.len() == 2 && f[1..].starts_with(|c: char| c.is_ascii_alphabetic()),
+        };
+        if ok && !out.contains(&f) {
+            out.push(f);
+        }
+    }
+    out
+}
+
+/// `invalid option '--x'` from lexopt, rewritten to name the command, the closest flag and the help.
+fn explain_unknown_flag(usage: &str, f: Failure) -> Failure {
+    let Some(opt) = f.line.strip_prefix("ERROR: invalid option '").and_then(|r| r.strip_suffix('\'')) else {
+        return f;
+    };
+    let cmd = usage_command(usage).unwrap_or("");
+    let flags = usage_flags(usage);
+    let hint = match crate::text::closest(opt, flags.iter().copied()) {
+        Some(c) => format!("; did you mean '{c}'?"),
+        None => String::new(),
+    };
+    Failure::usage(format!("mam {cmd}: unknown flag '{opt}'{hint} (see mam {cmd} --help)"))
 }
 
 /// Loads the env file once (CORE 1.4), printing its warnings; an unreadable file is rc 1 with

@@ -85,6 +85,8 @@ impl Sink {
 pub struct Ctx {
     env: BTreeMap<OsString, OsString>,
     overlay: BTreeMap<String, String>,
+    /// Where each overlay value came from (`<file>:<line>`), for knob errors (issue 18).
+    origin: BTreeMap<String, String>,
     loaded: bool,
     cwd: PathBuf,
     pub out: Sink,
@@ -100,6 +102,7 @@ impl Ctx {
         Ctx {
             env: std::env::vars_os().collect(),
             overlay: BTreeMap::new(),
+            origin: BTreeMap::new(),
             loaded: false,
             cwd,
             out: Sink::Std,
@@ -118,6 +121,7 @@ impl Ctx {
         Ctx {
             env: vars.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
             overlay: BTreeMap::new(),
+            origin: BTreeMap::new(),
             loaded: false,
             cwd: cwd.to_path_buf(),
             out: Sink::Buffer(Arc::default()),
@@ -158,6 +162,25 @@ impl Ctx {
     /// True when `key` exists in the real environment, even with an empty value (CORE 1.2 rule 11).
     pub fn in_real_env(&self, key: &str) -> bool {
         self.env.contains_key(OsStr::new(key))
+    }
+
+    /// Where `key`'s value comes from, for an error that names it (issue 18): `the environment`,
+    /// `<env file>:<line>`, or `None` when unset.
+    pub fn var_origin(&self, key: &str) -> Option<String> {
+        if self.env.contains_key(OsStr::new(key)) {
+            return Some("the environment".into());
+        }
+        if self.overlay.contains_key(key) {
+            return Some(self.origin.get(key).cloned().unwrap_or_else(|| "the env file".into()));
+        }
+        None
+    }
+
+    /// Records where overlay values came from (`envfile::ensure_env_loaded`).
+    pub(crate) fn note_origins(&mut self, origins: Vec<(String, String)>) {
+        for (k, o) in origins {
+            self.origin.entry(k).or_insert(o);
+        }
     }
 
     /// The cwd this invocation resolves relative paths against.

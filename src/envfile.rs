@@ -80,6 +80,8 @@ impl fmt::Display for EnvFileError {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Parsed {
     pub entries: Vec<(String, String)>,
+    /// The 1-based line of each entry, in the same order.
+    pub lines: Vec<usize>,
     pub warnings: Vec<String>,
 }
 
@@ -188,6 +190,7 @@ pub fn parse(shown: &str, bytes: &[u8]) -> Result<Parsed, ErrorKind> {
             continue;
         }
         parsed.entries.push((key.to_string(), value.to_string()));
+        parsed.lines.push(n);
     }
     parsed.warnings = warnings;
     Ok(parsed)
@@ -207,7 +210,8 @@ fn unquote(v: &str) -> &str {
     }
 }
 
-/// The file to read (CORE 1.1): `Some(path)` to load, `None` for nothing.
+/// The file to read (CORE 1.1): `Some(path)` to load, `None` for nothing. The ambient search is
+/// `$WORKSPACE_ROOT/.mam.env`, `./.mam.env`, then the control root's `.mam.env` (issue 18).
 pub fn resolve(ctx: &Ctx) -> Option<PathBuf> {
     if let Some(explicit) = ctx.path_var("MAM_ENV_FILE") {
         let p = crate::sys::absolutize(ctx.cwd(), &explicit);
@@ -223,6 +227,9 @@ pub fn resolve(ctx: &Ctx) -> Option<PathBuf> {
         candidates.push(crate::sys::absolutize(ctx.cwd(), &ws).join(".mam.env"));
     }
     candidates.push(ctx.cwd().join(".mam.env"));
+    // Issue 18: from a subdirectory of the control root, its `.mam.env` is still the one meant
+    // (the control root found without WORKSPACE_ROOT: `.mam/` above cwd, else the git top level).
+    candidates.push(crate::paths::find_control_root(ctx).join(".mam.env"));
     candidates.into_iter().find(|p| !matches!(fs::metadata(p), Err(ref e) if e.kind() == io::ErrorKind::NotFound))
 }
 
@@ -265,7 +272,11 @@ pub fn ensure_env_loaded(ctx: &mut Ctx) -> Result<Vec<String>, EnvFileError> {
     };
     let parsed = read(&path)?;
     let values = applicable(ctx, &parsed);
+    let shown = show_path(&path);
+    let origins =
+        parsed.entries.iter().zip(&parsed.lines).map(|((k, _), n)| (k.clone(), format!("{shown}:{n}"))).collect();
     ctx.apply_overlay(values);
+    ctx.note_origins(origins);
     Ok(parsed.warnings)
 }
 

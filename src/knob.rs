@@ -2,7 +2,8 @@
 //!
 //! Optional ASCII spaces or tabs, ASCII digits, optional ASCII spaces or tabs, nothing else; the
 //! value fits a u32 and meets the knob's minimum. An explicitly empty flag is invalid; an empty env
-//! var counts as absent. Env values are never echoed (they may come from the env file).
+//! var counts as absent. An invalid env value is shown with where it came from, unless it is a secret
+//! (issue 18, amending CORE 1.6).
 
 use std::ffi::OsStr;
 use std::fmt;
@@ -11,29 +12,59 @@ use crate::ctx::Ctx;
 use crate::text::one_line;
 
 /// A flag or variable with a value outside its grammar. `cmd` renders it as `ERROR: <this>` with
-/// exit 2. Only a flag's value is echoed: an env value may come from the env file and is never shown.
+/// exit 2. A flag's value is echoed; a variable's value is echoed with where it came from (the
+/// environment or `<env file>:<line>`, issue 18), except a secret's (`ctx::SECRET_VARS`), which is
+/// never shown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     /// `--flag` or `VARIABLE`.
     pub name: String,
-    /// The offending value, for flags only.
+    /// The offending value (a flag's, or a variable's that is not a secret).
     pub value: Option<String>,
     /// What was expected, e.g. `a decimal integer >= 1`.
     pub expected: String,
+    /// A variable's: where its value came from, and what it should have been (`a port`). Boxed:
+    /// the error travels inside larger error enums.
+    pub origin: Option<Box<(String, String)>>,
 }
 
 impl ConfigError {
-    /// A variable's bad value (not echoed).
-    pub fn var(name: &str, expected: impl Into<String>) -> ConfigError {
-        ConfigError { name: name.into(), value: None, expected: expected.into() }
+    /// A variable's bad value, named with its value (unless a secret) and its origin in `ctx`.
+    /// `what` is the noun it should have been (`a port`), `expected` the grammar.
+    pub fn var(ctx: &Ctx, name: &str, what: &str, expected: impl Into<String>) -> ConfigError {
+        let secret = crate::ctx::SECRET_VARS.contains(&name);
+        let value = if secret { None } else { ctx.var(name) };
+        let origin = ctx.var_origin(name).unwrap_or_else(|| "the environment".into());
+        ConfigError {
+            name: name.into(),
+            value,
+            expected: expected.into(),
+            origin: Some(Box::new((origin, what.into()))),
+        }
     }
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.value {
-            Some(v) => write!(f, "{}: invalid value '{}' (expected {})", self.name, one_line(v), self.expected),
-            None => write!(f, "{}: invalid value (expected {})", self.name, self.expected),
+        match (self.origin.as_deref(), &self.value) {
+            (None, Some(v)) => write!(f, "{}: invalid value '{}' (expected {})", self.name, one_line(v), self.expected),
+            (None, None) => write!(f, "{}: invalid value (expected {})", self.name, self.expected),
+            (Some((origin, what)), Some(v)) => {
+                // The usual slip in an env file: a trailing comment, which is part of the value.
+                let hint = if v.contains('#') { "; comments must be on their own line" } else { "" };
+                write!(
+                    f,
+                    "{}: '{}' from {origin} is not {what} (expected {}{hint})",
+                    self.name,
+                    one_line(v),
+                    self.expected
+                )
+            }
+            (Some((origin, what)), None) => write!(
+                f,
+                "{}: the value from {origin} is not {what} (expected {}; a secret, so not shown)",
+                self.name, self.expected
+            ),
         }
     }
 }
@@ -81,18 +112,20 @@ pub fn flag(name: &str, raw: &OsStr, min: u32) -> Result<u32, ConfigError> {
             name: name.into(),
             value: Some(raw.to_string_lossy().into_owned()),
             expected: format!("a decimal integer >= {min}"),
+            origin: None,
         }),
     }
 }
 
-/// An env var's value: absent or empty gives `None`; invalid names the variable only.
+/// An env var's value: absent or empty gives `None`; invalid names the variable, its value and where
+/// it came from.
 pub fn env(ctx: &Ctx, name: &str, min: u32) -> Result<Option<u32>, ConfigError> {
     let Some(v) = ctx.var_nonempty(name) else {
         return Ok(None);
     };
     match parse_u32(&v) {
         Some(n) if n >= min => Ok(Some(n)),
-        _ => Err(ConfigError::var(name, format!("a decimal integer >= {min}"))),
+        _ => Err(ConfigError::var(ctx, name, "a whole number", format!("digits only, at least {min}"))),
     }
 }
 
@@ -132,5 +165,30 @@ mod tests {
         assert_eq!(e.to_string(), "--heartbeat: invalid value '' (expected a decimal integer >= 1)");
         assert_eq!(flag("--heartbeat", OsStr::new(" 5 "), 1).unwrap(), 5);
         assert!(flag("--heartbeat", OsStr::new("0"), 1).is_err());
+    }
+
+    /// Issue 18: a variable's error names its value and its origin; a secret's value never shows.
+    #[test]
+    fn var_message_names_value_and_origin_but_never_a_secret() {
+        let mut ctx = Ctx::with_env([("MAM_HEARTBEAT_SEC", "3x")], std::path::Path::new("/"));
+        ctx.apply_overlay(vec![
+            ("MQTT_PORT".into(), "33581 # my broker".into()),
+            ("MQTT_PASSWORD".into(), "hunter2".into()),
+        ]);
+        ctx.note_origins(vec![
+            ("MQTT_PORT".into(), ".mam.env:3".into()),
+            ("MQTT_PASSWORD".into(), ".mam.env:4".into()),
+        ]);
+        assert_eq!(
+            ConfigError::var(&ctx, "MQTT_PORT", "a port", "digits only, 1-65535").to_string(),
+            "MQTT_PORT: '33581 # my broker' from .mam.env:3 is not a port (expected digits only, 1-65535; comments must be on their own line)"
+        );
+        assert_eq!(
+            env(&ctx, "MAM_HEARTBEAT_SEC", 1).unwrap_err().to_string(),
+            "MAM_HEARTBEAT_SEC: '3x' from the environment is not a whole number (expected digits only, at least 1)"
+        );
+        let e = ConfigError::var(&ctx, "MQTT_PASSWORD", "valid", "x").to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(e.contains("from .mam.env:4") && e.contains("not shown"), "{e}");
     }
 }

@@ -5,6 +5,7 @@
 //! taking an explicit `Ctx`, so tests can call entry points in-process.
 
 pub mod agents;
+pub mod attach;
 pub mod broker;
 pub mod cli;
 pub mod clock;

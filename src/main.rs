@@ -26,6 +26,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("sub", "print MQTT messages arriving on a filter (like mosquitto_sub)", true),
     ("pane", "pane backends (herdr, tmux, fake): ls, new-session, send-keys-safe, status, close", true),
     ("create", "start a named agent session in a pane", true),
+    ("attach", "go to an agent session's pane (tmux: switch or attach; herdr: focus or attach)", true),
     ("resume", "resume a stopped agent session", true),
     ("stop", "stop agent sessions and cancel their open jobs", true),
     ("status", "show agent sessions and their jobs", true),
@@ -89,6 +90,7 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "agents" => cmd::agents::run(ctx, args),
         "orc-onboard" => cmd::orc_onboard::run(ctx, args),
         "create" => cmd::create::run(ctx, args),
+        "attach" => cmd::attach::run(ctx, args),
         "resume" => cmd::resume::run(ctx, args),
         "stop" => cmd::stop::run(ctx, args),
         "status" => cmd::status::run(ctx, args),
@@ -108,7 +110,11 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
 
 fn not_yet(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failure> {
     let Some((_, summary, _)) = COMMANDS.iter().find(|(n, _, _)| *n == name) else {
-        return Err(Failure::usage(format!("unknown command '{}' (see mam --help)", mam::text::one_line(name))));
+        let hint = match mam::text::closest(name, COMMANDS.iter().map(|(n, _, _)| *n)) {
+            Some(c) => format!("; did you mean 'mam {c}'?"),
+            None => String::new(),
+        };
+        return Err(Failure::usage(format!("unknown command '{}'{hint} (see mam --help)", mam::text::one_line(name))));
     };
     if args.iter().any(|a| a == "--help" || a == "-h") {
         ctx.say(&format!("Usage: mam {name} ...\n\n{summary}.\n\nNot yet available in this build: exits 2."));

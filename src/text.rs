@@ -24,6 +24,35 @@ pub fn show_path(p: &Path) -> String {
     one_line(&p.to_string_lossy())
 }
 
+/// The edit distance (insertions, deletions, substitutions) between two short words.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The candidate closest to `word` when it is close enough to be a slip (at most a third of the
+/// word's length, at least 1, edits away), or one that `word` is a prefix of; ties go to the first.
+pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let limit = (word.chars().count() / 3).max(1);
+    let mut best: Option<(usize, &str)> = None;
+    for c in candidates {
+        let d = if c.len() > word.len() && c.starts_with(word) && word.len() >= 3 { 1 } else { edit_distance(word, c) };
+        if d <= limit && best.is_none_or(|(bd, _)| d < bd) {
+            best = Some((d, c));
+        }
+    }
+    best.map(|(_, c)| c)
+}
+
 /// POSIX single quoting: `'` becomes `'\''`. The result is one shell word under bash or sh.
 pub fn shell_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -67,6 +96,17 @@ mod tests {
     fn quotes_single_quotes() {
         assert_eq!(shell_quote("a'b"), "'a'\\''b'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn closest_suggests_slips_only() {
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        let flags = ["--name", "--workspace", "--onboard", "--no-onboard", "--label"];
+        assert_eq!(closest("--nmae", flags), Some("--name"));
+        assert_eq!(closest("--work", flags), Some("--workspace"));
+        assert_eq!(closest("--label", flags), Some("--label"));
+        assert_eq!(closest("--zzzzzzzz", flags), None);
+        assert_eq!(closest("stauts", ["status", "stop", "sub"]), Some("status"));
     }
 
     #[test]

@@ -277,7 +277,7 @@ pub fn drain_from_ctx(ctx: &Ctx) -> Result<Duration, ConfigError> {
         None => Ok(Duration::from_secs(1)),
         Some(v) => knob::parse_decimal_ms(&v)
             .map(Duration::from_millis)
-            .ok_or_else(|| ConfigError::var("MAM_HEARTBEAT_DRAIN_S", "seconds, e.g. 1 or 0.5")),
+            .ok_or_else(|| ConfigError::var(ctx, "MAM_HEARTBEAT_DRAIN_S", "a duration", "seconds, e.g. 1 or 0.5")),
     }
 }
 
@@ -291,7 +291,10 @@ mod tests {
         assert_eq!(drain_from_ctx(&ctx("0.25")).unwrap(), Duration::from_millis(250));
         assert_eq!(drain_from_ctx(&ctx("")).unwrap(), Duration::from_secs(1));
         let e = drain_from_ctx(&ctx("-1")).unwrap_err();
-        assert_eq!(e.to_string(), "MAM_HEARTBEAT_DRAIN_S: invalid value (expected seconds, e.g. 1 or 0.5)");
+        assert_eq!(
+            e.to_string(),
+            "MAM_HEARTBEAT_DRAIN_S: '-1' from the environment is not a duration (expected seconds, e.g. 1 or 0.5)"
+        );
     }
     use serde_json::json;
 

@@ -29,7 +29,8 @@ Options:
   -h, --help        print this help
 
 Stdout: SESSION=<name> PANE=<id> WORKSPACE=<id> CWD=<dir>, then ONBOARD_JOB=<jid> and
-DAEMON_PID=<pid> when there are such values.
+DAEMON_PID=<pid> when there are such values. Stderr ends with a NOTE naming `mam attach <name>`,
+the way to look at the agent's pane.
 
 Environment: WORKSPACE_ROOT, AGENT_SESSIONS_YAML, MAM_JOBS_DIR, DELEGATE_JOB_LOGS_DIR,
 MAM_NO_SUBSCRIBER_DAEMON (only `1` opts out), MAM_NO_AUTOSTART, MAM_WS_LABEL, MAM_PANE_BACKEND.
@@ -73,5 +74,15 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     cli::load_env(ctx)?;
     let mut notes = Notes::default();
     let r = create(ctx, &a, &mut notes, &mut onboard::onboard);
-    super::session::finish(ctx, "create", notes, r)
+    // Issue 18: say how to look at the agent (stdout stays KEY=VALUE lines for scripts).
+    let name = r.as_ref().ok().and_then(|lines| {
+        lines.iter().find_map(|l| l.strip_prefix("SESSION=")?.split_whitespace().next()).map(str::to_string)
+    });
+    let rc = super::session::finish(ctx, "create", notes, r)?;
+    if let Some(name) = name {
+        ctx.diag(&format!(
+            "NOTE: look at the agent's pane with `mam attach {name}` (`mam attach {name} --print` shows the command)"
+        ));
+    }
+    Ok(rc)
 }

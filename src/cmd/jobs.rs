@@ -1,5 +1,6 @@
-//! `mam jobs`: one table of the jobs in a registry: id, status, attempt, session, the age of the last
-//! evidence (the newest record timestamp or the events.log mtime) and of the last heartbeat (the
+//! `mam jobs`: one table of the jobs in a registry (named in a header line): id, status (a live job
+//! silent past its idle window shows as `silent(<for how long>)`), attempt, session, elapsed time,
+//! finish time, the age of the last evidence (the newest record timestamp or the events.log mtime) and of the last heartbeat (the
 //! record's `heartbeat_at`, else the last events.log line with `"heartbeat":true`). `--follow`
 //! redraws every second until SIGINT/SIGTERM; `--json` is for scripts.
 //!
@@ -27,12 +28,18 @@ use crate::text;
 pub const USAGE: &str = "
 Usage: mam jobs [--registry-dir D] [--json] [--follow]
 
-Prints one line per job of the registry, oldest first:
-  JOB  STATUS  ATTEMPT  SESSION  EVIDENCE  HEARTBEAT
+Prints a header line naming the registry read, then one line per job, oldest first:
+  JOB  STATUS  ATTEMPT  SESSION  ELAPSED  FINISHED  EVIDENCE  HEARTBEAT
+STATUS is the record's; a job that is not finished and has shown no sign of life for longer than
+its idle window (idle_timeout_sec, else heartbeat_sec x heartbeat_misses) shows `silent(<how long>)`,
+whether or not a daemon is there to close it. ELAPSED runs from the claim (else the registration)
+to the finish (else now); FINISHED is the finish time (UTC; HH:MM:SS today, else the date).
 EVIDENCE is the age of the newest sign of life (record timestamps such as last_event_at and
 updated_at, or the mtime of events.log); HEARTBEAT the age of the last heartbeat (heartbeat_at, or
-the last events.log line with \"heartbeat\":true). `-` means none. Reads files only: works with no
-broker and creates nothing.
+the last events.log line with \"heartbeat\":true); both are `-` for a finished job, where an age
+means nothing. `-` means none. Reads files only: works with no broker and creates nothing. A
+registry that does not exist is an error (see `mam paths`), except the default one of a control
+root whose .mam/ exists (nothing registered yet: an empty table).
 
 Options:
   --registry-dir D   the job registry (relative to the cwd); else MAM_JOBS_DIR; else
@@ -41,7 +48,8 @@ Options:
   --follow           redraw every second until SIGINT or SIGTERM (with --json: one array per line)
   -h, --help         print this help
 
-Exit codes: 0 ok (also when stopped by a signal in --follow), 1 registry unreadable, 2 usage.
+Exit codes: 0 ok (also when stopped by a signal in --follow), 1 registry missing or unreadable,
+2 usage.
 ";
 
 #[derive(Debug, Default)]
@@ -77,6 +85,42 @@ pub struct Row {
     pub created_at: String,
     pub evidence_ms: Option<u64>,
     pub heartbeat_ms: Option<u64>,
+    /// The claim (else the registration) time.
+    pub started_ms: Option<u64>,
+    pub finished_ms: Option<u64>,
+    /// The idle window (`sweep::idle_ms`).
+    pub idle_ms: u64,
+}
+
+impl Row {
+    fn finished(&self) -> bool {
+        crate::registry::is_terminal(&self.status)
+    }
+
+    /// How long a live job has been silent: `Some(ms since the last evidence)` when it is not
+    /// finished, not pending, and that is longer than its idle window.
+    pub fn silent_ms(&self, now_ms: u64) -> Option<u64> {
+        if self.finished() || self.status == "pending" {
+            return None;
+        }
+        let since = now_ms.saturating_sub(self.evidence_ms.or(self.started_ms)?);
+        (since > self.idle_ms).then_some(since)
+    }
+
+    fn elapsed_ms(&self, now_ms: u64) -> Option<u64> {
+        Some(self.finished_ms.unwrap_or(now_ms).saturating_sub(self.started_ms?))
+    }
+}
+
+/// `HH:MM:SS` when `ms` is on the UTC day of `now_ms`, else `YYYY-MM-DD`.
+fn clock_cell(ms: Option<u64>, now_ms: u64) -> String {
+    let Some(ms) = ms else { return "-".into() };
+    let ts = clock::format_ts(ms);
+    if ms / 86_400_000 == now_ms / 86_400_000 {
+        ts[11..19].to_string()
+    } else {
+        ts[..10].to_string()
+    }
 }
 
 /// The row of one record; `registry` is where its events.log lives.
@@ -93,9 +137,13 @@ pub fn row(rec: &Record, registry: &Path) -> Row {
         .str("heartbeat_at")
         .and_then(clock::parse_ts)
         .or_else(|| events_mtime.and_then(|_| last_heartbeat_line_ms(&events)));
+    let ts = |k: &str| rec.str(k).and_then(clock::parse_ts);
     Row {
         evidence_ms: last_evidence_ms(rec, events_mtime),
         heartbeat_ms,
+        started_ms: ts("claimed_at").or_else(|| ts("created_at")),
+        finished_ms: ts("finished_at"),
+        idle_ms: crate::daemon::sweep::idle_ms(rec),
         status: rec.status().to_string(),
         attempt: rec.attempt(),
         session: rec.str("agent_session").unwrap_or("").to_string(),
@@ -135,6 +183,10 @@ fn slim(bytes: &[u8]) -> Option<Record> {
         claimed_at: Option<Value>,
         updated_at: Option<Value>,
         dispatched_at: Option<Value>,
+        finished_at: Option<Value>,
+        heartbeat_sec: Option<Value>,
+        heartbeat_misses: Option<Value>,
+        idle_timeout_sec: Option<Value>,
     }
     // serde also fills a struct from an array: only an object is a record.
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -153,6 +205,10 @@ fn slim(bytes: &[u8]) -> Option<Record> {
         ("claimed_at", s.claimed_at),
         ("updated_at", s.updated_at),
         ("dispatched_at", s.dispatched_at),
+        ("finished_at", s.finished_at),
+        ("heartbeat_sec", s.heartbeat_sec),
+        ("heartbeat_misses", s.heartbeat_misses),
+        ("idle_timeout_sec", s.idle_timeout_sec),
     ] {
         if let Some(v) = v {
             m.insert(k.to_string(), v);
@@ -194,19 +250,30 @@ pub fn age(then_ms: Option<u64>, now_ms: u64) -> String {
 
 /// The table as text (header plus one line per row, columns padded).
 pub fn table(rows: &[Row], now_ms: u64) -> String {
-    let mut cells: Vec<[String; 6]> =
-        vec![["JOB", "STATUS", "ATTEMPT", "SESSION", "EVIDENCE", "HEARTBEAT"].map(String::from)];
+    let mut cells: Vec<[String; 8]> =
+        vec![["JOB", "STATUS", "ATTEMPT", "SESSION", "ELAPSED", "FINISHED", "EVIDENCE", "HEARTBEAT"].map(String::from)];
     for r in rows {
+        let status = match r.silent_ms(now_ms) {
+            Some(ms) => format!("silent({})", age(Some(0), ms)),
+            None => text::one_line(&r.status),
+        };
+        let (evidence, heartbeat) = if r.finished() {
+            ("-".into(), "-".into())
+        } else {
+            (age(r.evidence_ms, now_ms), age(r.heartbeat_ms, now_ms))
+        };
         cells.push([
             text::one_line(&r.job_id),
-            text::one_line(&r.status),
+            status,
             r.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
             if r.session.is_empty() { "-".into() } else { text::one_line(&r.session) },
-            age(r.evidence_ms, now_ms),
-            age(r.heartbeat_ms, now_ms),
+            r.elapsed_ms(now_ms).map_or_else(|| "-".into(), |e| age(Some(0), e)),
+            clock_cell(r.finished_ms, now_ms),
+            evidence,
+            heartbeat,
         ]);
     }
-    let mut width = [0usize; 6];
+    let mut width = [0usize; 8];
     for c in &cells {
         for (w, s) in width.iter_mut().zip(c) {
             *w = (*w).max(s.chars().count());
@@ -244,6 +311,9 @@ pub fn to_json(rows: &[Row], now_ms: u64) -> Value {
                     "evidence_age_s": age_s(r.evidence_ms),
                     "heartbeat_at": ts(r.heartbeat_ms),
                     "heartbeat_age_s": age_s(r.heartbeat_ms),
+                    "silent_s": r.silent_ms(now_ms).map(|m| m / 1000),
+                    "elapsed_s": r.elapsed_ms(now_ms).map(|m| m / 1000),
+                    "finished_at": ts(r.finished_ms),
                 })
             })
             .collect(),
@@ -257,6 +327,18 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     cli::load_env(ctx)?;
     let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
+    // The default registry of a control root that exists is merely empty so far; any other
+    // registry that does not exist is a wrong path (another root, a typo), not an empty table.
+    let fresh_default = a.registry_dir.is_none()
+        && ctx.path_var("MAM_JOBS_DIR").is_none()
+        && resolved.control_root.join(".mam").is_dir();
+    if !store.registry.is_dir() && !fresh_default {
+        return Err(Failure::runtime(format!(
+            "jobs: no registry at {} (nothing registered there yet, or another control root: see `mam paths`; \
+             --registry-dir or MAM_JOBS_DIR name another)",
+            text::show_path(&store.registry)
+        )));
+    }
     if a.follow {
         sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     }
@@ -266,11 +348,15 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         if a.json {
             let v = to_json(&rows, now);
             ctx.say(&if a.follow { v.to_string() } else { serde_json::to_string_pretty(&v).unwrap_or_default() });
-        } else if a.follow {
-            let head = format!("mam jobs  {}  {}\n", text::show_path(&store.registry), clock::format_ts(now));
-            ctx.say_raw(format!("\x1b[H\x1b[2J{head}{}", table(&rows, now)).as_bytes());
         } else {
-            ctx.say_raw(table(&rows, now).as_bytes());
+            let head = format!(
+                "registry {}: {} job(s) at {}\n",
+                text::show_path(&store.registry),
+                rows.len(),
+                clock::format_ts(now)
+            );
+            let clear = if a.follow { "\x1b[H\x1b[2J" } else { "" };
+            ctx.say_raw(format!("{clear}{head}{}", table(&rows, now)).as_bytes());
         }
         if !a.follow {
             for w in warnings {
@@ -324,13 +410,40 @@ mod tests {
             created_at: String::new(),
             evidence_ms: Some(0),
             heartbeat_ms: None,
+            started_ms: Some(0),
+            finished_ms: (st == "completed").then_some(3_000),
+            idle_ms: 120_000,
         };
         let t = table(&[r("a", "running"), r("bbbbbbbbbb", "completed")], 5_000);
         assert_eq!(
             t,
-            "JOB         STATUS     ATTEMPT  SESSION  EVIDENCE  HEARTBEAT\n\
-             a           running    1        w        5s        -\n\
-             bbbbbbbbbb  completed  1        w        5s        -\n"
+            "JOB         STATUS     ATTEMPT  SESSION  ELAPSED  FINISHED  EVIDENCE  HEARTBEAT\n\
+             a           running    1        w        5s       -         5s        -\n\
+             bbbbbbbbbb  completed  1        w        3s       00:00:03  -         -\n"
         );
+    }
+
+    /// Issue 18: a live job silent past its idle window says so, with how long, daemon or not.
+    #[test]
+    fn silent_jobs_are_shown_as_silent() {
+        let r = Row {
+            job_id: "a".into(),
+            status: "running".into(),
+            attempt: Some(1),
+            session: "w".into(),
+            created_at: String::new(),
+            evidence_ms: Some(0),
+            heartbeat_ms: None,
+            started_ms: Some(0),
+            finished_ms: None,
+            idle_ms: 120_000,
+        };
+        assert_eq!(r.silent_ms(120_000), None, "inside the window");
+        assert_eq!(r.silent_ms(302_000), Some(302_000));
+        assert!(table(std::slice::from_ref(&r), 302_000).lines().nth(1).unwrap().contains("silent(5m02s)"));
+        let done = Row { status: "completed".into(), ..r.clone() };
+        assert_eq!(done.silent_ms(999_000), None);
+        let pending = Row { status: "pending".into(), ..r };
+        assert_eq!(pending.silent_ms(999_000), None);
     }
 }

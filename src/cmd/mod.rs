@@ -1,6 +1,7 @@
 //! One module per subcommand: `USAGE`, `parse_args` (validation only, no I/O) and `run`.
 
 pub mod agents;
+pub mod attach;
 pub mod bench;
 pub mod broker;
 pub mod create;

@@ -1,6 +1,8 @@
 //! `mam monitor [start|stop|status]` (ORCH 2.1, decided): a thin front over `mam daemon
 //! ensure|stop|status --workspace <control root>`, run as a child of this binary so the daemon keeps
-//! one implementation. Output and exit code are the daemon command's.
+//! one implementation. The exit code is the daemon command's; its output is labelled for a person
+//! (issue 18): `daemon for <root>: running, pid N` or `... not running (...)`. Scripts that want
+//! the bare pid use `mam daemon status|ensure --workspace <root>`.
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -16,7 +18,8 @@ Usage: mam monitor [start | stop | status]
 
 The control root's subscriber daemon: `start` is `mam daemon ensure --workspace <root>`, `stop` is
 `mam daemon stop --workspace <root>`, `status` (the default) is `mam daemon status --workspace
-<root>`. Prints what the daemon command prints.
+<root>`. Prints `daemon for <root>: running, pid <N>` or `daemon for <root>: not running (start it
+with `mam monitor start`)`; `stop` prints `stopped daemon <N>`. For the bare pid, use `mam daemon`.
 
 Options:
   -h, --help  print this help
@@ -61,9 +64,42 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let root = paths::control_root(ctx)?.to_string_lossy().into_owned();
     let out = run_self(ctx, ChildRole::BrokerClient, &["daemon", verb, "--workspace", &root], LIMIT)
         .map_err(|e| Failure::runtime(format!("monitor: {e}")))?;
-    ctx.say_raw(out.stdout.as_bytes());
     for l in out.stderr.lines() {
         ctx.diag(l);
     }
+    for l in label(verb, &root, &out.stdout, out.rc) {
+        ctx.say(&l);
+    }
     Ok(out.rc)
+}
+
+/// The daemon command's stdout in words: a bare pid is the running daemon's; no output from
+/// `status` means none runs.
+fn label(verb: &str, root: &str, stdout: &str, rc: i32) -> Vec<String> {
+    let lines: Vec<&str> = stdout.lines().collect();
+    let pid = match lines.as_slice() {
+        [one] if one.bytes().all(|b| b.is_ascii_digit()) && !one.is_empty() => Some(*one),
+        _ => None,
+    };
+    match (pid, verb) {
+        (Some(pid), _) => vec![format!("daemon for {root}: running, pid {pid}")],
+        (None, "status") if lines.is_empty() && rc == 0 => {
+            vec![format!("daemon for {root}: not running (start it with `mam monitor start`)")]
+        }
+        _ => lines.into_iter().map(String::from).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label;
+
+    #[test]
+    fn output_is_labelled() {
+        assert_eq!(label("status", "/w", "42\n", 0), ["daemon for /w: running, pid 42"]);
+        assert_eq!(label("ensure", "/w", "42\n", 0), ["daemon for /w: running, pid 42"]);
+        assert_eq!(label("status", "/w", "", 0), ["daemon for /w: not running (start it with `mam monitor start`)"]);
+        assert_eq!(label("stop", "/w", "stopped daemon 42\n", 0), ["stopped daemon 42"]);
+        assert!(label("ensure", "/w", "", 0).is_empty());
+    }
 }

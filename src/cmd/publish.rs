@@ -15,6 +15,7 @@ use crate::heartbeat::timer::{self, TimerError};
 use crate::knob;
 use crate::paths;
 use crate::publish::{self, Event, Outcome, WireReport};
+use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::sign;
 use crate::text;
@@ -34,7 +35,9 @@ Options:
   --job-id ID            the job (see `mam registry publish-cmd ID` for the whole line)
   --event E              started, progress, completed, failed or error
   --message TEXT         free text, at most 4096 bytes
-  --data JSON            a JSON object of at most 64 KiB (integers only, no floats)
+  --data JSON            a JSON object of at most 64 KiB; a number that is not an integer (0.5,
+                         1e3) is sent as its decimal text in a string, since signed payloads
+                         carry integers only (a NOTE says so)
   --attempt A            must match the record (default: the record's attempt)
   --dispatch-token T     must match the record (default: the record's token)
   --registry-dir D       the job registry; else MAM_JOBS_DIR; else <control root>/.mam/jobs
@@ -60,12 +63,15 @@ struct Args {
     registry_dir: Option<std::path::PathBuf>,
     heartbeat: Option<u32>,
     watch_pid: Option<i32>,
+    /// `--data` numbers sent as strings, as (path, text), for the NOTE.
+    data_notes: Vec<(String, String)>,
 }
 
 fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     use lexopt::prelude::*;
     let mut p = lexopt::Parser::from_args(args);
     let (mut job_id, mut event, mut message, mut data) = (None, None, String::new(), Map::new());
+    let mut data_notes = Vec::new();
     let (mut attempt, mut token, mut registry_dir, mut heartbeat, mut watch_pid, mut no_state) =
         (None, None, None, None, None, false);
     while let Some(arg) = p.next()? {
@@ -102,7 +108,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 }
                 message = v;
             }
-            Long("data") => data = parse_data(p.value()?)?,
+            Long("data") => (data, data_notes) = parse_data(p.value()?)?,
             Long("attempt") => attempt = Some(u64::from(knob::flag("--attempt", &p.value()?, 1)?)),
             Long("dispatch-token") => {
                 let v = cli::utf8("--dispatch-token", p.value()?)?;
@@ -137,6 +143,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         registry_dir,
         heartbeat,
         watch_pid,
+        data_notes,
     }))
 }
 
@@ -149,21 +156,50 @@ fn short(v: &str) -> String {
     }
 }
 
-/// `--data`: a JSON object of at most 64 KiB that has canonical bytes (integers only).
-fn parse_data(raw: OsString) -> Result<Map<String, Value>, Failure> {
+/// Replaces every number that is not an integer with its decimal text (issue 18: `--data` takes
+/// any JSON number, and the canonical bytes of CORE 4 hold integers only), noting each (path, text).
+fn stringify_floats(v: &mut Value, path: &str, notes: &mut Vec<(String, String)>) {
+    match v {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            let t = n.to_string();
+            notes.push((path.to_string(), t.clone()));
+            *v = Value::String(t);
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter_mut().enumerate() {
+                stringify_floats(x, &format!("{path}[{i}]"), notes);
+            }
+        }
+        Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                stringify_floats(x, &format!("{path}.{k}"), notes);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `--data`: a JSON object of at most 64 KiB that has canonical bytes once its non-integer numbers
+/// are strings.
+type Data = (Map<String, Value>, Vec<(String, String)>);
+fn parse_data(raw: OsString) -> Result<Data, Failure> {
     let v = cli::utf8("--data", raw)?;
     if v.len() > publish::MAX_DATA {
         return Err(Failure::usage(format!("--data: {} bytes is more than {}", v.len(), publish::MAX_DATA)));
     }
     let parsed: Value = serde_json::from_str(&v)
         .map_err(|e| Failure::usage(format!("--data: invalid JSON ({})", text::one_line(&e.to_string()))))?;
-    let Value::Object(m) = parsed else {
+    let Value::Object(_) = parsed else {
         return Err(Failure::usage("--data: must be a JSON object"));
     };
-    if let Err(e) = sign::canonical(&Value::Object(m.clone())) {
+    let mut parsed = parsed;
+    let mut notes = Vec::new();
+    stringify_floats(&mut parsed, "data", &mut notes);
+    if let Err(e) = sign::canonical(&parsed) {
         return Err(Failure::usage(format!("--data: {e}")));
     }
-    Ok(m)
+    let Value::Object(m) = parsed else { unreachable!("checked above") };
+    Ok((m, notes))
 }
 
 /// Entry point.
@@ -172,21 +208,45 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
+    for (path, t) in &a.data_notes {
+        ctx.diag(&format!(
+            "NOTE: publish: --data: {path} = {t} is not an integer; sent as the string \"{t}\" (signed payloads carry integers only)"
+        ));
+    }
     let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
     let settings = Settings::for_registry(ctx, Some(&store.registry))?;
     let id = a.req.job_id.clone();
     let event = a.req.event.name();
     let mut diag = |line: String| ctx.diag(&line);
-    let outcome = publish::publish(&store, &settings, &a.req, &mut diag).map_err(Failure::runtime)?;
-    let mut rc = 0;
+    // Issue 18: the timer is armed as soon as the event is recorded, before the wire is tried, so
+    // a broker outage at start cannot hold it back past the job's idle window.
+    let mut arm_failure: Option<Failure> = None;
+    let mut armed_early = false;
+    let mut hook = |rec: &Record| match a.heartbeat {
+        Some(n) => {
+            armed_early = true;
+            let (lines, fail) = arm_timer(ctx, &store, &settings, &a, n, rec);
+            arm_failure = fail;
+            lines
+        }
+        None => Vec::new(),
+    };
+    let outcome = publish::publish(&store, &settings, &a.req, &mut diag, Some(&mut hook)).map_err(Failure::runtime)?;
+    if let Some(f) = &arm_failure {
+        ctx.diag(&f.line);
+    }
+    let mut rc = arm_failure.map_or(0, |f| f.rc);
     let arm = match &outcome {
         Outcome::Published { seq, report } => {
-            rc = report_rc(ctx, report, &format!("job {id}: {event} seq={seq}"));
-            if rc == 0 {
+            let wire = report_rc(ctx, report, &format!("job {id}: {event} seq={seq}"));
+            if wire == 0 && rc == 0 {
                 ctx.say(&format!("published {event} seq={seq} job={id}"));
             }
-            true
+            if wire != 0 {
+                rc = wire;
+            }
+            !armed_early
         }
         Outcome::Repeat { status, resent } => {
             ctx.say(&format!("already {status}; nothing new to publish"));
@@ -196,10 +256,15 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             // A31: an idempotent `started --heartbeat N` re-arms the timer when none is alive.
             timer::status(&store.registry, &id).is_none()
         }
-        Outcome::Refused { reason } => return Err(Failure::refused(format!("{id}: {reason}"))),
+        Outcome::Refused { reason } => return Err(cli::job_refused(&id, reason)),
     };
     if let (Some(n), true) = (a.heartbeat, arm) {
-        if let Err(f) = arm_timer(ctx, &store, &settings, &a, n) {
+        let rec = store.read_existing(&a.req.job_id).map_err(Failure::runtime)?;
+        let (lines, fail) = arm_timer(ctx, &store, &settings, &a, n, &rec);
+        for l in lines {
+            ctx.diag(&l);
+        }
+        if let Some(f) = fail {
             ctx.diag(&f.line);
             if rc == 0 {
                 rc = f.rc;
@@ -224,30 +289,48 @@ fn report_rc(ctx: &Ctx, r: &WireReport, what: &str) -> i32 {
 }
 
 /// CORE 6.3 step 8: start_timer after a non-terminal event. An ended attempt is a WARNING only.
-fn arm_timer(ctx: &Ctx, store: &Store, settings: &Settings, a: &Args, n: u32) -> Result<(), Failure> {
-    let rec = store.read_existing(&a.req.job_id).map_err(Failure::runtime)?;
-    if let Some(m) = rec.u64("heartbeat_sec").filter(|m| *m != u64::from(n)) {
-        ctx.diag(&format!("WARNING: --heartbeat {n} differs from the job's heartbeat_sec {m}; the record keeps {m}"));
-    }
+/// Returns the lines to print and, when the timer could not be started, the failure.
+///
+/// A `--heartbeat N` that disagrees with the record's `heartbeat_sec` M is not applied (issue 18,
+/// docs/DESIGN.md): the timer beats every M s, the cadence the job's idle window (K x M) and every
+/// watcher count on, and a WARNING says so. Before, the timer beat every N s while the warning said
+/// the record kept M: both at once.
+fn arm_timer(
+    ctx: &Ctx,
+    store: &Store,
+    settings: &Settings,
+    a: &Args,
+    n: u32,
+    rec: &Record,
+) -> (Vec<String>, Option<Failure>) {
+    let mut lines = Vec::new();
+    let interval = match rec.u64("heartbeat_sec").and_then(|m| u32::try_from(m).ok()).filter(|m| *m >= 1) {
+        Some(m) if m != n => {
+            lines.push(format!(
+                "WARNING: --heartbeat {n} is not this job's heartbeat_sec {m}; the timer beats every {m} s, as the record \
+                 says (its idle window counts on {m})"
+            ));
+            m
+        }
+        _ => n,
+    };
     let req = Arm {
         attempt: a.req.attempt,
         dispatch_token: a.req.dispatch_token.clone(),
-        interval: n,
+        interval,
         watch_pid: a.watch_pid,
         lifetime: None,
     };
-    match arm::arm(ctx, store, settings, &a.req.job_id, &rec, req) {
+    match arm::arm(ctx, store, settings, &a.req.job_id, rec, req) {
         Ok(armed) => {
-            for w in &armed.warnings {
-                ctx.diag(w);
-            }
-            Ok(())
+            lines.extend(armed.warnings);
+            (lines, None)
         }
         Err(TimerError::AttemptEnded { why, .. }) => {
-            ctx.diag(&format!("WARNING: heartbeat timer not armed: attempt ended ({why})"));
-            Ok(())
+            lines.push(format!("WARNING: heartbeat timer not armed: attempt ended ({why})"));
+            (lines, None)
         }
-        Err(e) => Err(Failure::runtime(format!("heartbeat timer not started: {e}"))),
+        Err(e) => (lines, Some(Failure::runtime(format!("heartbeat timer not started: {e}")))),
     }
 }
 
@@ -272,7 +355,10 @@ mod tests {
         assert_eq!(ok(&["progress", "--watch-pid", "1"]).unwrap_err().rc, 2);
         assert_eq!(ok(&["beat"]).unwrap_err().rc, 2);
         assert_eq!(ok(&["progress", "--data", "[1]"]).unwrap_err().line, "ERROR: --data: must be a JSON object");
-        assert_eq!(ok(&["progress", "--data", "{\"r\":0.5}"]).unwrap_err().rc, 2);
+        // Issue 18: any JSON number; a non-integer travels as its decimal text.
+        let Ok(Parsed::Run(a)) = ok(&["progress", "--data", "{\"r\":0.5,\"n\":[1,2.5e3],\"i\":-3}"]) else { panic!() };
+        assert_eq!(Value::Object(a.req.data), serde_json::json!({"r": "0.5", "n": [1, "2500.0"], "i": -3}));
+        assert_eq!(a.data_notes, [("data.r".to_string(), "0.5".to_string()), ("data.n[1]".into(), "2500.0".into())]);
         let big = format!("{{\"a\":\"{}\"}}", "x".repeat(64 * 1024));
         assert_eq!(ok(&["progress", "--data", &big]).unwrap_err().rc, 2);
         let msg = "m".repeat(4097);

@@ -80,6 +80,12 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         for l in r.lines() {
             ctx.say(&l);
         }
+        // Issue 18: silence is not an answer a person can read.
+        if r.servers.is_empty() {
+            ctx.say("nothing to do: no sessions to reconcile");
+        } else if r.exited.is_empty() && !r.any_unknown() {
+            ctx.say("nothing to do: every session matches its pane");
+        }
         return Ok(r.rc());
     }
     let root = paths::control_root(ctx)?;

@@ -441,7 +441,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
                     ctx.say(&format!("{id} updated {} transition_seq={}", keys.join(","), a.transition_seq));
                     Ok(0)
                 }
-                Decided::Refused { reason } => Err(Failure::refused(format!("{id}: {reason}"))),
+                Decided::Refused { reason } => Err(cli::job_refused(&id, reason)),
                 _ => Ok(0),
             }
         }
@@ -490,7 +490,7 @@ fn register(ctx: &Ctx, store: &Store, job: NewJob, json: bool) -> Result<i32, Fa
             }
             Ok(0)
         }
-        Decided::Refused { reason } => Err(Failure::refused(format!("{id}: {reason}"))),
+        Decided::Refused { reason } => Err(cli::job_refused(&id, reason)),
         Decided::Idempotent { status } => {
             ctx.say(&format!("{id} already {status}"));
             Ok(0)
@@ -515,7 +515,7 @@ fn submit(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
             }
             Ok(0)
         }
-        Decided::Refused { reason } => Err(Failure::refused(format!("{id}: {reason}"))),
+        Decided::Refused { reason } => Err(cli::job_refused(&id, reason)),
         Decided::Idempotent { status } => {
             ctx.say(&format!("{id} already {status}"));
             Ok(0)
@@ -543,9 +543,12 @@ fn close_job(ctx: &Ctx, store: &Store, id: &str, kind: Kind, target: Option<Stri
             let current = out.before.as_ref().map(|r| r.status().to_string()).unwrap_or_default();
             match (kind, target) {
                 (Kind::Set, Some(s)) => {
-                    Err(Failure::refused(format!("{id}: cannot set {s} over {current} ({reason})")))
+                    let words = crate::registry::engine::explain(reason).unwrap_or("refused");
+                    Err(Failure::refused(format!(
+                        "{id}: cannot set {s} over {current} ({reason}: {words}); the record is unchanged"
+                    )))
                 }
-                _ => Err(Failure::refused(format!("{id}: {reason}"))),
+                _ => Err(cli::job_refused(id, reason)),
             }
         }
     }

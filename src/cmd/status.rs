@@ -11,12 +11,14 @@ use crate::session::status::status;
 pub const USAGE: &str = "
 Usage: mam status [<name>] [--json]
 
-One line per session: name, agent, backend/server, pane, cwd, liveness (running, gone, unknown),
-agent state as its backend knows it (working, idle, done, blocked; herdr reports it, tmux reads it
-from the agent's screen; unknown when it cannot tell, gone when not listed), conversation id, row
-status (tab separated; `-` when unknown), then `  job <id> <type> <status>` for each open
+A header row (NAME AGENT SERVER PANE CWD LIVENESS STATE CONVERSATION STATUS), then one line per
+session: name, agent, backend/server, pane, cwd, liveness (running, gone, unknown), agent state as
+its backend knows it (working, idle, done, blocked; herdr reports it, tmux reads it from the agent's
+screen; unknown when it cannot tell, gone when not listed), conversation id, row status (tab
+separated; `-` when unknown), then `  job <id> <type> <status>` for each open
 job addressed to it (and its onboarding job). Jobs are looked up in MAM_JOBS_DIR, the row's
 registry, $WORKSPACE_ROOT/.mam/jobs, then the default registry; the first holding a job wins.
+With no sessions at all it prints `no sessions (start one with `mam create <agent>`)`.
 
 Options:
   --json      one JSON array instead
@@ -25,6 +27,9 @@ Options:
 Exit codes: 0 ok, 2 unknown session or sessions file not JSON, 3 some server's state is unknown
 (output still printed).
 ";
+
+/// The header row of the text output (issue 18), tab separated like the rows.
+const HEADER: &str = "NAME\tAGENT\tSERVER\tPANE\tCWD\tLIVENESS\tSTATE\tCONVERSATION\tSTATUS";
 
 #[derive(Debug, Default)]
 struct Args {
@@ -56,7 +61,10 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let report = status(ctx, a.name.as_deref()).map_err(|e| crate::cli::session_failure("status", &e))?;
     if a.json {
         ctx.say(&report.json().to_string());
+    } else if report.rows.is_empty() {
+        ctx.say("no sessions (start one with `mam create <agent>`)");
     } else {
+        ctx.say(HEADER);
         for l in report.lines() {
             ctx.say(&l);
         }

@@ -121,8 +121,11 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
 
 fn watch(ctx: &Ctx, a: &Args, printed: &AtomicBool) -> Result<i32, Failure> {
     let poll_ms = knob::env_or(ctx, "MAM_WATCH_POLL_MS", 1, 1000)?;
-    let env_cfg = MqttConfig::from_ctx(ctx)?;
     let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
+    // The embedded broker's credentials of the control root that holds the registry, too: delegate-job
+    // starts this subscriber from `/`, and without WORKSPACE_ROOT its own control root is none
+    // (issue 18: found by running docs/GUIDE.md, where the watch was refused with CONNACK 4).
+    let env_cfg = MqttConfig::from_ctx_near(ctx, Some(&resolved.registry))?;
     let store = Store::from_resolved(&resolved);
     let rec = store.read_existing(&a.job_id).map_err(Failure::runtime)?;
     let job = Job::from_record(&rec).map_err(Failure::runtime)?;

@@ -36,7 +36,7 @@ impl Confirm for JobStarted {
     }
     fn confirmed(&mut self) -> Option<String> {
         let t = self.token.as_deref()?;
-        job_started(&self.job, t).then(|| format!("job {} started", self.job.job_id))
+        job_started(&self.job, t).then(|| format!("job {} reported started", self.job.job_id))
     }
 }
 
@@ -89,7 +89,7 @@ mod tests {
         assert_eq!(c.confirmed(), None);
         std::fs::write(dir.join("j1/events.log"), "not json\n{\"event\":\"started\",\"dispatch_token\":\"t1\"}\n")
             .unwrap();
-        assert_eq!(c.confirmed().as_deref(), Some("job j1 started"));
+        assert_eq!(c.confirmed().as_deref(), Some("job j1 reported started"));
         // The record `running` with the token also counts; the token is read from the record, once,
         // before the submission.
         std::fs::remove_file(dir.join("j1/events.log")).unwrap();
@@ -97,7 +97,7 @@ mod tests {
         let mut c = JobStarted::new(JobRef { token: None, ..job });
         c.before_submit();
         std::fs::write(dir.join("j1.json"), r#"{"status":"running","dispatch_token":"t9"}"#).unwrap();
-        assert_eq!(c.confirmed().as_deref(), Some("job j1 started"));
+        assert_eq!(c.confirmed().as_deref(), Some("job j1 reported started"));
         // A re-dispatch after the submission (a new token) is not ours.
         std::fs::write(dir.join("j1.json"), r#"{"status":"running","dispatch_token":"t10"}"#).unwrap();
         assert_eq!(c.confirmed(), None);

@@ -564,7 +564,7 @@ impl<'a> Delegation<'a> {
                 Err(self.close_now("agent_blocked", &format!("not submitted: {why}"), 3, diag))
             }
             SksOutcome::Delivered(how) => {
-                diag(&format!("NOTE: job {}: prompt delivered to {name} ({how})", self.job_id));
+                diag(&format!("NOTE: job {}: prompt delivered to {name}: {how}", self.job_id));
                 Ok(())
             }
             SksOutcome::Unconfirmed(why) => {

@@ -80,16 +80,21 @@ impl MqttConfig {
     pub fn from_ctx_near(ctx: &Ctx, registry: Option<&Path>) -> Result<MqttConfig, ConfigError> {
         let tls = match ctx.var("MQTT_TLS") {
             None => false,
-            Some(v) => parse_bool(&v).ok_or_else(|| ConfigError::var("MQTT_TLS", "1/true/yes/on or 0/false/no/off"))?,
+            Some(v) => parse_bool(&v).ok_or_else(|| {
+                ConfigError::var(ctx, "MQTT_TLS", "a yes/no value", "1/true/yes/on or 0/false/no/off")
+            })?,
         };
-        let port = match knob::env(ctx, "MQTT_PORT", 1)? {
+        let port = match ctx.var_nonempty("MQTT_PORT") {
             None => default_port(tls),
-            Some(p) => u16::try_from(p).map_err(|_| ConfigError::var("MQTT_PORT", "a decimal integer 1-65535"))?,
+            Some(v) => knob::parse_u32(&v)
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| ConfigError::var(ctx, "MQTT_PORT", "a port", "digits only, 1-65535"))?,
         };
         let connect_s = knob::env_or(ctx, "MAM_MQTT_CONNECT_TIMEOUT_S", 1, 10)?;
         let keepalive = knob::env_or(ctx, "MAM_MQTT_KEEPALIVE_S", 1, 60)?;
         let keepalive_s = u16::try_from(keepalive)
-            .map_err(|_| ConfigError::var("MAM_MQTT_KEEPALIVE_S", "a decimal integer 1-65535"))?;
+            .map_err(|_| ConfigError::var(ctx, "MAM_MQTT_KEEPALIVE_S", "a keepalive", "seconds, 1-65535"))?;
         let child_env = ctx.child_env_for(ChildRole::Tool);
         let host = ctx.var_nonempty("MQTT_BROKER").unwrap_or_else(|| "127.0.0.1".into());
         let mut username = ctx.var_nonempty("MQTT_USERNAME");
@@ -368,7 +373,7 @@ mod tests {
     }
 
     #[test]
-    fn invalid_values_are_usage_errors_without_the_value() {
+    fn invalid_values_are_usage_errors_naming_value_and_origin() {
         for (k, v) in [
             ("MQTT_TLS", "maybe"),
             ("MQTT_PORT", "0"),
@@ -379,7 +384,8 @@ mod tests {
         ] {
             let e = MqttConfig::from_ctx(&ctx(&[(k, v)])).unwrap_err();
             assert_eq!(e.name, k, "{k}={v}");
-            assert!(e.value.is_none() && !e.to_string().contains(&format!("'{v}'")), "{e}");
+            // Issue 18: the value and where it came from are named (none of these is a secret).
+            assert!(e.to_string().contains(&format!("'{v}' from the environment")), "{e}");
         }
     }
 

@@ -113,6 +113,11 @@ fn is_retryable_io(e: &io::Error) -> bool {
 impl fmt::Display for MqttError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            MqttError::Tcp { addr, source } if source.kind() == io::ErrorKind::ConnectionRefused => write!(
+                f,
+                "cannot connect to broker {addr}: {source}; no broker is running there: start one with \
+                 `mam broker --port PORT` (see mam broker --help) or set MQTT_BROKER and MQTT_PORT to yours"
+            ),
             MqttError::Tcp { addr, source } => write!(f, "cannot connect to broker {addr}: {source}"),
             MqttError::Resolve { addr, detail, .. } => write!(f, "cannot resolve broker {addr}: {detail}"),
             MqttError::NoConnack { addr, phase } => {

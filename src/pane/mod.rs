@@ -60,7 +60,9 @@ pub fn backend_name(ctx: &Ctx) -> Result<&'static str, OpenError> {
         Some("herdr") => Ok("herdr"),
         Some("tmux") => Ok("tmux"),
         Some("fake") => Ok("fake"),
-        Some(_) => Err(OpenError::Config(ConfigError::var("MAM_PANE_BACKEND", "herdr, tmux or fake"))),
+        Some(_) => {
+            Err(OpenError::Config(ConfigError::var(ctx, "MAM_PANE_BACKEND", "a pane backend", "herdr, tmux or fake")))
+        }
         None if on_path(ctx, "herdr").is_some() => Ok("herdr"),
         None => Ok("tmux"),
     }

@@ -116,18 +116,25 @@ pub fn send_keys_safe(
     }
     // 3-6. Submit and judge.
     let why = match b.prompt(target, text, k.prompt_timeout_ms) {
-        PromptOutcome::Settled => return SksOutcome::Delivered("settled".into()),
+        PromptOutcome::Settled => return SksOutcome::Delivered("the agent took the prompt and settled".into()),
         PromptOutcome::TransportError(e) => return SksOutcome::NotSubmitted(format!("{e}; nothing submitted")),
         PromptOutcome::Accepted(Accepted::Timeout) => "timeout",
         PromptOutcome::Accepted(Accepted::Stalled) => "agent_prompt_stalled",
     };
+    // Issue 18: what happened, in words, and what confirmed it.
+    let took = match why {
+        "timeout" => "the pane took the prompt but did not settle within the prompt timeout",
+        _ => "the pane took the prompt but the agent's prompt stalled",
+    };
     let deadline = Instant::now() + Duration::from_millis(k.grace_ms);
     loop {
         if b.agent_status(target) == Status::Working {
-            return SksOutcome::Delivered(format!("accepted ({why}), confirmed by status working"));
+            return SksOutcome::Delivered(format!(
+                "{took} ({why}); the agent then started working, which confirms delivery"
+            ));
         }
         if let Some(by) = confirm.as_deref_mut().and_then(|c| c.confirmed()) {
-            return SksOutcome::Delivered(format!("accepted ({why}), confirmed by {by}"));
+            return SksOutcome::Delivered(format!("{took} ({why}); {by}, which confirms delivery"));
         }
         if Instant::now() >= deadline {
             return SksOutcome::Unconfirmed(format!(
@@ -227,7 +234,7 @@ mod tests {
         }
         fn confirmed(&mut self) -> Option<String> {
             self.polls += 1;
-            (Some(self.polls) >= self.at && self.at.is_some()).then(|| "job j1 started".to_string())
+            (Some(self.polls) >= self.at && self.at.is_some()).then(|| "job j1 reported started".to_string())
         }
     }
 
@@ -284,7 +291,14 @@ mod tests {
         // The confirmer's evidence (here on its third look) confirms it and names itself.
         let mut later = Evidence { noted: 0, at: Some(3), polls: 0 };
         let o = send_keys_safe(&b, "a", "hi", Some(&mut later), &fast());
-        assert_eq!(o, SksOutcome::Delivered("accepted (timeout), confirmed by job j1 started".into()));
+        assert_eq!(
+            o,
+            SksOutcome::Delivered(
+                "the pane took the prompt but did not settle within the prompt timeout (timeout); job j1 reported \
+                 started, which confirms delivery"
+                    .into()
+            )
+        );
         // `working` after an accepted submission confirms delivery.
         let b = scripted(true, Status::Idle, Status::Working, PromptOutcome::Accepted(Accepted::Stalled));
         assert_eq!(send_keys_safe(&b, "a", "hi", None, &fast()).rc(), 0);

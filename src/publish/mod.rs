@@ -269,15 +269,21 @@ pub fn data_len(data: &Map<String, Value>) -> usize {
     serde_json::to_vec(data).map_or(usize::MAX, |v| v.len())
 }
 
+/// Called once a non-terminal event is recorded and on disk, before the wire is tried, with the
+/// record it produced (issue 18: `--heartbeat N` arms the timer here, so a broker outage at start
+/// cannot hold the timer back past the job's idle window). It returns the lines to print.
+pub type OnRecorded<'a> = &'a mut dyn FnMut(&Record) -> Vec<String>;
+
 /// `mam publish` (CORE 6.3, 6.4, 6.5) with the `--data` limit of the CLI (`MAX_DATA`). The caller
-/// prints the outcome and arms the timer.
+/// prints the outcome; `on_recorded` (see `OnRecorded`) arms the timer.
 pub fn publish(
     store: &Store,
     settings: &Settings,
     req: &Request,
     diag: &mut dyn FnMut(String),
+    on_recorded: Option<OnRecorded<'_>>,
 ) -> Result<Outcome, PublishError> {
-    publish_with_limit(store, settings, req, MAX_DATA, diag)
+    publish_inner(store, settings, req, MAX_DATA, diag, on_recorded)
 }
 
 /// `publish` for a caller whose events carry more data than an agent's `--data` may: the remote
@@ -289,6 +295,17 @@ pub fn publish_with_limit(
     req: &Request,
     max_data: usize,
     diag: &mut dyn FnMut(String),
+) -> Result<Outcome, PublishError> {
+    publish_inner(store, settings, req, max_data, diag, None)
+}
+
+fn publish_inner(
+    store: &Store,
+    settings: &Settings,
+    req: &Request,
+    max_data: usize,
+    diag: &mut dyn FnMut(String),
+    on_recorded: Option<OnRecorded<'_>>,
 ) -> Result<Outcome, PublishError> {
     if req.message.len() > MAX_MESSAGE {
         return Err(PublishError::Record(format!(
@@ -306,7 +323,7 @@ pub fn publish_with_limit(
     if req.event.is_terminal() {
         terminal(store, settings, req, &rec, &events, diag)
     } else {
-        non_terminal(store, settings, req, &rec, &events, diag)
+        non_terminal(store, settings, req, &rec, &events, diag, on_recorded)
     }
 }
 
@@ -317,6 +334,7 @@ fn non_terminal(
     rec: &Record,
     events: &Path,
     diag: &mut dyn FnMut(String),
+    on_recorded: Option<OnRecorded<'_>>,
 ) -> Result<Outcome, PublishError> {
     let l3 = inflight_shared(&store.registry, &req.job_id)?;
     prepare_events_log(events)?;
@@ -328,7 +346,8 @@ fn non_terminal(
     match decision {
         Decided::Applied(a) => {
             let seq = a.seq.ok_or_else(|| PublishError::Record("engine allocated no seq".into()))?;
-            let out = emit(store, settings, req, &a.record, events, seq, now, Some(settings.budget), diag)?;
+            let out =
+                emit(store, settings, req, &a.record, events, seq, now, Some(settings.budget), diag, on_recorded)?;
             drop(l3);
             Ok(out)
         }
@@ -402,7 +421,7 @@ fn terminal(
     let out = match decision {
         Decided::Applied(a) => {
             let seq = a.seq.ok_or_else(|| PublishError::Record("engine allocated no seq".into()))?;
-            emit(store, settings, req, &a.record, events, seq, now, None, diag)
+            emit(store, settings, req, &a.record, events, seq, now, None, diag, None)
         }
         Decided::Idempotent { status } => {
             let before = before_or_read(before, store, &req.job_id)?;
@@ -459,6 +478,7 @@ fn emit(
     now: u64,
     budget: Option<Duration>,
     diag: &mut dyn FnMut(String),
+    on_recorded: Option<OnRecorded<'_>>,
 ) -> Result<Outcome, PublishError> {
     let job = Job::from_record(rec).map_err(PublishError::Record)?;
     let ts = clock::format_ts(now);
@@ -466,6 +486,11 @@ fn emit(
         EventFields { event: req.event.name(), seq, ts: &ts, heartbeat: false, message: &req.message, data: &req.data };
     let bytes = job.event_bytes(&fields).map_err(|e| PublishError::Record(format!("cannot sign the event: {e}")))?;
     append_event(events, &bytes)?;
+    if let Some(hook) = on_recorded {
+        for line in hook(rec) {
+            diag(line);
+        }
+    }
     let report = send_and_audit(store, settings, req, rec, &job, seq, &bytes, budget, diag);
     Ok(Outcome::Published { seq, report })
 }
@@ -589,7 +614,7 @@ mod tests {
             no_state: false,
         };
         let mut diag = |_: String| {};
-        let e = publish(&store, &settings, &req, &mut diag).unwrap_err().to_string();
+        let e = publish(&store, &settings, &req, &mut diag, None).unwrap_err().to_string();
         assert_eq!(e, format!("job j1: data of {} bytes is more than {MAX_DATA}", MAX_DATA + 13));
         // A larger limit passes the check and gets as far as the (missing) record.
         let e = publish_with_limit(&store, &settings, &req, 4 * MAX_DATA, &mut diag).unwrap_err().to_string();

@@ -240,6 +240,28 @@ fn phase(status: &str) -> Phase {
     }
 }
 
+/// A refusal reason in words for a person (issue 18): what happened. Every reason `decide` can give
+/// has one; `None` for a reason this table does not know.
+pub fn explain(reason: &str) -> Option<&'static str> {
+    Some(match reason {
+        "late_signal" => "the job has already finished, so this signal came too late",
+        "stale_attempt" => "this signal belongs to an earlier attempt or another dispatch (attempt or token differ)",
+        "cas_no_attempt" => "the job has not been dispatched yet, so there is no attempt to match",
+        "cas_failed" => "the job's attempt is not the one given",
+        "not_operator" => "only the operator may do this",
+        "exists" => "a job with this id is already registered",
+        "conflicting_terminal" => "the job has already finished with another result",
+        "pending_owned_by_register" => "a pending job is set by its registration only",
+        "terminal_locked" => "a finished job keeps its result",
+        "deadline_not_reached" => "the job's deadline has not passed yet",
+        "iteration_not_advanced" => "the iteration given is not newer than the job's",
+        "barrier_raised" => "the job is being finished, so no more signals are taken for this attempt",
+        "mirror_refused" => "the remote state does not fit the local record",
+        "unknown_request" => "this request does not apply to a job in this state",
+        _ => return None,
+    })
+}
+
 fn refused(reason: &str) -> Decision {
     Decision::Refused { reason: reason.to_string() }
 }
@@ -540,6 +562,22 @@ fn mirror(rec: &Record, req: &Request, now: u64) -> Decision {
         new.set("created_at", c.clone());
     }
     finish(new, Some(rec.status().to_string()), req, now)
+}
+
+#[cfg(test)]
+mod explain_tests {
+    /// Issue 18: every reason `decide` gives is explained in words.
+    #[test]
+    fn every_refusal_reason_has_words() {
+        let src = include_str!("engine.rs");
+        let mut n = 0;
+        for part in src.split("refused(\"").skip(1) {
+            let reason = part.split('"').next().unwrap();
+            assert!(super::explain(reason).is_some(), "no words for {reason}");
+            n += 1;
+        }
+        assert!(n >= 15, "{n}");
+    }
 }
 
 #[cfg(test)]

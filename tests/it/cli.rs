@@ -68,6 +68,25 @@ fn unknown_command_is_rc_2() {
     let r = td.mam().args(["frobnicate"]).run();
     r.expect_rc(2);
     assert_eq!(r.stderr(), "ERROR: unknown command 'frobnicate' (see mam --help)\n");
+    // Issue 18: a slip gets the closest command.
+    let r = td.mam().args(["stauts"]).run();
+    r.expect_rc(2);
+    assert_eq!(r.stderr(), "ERROR: unknown command 'stauts'; did you mean 'mam status'? (see mam --help)\n");
+}
+
+/// Issue 18: an unknown flag names the command, the closest flag and the help.
+#[test]
+fn unknown_flag_names_command_closest_flag_and_help() {
+    let td = TestDir::new("flaghint");
+    let r = td.mam().args(["create", "claude", "--nmae", "w1"]).run();
+    r.expect_rc(2);
+    assert_eq!(
+        r.stderr(),
+        "ERROR: mam create: unknown flag '--nmae'; did you mean '--name'? (see mam create --help)\n"
+    );
+    let r = td.mam().args(["jobs", "--zzzzzzzzzz"]).run();
+    r.expect_rc(2);
+    assert_eq!(r.stderr(), "ERROR: mam jobs: unknown flag '--zzzzzzzzzz' (see mam jobs --help)\n");
 }
 
 #[test]

@@ -643,7 +643,8 @@ fn o3_7_11_no_working_status_but_started_is_not_blocked() {
         h.delegate("w1", &task, FAST).env("MAM_FAKE_PROMPT_RESULT", "stalled").env("SKS_DELIVERY_GRACE_S", "10").run();
     r.expect_rc(0);
     assert_eq!(last_line(&r.stdout()).1, "completed");
-    assert!(r.stderr().contains("confirmed by job"), "{}", r.stderr());
+    // Issue 18: the delivery line says in words what confirmed it.
+    assert!(r.stderr().contains("reported started, which confirms delivery"), "{}", r.stderr());
 }
 
 /// 3.7 test 12: after an ack failure no subscriber process remains (it did run: its log exists).
@@ -953,6 +954,10 @@ fn demo_script_passes() {
     for verdict in ["completed", "deadline_timeout (unresponsive)", "agent_blocked"] {
         assert!(out.contains(verdict), "{verdict}: {out}");
     }
+    // Issue 18: fake agents are labelled as such, and the figures are said in words.
+    assert!(out.contains("(the fake agent, standing in for claude)"), "{out}");
+    assert!(out.contains("times its idle window (K x N = 3 x 1 s = 3 s"), "{out}");
+    assert!(!out.contains("x K*N"), "{out}");
     // The temp world is gone (only the test's own files remain).
     let left: Vec<_> = fs::read_dir(td.path(""))
         .unwrap()
@@ -960,6 +965,48 @@ fn demo_script_passes() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("mam-demo."))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// Issue 18: `scripts/demo.sh --keep` keeps the agents' panes (their tmux server stays up) and prints
+/// how to attach to them and how to clean up.
+#[test]
+fn demo_script_keep_keeps_the_panes_and_says_how_to_attach() {
+    if !have_tool("tmux", "MAM_REQUIRE_TMUX") || !have_tool("bc", "MAM_REQUIRE_TMUX") {
+        return;
+    }
+    let td = TestDir::new("demo_keep");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/demo.sh");
+    let r = td
+        .command("bash")
+        .args([script.as_os_str(), "--keep".as_ref()])
+        .env("MAM_BIN", mam_bin())
+        .env("TMPDIR", td.path(""))
+        .run_within(Duration::from_secs(60));
+    let out = r.stdout();
+    let sock = out
+        .lines()
+        .find_map(|l| l.strip_prefix("clean up: tmux -L "))
+        .and_then(|l| l.split_whitespace().next())
+        .map(str::to_string);
+    struct Kill(Option<String>);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            if let Some(s) = &self.0 {
+                let _ = std::process::Command::new("tmux").args(["-L", s, "kill-server"]).output();
+            }
+        }
+    }
+    let _kill = Kill(sock.clone());
+    r.expect_rc(0);
+    let sock = sock.unwrap_or_else(|| panic!("no clean-up line: {out}"));
+    assert!(out.contains("attach worker-ok"), "{out}");
+    let panes = std::process::Command::new("tmux").args(["-L", &sock, "list-panes", "-a"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&panes.stdout).lines().count(), 3, "{out}");
+    // The printed attach line resolves the kept session's pane.
+    let line = out.lines().find(|l| l.trim_start().starts_with("WORKSPACE_ROOT=")).unwrap().trim().to_string();
+    let r = td.command("bash").args(["-c", &format!("{line} --print")]).run();
+    r.expect_rc(0);
+    assert!(r.stdout().contains(&format!("tmux -L {sock} attach-session -t %0")), "{}", r.stdout());
 }
 
 /// `scripts/demo.sh --backend herdr` gives the same three verdicts on a private real herdr server and

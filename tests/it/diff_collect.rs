@@ -136,7 +136,12 @@ fn a40_truncated_output_ends_with_the_marker() {
     assert_eq!(r.out.stdout, g);
     let r = td.mam().env("MAM_LOOP_DIFF_MAX_BYTES", "0").args(["diff-collect", ".", "HEAD"]).run();
     r.expect_rc(2);
-    assert!(r.stderr().starts_with("ERROR: MAM_LOOP_DIFF_MAX_BYTES: invalid value"), "{}", r.stderr());
+    // Issue 18: the value and where it came from are named.
+    assert!(
+        r.stderr().starts_with("ERROR: MAM_LOOP_DIFF_MAX_BYTES: '0' from the environment is not"),
+        "{}",
+        r.stderr()
+    );
 }
 
 /// A40: no repository, or a base that is no commit: the marker on stdout, one ERROR line, rc 1.

@@ -366,11 +366,59 @@ fn e14_integer_grammar_on_timing_flags() {
             eqnice!(want, r.stderr());
         }
     }
-    // Env knobs: an invalid value is rc 2 and never echoed; an empty one counts as absent.
+    // Env knobs: an invalid value is rc 2 and named with its origin (issue 18); an empty one counts
+    // as absent.
     let r = td.mam().env("MAM_HEARTBEAT_SEC", "3x").args(["registry", "register", "--session", "s1"]).run();
     r.expect_rc(2);
-    eqnice!("ERROR: MAM_HEARTBEAT_SEC: invalid value (expected a decimal integer >= 1)\n", r.stderr());
+    eqnice!(
+        "ERROR: MAM_HEARTBEAT_SEC: '3x' from the environment is not a whole number (expected digits only, at least 1)\n",
+        r.stderr()
+    );
     td.mam().env("MAM_HEARTBEAT_SEC", "").args(["registry", "register", "--session", "s1"]).run().expect_rc(0);
     let listed = td.mam().args(["registry", "list"]).run().stdout();
     assert_eq!(listed.lines().count(), 11, "{listed}");
+}
+
+/// Issue 18: from a subdirectory of the control root, after `$WORKSPACE_ROOT/.mam.env` and
+/// `./.mam.env`, the control root's `.mam.env` is read (CORE 1.1), still under the trust checks.
+#[test]
+fn control_root_env_file_is_found_from_a_subdirectory() {
+    let td = TestDir::new("e11c");
+    td.write("ws/.mam.env", "A=root\n");
+    fs::create_dir_all(td.path("ws/sub/deeper")).unwrap();
+    let sub = td.path("ws/sub/deeper");
+    let r = td.mam().env_remove("MAM_ENV_FILE").cwd(&sub).args(["env", "--path"]).run();
+    r.expect_rc(0);
+    eqnice!(format!("{}\n", td.path("ws/.mam.env").display()), r.stdout());
+    let r = td.mam().env_remove("MAM_ENV_FILE").cwd(&sub).args(["env", "--shell"]).run();
+    eqnice!("export A='root'\n", r.stdout());
+    // ./.mam.env still comes first.
+    td.write("ws/sub/deeper/.mam.env", "A=cwd\n");
+    let r = td.mam().env_remove("MAM_ENV_FILE").cwd(&sub).args(["env", "--shell"]).run();
+    eqnice!("export A='cwd'\n", r.stdout());
+    fs::remove_file(td.path("ws/sub/deeper/.mam.env")).unwrap();
+    // The control root's file is judged like any other: writable by others is refused.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(td.path("ws/.mam.env"), fs::Permissions::from_mode(0o666)).unwrap();
+    let r = td.mam().env_remove("MAM_ENV_FILE").cwd(&sub).args(["env", "--shell"]).run();
+    r.expect_rc(1);
+    assert!(r.stderr().contains("refused: writable by others"), "{}", r.stderr());
+}
+
+/// Issue 18: a knob from the env file is named with its value, file and line; a secret never shows.
+#[test]
+fn knob_error_names_value_file_and_line() {
+    let td = TestDir::new("knobsrc");
+    let f = td
+        .write("ws/.mam.env", "# broker\nMQTT_BROKER=127.0.0.1\nMQTT_PORT=33581 # my broker\nMQTT_PASSWORD=hunter2\n");
+    let r = td.mam().env("MAM_ENV_FILE", &f).args(["pub", "-t", "a/b", "-m", "x"]).run();
+    r.expect_rc(2);
+    eqnice!(
+        format!(
+            "ERROR: MQTT_PORT: '33581 # my broker' from {}:3 is not a port (expected digits only, 1-65535; comments must be on their own line)\n",
+            f.display()
+        ),
+        r.stderr()
+    );
+    assert!(!r.stderr().contains("hunter2"));
 }

@@ -680,7 +680,7 @@ fn a_legacy_install_is_taken_over_and_its_old_paths_run() {
     assert_eq!(read(&td, ".mam/agent_sessions.yaml.bak").as_bytes(), &before[3][..]);
     let st = td.mam().args(["status"]).run();
     st.expect_rc(0);
-    assert!(st.stdout().starts_with("claude-01\t"), "{}", st.stdout());
+    assert!(st.stdout().lines().nth(1).is_some_and(|l| l.starts_with("claude-01\t")), "{}", st.stdout());
     // The legacy install_state keys survive; its ledgers and originals are kept aside.
     let s = read(&td, ".mam/install/install_state");
     assert!(

@@ -53,10 +53,13 @@ fn jobs_table_and_json_over_a_generated_registry() {
     assert_eq!(r.stderr(), "");
     let out = r.stdout();
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 5, "{out}");
-    let head: Vec<&str> = lines[0].split_whitespace().collect();
-    assert_eq!(head, ["JOB", "STATUS", "ATTEMPT", "SESSION", "EVIDENCE", "HEARTBEAT"]);
-    let rows: Vec<Vec<&str>> = lines[1..].iter().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines.len(), 6, "{out}");
+    // Issue 18: the header names the registry read.
+    let reg = td.ws().join(".mam/jobs");
+    assert!(lines[0].starts_with(&format!("registry {}: 4 job(s) at ", reg.display())), "{out}");
+    let head: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(head, ["JOB", "STATUS", "ATTEMPT", "SESSION", "ELAPSED", "FINISHED", "EVIDENCE", "HEARTBEAT"]);
+    let rows: Vec<Vec<&str>> = lines[2..].iter().map(|l| l.split_whitespace().collect()).collect();
     let listed: Vec<&str> = rows.iter().map(|r| r[0]).collect();
     let want: Vec<&str> = order.iter().map(|(_, id)| id.as_str()).collect();
     assert_eq!(listed, want, "{out}");
@@ -72,10 +75,14 @@ fn jobs_table_and_json_over_a_generated_registry() {
         assert_eq!(r[1], status, "{out}");
         assert_eq!(r[2], "1");
         assert!(r[3].starts_with("w-"));
-        assert!(is_age(r[4]), "evidence age of {id}: {out}");
-        assert_eq!(is_age(r[5]), hb, "heartbeat of {id}: {out}");
+        assert!(is_age(r[4]), "elapsed of {id}: {out}");
+        // A finished job has a finish time and no evidence age (it would mean nothing).
+        let finished = status == "cancelled";
+        assert_eq!(r[5] != "-", finished, "finish time of {id}: {out}");
+        assert_eq!(is_age(r[6]), !finished, "evidence age of {id}: {out}");
+        assert_eq!(is_age(r[7]), hb, "heartbeat of {id}: {out}");
         if !hb {
-            assert_eq!(r[5], "-");
+            assert_eq!(r[7], "-");
         }
     }
 
@@ -116,17 +123,28 @@ fn jobs_table_and_json_over_a_generated_registry() {
     assert_eq!(tree(&td.ws()), before, "mam jobs wrote files");
 }
 
+/// Issue 18: a registry that does not exist is an error naming it (not an empty table), and it
+/// still creates nothing.
 #[test]
-fn jobs_on_a_missing_registry_creates_nothing() {
+fn jobs_on_a_missing_registry_is_an_error_and_creates_nothing() {
     let td = TestDir::new("jobs-none");
     let reg = td.path("nowhere/jobs");
     let r = td.mam().args(["jobs", "--registry-dir"]).args([&reg]).run();
-    r.expect_rc(0);
-    assert_eq!(r.stdout().lines().count(), 1, "{}", r.stdout());
+    r.expect_rc(1);
+    assert_eq!(r.stdout(), "");
+    assert!(r.stderr().starts_with(&format!("ERROR: jobs: no registry at {} (", reg.display())), "{}", r.stderr());
+    assert!(r.stderr().contains("mam paths"), "{}", r.stderr());
     let r = td.mam().env("MAM_JOBS_DIR", &reg).args(["jobs", "--json"]).run();
-    r.expect_rc(0);
-    assert_eq!(r.stdout().trim(), "[]");
+    r.expect_rc(1);
+    assert_eq!(r.stdout(), "");
     assert!(!td.path("nowhere").exists());
+    // The default registry of a control root that exists is only empty so far.
+    let r = td.mam().args(["jobs"]).run();
+    r.expect_rc(0);
+    assert!(r.stdout().starts_with("registry ") && r.stdout().contains(": 0 job(s) at "), "{}", r.stdout());
+    // A directory that is no control root at all has no registry.
+    fs::create_dir_all(td.path("elsewhere")).unwrap();
+    td.mam().cwd(td.path("elsewhere")).args(["jobs"]).run().expect_rc(1);
     assert_eq!(tree(&td.ws()), vec![".mam".to_string()]);
     let r = td.mam().args(["jobs", "--bogus"]).run();
     r.expect_rc(2);
@@ -148,4 +166,31 @@ fn jobs_follow_redraws_until_sigterm() {
     let st = wait_exit("mam jobs --follow after SIGTERM", &mut child, Duration::from_secs(2));
     assert_eq!(st.code(), Some(0));
     assert!(t.elapsed() < Duration::from_secs(1));
+}
+
+/// Issue 18: a running job with no evidence for longer than its idle window shows as silent, with
+/// how long, when no daemon runs to close it.
+#[test]
+fn jobs_shows_a_silent_job_as_silent() {
+    let td = TestDir::new("jobs-silent");
+    let env = [("MQTT_PORT", "1".to_string())];
+    let id = register_job(&td, &env, &["--heartbeat-sec", "1", "--idle-timeout", "1"]);
+    agent(&td, Kind::Claim, &id);
+    // Evidence older than the 1 s window: rewrite the record's timestamps into the past.
+    let path = td.ws().join(".mam/jobs").join(format!("{id}.json"));
+    let mut rec = read_record(&td, &id);
+    let past = mam::clock::format_ts(mam::clock::now_ms() - 125_000);
+    for k in ["created_at", "claimed_at", "updated_at", "last_event_at", "dispatched_at", "heartbeat_at"] {
+        if rec.get(k).is_some_and(|v| v.is_string()) {
+            rec[k] = Value::String(past.clone());
+        }
+    }
+    fs::write(&path, serde_json::to_vec(&rec).unwrap()).unwrap();
+    let r = td.mam().args(["jobs"]).run();
+    r.expect_rc(0);
+    let line = r.stdout().lines().find(|l| l.starts_with(&id)).unwrap().to_string();
+    let status = line.split_whitespace().nth(1).unwrap().to_string();
+    assert!(status == "silent(2m05s)" || status == "silent(2m06s)", "{line}");
+    let v: Value = serde_json::from_str(&td.mam().args(["jobs", "--json"]).run().stdout()).unwrap();
+    assert!(v[0]["silent_s"].as_u64().is_some_and(|s| (125..=127).contains(&s)), "{v}");
 }

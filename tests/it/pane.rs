@@ -422,7 +422,7 @@ fn o1_9_8_send_keys_safe_outcomes() {
     let (m, reg) = case("o1_9_8b", json!({"prompt": "agent_prompt_stalled", "started_token": "tok1"}), "idle", true);
     let r = sks(&m, &reg);
     r.expect_rc(0);
-    assert!(r.stderr().contains("job j1 started"), "{}", r.stderr());
+    assert!(r.stderr().contains("job j1 reported started, which confirms delivery"), "{}", r.stderr());
     // started with another token -> 4
     let (m, reg) = case("o1_9_8c", json!({"prompt": "agent_prompt_stalled", "started_token": "other"}), "idle", true);
     let r = sks(&m, &reg);

@@ -172,7 +172,10 @@ fn r1_bare_register_has_every_field() {
     // An existing id is refused with rc 4 and audited.
     let r = td.mam().args(["registry", "register", "--session", "w1", "--job-id", "child1"]).run();
     r.expect_rc(4);
-    assert_eq!(r.stderr(), "REFUSED: child1: exists\n");
+    assert_eq!(
+        r.stderr(),
+        "REFUSED: child1: exists: a job with this id is already registered; the record is unchanged\n"
+    );
     assert_eq!(audit_kinds(&td, "child1"), ["registered", "refused"]);
 }
 
@@ -302,7 +305,7 @@ fn r6_set_completed_twice_is_rc0_already() {
     assert_eq!(r.expect_rc(0).stdout(), "r6job already completed\n");
     let r = td.mam().args(["registry", "status", "r6job", "--set", "failed", "--reason", "x"]).run();
     r.expect_rc(4);
-    assert_eq!(r.stderr(), "REFUSED: r6job: cannot set failed over completed (terminal_locked)\n");
+    assert_eq!(r.stderr(), "REFUSED: r6job: cannot set failed over completed (terminal_locked: a finished job keeps its result); the record is unchanged\n");
     let r = td.mam().args(["registry", "status", "r6job"]).run();
     assert_eq!(r.expect_rc(0).stdout(), "completed\n");
     assert_eq!(audit_kinds(&td, "r6job"), ["registered", "transition", "idempotent", "refused"]);
@@ -330,7 +333,7 @@ fn r7_submit_loop_redispatches_and_refuses_the_same_iteration() {
         .args(["registry", "submit", "--type", "loop", "--session", "w1", "--job-id", "r7job", "--iteration", "2"])
         .run();
     r.expect_rc(4);
-    assert_eq!(r.stderr(), "REFUSED: r7job: iteration_not_advanced\n");
+    assert_eq!(r.stderr(), "REFUSED: r7job: iteration_not_advanced: the iteration given is not newer than the job's; the record is unchanged\n");
     // Default iteration is current + 1.
     let r = td.mam().args(["registry", "submit", "--type", "loop", "--session", "w1", "--job-id", "r7job"]).run();
     assert_eq!(r.expect_rc(0).stdout(), "r7job attempt=3 iteration=3\n");
@@ -434,13 +437,16 @@ fn x5_cas_fails_closed_without_attempt() {
     let before = fs::read(&p).unwrap();
     let r = td.mam().args(["registry", "status", "x5job", "--set", "completed", "--expected-attempt", "1"]).run();
     r.expect_rc(4);
-    assert_eq!(r.stderr(), "REFUSED: x5job: cannot set completed over pending (cas_no_attempt)\n");
+    assert_eq!(r.stderr(), "REFUSED: x5job: cannot set completed over pending (cas_no_attempt: the job has not been dispatched yet, so there is no attempt to match); the record is unchanged\n");
     assert_eq!(fs::read(&p).unwrap(), before);
     // And a mismatching attempt on a normal record is cas_failed.
     register(&td, "x5b", &[]);
     let r = td.mam().args(["registry", "finalize", "x5b", "--status", "cancelled", "--expected-attempt", "2"]).run();
     r.expect_rc(4);
-    assert_eq!(r.stderr(), "REFUSED: x5b: cas_failed\n");
+    assert_eq!(
+        r.stderr(),
+        "REFUSED: x5b: cas_failed: the job's attempt is not the one given; the record is unchanged\n"
+    );
 }
 
 #[test]
@@ -510,7 +516,10 @@ fn x10_expire_before_and_after_the_deadline() {
     register(&td, "x10job", &["--timeout", "3600"]);
     let r = td.mam().args(["registry", "expire", "x10job"]).run();
     r.expect_rc(4);
-    assert_eq!(r.stderr(), "REFUSED: x10job: deadline_not_reached\n");
+    assert_eq!(
+        r.stderr(),
+        "REFUSED: x10job: deadline_not_reached: the job's deadline has not passed yet; the record is unchanged\n"
+    );
     // Move the deadline into the past (deadline_at is operator metadata, not a reserved key).
     let past = mam::clock::format_ts(now() - 1000);
     td.mam().args(["registry", "set-meta", "x10job", &format!("deadline_at={past}")]).run().expect_rc(0);

@@ -762,12 +762,14 @@ fn o2_8_8_body(h: &S) {
     let pane = h.row("s1")["pane"]["id"].as_str().unwrap().to_string();
     let backend = h.backend_server();
     let conv = h.row("s1")["conversation_id"].as_str().unwrap().to_string();
-    // The agent's state as the backend knows it: the fake agent and herdr both say idle at its prompt.
+    // Issue 18: a header row names the columns; the agent's state as the backend knows it: the fake
+    // agent and herdr both say idle at its prompt.
+    assert_eq!(lines[0], "NAME\tAGENT\tSERVER\tPANE\tCWD\tLIVENESS\tSTATE\tCONVERSATION\tSTATUS");
     assert_eq!(
-        lines[0],
+        lines[1],
         format!("s1\tclaude\t{backend}\t{pane}\t{}\trunning\tidle\t{conv}\trunning", h.td.ws().display())
     );
-    assert_eq!(lines[1..], ["  job j1 task pending"], "only open jobs");
+    assert_eq!(lines[2..], ["  job j1 task pending"], "only open jobs");
     let r = h.mam(["status", "s1", "--json"]).run();
     r.expect_rc(0);
     let v: Value = serde_json::from_str(&r.stdout()).unwrap();
@@ -778,7 +780,7 @@ fn o2_8_8_body(h: &S) {
     h.mam(["stop", "s1"]).run().expect_rc(0);
     let r = h.mam(["status", "s1"]).run();
     r.expect_rc(0);
-    assert_eq!(r.stdout().lines().count(), 1);
+    assert_eq!(r.stdout().lines().count(), 2);
     assert!(r.stdout().contains("\tgone\tgone\t"), "{}", r.stdout());
 }
 
@@ -797,8 +799,13 @@ fn o2_8_9_body(h: &S) {
         r.expect_rc(0);
         assert!(!r.stdout().contains("DAEMON_PID="), "{}", r.stdout());
         assert_eq!(r.stdout().lines().count(), 1, "{}", r.stdout());
-        let lines: Vec<String> = r.stderr().lines().map(str::to_string).collect();
-        assert_eq!(lines.len(), 1, "exactly one stderr line: {lines:?}");
+        // Issue 18: the last line says how to look at the pane.
+        let mut lines: Vec<String> = r.stderr().lines().map(str::to_string).collect();
+        assert!(
+            lines.pop().is_some_and(|l| l.starts_with("NOTE: look at the agent's pane with `mam attach ")),
+            "{lines:?}"
+        );
+        assert_eq!(lines.len(), 1, "exactly one stderr line before it: {lines:?}");
         assert!(lines[0].contains("daemon"), "{lines:?}");
         // The control root's daemon, never the worktree's.
         assert!(!lines[0].contains(wt.to_str().unwrap()), "{lines:?}");
@@ -1234,7 +1241,16 @@ fn monitor_is_a_front_over_the_daemon() {
         let m = h.mam(["monitor", verb]).run();
         let d = h.mam(["daemon", daemon, "--workspace", &s(&h.td.ws())]).run();
         assert_eq!(m.rc(), d.rc(), "monitor {verb}: {} / {}", m.stderr(), d.stderr());
-        assert_eq!(m.stdout(), d.stdout());
+        // Issue 18: monitor labels what the daemon command prints bare.
+        let root = s(&h.td.ws());
+        let want = match d.stdout().trim() {
+            "" if verb == "status" => format!("daemon for {root}: not running (start it with `mam monitor start`)\n"),
+            pid if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) => {
+                format!("daemon for {root}: running, pid {pid}\n")
+            }
+            _ => d.stdout(),
+        };
+        assert_eq!(m.stdout(), want, "monitor {verb}");
     }
     let m = h.mam(["monitor"]).run();
     assert_eq!(m.rc(), h.mam(["daemon", "status", "--workspace", &s(&h.td.ws())]).run().rc());
@@ -1260,7 +1276,7 @@ fn shims_exec_the_session_subcommands() {
     }
     let out = st.args(["sh1"]).run();
     out.expect_rc(0);
-    assert!(out.stdout().starts_with("sh1\tclaude\tfake/fake\t"), "{}", out.stdout());
+    assert!(out.stdout().lines().nth(1).is_some_and(|l| l.starts_with("sh1\tclaude\tfake/fake\t")), "{}", out.stdout());
     let mut stop = h.td.command(shims.join("stop_session.sh")).env("MAM_BIN", mam_bin());
     for (k, v) in &h.env {
         stop = stop.env(k, v);
@@ -1456,4 +1472,72 @@ fn stop_purge_conversation_purges_through_the_adapter() {
     let r = h.mam(["stop", "p1", "--purge-conversation", "--yes"]).run();
     r.expect_rc(2);
     assert!(r.stderr().contains("is not a canonical uuid"), "{}", r.stderr());
+}
+
+/// Issue 18: `mam create` says how to look at the pane; `mam attach` prints (`--print`) and runs
+/// the way there: attach-session from a plain terminal, and from inside another tmux server a new
+/// window of that server running a nested client of the agent's server (checked on real tmux).
+#[test]
+fn tmux_attach_prints_and_brings_the_user_to_the_pane() {
+    let Some(h) = S::tmux("tmux_attach") else { return };
+    let r = h.create(&["--name", "t1"]).run();
+    r.expect_rc(0);
+    assert!(r.stderr().contains("NOTE: look at the agent's pane with `mam attach t1`"), "{}", r.stderr());
+    let pane = kv(&r.stdout(), "PANE");
+    let sock = h.tmux.clone().unwrap();
+    let r = h.mam(["attach", "t1", "--print"]).env_remove("TMUX").run();
+    r.expect_rc(0);
+    eqnice!(
+        format!(
+            "tmux -L {sock} select-window -t {pane}\ntmux -L {sock} select-pane -t {pane}\ntmux -L {sock} attach-session -t {pane}\n"
+        ),
+        r.stdout()
+    );
+    // The person's own tmux server (a second private one), and `mam attach` run "inside" it.
+    let user = format!("user-{}", rand_hex(4));
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux").args(["-L", &self.0, "kill-server"]).output();
+        }
+    }
+    let _kill = Kill(user.clone());
+    let st = Command::new("tmux").args(["-L", &user, "new-session", "-d", "-x", "80", "-y", "24"]).status().unwrap();
+    assert!(st.success());
+    let out = Command::new("tmux").args(["-L", &user, "display-message", "-p", "#{socket_path}"]).output().unwrap();
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let tmux_var = format!("{path},1,0");
+    let r = h.mam(["attach", "t1", "--print"]).env("TMUX", &tmux_var).run();
+    r.expect_rc(0);
+    assert!(
+        r.stdout()
+            .ends_with(&format!("tmux new-window -n mam:t1 'env -u TMUX tmux -L {sock} attach-session -t {pane}'\n")),
+        "{}",
+        r.stdout()
+    );
+    let r = h.mam(["attach", "t1"]).env("TMUX", &tmux_var).run();
+    r.expect_rc(0);
+    assert!(r.stderr().contains("nested client"), "{}", r.stderr());
+    let windows = Command::new("tmux").args(["-L", &user, "list-windows", "-F", "#{window_name}"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&windows.stdout).lines().any(|w| w == "mam:t1"), "{windows:?}");
+    wait_until("a client on the agent's server", Duration::from_secs(10), || {
+        let c = Command::new("tmux").args(["-L", &sock, "list-clients", "-F", "#{client_name}"]).output().unwrap();
+        !String::from_utf8_lossy(&c.stdout).trim().is_empty()
+    });
+    drop(_kill);
+    h.mam(["stop", "t1"]).run().expect_rc(0);
+}
+
+/// Issue 18: `mam attach` names an unknown session's closest name, and the fake backend has no pane.
+#[test]
+fn attach_refuses_unknown_sessions_and_the_fake_backend() {
+    let h = S::fake("attach_fake");
+    h.create(&["--name", "s1"]).run().expect_rc(0);
+    let r = h.mam(["attach", "s2"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("unknown session 's2'") && r.stderr().contains("did you mean 's1'?"), "{}", r.stderr());
+    let r = h.mam(["attach", "s1", "--print"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("no pane to look at"), "{}", r.stderr());
+    h.mam(["stop", "s1"]).run().expect_rc(0);
 }

@@ -1,0 +1,102 @@
+//! Issue 18, the user's path: errors that say what to do and state a person can read, at the CLI.
+
+use crate::support::*;
+
+/// A broker that is not running: the error says how to start one or which variable to set.
+#[test]
+fn broker_not_running_says_how_to_start_one() {
+    let td = TestDir::new("nobroker");
+    let port = free_port();
+    let r = td.mam().args(["pub", "-t", "a/b", "-m", "x", "-p", &port.to_string()]).run();
+    r.expect_rc(3);
+    let last = r.stderr().lines().last().unwrap_or("").to_string();
+    assert!(last.starts_with(&format!("ERROR: cannot connect to broker 127.0.0.1:{port}")), "{last}");
+    assert!(last.contains("start one with `mam broker") && last.contains("MQTT_BROKER and MQTT_PORT"), "{last}");
+}
+
+/// `mam pub`/`mam sub` take the mosquitto flags people type (-L, -l, -i, -d, -u, -F, -N, -R), refuse
+/// -P with "set MQTT_PASSWORD" (the password never shown), and `sub -W` says it timed out.
+#[test]
+fn pub_and_sub_take_mosquitto_flags() {
+    let td = TestDir::new("mosqflags");
+    let Some(b) = start_target(Target::Embedded, &td) else { return };
+    let port = b.port().to_string();
+    let mut sub = td
+        .mam()
+        .env("MQTT_PORT", &port)
+        .args(["sub", "-t", "u/#", "-C", "3", "-F", "%t=%p(%l)", "-N", "-d", "-i", "mam-sub-test", "-W", "30"])
+        .spawn_bg(&td, "sub");
+    wait_until("sub subscribed", std::time::Duration::from_secs(20), || {
+        sub.stderr().contains("NOTE: sub: subscribed to u/#")
+    });
+    let url = format!("mqtt://someone@127.0.0.1:{port}/u/a");
+    td.mam().args(["pub", "-L", &url, "-m", "one", "-i", "mam-pub-test"]).run().expect_rc(0);
+    let r = td.mam().env("MQTT_PORT", &port).args(["pub", "-t", "u/b", "-l", "-d"]).run_stdin(b"x\nyy\n");
+    r.expect_rc(0);
+    assert!(r.stderr().contains("NOTE: pub: sent 2 bytes to 'u/b'"), "{}", r.stderr());
+    let (rc, _) = sub.wait(std::time::Duration::from_secs(20));
+    assert_eq!(rc, 0, "{}", sub.stderr());
+    assert_eq!(sub.stdout(), "u/a=one(3)u/b=x(1)u/b=yy(2)");
+
+    let r = td.mam().env("MQTT_PORT", &port).args(["pub", "-t", "u/c", "-m", "x", "-P", "hunter2"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("set MQTT_PASSWORD") && !r.stderr().contains("hunter2"), "{}", r.stderr());
+    let r = td.mam().env("MQTT_PORT", &port).args(["sub", "-t", "u/none", "-W", "1"]).run();
+    r.expect_rc(27);
+    assert_eq!(r.stderr(), "NOTE: sub: timed out after 1 s (-W) with 0 message(s) received\n");
+}
+
+/// `mam status` and `mam reconcile` say "no sessions" / "nothing to do" instead of printing nothing;
+/// `mam monitor` labels what it prints.
+#[test]
+fn empty_answers_are_sentences() {
+    let td = TestDir::new("emptyans");
+    let r = td.mam().env("MAM_PANE_BACKEND", "fake").args(["status"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), "no sessions (start one with `mam create <agent>`)\n");
+    let r = td.mam().env("MAM_PANE_BACKEND", "fake").args(["status", "--json"]).run();
+    assert_eq!(r.stdout(), "[]\n");
+    let r = td.mam().env("MAM_PANE_BACKEND", "fake").args(["reconcile"]).run();
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), "nothing to do: no sessions to reconcile\n");
+    let r = td.mam().args(["monitor", "status"]).run();
+    r.expect_rc(0);
+    assert_eq!(
+        r.stdout(),
+        format!("daemon for {}: not running (start it with `mam monitor start`)\n", td.ws().display())
+    );
+}
+
+/// `mam publish --event started --heartbeat N` arms the timer as soon as the event is recorded,
+/// while the wire is still retrying: a broker outage at start cannot make a healthy job miss its
+/// idle window. A `--heartbeat` that disagrees with the record's N is not applied: the timer beats
+/// at the record's N and a WARNING says so (never "the record keeps M" while beating at N).
+#[test]
+fn heartbeat_is_armed_while_the_wire_retries_and_the_record_s_n_wins() {
+    use std::time::Duration;
+    let td = TestDir::new("hbearly");
+    let port = free_port();
+    let id = crate::publish::new_job(&td, port, &[]);
+    let _timers = TimerGuard(id.clone());
+    let mut p = crate::publish::mam_at(&td, port)
+        .env("MAM_PUBLISH_BUDGET_S", "8")
+        .args(["publish", "--job-id", &id, "--event", "started", "--heartbeat", "5", "--watch-pid", "0"])
+        .spawn_bg(&td, "publish");
+    wait_until("the timer, while publish still retries", Duration::from_secs(5), || {
+        !timer_pids(&id).is_empty() || p.exited()
+    });
+    assert!(!p.exited(), "publish ended before the timer was seen: {}", p.stderr());
+    let (rc, _) = p.wait(Duration::from_secs(30));
+    assert_eq!(rc, 3, "{}", p.stderr());
+    let err = p.stderr();
+    assert!(
+        err.contains("WARNING: --heartbeat 5 is not this job's heartbeat_sec 1; the timer beats every 1 s"),
+        "{err}"
+    );
+    assert!(!err.contains("the record keeps"), "{err}");
+    // The timer beats at the record's N = 1 s: two beats land in events.log within a few seconds.
+    let log = td.ws().join(".mam/jobs").join(&id).join("events.log");
+    wait_until("two beats at 1 s", Duration::from_secs(10), || {
+        std::fs::read_to_string(&log).unwrap_or_default().matches("\"heartbeat\":true").count() >= 2
+    });
+}
