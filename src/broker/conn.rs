@@ -37,6 +37,11 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a full outbound queue may stay full (nothing written from it) before its client is
 /// disconnected as overflowed.
 const OVERFLOW_GRACE: Duration = Duration::from_secs(1);
+/// Unacknowledged QoS 1/2 messages a live subscriber may hold before a publisher routing to it
+/// waits for its acknowledgements (at most `OVERFLOW_GRACE`; a subscriber that acknowledges nothing
+/// for that long is waived until it catches up). This bounds the backlog, hence the delivery
+/// latency, of a subscriber slower than its publishers, as mosquitto's in-flight window does.
+const ACK_WINDOW: usize = 100;
 /// Largest first packet (CONNECT) accepted before the client is authenticated, so a connection
 /// that has not authenticated cannot make the broker buffer a max-packet frame.
 const CONNECT_MAX: usize = 64 * 1024;
@@ -85,6 +90,11 @@ struct Conn {
     /// Queues that were full when this connection's last message was routed: it reads nothing more
     /// until each has room or is gone.
     paused_on: Vec<u64>,
+    /// When `paused_on` last became non-empty.
+    paused_since: Instant,
+    /// This subscriber let a publisher wait `OVERFLOW_GRACE` for acknowledgements: the window does
+    /// not hold publishers back until its unacknowledged messages are down to `ACK_WINDOW`.
+    window_waived: bool,
     /// The CONNECT frame held by a stall.
     stalled: Option<Vec<u8>>,
     /// Readiness bits registered with epoll.
@@ -127,15 +137,14 @@ impl Conn {
         self.woff < self.wbuf.len() || !self.out.is_empty()
     }
 
-    /// The earliest timer of this connection: its read deadline, or its queue's.
-    fn next_timer(&self, queue_limit: usize) -> Option<Instant> {
+    /// The earliest timer of this connection: its read deadline, its queue's, or the end of its
+    /// wait for a subscriber's acknowledgements (only while that is still ahead of `now`).
+    fn next_timer(&self, queue_limit: usize, now: Instant) -> Option<Instant> {
         let write = self
             .pending_write()
             .then(|| self.moved + if self.out.len() > queue_limit { OVERFLOW_GRACE } else { WRITE_TIMEOUT });
-        match (self.read_deadline, write) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let pause = Some(self.paused_since + OVERFLOW_GRACE).filter(|t| !self.paused_on.is_empty() && *t > now);
+        [self.read_deadline, write, pause].into_iter().flatten().min()
     }
 
     fn wanted_interest(&self) -> u32 {
@@ -148,6 +157,8 @@ impl Conn {
 struct Routed {
     /// Queues past their limit after this message: the publisher waits for them.
     full: Vec<u64>,
+    /// Live subscribers past `ACK_WINDOW` unacknowledged messages: the publisher waits for them too.
+    windowed: Vec<u64>,
     refused_retain: Option<route::RetainOver>,
 }
 
@@ -216,6 +227,8 @@ impl Table {
             keep_alive: 0,
             timer_at: None,
             paused_on: Vec::new(),
+            paused_since: now,
+            window_waived: false,
             stalled: None,
             interest: EPOLL_IN,
             dirty: false,
@@ -311,7 +324,7 @@ impl Table {
     fn schedule(&mut self, id: u64) {
         let limit = self.shared.cfg.queue_limit;
         let Some(c) = self.conns.get_mut(&id) else { return };
-        if let Some(t) = c.next_timer(limit) {
+        if let Some(t) = c.next_timer(limit, Instant::now()) {
             if c.timer_at.is_none_or(|at| t < at) {
                 c.timer_at = Some(t);
                 self.timers.push(Reverse((t, id)));
@@ -603,6 +616,9 @@ impl Table {
                         self.shared.log(line);
                     }
                     full = routed.full;
+                    // A client's own subscription never holds it back: its acknowledgements are
+                    // behind the publish it is paused on.
+                    full.extend(routed.windowed.iter().copied().filter(|&t| t != id));
                 }
                 match p.qos {
                     1 => full.extend(self.push_full(id, Out::Owned(codec::puback(p.pid)))),
@@ -612,7 +628,14 @@ impl Table {
                 self.pause(id, full);
                 Ok(())
             }
-            Packet::Puback(pid) => self.with_session(id, |s| s.puback(pid)).ok_or(None),
+            Packet::Puback(pid) => {
+                let pending = self.with_session(id, |s| {
+                    s.puback(pid);
+                    s.pending()
+                });
+                self.acked(id, pending.ok_or(None)?);
+                Ok(())
+            }
             Packet::Pubrec(pid) => {
                 if let Some(rel) = self.with_session(id, |s| s.pubrec(pid)).ok_or(None)? {
                     self.reply(id, encode(&rel));
@@ -624,7 +647,14 @@ impl Table {
                 self.reply(id, codec::pubcomp(pid));
                 Ok(())
             }
-            Packet::Pubcomp(pid) => self.with_session(id, |s| s.pubcomp(pid)).ok_or(None),
+            Packet::Pubcomp(pid) => {
+                let pending = self.with_session(id, |s| {
+                    s.pubcomp(pid);
+                    s.pending()
+                });
+                self.acked(id, pending.ok_or(None)?);
+                Ok(())
+            }
             Packet::Subscribe { pid, filters } => self.subscribe(id, pid, &filters),
             Packet::Unsubscribe { pid, filters } => {
                 self.with_session(id, |s| s.unsubscribe(&filters)).ok_or(None)?;
@@ -693,6 +723,15 @@ impl Table {
         Ok(())
     }
 
+    /// Subscriber `id` has `pending` QoS 1/2 messages unacknowledged after an acknowledgement.
+    fn acked(&mut self, id: u64, pending: usize) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            if pending <= ACK_WINDOW {
+                c.window_waived = false;
+            }
+        }
+    }
+
     /// Queues a reply to connection `id`'s own packet; a full queue holds its input.
     fn reply(&mut self, id: u64, bytes: Vec<u8>) {
         let full = self.push_full(id, Out::Owned(bytes));
@@ -705,6 +744,7 @@ impl Table {
         let shared = self.shared.clone();
         let lim = shared.session_limits();
         let mut sends: Vec<(u64, Out)> = Vec::new();
+        let mut windowed: Vec<u64> = Vec::new();
         let mut full_sessions: Vec<String> = Vec::new();
         let refused_retain = {
             let mut st = lock(&shared.state);
@@ -743,7 +783,12 @@ impl Table {
                     let (topic, body) = kept.get_or_insert_with(|| (t.into(), payload.into())).clone();
                     let m = Msg { topic, payload: body, qos: d.qos, retain: false };
                     match cl.session.deliver(m, cl.link.is_some(), &lim) {
-                        Delivered::Send(s) => Out::Owned(encode(&s)),
+                        Delivered::Send(s) => {
+                            if cl.session.pending() > ACK_WINDOW {
+                                windowed.extend(cl.link.as_ref().map(|l| l.conn));
+                            }
+                            Out::Owned(encode(&s))
+                        }
                         Delivered::Dropped { first: true } => {
                             full_sessions.push((*cid).clone());
                             continue;
@@ -767,7 +812,8 @@ impl Table {
         for (to, out) in sends {
             full.extend(self.push_full(to, out));
         }
-        Ok(Routed { full, refused_retain })
+        windowed.retain(|t| self.conns.get(t).is_some_and(|c| !c.window_waived));
+        Ok(Routed { full, windowed, refused_retain })
     }
 
     // ---- writing ----
@@ -882,30 +928,68 @@ impl Table {
         let Some(c) = self.conns.get_mut(&id) else { return };
         if c.paused_on.is_empty() {
             self.paused.push(id);
+            c.paused_since = Instant::now();
         }
         c.paused_on.extend(on);
+        self.schedule(id);
     }
 
-    /// Paused connections whose queues have room read again; true when one did.
+    /// Paused connections whose queues have room (and whose subscribers acknowledged enough, or
+    /// were waited for `OVERFLOW_GRACE`) read again; true when one did.
     fn resume_paused(&mut self) -> bool {
+        if self.paused.is_empty() {
+            return false;
+        }
         let limit = self.shared.cfg.queue_limit;
-        let mut resumed = false;
+        let now = Instant::now();
+        let shared = self.shared.clone();
+        let st = lock(&shared.state);
+        let window_full = |t: u64, tc: &Conn| {
+            !tc.window_waived
+                && tc
+                    .client_id
+                    .as_deref()
+                    .and_then(|cid| st.clients.get(cid))
+                    .is_some_and(|cl| cl.is_conn(t) && cl.session.pending() > ACK_WINDOW)
+        };
+        let mut go_on = Vec::new();
+        let mut waive = Vec::new();
         for id in std::mem::take(&mut self.paused) {
             let Some(c) = self.conns.get(&id) else { continue };
-            let waiting: Vec<u64> = c
-                .paused_on
-                .iter()
-                .copied()
-                .filter(|t| self.conns.get(t).is_some_and(|tc| tc.phase != Phase::Ending && tc.out.len() > limit))
-                .collect();
-            let Some(c) = self.conns.get_mut(&id) else { continue };
-            let go = waiting.is_empty();
-            c.paused_on = waiting;
-            if !go {
-                self.paused.push(id);
-                continue;
+            let overdue = c.paused_since + OVERFLOW_GRACE <= now;
+            let mut waiting = Vec::new();
+            for &t in &c.paused_on {
+                let Some(tc) = self.conns.get(&t) else { continue };
+                if tc.phase == Phase::Ending {
+                    continue;
+                }
+                if tc.out.len() > limit {
+                    waiting.push(t);
+                } else if window_full(t, tc) {
+                    if overdue {
+                        waive.push(t);
+                    } else {
+                        waiting.push(t);
+                    }
+                }
             }
-            resumed = true;
+            let Some(c) = self.conns.get_mut(&id) else { continue };
+            if waiting.is_empty() {
+                c.paused_on.clear();
+                go_on.push(id);
+            } else {
+                c.paused_on = waiting;
+                self.paused.push(id);
+            }
+        }
+        drop(st);
+        for t in waive {
+            if let Some(tc) = self.conns.get_mut(&t) {
+                tc.window_waived = true;
+            }
+        }
+        let resumed = !go_on.is_empty();
+        for id in go_on {
             self.handle_input(id);
             self.update_interest(id);
         }
