@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded broker against mosquitto, same machine, same run (docs/PERFORMANCE.md, issue 17):
 # RSS with 1,000 and 5,000 idle clients and after they left; throughput and p50/p99 latency of one
-# publisher to one subscriber at QoS 0, 1 and 2. Load generator: scripts/bench_broker.py (python3,
+# publisher to one subscriber at QoS 0, 1 and 2 (BENCH_REPEAT rounds). Load generator: scripts/bench_broker.py (python3,
 # standard library only). Usage: scripts/bench_broker.sh [CLIENTS...] (default 1000 5000).
 set -euo pipefail
 export PATH="$PATH:/usr/sbin"
@@ -36,8 +36,11 @@ for n in "${counts[@]}"; do
     "start_$b"; echo "$b $(python3 "$here/scripts/bench_broker.py" rss "$port" "$pid" "$n")"; stop
   done
 done
-for q in 0 1 2; do
-  for b in mam mosquitto; do
-    "start_$b"; echo "$b $(python3 "$here/scripts/bench_broker.py" thr "$port" "$q" 20000)"; stop
+# BENCH_REPEAT=N: N alternating rounds of the delivery runs (one generator run is noisy).
+for _ in $(seq "${BENCH_REPEAT:-1}"); do
+  for q in 0 1 2; do
+    for b in mam mosquitto; do
+      "start_$b"; echo "$b $(python3 "$here/scripts/bench_broker.py" thr "$port" "$q" 20000 || true)"; stop
+    done
   done
 done

@@ -10,7 +10,7 @@ use std::ffi::OsStr;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -131,7 +131,6 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// directory, so the caller can fstat both descriptors (no check-then-open race): the directory is
 /// opened first, then the file relative to it (`openat`, `O_NOFOLLOW`).
 pub fn open_read_nofollow_with_dir(path: &Path) -> io::Result<(File, File)> {
-    use std::os::fd::FromRawFd;
     let dir_path = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
     let dir = OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(dir_path)?;
@@ -328,11 +327,119 @@ pub fn spawn(cmd: &mut Command) -> io::Result<Child> {
     cmd.spawn()
 }
 
-/// Shuts a listening socket down (both directions): a thread blocked in its `accept` returns at
-/// once with an error, and new connections are refused.
-pub fn shutdown_listener(l: &std::net::TcpListener) {
-    // SAFETY: shutdown(2) on a descriptor we own; no memory is passed.
-    let _ = unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+// ---------------------------------------------------------------------------------------------
+// Readiness: epoll and a wake-up descriptor (the broker's loop, issue 17)
+
+/// Readiness bits of `Epoll` (level-triggered).
+pub const EPOLL_IN: u32 = libc::EPOLLIN as u32;
+pub const EPOLL_OUT: u32 = libc::EPOLLOUT as u32;
+/// Error or hang-up: reported whether asked for or not.
+pub const EPOLL_ERR: u32 = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
+
+/// One epoll instance; each registered descriptor carries a caller-chosen token.
+pub struct Epoll {
+    fd: OwnedFd,
+}
+
+/// The buffer `Epoll::wait` fills: `(token, readiness bits)` per ready descriptor.
+pub struct EpollEvents {
+    raw: Vec<libc::epoll_event>,
+    len: usize,
+}
+
+impl EpollEvents {
+    pub fn with_capacity(n: usize) -> EpollEvents {
+        EpollEvents { raw: vec![libc::epoll_event { events: 0, u64: 0 }; n.max(1)], len: 0 }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.raw[..self.len].iter().map(|e| (e.u64, e.events))
+    }
+}
+
+impl Epoll {
+    pub fn new() -> io::Result<Epoll> {
+        // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new descriptor we own.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by epoll_create1 and nothing else owns it.
+        Ok(Epoll { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64, events: u32) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: `ev` is a valid epoll_event for the duration of the call; the kernel copies it.
+        if unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut ev) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    pub fn add(&self, fd: &impl AsRawFd, token: u64, events: u32) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd.as_raw_fd(), token, events)
+    }
+
+    pub fn modify(&self, fd: &impl AsRawFd, token: u64, events: u32) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_MOD, fd.as_raw_fd(), token, events)
+    }
+
+    pub fn delete(&self, fd: &impl AsRawFd) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_DEL, fd.as_raw_fd(), 0, 0)
+    }
+
+    /// Waits up to `timeout` (None: no limit) for readiness; an interrupted wait returns no events.
+    pub fn wait(&self, events: &mut EpollEvents, timeout: Option<Duration>) -> io::Result<()> {
+        let ms = match timeout {
+            None => -1,
+            // Rounded up, so a wait for a timer that is 0.3 ms away does not spin.
+            Some(d) => i32::try_from(d.as_micros().div_ceil(1000)).unwrap_or(i32::MAX),
+        };
+        let cap = i32::try_from(events.raw.len()).unwrap_or(i32::MAX);
+        // SAFETY: `raw` holds `cap` writable epoll_event entries; the kernel writes at most `cap`.
+        let n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.raw.as_mut_ptr(), cap, ms) };
+        if n < 0 {
+            events.len = 0;
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted { Ok(()) } else { Err(e) };
+        }
+        events.len = n as usize;
+        Ok(())
+    }
+}
+
+/// A descriptor another thread makes readable to wake a loop blocked in `Epoll::wait` (eventfd).
+pub struct Waker {
+    file: File,
+}
+
+impl Waker {
+    pub fn new() -> io::Result<Waker> {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by eventfd and nothing else owns it.
+        Ok(Waker { file: unsafe { File::from_raw_fd(fd) } })
+    }
+
+    /// Makes the descriptor readable (a full counter is readable already: the error is moot).
+    pub fn wake(&self) {
+        let _ = (&self.file).write(&1u64.to_ne_bytes());
+    }
+
+    /// Resets the descriptor to not readable.
+    pub fn drain(&self) {
+        let _ = (&self.file).read(&mut [0u8; 8]);
+    }
+}
+
+impl AsRawFd for Waker {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
 }
 
 /// `TcpStream::connect_timeout`, checked against L1.

@@ -1,5 +1,5 @@
 //! The broker's settings (`BrokerConfig`) and its log sink type: plain data, shared by the
-//! acceptor and every connection.
+//! loop and every connection.
 //!
 //! It never opens a socket or reads the environment; `mam broker` fills it from its arguments and
 //! tests fill it directly.
@@ -12,7 +12,7 @@ use std::time::Duration;
 /// Where broker log lines go besides the in-memory ring: called once per line, from any thread.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// Default `max_connections`: each connection holds 4 descriptors and 2 threads (CORE 11.2).
+/// Default `max_connections` (CORE 11.2); each connection holds one descriptor and no thread.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1000;
 /// Default `max_subscriptions` per client (mam's own clients hold at most a handful).
 pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 100;
@@ -22,9 +22,9 @@ pub const DEFAULT_MAX_RETAINED_BYTES: usize = 64 * 1024 * 1024;
 pub const DEFAULT_MAX_PACKET: usize = 1024 * 1024;
 /// Default `max_sessions`: persistent sessions kept for clients that are away.
 pub const DEFAULT_MAX_SESSIONS: usize = 1000;
-/// Descriptors one connection holds (its socket, the acceptor's handle, the writer's, the routing
-/// entry's): `mam broker` keeps `max_connections` under the descriptor limit with this.
-pub const FDS_PER_CONNECTION: usize = 4;
+/// Descriptors one connection holds (its socket; the loop's epoll and wake-up descriptors are
+/// shared): `mam broker` keeps `max_connections` under the descriptor limit with this.
+pub const FDS_PER_CONNECTION: usize = 1;
 
 /// Broker settings. `Default` is the library and test default: `127.0.0.1:1883`, **no
 /// authentication** (anonymous clients accepted, as the in-process test broker needs), 1 MiB

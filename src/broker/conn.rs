@@ -1,18 +1,21 @@
-//! One client connection: the reader (frame, decode, CONNECT and auth, packet handling, keepalive)
-//! and the writer thread that drains the client's bounded queue into its socket, with the
-//! backpressure and overflow rule between them. Routing decisions come from `route`; this file
-//! locks the state, asks `route`, then encodes and queues what it decided.
+//! The client connections of the readiness loop: `Table` owns every accepted socket (nonblocking,
+//! one descriptor each), its read buffer and its bounded outbound queue, frames and decodes what
+//! arrives (CONNECT and auth, then packets), and writes queued packets when the socket has room.
+//! It also keeps the connections' timers (connect deadline, keepalive, a queue that does not move)
+//! and the backpressure rule: a publisher whose message finds a subscriber's queue full reads
+//! nothing more until that queue has room, and a queue that stays full for `OVERFLOW_GRACE`
+//! disconnects its client. Routing decisions come from `route`; this file locks the state, asks
+//! `route`, then encodes and queues what it decided.
 //!
-//! It never writes a socket under the state lock (only the writer thread writes, from the queue),
-//! waits for queue room under it only for the CONNACK into a fresh queue, and never spawns
-//! anything but its own writer, which it joins before returning.
+//! It is driven by one thread (`server`'s loop) and never blocks: no socket call waits, and no
+//! socket is written under the state lock. It never accepts connections or spawns threads.
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use super::codec::{self, Packet};
@@ -20,70 +23,31 @@ use super::route::{self, Publish, Refusal};
 use super::session::{self, Delivered, Msg, Send, Session};
 use super::state::{lock, Client, Link, Out, Shared, State};
 use super::topic;
+use crate::sys::{Epoll, EPOLL_ERR, EPOLL_IN, EPOLL_OUT};
 use crate::text::one_line;
 
-const WRITER_STACK: usize = 64 * 1024;
-const READ_CHUNK: usize = 8 * 1024;
-/// Bytes the writer gathers from its queue before one write call.
+/// Bytes read from one socket per readiness event (into the loop's one scratch buffer).
+const READ_CHUNK: usize = 64 * 1024;
+/// A connection's own read buffer above this is released once it is empty.
+const KEEP_READ_BUFFER: usize = 16 * 1024;
+/// Bytes gathered from a queue before one write call.
 const WRITE_BATCH: usize = 64 * 1024;
-/// A writer blocked this long on one write gives up on the client.
+/// A queue with bytes to write that makes no progress this long gives up on its client.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a full outbound queue may stay full (nothing written from it) before its client is
+/// disconnected as overflowed.
+const OVERFLOW_GRACE: Duration = Duration::from_secs(1);
+/// Unacknowledged QoS 1/2 messages a live subscriber may hold before a publisher routing to it
+/// waits for its acknowledgements (at most `OVERFLOW_GRACE`; a subscriber that acknowledges nothing
+/// for that long is waived until it catches up). This bounds the backlog, hence the delivery
+/// latency, of a subscriber slower than its publishers, as mosquitto's in-flight window does.
+const ACK_WINDOW: usize = 100;
 /// Largest first packet (CONNECT) accepted before the client is authenticated, so a connection
 /// that has not authenticated cannot make the broker buffer a max-packet frame.
 const CONNECT_MAX: usize = 64 * 1024;
 
-fn writer_loop(mut stream: TcpStream, rx: Receiver<Out>) {
-    let mut batch: Vec<u8> = Vec::new();
-    'outer: while let Ok(first) = rx.recv() {
-        let mut closing = false;
-        let mut push = |m: Out, batch: &mut Vec<u8>| match m {
-            Out::Owned(v) => batch.extend_from_slice(&v),
-            Out::Shared(v) => batch.extend_from_slice(&v),
-            Out::Close => closing = true,
-        };
-        push(first, &mut batch);
-        while batch.len() < WRITE_BATCH {
-            match rx.try_recv() {
-                Ok(m) => push(m, &mut batch),
-                Err(_) => break,
-            }
-        }
-        if !batch.is_empty() && stream.write_all(&batch).is_err() {
-            let _ = stream.shutdown(Shutdown::Both);
-            break 'outer;
-        }
-        batch.clear();
-        if batch.capacity() > 4 * WRITE_BATCH {
-            batch.shrink_to(WRITE_BATCH);
-        }
-        if closing {
-            break;
-        }
-    }
-    let _ = stream.shutdown(Shutdown::Write);
-}
-
 /// Why a connection ended, as the log line's tail (None: a normal end, not logged).
 type End = Option<String>;
-
-struct Conn {
-    shared: Arc<Shared>,
-    conn: u64,
-    peer: SocketAddr,
-    stream: TcpStream,
-    tx: SyncSender<Out>,
-    buf: Vec<u8>,
-    pos: usize,
-    client_id: Option<String>,
-    /// The frame size limit now: `CONNECT_MAX` until CONNECT is accepted, then `max_packet`.
-    frame_limit: usize,
-    /// A retained message of this connection was already refused at a cap (logged once).
-    retain_refusal_logged: bool,
-    /// The CONNECT's will, published unless the client ends with DISCONNECT (MQTT-3.1.2-8).
-    will: Option<OwnedWill>,
-    /// The client sent DISCONNECT: its will is discarded (MQTT-3.1.2-10).
-    graceful: bool,
-}
 
 /// A will message kept for the connection's life.
 struct OwnedWill {
@@ -93,83 +57,59 @@ struct OwnedWill {
     retain: bool,
 }
 
-pub(super) fn serve(shared: Arc<Shared>, conn: u64, stream: TcpStream, peer: SocketAddr) {
-    let (tx, rx) = mpsc::sync_channel::<Out>(shared.cfg.queue_limit.max(1));
-    let writer = match stream.try_clone().and_then(|ws| {
-        ws.set_write_timeout(Some(WRITE_TIMEOUT))?;
-        thread::Builder::new().name("broker-write".into()).stack_size(WRITER_STACK).spawn(move || writer_loop(ws, rx))
-    }) {
-        Ok(w) => w,
-        Err(e) => {
-            shared.log(format!("WARNING: broker: connection from {peer}: cannot start a writer: {e}"));
-            let _ = stream.shutdown(Shutdown::Both);
-            forget_conn(&shared, conn);
-            return;
-        }
-    };
-    let frame_limit = shared.cfg.max_packet.min(CONNECT_MAX);
-    let mut c = Conn {
-        shared,
-        conn,
-        peer,
-        stream,
-        tx,
-        buf: Vec::new(),
-        pos: 0,
-        client_id: None,
-        frame_limit,
-        retain_refusal_logged: false,
-        will: None,
-        graceful: false,
-    };
-    let end = c.run();
-    if let Some(why) = end {
-        let line = c.who(&why);
-        c.shared.log(line);
-    }
-    c.publish_will();
-    if let Some(id) = &c.client_id {
-        let mut st = lock(&c.shared.state);
-        if st.clients.get(id).is_some_and(|cl| cl.is_conn(conn)) {
-            let persistent = st.clients.get(id).is_some_and(|cl| cl.persistent);
-            if persistent {
-                // MQTT-3.1.2-4: the session outlives the connection; queued messages wait for it.
-                if let Some(cl) = st.clients.get_mut(id) {
-                    cl.link = None;
-                    cl.session.shrink();
-                }
-            } else {
-                st.clients.remove(id);
-            }
-        }
-    }
-    let _ = c.tx.try_send(Out::Close);
-    let Conn { shared, stream, tx, .. } = c;
-    drop(tx);
-    let _ = writer.join();
-    let _ = stream.shutdown(Shutdown::Both);
-    forget_conn(&shared, conn);
+/// Where a connection stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for CONNECT.
+    New,
+    /// CONNECT read, its CONNACK held by `stall_connack` (the frame is kept in `stalled`).
+    Stalled,
+    Connected,
+    /// Marked for closing at the loop's next safe point; nothing more is read.
+    Ending,
 }
 
-/// The connection has ended: its slot no longer holds a socket and it leaves the
-/// `max_connections` count. Called exactly once per `serve`.
-fn forget_conn(shared: &Shared, conn: u64) {
-    if let Some(slot) = lock(&shared.conns).get_mut(&conn) {
-        slot.stream = None;
-    }
-    if shared.active.fetch_sub(1, Ordering::SeqCst) == 1 {
-        // The last connection ended: hand the freed buffers back (issue 17, memory after clients
-        // leave).
-        crate::sys::release_free_memory();
-    }
-}
-
-enum ReadEnd {
-    Eof,
-    Timeout,
-    Io(io::Error),
-    TooLarge(usize),
-    Malformed(codec::DecodeError),
+struct Conn {
+    stream: TcpStream,
+    peer: SocketAddr,
+    phase: Phase,
+    /// Bytes received and not yet handled (empty, without capacity, for an idle client).
+    buf: Vec<u8>,
+    /// Packets queued and not yet in `wbuf`; "full" past `queue_limit`.
+    out: VecDeque<Out>,
+    /// Bytes being written, from `woff` on.
+    wbuf: Vec<u8>,
+    woff: usize,
+    /// When the queue last moved (bytes written, or it became non-empty or full).
+    moved: Instant,
+    /// No CONNECT (before it) or nothing received (after it) by then closes the connection.
+    read_deadline: Option<Instant>,
+    keep_alive: u16,
+    /// The connection's live entry in the timer heap.
+    timer_at: Option<Instant>,
+    /// Queues that were full when this connection's last message was routed: it reads nothing more
+    /// until each has room or is gone.
+    paused_on: Vec<u64>,
+    /// When `paused_on` last became non-empty.
+    paused_since: Instant,
+    /// This subscriber let a publisher wait `OVERFLOW_GRACE` for acknowledgements: the window does
+    /// not hold publishers back until its unacknowledged messages are down to `ACK_WINDOW`.
+    window_waived: bool,
+    /// The CONNECT frame held by a stall.
+    stalled: Option<Vec<u8>>,
+    /// Readiness bits registered with epoll.
+    interest: u32,
+    dirty: bool,
+    end: End,
+    client_id: Option<String>,
+    /// The frame size limit now: `CONNECT_MAX` until CONNECT is accepted, then `max_packet`.
+    frame_limit: usize,
+    /// A retained message of this connection was already refused at a cap (logged once).
+    retain_refusal_logged: bool,
+    /// The CONNECT's will, published unless the client ends with DISCONNECT (MQTT-3.1.2-8).
+    will: Option<OwnedWill>,
+    /// The client sent DISCONNECT: its will is discarded (MQTT-3.1.2-10).
+    graceful: bool,
 }
 
 fn short_id(id: &str) -> String {
@@ -193,129 +133,350 @@ impl Conn {
         }
     }
 
-    /// Reads one complete packet; returns its byte range in `self.buf`. The declared size is
-    /// checked against `max_packet` before the body is buffered.
-    fn next_frame(&mut self) -> Result<std::ops::Range<usize>, ReadEnd> {
-        loop {
-            let avail = &self.buf[self.pos..];
-            let need = match codec::fixed_header(avail) {
-                Err(e) => return Err(ReadEnd::Malformed(e)),
-                Ok(Some((remaining, hlen))) => {
-                    let total = hlen + remaining;
-                    if total > self.frame_limit {
-                        return Err(ReadEnd::TooLarge(total));
-                    }
-                    if avail.len() >= total {
-                        let r = self.pos..self.pos + total;
-                        self.pos += total;
-                        return Ok(r);
-                    }
-                    total - avail.len()
+    fn pending_write(&self) -> bool {
+        self.woff < self.wbuf.len() || !self.out.is_empty()
+    }
+
+    /// The earliest timer of this connection: its read deadline, its queue's, or the end of its
+    /// wait for a subscriber's acknowledgements (only while that is still ahead of `now`).
+    fn next_timer(&self, queue_limit: usize, now: Instant) -> Option<Instant> {
+        let write = self
+            .pending_write()
+            .then(|| self.moved + if self.out.len() > queue_limit { OVERFLOW_GRACE } else { WRITE_TIMEOUT });
+        let pause = Some(self.paused_since + OVERFLOW_GRACE).filter(|t| !self.paused_on.is_empty() && *t > now);
+        [self.read_deadline, write, pause].into_iter().flatten().min()
+    }
+
+    fn wanted_interest(&self) -> u32 {
+        let read = matches!(self.phase, Phase::New | Phase::Connected) && self.paused_on.is_empty();
+        (if read { EPOLL_IN } else { 0 }) | (if self.pending_write() { EPOLL_OUT } else { 0 })
+    }
+}
+
+/// What routing one PUBLISH left for its publisher to handle.
+struct Routed {
+    /// Queues past their limit after this message: the publisher waits for them.
+    full: Vec<u64>,
+    /// Live subscribers past `ACK_WINDOW` unacknowledged messages: the publisher waits for them too.
+    windowed: Vec<u64>,
+    refused_retain: Option<route::RetainOver>,
+}
+
+/// Every client connection of the loop, with its timers.
+pub(super) struct Table {
+    shared: Arc<Shared>,
+    epoll: Epoll,
+    conns: HashMap<u64, Conn>,
+    next_id: u64,
+    scratch: Vec<u8>,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    dirty: Vec<u64>,
+    paused: Vec<u64>,
+    stalled: Vec<u64>,
+    ending: Vec<u64>,
+}
+
+impl Table {
+    /// `first_id` is the first connection token; smaller ones are the caller's own.
+    pub(super) fn new(shared: Arc<Shared>, epoll: Epoll, first_id: u64) -> Table {
+        Table {
+            shared,
+            epoll,
+            conns: HashMap::new(),
+            next_id: first_id,
+            scratch: Vec::new(),
+            timers: BinaryHeap::new(),
+            dirty: Vec::new(),
+            paused: Vec::new(),
+            stalled: Vec::new(),
+            ending: Vec::new(),
+        }
+    }
+
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub(super) fn epoll(&self) -> &Epoll {
+        &self.epoll
+    }
+
+    /// The wait until the earliest connection timer (None: no timer).
+    pub(super) fn next_timeout(&self, now: Instant) -> Option<Duration> {
+        self.timers.peek().map(|Reverse((t, _))| t.saturating_duration_since(now))
+    }
+
+    /// Takes one accepted connection (counted in `active` by the caller).
+    pub(super) fn add(&mut self, stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
+        stream.set_nonblocking(true)?;
+        let _ = stream.set_nodelay(true);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.epoll.add(&stream, id, EPOLL_IN)?;
+        let now = Instant::now();
+        let conn = Conn {
+            stream,
+            peer,
+            phase: Phase::New,
+            buf: Vec::new(),
+            out: VecDeque::new(),
+            wbuf: Vec::new(),
+            woff: 0,
+            moved: now,
+            read_deadline: Some(now + self.shared.cfg.connect_timeout),
+            keep_alive: 0,
+            timer_at: None,
+            paused_on: Vec::new(),
+            paused_since: now,
+            window_waived: false,
+            stalled: None,
+            interest: EPOLL_IN,
+            dirty: false,
+            end: None,
+            client_id: None,
+            frame_limit: self.shared.cfg.max_packet.min(CONNECT_MAX),
+            retain_refusal_logged: false,
+            will: None,
+            graceful: false,
+        };
+        self.conns.insert(id, conn);
+        self.schedule(id);
+        Ok(())
+    }
+
+    /// Handles readiness `ev` of connection `id`.
+    pub(super) fn event(&mut self, id: u64, ev: u32) {
+        let Some(c) = self.conns.get(&id) else { return };
+        if ev & (EPOLL_IN | EPOLL_ERR) != 0 {
+            if c.wanted_interest() & EPOLL_IN != 0 {
+                self.readable(id);
+            } else if ev & EPOLL_ERR != 0 {
+                // Not reading now (paused or stalled) and the peer is gone: level-triggered
+                // epoll would report it again on every wait.
+                self.end(id, None);
+            }
+        }
+        if ev & EPOLL_OUT != 0 {
+            self.flush(id);
+        }
+    }
+
+    /// The loop's bookkeeping after a round of events: expired timers, connections to close,
+    /// publishers whose subscribers have room again, queued output. Returns true when work was
+    /// left for another round at once.
+    pub(super) fn tick(&mut self) -> bool {
+        self.expire(Instant::now());
+        for _ in 0..8 {
+            self.close_ending();
+            self.flush_dirty();
+            let resumed = self.resume_paused();
+            if !resumed && self.ending.is_empty() && self.dirty.is_empty() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// `drop_connections`: every client connection ends as if its peer had gone.
+    pub(super) fn drop_all(&mut self) {
+        let ids: Vec<u64> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.end(id, None);
+        }
+    }
+
+    /// A `release_connack`: stalled connections whose prefix is no longer held go on.
+    pub(super) fn release_stalls(&mut self) {
+        let ids = std::mem::take(&mut self.stalled);
+        for id in ids {
+            let Some(c) = self.conns.get_mut(&id) else { continue };
+            let held = c.client_id.as_deref().is_some_and(|cid| self.shared.stall_active(cid));
+            if held || c.phase != Phase::Stalled {
+                if c.phase == Phase::Stalled {
+                    self.stalled.push(id);
                 }
-                Ok(None) => 1,
-            };
-            if self.pos > 0 {
-                self.buf.drain(..self.pos);
-                self.pos = 0;
+                continue;
             }
-            if self.buf.is_empty() && self.buf.capacity() > 8 * READ_CHUNK {
-                self.buf = Vec::new();
+            let frame = c.stalled.take().unwrap_or_default();
+            match self.connect_finish(id, &frame) {
+                Ok(()) => self.handle_input(id),
+                Err(end) => self.end(id, end),
             }
-            let old = self.buf.len();
-            self.buf.resize(old + need.max(READ_CHUNK), 0);
-            let n = loop {
-                match self.stream.read(&mut self.buf[old..]) {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        self.buf.truncate(old);
-                        return Err(match e.kind() {
-                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ReadEnd::Timeout,
-                            _ => ReadEnd::Io(e),
-                        });
-                    }
+            self.update_interest(id);
+        }
+    }
+
+    /// Broker shutdown: every connection closes at once, without wills or log lines.
+    pub(super) fn shutdown(&mut self) {
+        let ids: Vec<u64> = self.conns.keys().copied().collect();
+        for id in ids {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.will = None;
+                c.end = None;
+            }
+            self.close(id);
+        }
+    }
+
+    // ---- timers ----
+
+    /// Makes sure the heap holds an entry no later than connection `id`'s earliest timer.
+    fn schedule(&mut self, id: u64) {
+        let limit = self.shared.cfg.queue_limit;
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        if let Some(t) = c.next_timer(limit, Instant::now()) {
+            if c.timer_at.is_none_or(|at| t < at) {
+                c.timer_at = Some(t);
+                self.timers.push(Reverse((t, id)));
+            }
+        }
+    }
+
+    fn expire(&mut self, now: Instant) {
+        let limit = self.shared.cfg.queue_limit;
+        while let Some(&Reverse((t, id))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(c) = self.conns.get_mut(&id) else { continue };
+            if c.timer_at != Some(t) {
+                continue; // stale: a later entry replaced it
+            }
+            c.timer_at = None;
+            if c.phase == Phase::Ending {
+                continue;
+            }
+            if c.read_deadline.is_some_and(|d| d <= now) {
+                let why = if c.phase == Phase::Connected {
+                    let ka = c.keep_alive;
+                    format!("keepalive timeout (nothing for 1.5 x {ka} s); closing")
+                } else {
+                    format!("no CONNECT within {} ms; closing", self.shared.cfg.connect_timeout.as_millis())
+                };
+                self.end(id, Some(why));
+                continue;
+            }
+            if c.pending_write() && c.out.len() > limit && c.moved + OVERFLOW_GRACE <= now {
+                self.end(id, Some(overflow_msg(limit)));
+                continue;
+            }
+            if c.pending_write() && c.moved + WRITE_TIMEOUT <= now {
+                let why = format!("nothing could be written for {} s; closing", WRITE_TIMEOUT.as_secs());
+                self.end(id, Some(why));
+                continue;
+            }
+            self.schedule(id);
+        }
+    }
+
+    // ---- reading ----
+
+    fn readable(&mut self, id: u64) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.resize(READ_CHUNK, 0);
+        let Some(c) = self.conns.get_mut(&id) else {
+            self.scratch = scratch;
+            return;
+        };
+        let got = loop {
+            match c.stream.read(&mut scratch) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r,
+            }
+        };
+        match got {
+            Ok(0) => {
+                let end = if c.phase == Phase::New { Some("closed before CONNECT".to_string()) } else { None };
+                self.scratch = scratch;
+                self.end(id, end);
+            }
+            Ok(n) => {
+                c.buf.extend_from_slice(&scratch[..n]);
+                self.scratch = scratch;
+                if c.phase == Phase::Connected && c.keep_alive > 0 {
+                    c.read_deadline = Some(Instant::now() + keepalive_limit(c.keep_alive));
                 }
-            };
-            self.buf.truncate(old + n);
-            if n == 0 {
-                return Err(ReadEnd::Eof);
+                self.handle_input(id);
             }
-        }
-    }
-
-    fn send(&self, bytes: Vec<u8>) -> Result<(), String> {
-        if send_with_grace(&self.tx, Out::Owned(bytes), &self.shared.stop) {
-            Ok(())
-        } else {
-            Err(overflow_msg(self.shared.cfg.queue_limit))
-        }
-    }
-
-    fn read_end(&self, e: ReadEnd, phase_timeout: &str) -> End {
-        match e {
-            ReadEnd::Eof => self.client_id.is_none().then(|| "closed before CONNECT".to_string()),
-            ReadEnd::Timeout => Some(phase_timeout.to_string()),
-            ReadEnd::Io(_) if self.shared.stop.load(Ordering::SeqCst) => None,
-            ReadEnd::Io(e) => match e.kind() {
-                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => None,
-                _ => Some(format!("read failed: {e}")),
-            },
-            ReadEnd::TooLarge(n) if self.client_id.is_none() => {
-                Some(format!("first packet of {n} bytes exceeds the CONNECT limit {}; closing", self.frame_limit))
-            }
-            ReadEnd::TooLarge(n) => {
-                Some(format!("packet of {n} bytes exceeds max-packet {}; closing", self.shared.cfg.max_packet))
-            }
-            ReadEnd::Malformed(e) => Some(format!("protocol error: {e}; closing")),
-        }
-    }
-
-    fn run(&mut self) -> End {
-        let timeout = self.shared.cfg.connect_timeout;
-        if self.stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1)))).is_err() {
-            return Some("cannot set a read timeout".into());
-        }
-        let first = match self.next_frame() {
-            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.scratch = scratch,
             Err(e) => {
-                return self.read_end(e, &format!("no CONNECT within {} ms; closing", timeout.as_millis()));
+                self.scratch = scratch;
+                let end = match e.kind() {
+                    io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => None,
+                    _ => Some(format!("read failed: {e}")),
+                };
+                self.end(id, end);
             }
-        };
-        let buf = std::mem::take(&mut self.buf);
-        let r = self.connect(&buf[first]);
-        self.buf = buf;
-        let keep_alive = match r {
-            Ok(k) => k,
-            Err(end) => return end,
-        };
-        self.frame_limit = self.shared.cfg.max_packet;
-        let limit = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
-        if self.stream.set_read_timeout(limit).is_err() {
-            return Some("cannot set a read timeout".into());
         }
-        let ka_msg = format!("keepalive timeout (nothing for 1.5 x {keep_alive} s); closing");
-        loop {
-            let range = match self.next_frame() {
-                Ok(r) => r,
-                Err(e) => return self.read_end(e, &ka_msg),
-            };
-            let buf = std::mem::take(&mut self.buf);
-            let r = self.packet(&buf[range]);
-            self.buf = buf;
-            if let Err(end) = r {
-                return end;
+        self.update_interest(id);
+    }
+
+    /// Handles the complete frames in connection `id`'s buffer while it may read.
+    fn handle_input(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        let buf = std::mem::take(&mut c.buf);
+        let mut pos = 0;
+        let mut end = None;
+        while let Some(c) = self.conns.get(&id) {
+            if !matches!(c.phase, Phase::New | Phase::Connected) || !c.paused_on.is_empty() {
+                break;
             }
+            let avail = &buf[pos..];
+            let total = match codec::fixed_header(avail) {
+                Err(e) => {
+                    end = Some(Some(format!("protocol error: {e}; closing")));
+                    break;
+                }
+                Ok(None) => break,
+                Ok(Some((remaining, hlen))) => hlen + remaining,
+            };
+            if total > c.frame_limit {
+                end = Some(Some(if c.phase == Phase::New {
+                    format!("first packet of {total} bytes exceeds the CONNECT limit {}; closing", c.frame_limit)
+                } else {
+                    format!("packet of {total} bytes exceeds max-packet {}; closing", self.shared.cfg.max_packet)
+                }));
+                break;
+            }
+            if avail.len() < total {
+                break;
+            }
+            let frame = &buf[pos..pos + total];
+            pos += total;
+            let r = if c.phase == Phase::New { self.connect(id, frame) } else { self.packet(id, frame) };
+            if let Err(e) = r {
+                end = Some(e);
+                break;
+            }
+        }
+        if let Some(c) = self.conns.get_mut(&id) {
+            let mut buf = buf;
+            if pos == buf.len() {
+                buf.clear();
+                if buf.capacity() > KEEP_READ_BUFFER {
+                    buf = Vec::new();
+                }
+            } else if pos > 0 {
+                buf.drain(..pos);
+            }
+            // Frames handled above may have added nothing to `c.buf` (it was taken); keep order.
+            buf.append(&mut c.buf);
+            c.buf = buf;
+        }
+        if let Some(e) = end {
+            self.end(id, e);
         }
     }
 
-    /// Handles the first packet; `Ok(keep_alive)` when the client is connected.
-    fn connect(&mut self, frame: &[u8]) -> Result<u16, End> {
+    /// The first packet: decode, count, the 0x02 check, the client id, then the stall hook.
+    fn connect(&mut self, id: u64, frame: &[u8]) -> Result<(), End> {
         let pkt = codec::decode(frame).map_err(|e| Some(format!("protocol error: {e}; closing")))?;
         let c = match pkt {
             Packet::Connect(c) => c,
             Packet::UnsupportedLevel(n) => {
                 lock(&self.shared.state).note_connect("", self.shared.cfg.record);
-                let _ = self.send(codec::connack(false, 0x01));
+                self.push(id, Out::Owned(codec::connack(false, 0x01)));
                 return Err(Some(format!("unsupported protocol level {n}; only 4 (3.1.1)")));
             }
             _ => return Err(Some("protocol error: first packet is not CONNECT; closing".into())),
@@ -323,21 +484,33 @@ impl Conn {
         lock(&self.shared.state).note_connect(c.client_id, self.shared.cfg.record);
         if c.client_id.is_empty() && !c.clean_session {
             // MQTT-3.1.3-8: a zero-length id needs CleanSession=1.
-            let _ = self.send(codec::connack(false, 0x02));
+            self.push(id, Out::Owned(codec::connack(false, 0x02)));
             return Err(Some("zero-length client id with CleanSession=0; identifier rejected (0x02)".into()));
         }
-        let id = if c.client_id.is_empty() {
-            format!("auto-{}", crate::sys::random_hex(8).unwrap_or_else(|_| format!("{:016x}", self.conn)))
+        let cid = if c.client_id.is_empty() {
+            format!("auto-{}", crate::sys::random_hex(8).unwrap_or_else(|_| format!("{id:016x}")))
         } else {
             c.client_id.to_string()
         };
-        self.client_id = Some(id.clone());
-        if self.shared.stall_active(&id) {
-            self.shared.wait_stall(&id);
-            if self.shared.stop.load(Ordering::SeqCst) {
-                return Err(None);
-            }
+        let stall = self.shared.stall_active(&cid);
+        let Some(conn) = self.conns.get_mut(&id) else { return Err(None) };
+        conn.client_id = Some(cid);
+        if stall {
+            // Held until `release_connack`, with no deadline (as a blocked reader was before).
+            conn.phase = Phase::Stalled;
+            conn.stalled = Some(frame.to_vec());
+            conn.read_deadline = None;
+            self.stalled.push(id);
+            return Ok(());
         }
+        self.connect_finish(id, frame)
+    }
+
+    /// The rest of CONNECT once no stall holds it: will topic, auth, session, CONNACK, resends.
+    fn connect_finish(&mut self, id: u64, frame: &[u8]) -> Result<(), End> {
+        let pkt = codec::decode(frame).map_err(|e| Some(format!("protocol error: {e}; closing")))?;
+        let Packet::Connect(c) = pkt else { return Err(None) };
+        let Some(cid) = self.conns.get(&id).and_then(|c| c.client_id.clone()) else { return Err(None) };
         if let Some(w) = &c.will {
             if !topic::valid_topic_name(w.topic) {
                 return Err(Some(format!(
@@ -351,24 +524,17 @@ impl Conn {
         match route::authorize(want, c.username, c.password) {
             0x00 => {}
             0x05 => {
-                let _ = self.send(codec::connack(false, 0x05));
+                self.push(id, Out::Owned(codec::connack(false, 0x05)));
                 return Err(Some("no username; not authorized (0x05)".into()));
             }
             code => {
-                let _ = self.send(codec::connack(false, code));
+                self.push(id, Out::Owned(codec::connack(false, code)));
                 return Err(Some("bad username or password (0x04)".into()));
             }
         }
-        self.will = c.will.as_ref().map(|w| OwnedWill {
-            topic: w.topic.to_string(),
-            payload: w.payload.to_vec(),
-            qos: w.qos,
-            retain: w.retain,
-        });
-        let clone = self.stream.try_clone().map_err(|e| Some(format!("cannot register: {e}")))?;
-        let (old, pending) = {
+        let (old, out) = {
             let mut st = lock(&self.shared.state);
-            let old = st.clients.remove(&id);
+            let old = st.clients.remove(&cid);
             let (session, present, old_link) = match old {
                 // MQTT-3.2.2-2: a stored session is resumed and reported.
                 Some(cl) if !c.clean_session && cl.persistent => (cl.session, true, cl.link),
@@ -378,7 +544,7 @@ impl Conn {
                     let stored = st.clients.values().filter(|cl| cl.link.is_none()).count();
                     if !c.clean_session && stored >= self.shared.cfg.max_sessions {
                         drop(st);
-                        let _ = self.send(codec::connack(false, 0x03));
+                        self.push(id, Out::Owned(codec::connack(false, 0x03)));
                         return Err(Some(format!(
                             "WARNING: max-sessions {} persistent sessions stored; server unavailable (0x03)",
                             self.shared.cfg.max_sessions
@@ -387,88 +553,122 @@ impl Conn {
                     (Session::default(), false, None)
                 }
             };
-            let link = Link { conn: self.conn, tx: self.tx.clone(), stream: clone };
-            let mut client = Client { link: Some(link), session, persistent: !c.clean_session };
-            self.send(codec::connack(present, 0x00)).map_err(Some)?;
+            let mut client = Client { link: Some(Link { conn: id }), session, persistent: !c.clean_session };
+            let mut out = vec![Out::Owned(codec::connack(present, 0x00))];
             // MQTT-4.4.0-1: unacknowledged PUBLISH and PUBREL packets go again, in order.
-            let resend: Vec<Out> = client.session.resume().iter().map(|s| Out::Owned(encode(s))).collect();
-            let pending = queue_now(&self.tx, resend);
-            st.clients.insert(id.clone(), client);
-            (old_link, pending)
+            out.extend(client.session.resume().iter().map(|s| Out::Owned(encode(s))));
+            st.clients.insert(cid.clone(), client);
+            (old_link, out)
         };
-        if let Some(old) = old {
-            let _ = old.stream.shutdown(Shutdown::Both);
-            let line = self.who("client id connected again; closed the older connection");
-            self.shared.log(line);
+        let keep_alive = c.keep_alive;
+        let will = c.will.as_ref().map(|w| OwnedWill {
+            topic: w.topic.to_string(),
+            payload: w.payload.to_vec(),
+            qos: w.qos,
+            retain: w.retain,
+        });
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.will = will;
+            conn.phase = Phase::Connected;
+            conn.frame_limit = self.shared.cfg.max_packet;
+            conn.keep_alive = keep_alive;
+            conn.read_deadline = (keep_alive > 0).then(|| Instant::now() + keepalive_limit(keep_alive));
+            // A deadline that moved earlier than the CONNECT one needs its own heap entry.
+            conn.timer_at = None;
         }
-        for p in pending {
-            if !send_with_grace(&self.tx, p, &self.shared.stop) {
-                return Err(Some(overflow_msg(self.shared.cfg.queue_limit)));
+        self.schedule(id);
+        if let Some(old) = old.filter(|l| l.conn != id) {
+            // The older connection ends as if its peer had gone (its will is published).
+            self.end(old.conn, None);
+            if let Some(conn) = self.conns.get(&id) {
+                let line = conn.who("client id connected again; closed the older connection");
+                self.shared.log(line);
             }
         }
-        Ok(c.keep_alive)
-    }
-
-    /// Runs `f` on this connection's session; None when another connection took the client id.
-    fn with_session<R>(&self, f: impl FnOnce(&mut Session) -> R) -> Option<R> {
-        let mut st = lock(&self.shared.state);
-        let id = self.client_id.as_deref().unwrap_or("");
-        st.clients.get_mut(id).filter(|cl| cl.is_conn(self.conn)).map(|cl| f(&mut cl.session))
-    }
-
-    /// Publishes the will after an abnormal end (MQTT-3.1.2-8), at its QoS and with its retain
-    /// flag (MQTT-3.1.2-15, -17); not after DISCONNECT or while the broker shuts down.
-    fn publish_will(&mut self) {
-        let Some(w) = self.will.take() else { return };
-        if self.graceful || self.shared.stop.load(Ordering::SeqCst) {
-            return;
+        let mut full = false;
+        for o in out {
+            full |= self.push(id, o);
         }
-        let msg = Publish { topic: &w.topic, payload: &w.payload, qos: w.qos, retain: w.retain };
-        let _ = self.publish(&msg);
+        if full {
+            self.pause(id, vec![id]);
+        }
+        Ok(())
     }
 
-    fn packet(&mut self, frame: &[u8]) -> Result<(), End> {
+    /// Runs `f` on connection `id`'s session; None when another connection took the client id.
+    fn with_session<R>(&self, id: u64, f: impl FnOnce(&mut Session) -> R) -> Option<R> {
+        let cid = self.conns.get(&id)?.client_id.as_deref()?;
+        let mut st = lock(&self.shared.state);
+        st.clients.get_mut(cid).filter(|cl| cl.is_conn(id)).map(|cl| f(&mut cl.session))
+    }
+
+    fn packet(&mut self, id: u64, frame: &[u8]) -> Result<(), End> {
         let pkt = codec::decode(frame).map_err(|e| Some(format!("protocol error: {e}; closing")))?;
         match pkt {
             Packet::Publish(p) => {
                 let msg = Publish { topic: p.topic, payload: p.payload, qos: p.qos, retain: p.retain };
                 // QoS 2, Method B (MQTT-4.3.3-2): routed once; a duplicate before PUBREL is not.
-                let new = p.qos < 2 || self.with_session(|s| s.incoming_qos2(p.pid)).ok_or(None)?;
+                let new = p.qos < 2 || self.with_session(id, |s| s.incoming_qos2(p.pid)).ok_or(None)?;
+                let mut full = Vec::new();
                 if new {
-                    if let Some(line) = self.publish(&msg)? {
-                        return Err(Some(line));
+                    let routed = self.publish(&msg)?;
+                    if let Some(line) = self.conns.get_mut(&id).and_then(|c| retain_refusal(c, msg.topic, &routed)) {
+                        self.shared.log(line);
                     }
+                    full = routed.full;
+                    // A client's own subscription never holds it back: its acknowledgements are
+                    // behind the publish it is paused on.
+                    full.extend(routed.windowed.iter().copied().filter(|&t| t != id));
                 }
                 match p.qos {
-                    1 => self.send(codec::puback(p.pid)).map_err(Some),
-                    2 => self.send(codec::pubrec(p.pid)).map_err(Some),
-                    _ => Ok(()),
+                    1 => full.extend(self.push_full(id, Out::Owned(codec::puback(p.pid)))),
+                    2 => full.extend(self.push_full(id, Out::Owned(codec::pubrec(p.pid)))),
+                    _ => {}
                 }
+                self.pause(id, full);
+                Ok(())
             }
-            Packet::Puback(pid) => self.with_session(|s| s.puback(pid)).ok_or(None),
-            Packet::Pubrec(pid) => match self.with_session(|s| s.pubrec(pid)).ok_or(None)? {
-                Some(rel) => self.send(encode(&rel)).map_err(Some),
-                None => Ok(()),
-            },
+            Packet::Puback(pid) => {
+                let pending = self.with_session(id, |s| {
+                    s.puback(pid);
+                    s.pending()
+                });
+                self.acked(id, pending.ok_or(None)?);
+                Ok(())
+            }
+            Packet::Pubrec(pid) => {
+                if let Some(rel) = self.with_session(id, |s| s.pubrec(pid)).ok_or(None)? {
+                    self.reply(id, encode(&rel));
+                }
+                Ok(())
+            }
             Packet::Pubrel(pid) => {
-                self.with_session(|s| s.incoming_release(pid)).ok_or(None)?;
-                self.send(codec::pubcomp(pid)).map_err(Some)
+                self.with_session(id, |s| s.incoming_release(pid)).ok_or(None)?;
+                self.reply(id, codec::pubcomp(pid));
+                Ok(())
             }
-            Packet::Pubcomp(pid) => self.with_session(|s| s.pubcomp(pid)).ok_or(None),
-            Packet::Subscribe { pid, filters } => self.subscribe(pid, &filters),
+            Packet::Pubcomp(pid) => {
+                let pending = self.with_session(id, |s| {
+                    s.pubcomp(pid);
+                    s.pending()
+                });
+                self.acked(id, pending.ok_or(None)?);
+                Ok(())
+            }
+            Packet::Subscribe { pid, filters } => self.subscribe(id, pid, &filters),
             Packet::Unsubscribe { pid, filters } => {
-                let mut st = lock(&self.shared.state);
-                let id = self.client_id.as_deref().unwrap_or("");
-                match st.clients.get_mut(id) {
-                    Some(cl) if cl.is_conn(self.conn) => cl.session.unsubscribe(&filters),
-                    _ => return Err(None),
-                }
-                drop(st);
-                self.send(codec::unsuback(pid)).map_err(Some)
+                self.with_session(id, |s| s.unsubscribe(&filters)).ok_or(None)?;
+                self.reply(id, codec::unsuback(pid));
+                Ok(())
             }
-            Packet::Pingreq => self.send(codec::pingresp()).map_err(Some),
+            Packet::Pingreq => {
+                self.reply(id, codec::pingresp());
+                Ok(())
+            }
             Packet::Disconnect => {
-                self.graceful = true;
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.graceful = true;
+                }
                 Err(None)
             }
             Packet::Connect(_) | Packet::UnsupportedLevel(_) => {
@@ -478,165 +678,412 @@ impl Conn {
         }
     }
 
-    fn subscribe(&mut self, pid: u16, filters: &[(&str, u8)]) -> Result<(), End> {
-        let mut st = lock(&self.shared.state);
-        let State { clients, retained, .. } = &mut *st;
-        let id = self.client_id.as_deref().unwrap_or("");
-        let Some(cl) = clients.get_mut(id).filter(|cl| cl.is_conn(self.conn)) else {
-            return Err(None);
-        };
+    fn subscribe(&mut self, id: u64, pid: u16, filters: &[(&str, u8)]) -> Result<(), End> {
+        let Some(cid) = self.conns.get(&id).and_then(|c| c.client_id.clone()) else { return Err(None) };
         let max_subs = self.shared.cfg.max_subscriptions;
         let lim = self.shared.session_limits();
-        let decided = route::subscribe(&mut cl.session, retained, max_subs, filters);
-        let over_cap = decided.over_cap;
-        let mut out = vec![Out::Owned(codec::suback(pid, &decided.codes))];
-        let mut dropped = false;
-        for r in decided.replay {
-            let msg = Msg { topic: r.topic.into(), payload: r.payload.into(), qos: r.qos, retain: true };
-            match cl.session.deliver(msg, true, &lim) {
-                Delivered::Send(s) => out.push(Out::Owned(encode(&s))),
-                Delivered::Dropped { first } => dropped |= first,
-                Delivered::Queued | Delivered::Skipped => {}
+        let (out, over_cap, dropped) = {
+            let mut st = lock(&self.shared.state);
+            let State { clients, retained, .. } = &mut *st;
+            let Some(cl) = clients.get_mut(&cid).filter(|cl| cl.is_conn(id)) else {
+                return Err(None);
+            };
+            let decided = route::subscribe(&mut cl.session, retained, max_subs, filters);
+            let mut out = vec![Out::Owned(codec::suback(pid, &decided.codes))];
+            let mut dropped = false;
+            for r in decided.replay {
+                let msg = Msg { topic: r.topic.into(), payload: r.payload.into(), qos: r.qos, retain: true };
+                match cl.session.deliver(msg, true, &lim) {
+                    Delivered::Send(s) => out.push(Out::Owned(encode(&s))),
+                    Delivered::Dropped { first } => dropped |= first,
+                    Delivered::Queued | Delivered::Skipped => {}
+                }
+            }
+            (out, decided.over_cap, dropped)
+        };
+        if let Some(c) = self.conns.get(&id) {
+            if dropped {
+                self.shared.log(c.who(&format!("WARNING: {}", session_full_text(&lim))));
+            }
+            if over_cap > 0 {
+                self.shared.log(c.who(&format!(
+                    "WARNING: {over_cap} filter(s) refused (0x80): max-subscriptions {max_subs} per client reached"
+                )));
             }
         }
-        // Queue under the lock while there is room, so no live message overtakes a retained one;
-        // a burst larger than the queue waits for room after the lock is released.
-        let pending = queue_now(&self.tx, out);
-        drop(st);
-        if dropped {
-            let line = self.who(&format!("WARNING: {}", session_full_text(&lim)));
-            self.shared.log(line);
+        // The SUBACK and the retained replay go in order, ahead of any later live message (one
+        // thread queues both); a replay larger than the queue holds this client's input.
+        let mut full = false;
+        for o in out {
+            full |= self.push(id, o);
         }
-        if over_cap > 0 {
-            let line = self.who(&format!(
-                "WARNING: {over_cap} filter(s) refused (0x80): max-subscriptions {max_subs} per client reached"
-            ));
-            self.shared.log(line);
-        }
-        for p in pending {
-            if !send_with_grace(&self.tx, p, &self.shared.stop) {
-                self.evict(id, self.conn);
-                return Err(Some(overflow_msg(self.shared.cfg.queue_limit)));
-            }
+        if full {
+            self.pause(id, vec![id]);
         }
         Ok(())
     }
 
-    /// Removes client `id` (if it is still connection `conn`) and closes its socket.
-    fn evict(&self, id: &str, conn: u64) -> bool {
-        let mut st = lock(&self.shared.state);
-        if st.clients.get(id).is_some_and(|cl| cl.is_conn(conn)) {
-            if let Some(cl) = st.clients.get_mut(id) {
-                if let Some(link) = cl.link.take() {
-                    let _ = link.stream.shutdown(Shutdown::Both);
-                }
-                if !cl.persistent {
-                    st.clients.remove(id);
-                }
+    /// Subscriber `id` has `pending` QoS 1/2 messages unacknowledged after an acknowledgement.
+    fn acked(&mut self, id: u64, pending: usize) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            if pending <= ACK_WINDOW {
+                c.window_waived = false;
             }
-            return true;
         }
-        false
+    }
+
+    /// Queues a reply to connection `id`'s own packet; a full queue holds its input.
+    fn reply(&mut self, id: u64, bytes: Vec<u8>) {
+        let full = self.push_full(id, Out::Owned(bytes));
+        self.pause(id, full.into_iter().collect());
     }
 
     /// Stores and forwards one PUBLISH (`route::route` decides, this queues). `Err` when the
-    /// message is refused; `Ok(Some(line))` when this very client overflowed.
-    fn publish(&mut self, msg: &Publish<'_>) -> Result<Option<String>, End> {
+    /// message is refused.
+    fn publish(&mut self, msg: &Publish<'_>) -> Result<Routed, End> {
         let shared = self.shared.clone();
-        let mut st = lock(&shared.state);
-        let State { clients, retained, retained_bytes, .. } = &mut *st;
-        let mut targets: Vec<(&String, &mut Client)> = clients.iter_mut().collect();
-        let routed = route::route(targets.iter().map(|(_, cl)| &cl.session), msg).map_err(|r| {
-            Some(match r {
-                Refusal::InvalidTopic => format!(
-                    "protocol error: invalid publish topic '{}' (empty or wildcard); closing",
-                    short_id(msg.topic)
-                ),
-            })
-        })?;
-        let (t, payload) = (msg.topic, msg.payload);
-        let mut refused_retain = None;
-        if let Some(op) = routed.retain {
-            let limits = route::RetainLimits {
-                max_message: shared.cfg.max_retained_message,
-                max_total: shared.cfg.max_retained_bytes,
-            };
-            refused_retain = route::apply_retain(retained, retained_bytes, t, op, &limits).err();
-        }
-        let mut qos0: Option<Arc<[u8]>> = None;
-        // The message as sessions keep it, built once for every QoS 1/2 copy.
-        let mut kept: Option<(Arc<str>, Arc<[u8]>)> = None;
         let lim = shared.session_limits();
-        let mut full: Vec<String> = Vec::new();
-        let mut blocked: Vec<(String, u64, SyncSender<Out>, Out)> = Vec::new();
-        for d in routed.deliveries {
-            let (id, cl) = &mut targets[d.to];
-            let out = if d.qos == 0 {
-                if cl.link.is_none() {
-                    continue;
-                }
-                Out::Shared(qos0.get_or_insert_with(|| codec::publish(t, payload, 0, 0, false, false).into()).clone())
-            } else {
-                let (topic, body) = kept.get_or_insert_with(|| (t.into(), payload.into())).clone();
-                let m = Msg { topic, payload: body, qos: d.qos, retain: false };
-                match cl.session.deliver(m, cl.link.is_some(), &lim) {
-                    Delivered::Send(s) => Out::Owned(encode(&s)),
-                    Delivered::Dropped { first: true } => {
-                        full.push((*id).clone());
+        let mut sends: Vec<(u64, Out)> = Vec::new();
+        let mut windowed: Vec<u64> = Vec::new();
+        let mut full_sessions: Vec<String> = Vec::new();
+        let refused_retain = {
+            let mut st = lock(&shared.state);
+            let State { clients, retained, retained_bytes, .. } = &mut *st;
+            let mut targets: Vec<(&String, &mut Client)> = clients.iter_mut().collect();
+            let routed = route::route(targets.iter().map(|(_, cl)| &cl.session), msg).map_err(|r| {
+                Some(match r {
+                    Refusal::InvalidTopic => format!(
+                        "protocol error: invalid publish topic '{}' (empty or wildcard); closing",
+                        short_id(msg.topic)
+                    ),
+                })
+            })?;
+            let (t, payload) = (msg.topic, msg.payload);
+            let mut refused_retain = None;
+            if let Some(op) = routed.retain {
+                let limits = route::RetainLimits {
+                    max_message: shared.cfg.max_retained_message,
+                    max_total: shared.cfg.max_retained_bytes,
+                };
+                refused_retain = route::apply_retain(retained, retained_bytes, t, op, &limits).err();
+            }
+            let mut qos0: Option<Arc<[u8]>> = None;
+            // The message as sessions keep it, built once for every QoS 1/2 copy.
+            let mut kept: Option<(Arc<str>, Arc<[u8]>)> = None;
+            for d in routed.deliveries {
+                let (cid, cl) = &mut targets[d.to];
+                let out = if d.qos == 0 {
+                    if cl.link.is_none() {
                         continue;
                     }
-                    Delivered::Dropped { .. } | Delivered::Queued | Delivered::Skipped => continue,
-                }
-            };
-            let Some(link) = &cl.link else { continue };
-            if let Err(TrySendError::Full(out)) = link.tx.try_send(out) {
-                blocked.push(((*id).clone(), link.conn, link.tx.clone(), out));
-            }
-        }
-        if shared.cfg.record {
-            st.note_received(msg);
-        }
-        drop(st);
-        for id in full {
-            shared.log(format!("WARNING: broker: client {}: {}", short_id(&id), session_full_text(&lim)));
-        }
-        if let Some(over) = refused_retain {
-            if !self.retain_refusal_logged {
-                self.retain_refusal_logged = true;
-                let why = match over {
-                    route::RetainOver::Message { size, max } => {
-                        format!("{size} bytes exceed max-retained-message {max}")
-                    }
-                    route::RetainOver::Total { size, used, max } => {
-                        format!("{size} more bytes would exceed max-retained-bytes {max} ({used} held)")
+                    Out::Shared(
+                        qos0.get_or_insert_with(|| codec::publish(t, payload, 0, 0, false, false).into()).clone(),
+                    )
+                } else {
+                    let (topic, body) = kept.get_or_insert_with(|| (t.into(), payload.into())).clone();
+                    let m = Msg { topic, payload: body, qos: d.qos, retain: false };
+                    match cl.session.deliver(m, cl.link.is_some(), &lim) {
+                        Delivered::Send(s) => {
+                            if cl.session.pending() > ACK_WINDOW {
+                                windowed.extend(cl.link.as_ref().map(|l| l.conn));
+                            }
+                            Out::Owned(encode(&s))
+                        }
+                        Delivered::Dropped { first: true } => {
+                            full_sessions.push((*cid).clone());
+                            continue;
+                        }
+                        Delivered::Dropped { .. } | Delivered::Queued | Delivered::Skipped => continue,
                     }
                 };
-                let line = self.who(&format!(
-                    "WARNING: retained message on '{}' not stored: {why}; forwarded only (further refusals of this connection are not logged)",
-                    short_id(t)
-                ));
-                shared.log(line);
+                if let Some(link) = &cl.link {
+                    sends.push((link.conn, out));
+                }
             }
+            if shared.cfg.record {
+                st.note_received(msg);
+            }
+            refused_retain
+        };
+        for cid in full_sessions {
+            shared.log(format!("WARNING: broker: client {}: {}", short_id(&cid), session_full_text(&lim)));
         }
-        // Backpressure: a full queue makes this publisher wait (outside the lock) for room; a
-        // queue that stays full for OVERFLOW_GRACE is an overflow and the client is dropped.
-        let mut mine = None;
-        for (id, conn, tx, out) in blocked {
-            if send_with_grace(&tx, out, &shared.stop) || !self.evict(&id, conn) {
-                continue;
-            }
-            if conn == self.conn {
-                mine = Some(overflow_msg(shared.cfg.queue_limit));
-            } else {
-                shared.log(format!(
-                    "WARNING: broker: client {}: {}",
-                    short_id(&id),
-                    overflow_text(shared.cfg.queue_limit)
-                ));
-            }
+        let mut full = Vec::new();
+        for (to, out) in sends {
+            full.extend(self.push_full(to, out));
         }
-        Ok(mine)
+        windowed.retain(|t| self.conns.get(t).is_some_and(|c| !c.window_waived));
+        Ok(Routed { full, windowed, refused_retain })
     }
+
+    // ---- writing ----
+
+    /// `push`, returning `to` when its queue is past the limit.
+    fn push_full(&mut self, to: u64, out: Out) -> Option<u64> {
+        self.push(to, out).then_some(to)
+    }
+
+    /// Queues `out` for connection `to` (dropped when it is gone or closing); true when its queue
+    /// is past `queue_limit` even after a write was tried.
+    fn push(&mut self, to: u64, out: Out) -> bool {
+        let limit = self.shared.cfg.queue_limit;
+        let Some(c) = self.conns.get_mut(&to) else { return false };
+        if !c.pending_write() {
+            c.moved = Instant::now();
+        }
+        c.out.push_back(out);
+        if !c.dirty {
+            c.dirty = true;
+            self.dirty.push(to);
+        }
+        if c.out.len() == limit + 1 {
+            // Full now: the grace starts here, and a write is tried at once.
+            c.moved = Instant::now();
+            self.flush(to);
+            let over = self.conns.get(&to).is_some_and(|c| c.out.len() > limit);
+            if over {
+                self.schedule(to);
+            }
+            return over;
+        }
+        c.out.len() > limit
+    }
+
+    /// Writes what connection `id` has queued until the socket is full or the queue empty.
+    fn flush(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        let mut failed = None;
+        loop {
+            if c.woff == c.wbuf.len() {
+                c.wbuf.clear();
+                c.woff = 0;
+                if c.wbuf.capacity() > 4 * WRITE_BATCH {
+                    c.wbuf = Vec::new();
+                }
+                while c.wbuf.len() < WRITE_BATCH {
+                    let Some(o) = c.out.pop_front() else { break };
+                    c.wbuf.extend_from_slice(o.bytes());
+                }
+                if c.wbuf.is_empty() {
+                    c.wbuf = Vec::new();
+                    break;
+                }
+            }
+            match c.stream.write(&c.wbuf[c.woff..]) {
+                Ok(0) => {
+                    failed = Some(None);
+                    break;
+                }
+                Ok(n) => {
+                    c.woff += n;
+                    c.moved = Instant::now();
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    failed = Some(match e.kind() {
+                        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => None,
+                        _ => Some(format!("write failed: {e}")),
+                    });
+                    break;
+                }
+            }
+        }
+        if let Some(why) = failed {
+            c.out.clear();
+            c.wbuf = Vec::new();
+            c.woff = 0;
+            if c.phase != Phase::Ending {
+                self.end(id, why);
+            }
+        }
+        self.schedule(id);
+        self.update_interest(id);
+    }
+
+    fn flush_dirty(&mut self) {
+        for id in std::mem::take(&mut self.dirty) {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.dirty = false;
+                self.flush(id);
+            }
+        }
+    }
+
+    fn update_interest(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        let want = c.wanted_interest();
+        if want != c.interest && self.epoll.modify(&c.stream, id, want).is_ok() {
+            c.interest = want;
+        }
+    }
+
+    // ---- backpressure ----
+
+    /// Connection `id` reads nothing more until each queue of `on` has room (or is gone).
+    fn pause(&mut self, id: u64, on: Vec<u64>) {
+        if on.is_empty() {
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        if c.paused_on.is_empty() {
+            self.paused.push(id);
+            c.paused_since = Instant::now();
+        }
+        c.paused_on.extend(on);
+        self.schedule(id);
+    }
+
+    /// Paused connections whose queues have room (and whose subscribers acknowledged enough, or
+    /// were waited for `OVERFLOW_GRACE`) read again; true when one did.
+    fn resume_paused(&mut self) -> bool {
+        if self.paused.is_empty() {
+            return false;
+        }
+        let limit = self.shared.cfg.queue_limit;
+        let now = Instant::now();
+        let shared = self.shared.clone();
+        let st = lock(&shared.state);
+        let window_full = |t: u64, tc: &Conn| {
+            !tc.window_waived
+                && tc
+                    .client_id
+                    .as_deref()
+                    .and_then(|cid| st.clients.get(cid))
+                    .is_some_and(|cl| cl.is_conn(t) && cl.session.pending() > ACK_WINDOW)
+        };
+        let mut go_on = Vec::new();
+        let mut waive = Vec::new();
+        for id in std::mem::take(&mut self.paused) {
+            let Some(c) = self.conns.get(&id) else { continue };
+            let overdue = c.paused_since + OVERFLOW_GRACE <= now;
+            let mut waiting = Vec::new();
+            for &t in &c.paused_on {
+                let Some(tc) = self.conns.get(&t) else { continue };
+                if tc.phase == Phase::Ending {
+                    continue;
+                }
+                if tc.out.len() > limit {
+                    waiting.push(t);
+                } else if window_full(t, tc) {
+                    if overdue {
+                        waive.push(t);
+                    } else {
+                        waiting.push(t);
+                    }
+                }
+            }
+            let Some(c) = self.conns.get_mut(&id) else { continue };
+            if waiting.is_empty() {
+                c.paused_on.clear();
+                go_on.push(id);
+            } else {
+                c.paused_on = waiting;
+                self.paused.push(id);
+            }
+        }
+        drop(st);
+        for t in waive {
+            if let Some(tc) = self.conns.get_mut(&t) {
+                tc.window_waived = true;
+            }
+        }
+        let resumed = !go_on.is_empty();
+        for id in go_on {
+            self.handle_input(id);
+            self.update_interest(id);
+        }
+        resumed
+    }
+
+    // ---- ending ----
+
+    /// Marks connection `id` for closing at the next safe point (the first reason wins).
+    fn end(&mut self, id: u64, why: End) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        if c.phase == Phase::Ending {
+            return;
+        }
+        c.phase = Phase::Ending;
+        c.end = why;
+        self.ending.push(id);
+        self.update_interest(id);
+    }
+
+    fn close_ending(&mut self) {
+        while let Some(id) = self.ending.pop() {
+            self.close(id);
+        }
+    }
+
+    /// Closes connection `id`: log line, will (after an abnormal end, MQTT-3.1.2-8), session kept
+    /// or dropped, a last nonblocking write of what is queued (a refusing CONNACK), the socket.
+    fn close(&mut self, id: u64) {
+        self.flush(id);
+        let Some(mut c) = self.conns.remove(&id) else { return };
+        if let Some(why) = c.end.take() {
+            self.shared.log(c.who(&why));
+        }
+        if let Some(w) = c.will.take() {
+            // At its QoS and with its retain flag (MQTT-3.1.2-15, -17); not after DISCONNECT or
+            // while the broker shuts down.
+            if !c.graceful && !self.shared.stop.load(Ordering::SeqCst) {
+                let msg = Publish { topic: &w.topic, payload: &w.payload, qos: w.qos, retain: w.retain };
+                if let Some(line) = self.publish(&msg).ok().and_then(|r| retain_refusal(&mut c, &w.topic, &r)) {
+                    self.shared.log(line);
+                }
+            }
+        }
+        if let Some(cid) = &c.client_id {
+            let mut st = lock(&self.shared.state);
+            if st.clients.get(cid).is_some_and(|cl| cl.is_conn(id)) {
+                let persistent = st.clients.get(cid).is_some_and(|cl| cl.persistent);
+                if persistent {
+                    // MQTT-3.1.2-4: the session outlives the connection; queued messages wait for it.
+                    if let Some(cl) = st.clients.get_mut(cid) {
+                        cl.link = None;
+                        cl.session.shrink();
+                    }
+                } else {
+                    st.clients.remove(cid);
+                }
+            }
+        }
+        let _ = self.epoll.delete(&c.stream);
+        let _ = c.stream.shutdown(Shutdown::Both);
+        drop(c);
+        if self.shared.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // The last connection ended: hand the freed buffers back (issue 17, memory after
+            // clients leave).
+            self.conns.shrink_to_fit();
+            self.scratch = Vec::new();
+            self.timers.shrink_to_fit();
+            crate::sys::release_free_memory();
+        }
+    }
+}
+
+/// The log line for a retained message of connection `c` refused at a cap (the first one only).
+fn retain_refusal(c: &mut Conn, t: &str, routed: &Routed) -> Option<String> {
+    let over = routed.refused_retain.as_ref()?;
+    if c.retain_refusal_logged {
+        return None;
+    }
+    c.retain_refusal_logged = true;
+    let why = match over {
+        route::RetainOver::Message { size, max } => format!("{size} bytes exceed max-retained-message {max}"),
+        route::RetainOver::Total { size, used, max } => {
+            format!("{size} more bytes would exceed max-retained-bytes {max} ({used} held)")
+        }
+    };
+    Some(c.who(&format!(
+        "WARNING: retained message on '{}' not stored: {why}; forwarded only (further refusals of this connection are not logged)",
+        short_id(t)
+    )))
+}
+
+fn keepalive_limit(keep_alive: u16) -> Duration {
+    Duration::from_millis(u64::from(keep_alive) * 1500)
 }
 
 /// The packet bytes of one `Send`.
@@ -647,20 +1094,6 @@ fn encode(s: &Send) -> Vec<u8> {
     }
 }
 
-/// Queues `out` in order while the queue has room; returns what did not fit, in order.
-fn queue_now(tx: &SyncSender<Out>, out: Vec<Out>) -> Vec<Out> {
-    let mut rest = out.into_iter();
-    let mut pending = Vec::new();
-    for p in rest.by_ref() {
-        if let Err(TrySendError::Full(p)) = tx.try_send(p) {
-            pending.push(p);
-            break;
-        }
-    }
-    pending.extend(rest);
-    pending
-}
-
 fn session_full_text(lim: &session::Limits) -> String {
     format!(
         "session full ({} QoS 1/2 messages or {} bytes unacknowledged or queued); dropping new messages for it until it drains",
@@ -668,33 +1101,6 @@ fn session_full_text(lim: &session::Limits) -> String {
     )
 }
 
-/// How long a full outbound queue may stay full (no packet leaves it) before its client is
-/// disconnected as overflowed.
-const OVERFLOW_GRACE: Duration = Duration::from_secs(1);
-
-/// Queues `out`, waiting up to `OVERFLOW_GRACE` for room; false when the queue stayed full.
-fn send_with_grace(tx: &SyncSender<Out>, mut out: Out, stop: &AtomicBool) -> bool {
-    let deadline = Instant::now() + OVERFLOW_GRACE;
-    let mut pause = Duration::from_micros(50);
-    loop {
-        match tx.try_send(out) {
-            Ok(()) | Err(TrySendError::Disconnected(_)) => return true,
-            Err(TrySendError::Full(o)) => {
-                if Instant::now() >= deadline || stop.load(Ordering::SeqCst) {
-                    return false;
-                }
-                out = o;
-                crate::sys::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(5));
-            }
-        }
-    }
-}
-
 fn overflow_msg(limit: usize) -> String {
-    format!("WARNING: {}", overflow_text(limit))
-}
-
-fn overflow_text(limit: usize) -> String {
-    format!("outbound queue full ({limit} messages) for {} s; disconnecting", OVERFLOW_GRACE.as_secs())
+    format!("WARNING: outbound queue full ({limit} messages) for {} s; disconnecting", OVERFLOW_GRACE.as_secs())
 }

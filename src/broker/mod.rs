@@ -1,7 +1,8 @@
-//! The embedded MQTT 3.1.1 broker (CORE 11): `start(cfg)` binds, spawns one acceptor thread and,
-//! per connection, a reader thread (decode, route, reply) and a writer thread fed by a bounded
-//! channel, so a slow or dead subscriber never stalls a publisher. Shared state (sessions,
-//! subscriptions, retained messages) lives under one Mutex; routing is done under it.
+//! The embedded MQTT 3.1.1 broker (CORE 11): `start(cfg)` binds and spawns one loop thread that
+//! waits on epoll for the listener and every client socket (nonblocking, one descriptor per
+//! client), with a read buffer and a bounded outbound queue per client, so a slow or dead
+//! subscriber never stalls a publisher for longer than its overflow grace. Shared state (sessions,
+//! subscriptions, retained messages) lives under one Mutex, which the handle's hooks also read.
 //!
 //! It never prints: log lines go to an in-memory ring (`BrokerHandle::log_lines`) and to the
 //! caller's `BrokerConfig::log` sink (`mam broker` sends them to stderr). It never panics on network
@@ -13,7 +14,7 @@
 //! `mam broker` turns off (`record: false`). The `test-hooks` feature is accepted but not needed.
 //!
 //! This file only declares the modules and re-exports the public API; no file imports it. The
-//! others import one way: `server` (start, handle, acceptor) -> `conn` (one connection) ->
+//! others import one way: `server` (start, handle, the loop, accept) -> `conn` (the connection table) ->
 //! `state` (shared state, lock, log ring) -> `route` (pure routing) -> `session` (pure per-client
 //! QoS state machines and queues) -> `topic`; `conn` also uses `route`, `session` and `codec`,
 //! and `server` and `state` use `config`. `codec`, `topic` and `config` are leaves.

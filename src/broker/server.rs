@@ -1,32 +1,37 @@
-//! The running broker: `start` binds and spawns the acceptor, the acceptor spawns one `conn::serve`
-//! thread per connection and keeps its slot, and `BrokerHandle` shuts everything down and joins it,
-//! besides offering the test hooks.
+//! The running broker: `start` binds and spawns the one loop thread, the loop waits on epoll for
+//! the listener, the wake-up descriptor and every client socket (through `conn::Table`), accepts
+//! within `max_connections`, and `BrokerHandle` stops it and joins it, besides offering the test
+//! hooks.
 //!
-//! It never reads or writes a client socket (only shuts them down) and decides nothing about
-//! packets or routing.
+//! It never reads or writes a client socket and decides nothing about packets or routing.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::config::BrokerConfig;
-use super::conn;
-use super::state::{lock, ConnSlot, Shared, State};
+use super::conn::Table;
+use super::state::{lock, Shared, State};
+use crate::sys::{Epoll, EpollEvents, EPOLL_IN};
 
-const READER_STACK: usize = 128 * 1024;
+const LOOP_STACK: usize = 256 * 1024;
+const LISTENER: u64 = 0;
+const WAKER: u64 = 1;
+/// Connections accepted per readiness of the listener, so a connect flood does not starve clients.
+const ACCEPT_BATCH: usize = 256;
+/// After a failed accept (out of descriptors or similar) the listener rests this long.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
-/// A running broker. Dropping it (or `shutdown`) closes the listener and every connection and
-/// joins every thread.
+/// A running broker. Dropping it (or `shutdown`) stops the loop, which closes the listener and
+/// every connection, and joins it.
 pub struct BrokerHandle {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    acceptor: Option<JoinHandle<()>>,
-    /// The listening socket (a clone of the acceptor's), shut down to end a blocked accept.
-    listener: Option<TcpListener>,
+    thread: Option<JoinHandle<()>>,
 }
 
 /// Binds `cfg.bind` and starts serving; the socket is listening when this returns.
@@ -39,25 +44,25 @@ pub fn start(cfg: BrokerConfig) -> io::Result<BrokerHandle> {
     }
     let listener = TcpListener::bind(cfg.bind)
         .map_err(|e| io::Error::new(e.kind(), format!("cannot bind broker to {}: {e}", cfg.bind)))?;
+    listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let shared = Arc::new(Shared {
         cfg,
         state: Mutex::new(State::default()),
-        conns: Mutex::new(HashMap::new()),
-        next_conn: AtomicU64::new(1),
         active: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
+        drop_all: AtomicBool::new(false),
         stalled: Mutex::new(Vec::new()),
-        stall_cv: Condvar::new(),
+        waker: crate::sys::Waker::new()?,
         log_ring: Mutex::new(VecDeque::new()),
     });
-    let sh = shared.clone();
-    let listener_copy = listener.try_clone()?;
-    let acceptor = thread::Builder::new()
-        .name("broker-accept".into())
-        .stack_size(READER_STACK)
-        .spawn(move || accept_loop(sh, listener))?;
-    Ok(BrokerHandle { shared, addr, acceptor: Some(acceptor), listener: Some(listener_copy) })
+    let epoll = Epoll::new()?;
+    epoll.add(&listener, LISTENER, EPOLL_IN)?;
+    epoll.add(&shared.waker, WAKER, EPOLL_IN)?;
+    let table = Table::new(shared.clone(), epoll, WAKER + 1);
+    let thread =
+        thread::Builder::new().name("broker-loop".into()).stack_size(LOOP_STACK).spawn(move || run(table, listener))?;
+    Ok(BrokerHandle { shared, addr, thread: Some(thread) })
 }
 
 impl BrokerHandle {
@@ -66,51 +71,16 @@ impl BrokerHandle {
         self.addr
     }
 
-    /// Closes the listener and every connection and joins every thread.
+    /// Closes the listener and every connection and joins the loop.
     pub fn shutdown(mut self) {
         self.stop();
     }
 
     fn stop(&mut self) {
-        let wake = match self.addr.ip() {
-            IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), self.addr.port()),
-            IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), self.addr.port()),
-            _ => self.addr,
-        };
-        self.stop_with_wake(wake);
-    }
-
-    /// `stop` with the address of the wake-up connect (a test passes one that fails).
-    fn stop_with_wake(&mut self, wake: SocketAddr) {
-        let Some(acceptor) = self.acceptor.take() else {
-            return;
-        };
+        let Some(t) = self.thread.take() else { return };
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.stall_cv.notify_all();
-        // End the blocking accept: shutting the listening socket down makes accept fail at once;
-        // a connection of our own wakes it too where that is not enough. The acceptor is always
-        // joined, so no connection slot can be added after the drain below.
-        if let Some(l) = self.listener.take() {
-            crate::sys::shutdown_listener(&l);
-        }
-        let _ = crate::sys::connect(&wake, Duration::from_secs(2));
-        let _ = acceptor.join();
-        loop {
-            let slots: Vec<ConnSlot> = lock(&self.shared.conns).drain().map(|(_, s)| s).collect();
-            if slots.is_empty() {
-                break;
-            }
-            for s in &slots {
-                if let Some(st) = &s.stream {
-                    let _ = st.shutdown(Shutdown::Both);
-                }
-            }
-            for mut s in slots {
-                if let Some(t) = s.thread.take() {
-                    let _ = t.join();
-                }
-            }
-        }
+        self.shared.waker.wake();
+        let _ = t.join();
     }
 
     // ---- test hooks (CORE 11.1), always compiled; see the module comment ----
@@ -123,16 +93,13 @@ impl BrokerHandle {
     /// Ends a `stall_connack(prefix)`; stalled clients get their CONNACK.
     pub fn release_connack(&self, prefix: &str) {
         lock(&self.shared.stalled).retain(|p| p != prefix);
-        self.shared.stall_cv.notify_all();
+        self.shared.waker.wake();
     }
 
     /// Closes every client connection (the listener stays up).
     pub fn drop_connections(&self) {
-        for s in lock(&self.shared.conns).values() {
-            if let Some(st) = &s.stream {
-                let _ = st.shutdown(Shutdown::Both);
-            }
-        }
+        self.shared.drop_all.store(true, Ordering::SeqCst);
+        self.shared.waker.wake();
     }
 
     /// The retained payload of `topic`, if any.
@@ -194,88 +161,116 @@ impl Drop for BrokerHandle {
     }
 }
 
-fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    let mut last_error: Option<io::ErrorKind> = None;
-    // Connections closed at the cap since the last one let in: the first is logged, the rest
-    // are counted into one line when a connection is let in again (a flood logs two lines).
-    let mut refused = 0usize;
+/// What the accept side remembers between readiness events.
+#[derive(Default)]
+struct Acceptor {
+    last_error: Option<io::ErrorKind>,
+    /// Connections closed at the cap since the last one let in: the first is logged, the rest
+    /// are counted into one line when a connection is let in again (a flood logs two lines).
+    refused: usize,
+    /// The listener is out of epoll until then after a failed accept.
+    resting_until: Option<Instant>,
+}
+
+/// The loop thread: waits, accepts, hands client readiness to the table, runs its timers; on stop
+/// closes everything (the listener with this function's end).
+fn run(mut table: Table, listener: TcpListener) {
+    let shared = table.shared().clone();
+    let mut events = EpollEvents::with_capacity(1024);
+    let mut acc = Acceptor::default();
+    let mut busy = false;
     loop {
-        let accepted = listener.accept();
+        let now = Instant::now();
+        let timeout = if busy {
+            Some(Duration::ZERO)
+        } else {
+            let rest = acc.resting_until.map(|t| t.saturating_duration_since(now));
+            match (table.next_timeout(now), rest) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        };
+        if let Err(e) = table.epoll().wait(&mut events, timeout) {
+            shared.log(format!("WARNING: broker: epoll_wait failed: {e}"));
+            crate::sys::sleep(ACCEPT_BACKOFF);
+            continue;
+        }
         if shared.stop.load(Ordering::SeqCst) {
             break;
         }
-        let (stream, peer) = match accepted {
+        let mut woke = false;
+        for (token, ev) in events.iter() {
+            match token {
+                LISTENER => accept_ready(&shared, &mut table, &listener, &mut acc),
+                WAKER => woke = true,
+                id => table.event(id, ev),
+            }
+        }
+        if woke {
+            shared.waker.drain();
+            if shared.drop_all.swap(false, Ordering::SeqCst) {
+                table.drop_all();
+            }
+            table.release_stalls();
+        }
+        if acc.resting_until.is_some_and(|t| t <= Instant::now()) {
+            acc.resting_until = None;
+            let _ = table.epoll().add(&listener, LISTENER, EPOLL_IN);
+        }
+        busy = table.tick();
+    }
+    table.shutdown();
+}
+
+fn accept_ready(shared: &Shared, table: &mut Table, listener: &TcpListener, acc: &mut Acceptor) {
+    let max = shared.cfg.max_connections;
+    for _ in 0..ACCEPT_BATCH {
+        let (stream, peer) = match listener.accept() {
             Ok(x) => x,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                if last_error != Some(e.kind()) {
+                if acc.last_error != Some(e.kind()) {
                     shared.log(format!("WARNING: broker: accept failed: {e}"));
-                    last_error = Some(e.kind());
+                    acc.last_error = Some(e.kind());
                 }
-                // Out of descriptors or a similar transient: back off instead of spinning.
-                crate::sys::sleep(Duration::from_millis(50));
-                continue;
+                // Out of descriptors or a similar transient: rest instead of spinning.
+                let _ = table.epoll().delete(listener);
+                acc.resting_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                return;
             }
         };
-        last_error = None;
-        let max = shared.cfg.max_connections;
+        acc.last_error = None;
         if shared.active.load(Ordering::SeqCst) >= max {
-            // Closed before a byte is read: no thread, no buffer, one descriptor for an instant.
+            // Closed before a byte is read: no buffer, one descriptor for an instant.
             drop(stream);
-            refused += 1;
-            if refused == 1 {
+            acc.refused += 1;
+            if acc.refused == 1 {
                 shared.log(format!(
                     "WARNING: broker: connection from {peer} refused: max-connections {max} reached; closing"
                 ));
             }
             continue;
         }
-        if refused > 1 {
+        if acc.refused > 1 {
             shared.log(format!(
                 "WARNING: broker: {} more connections were refused at max-connections {max}",
-                refused - 1
+                acc.refused - 1
             ));
         }
-        refused = 0;
+        acc.refused = 0;
         shared.active.fetch_add(1, Ordering::SeqCst);
-        let _ = stream.set_nodelay(true);
-        let id = shared.next_conn.fetch_add(1, Ordering::SeqCst);
-        let Ok(registry_copy) = stream.try_clone() else {
+        if let Err(e) = table.add(stream, peer) {
             shared.active.fetch_sub(1, Ordering::SeqCst);
-            continue;
-        };
-        let sh = shared.clone();
-        let spawned = thread::Builder::new()
-            .name("broker-conn".into())
-            .stack_size(READER_STACK)
-            .spawn(move || conn::serve(sh, id, stream, peer));
-        let mut conns = lock(&shared.conns);
-        conns.retain(|_, s| !s.thread.as_ref().is_some_and(|t| t.is_finished()) || take_join(s));
-        match spawned {
-            Ok(t) => {
-                conns.insert(id, ConnSlot { stream: Some(registry_copy), thread: Some(t) });
-            }
-            Err(e) => {
-                drop(conns);
-                shared.active.fetch_sub(1, Ordering::SeqCst);
-                shared.log(format!("WARNING: broker: connection from {peer}: cannot start a thread: {e}"));
-            }
+            shared.log(format!("WARNING: broker: connection from {peer}: cannot register it: {e}"));
         }
     }
-}
-
-/// Joins a finished connection thread; returns false so `retain` drops its slot.
-fn take_join(s: &mut ConnSlot) -> bool {
-    if let Some(t) = s.thread.take() {
-        let _ = t.join();
-    }
-    false
 }
 
 #[cfg(test)]
 mod tests {
     use std::io::Read;
     use std::net::TcpStream;
-    use std::time::Instant;
 
     use super::*;
 
@@ -287,23 +282,29 @@ mod tests {
             && !matches!(s.read(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
+    fn wait_active(h: &BrokerHandle, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while h.active_connections() < n {
+            assert!(Instant::now() < deadline, "connections were not accepted");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     #[test]
-    fn broker_shutdown_joins_the_acceptor_even_when_the_wake_connect_fails() {
-        let mut h = start(BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() }).unwrap();
+    fn broker_shutdown_closes_every_connection_and_the_listener() {
+        let h = start(BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() }).unwrap();
         let addr = h.addr();
+        let shared = h.shared.clone();
         let mut before: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
-        wait_slots(&h, 3);
-        // A wake-up connect that fails: a port nobody listens on.
-        let dead = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        h.stop_with_wake(dead);
-        // The listener went with its joined acceptor: a later connect is refused.
+        wait_active(&h, 3);
+        h.shutdown();
         if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
-            panic!("connect after shutdown succeeded (acceptor not joined); closed: {}", closed_by_server(&mut s));
+            panic!("connect after shutdown succeeded (loop not joined); closed: {}", closed_by_server(&mut s));
         }
         for s in &mut before {
             assert!(closed_by_server(s), "every connection of the broker is closed after shutdown");
         }
-        assert!(lock(&h.shared.conns).is_empty(), "no connection slot is left");
+        assert_eq!(shared.active.load(Ordering::SeqCst), 0, "no connection is left");
     }
 
     #[test]
@@ -323,20 +324,12 @@ mod tests {
             }
             v
         });
-        wait_slots(&h, 1);
+        wait_active(&h, 1);
         drop(h);
         done.store(true, Ordering::SeqCst);
         for s in &mut dialer.join().unwrap() {
             assert!(closed_by_server(s), "every connection of the broker is closed after shutdown");
         }
-        assert!(lock(&shared.conns).is_empty(), "no connection slot is left");
-    }
-
-    fn wait_slots(h: &BrokerHandle, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while lock(&h.shared.conns).len() < n {
-            assert!(Instant::now() < deadline, "connections were not accepted");
-            thread::sleep(Duration::from_millis(5));
-        }
+        assert_eq!(shared.active.load(Ordering::SeqCst), 0, "no connection is left");
     }
 }

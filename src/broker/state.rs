@@ -1,17 +1,12 @@
 //! The broker's shared state: the clients (live link, `Session`; persistent ones also while away), the
-//! retained store, the connection slots the acceptor joins, the CONNACK stall hooks and the log
-//! ring, with the one lock helper every thread uses.
+//! retained store, the CONNACK stall hooks, the loop's wake-up descriptor and the log ring, with the
+//! one lock helper. The loop thread changes it; `BrokerHandle`'s hooks read it from other threads.
 //!
-//! It decides nothing about routing (`route` does) and never reads or writes a socket: it only
-//! holds handles that `conn` and `server` use.
+//! It decides nothing about routing (`route` does) and never reads or writes a socket.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::SyncSender;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::config::BrokerConfig;
 use super::route::{Publish, RetainedStore};
@@ -23,20 +18,25 @@ const RECORD_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// Log lines kept in memory for `log_lines()`.
 const LOG_RING: usize = 2000;
 
-/// One item of a client's outbound queue: encoded packets (a QoS 0 publish is encoded once and
-/// shared by every subscriber) or the end of the queue.
+/// One item of a client's outbound queue: an encoded packet (a QoS 0 publish is encoded once and
+/// shared by every subscriber).
 pub(super) enum Out {
     Owned(Vec<u8>),
     Shared(Arc<[u8]>),
-    Close,
 }
 
-/// A client's live connection: which connection it is, its outbound queue and a handle on its
-/// socket (to close it from another thread).
+impl Out {
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self {
+            Out::Owned(v) => v,
+            Out::Shared(v) => v,
+        }
+    }
+}
+
+/// A client's live connection: which connection of the loop's table it is.
 pub(super) struct Link {
     pub(super) conn: u64,
-    pub(super) tx: SyncSender<Out>,
-    pub(super) stream: TcpStream,
 }
 
 /// A client the broker knows: connected (`link`), or away with a persistent session
@@ -89,24 +89,18 @@ impl State {
     }
 }
 
-/// One accepted connection as the acceptor tracks it: a socket handle to shut it down with (None
-/// once the connection has ended) and its thread to join.
-pub(super) struct ConnSlot {
-    pub(super) stream: Option<TcpStream>,
-    pub(super) thread: Option<JoinHandle<()>>,
-}
-
-/// What the acceptor, every connection and the handle share.
+/// What the loop thread and the handle share.
 pub(super) struct Shared {
     pub(super) cfg: BrokerConfig,
     pub(super) state: Mutex<State>,
-    pub(super) conns: Mutex<HashMap<u64, ConnSlot>>,
-    pub(super) next_conn: AtomicU64,
     /// Connections accepted and not yet ended (the `max_connections` count).
     pub(super) active: AtomicUsize,
     pub(super) stop: AtomicBool,
+    /// `drop_connections` asked the loop to close every client connection.
+    pub(super) drop_all: AtomicBool,
     pub(super) stalled: Mutex<Vec<String>>,
-    pub(super) stall_cv: Condvar,
+    /// Wakes the loop for `stop`, `drop_all` and a released stall.
+    pub(super) waker: crate::sys::Waker,
     pub(super) log_ring: Mutex<VecDeque<String>>,
 }
 
@@ -133,13 +127,5 @@ impl Shared {
 
     pub(super) fn stall_active(&self, client_id: &str) -> bool {
         lock(&self.stalled).iter().any(|p| client_id.starts_with(p.as_str()))
-    }
-
-    /// Blocks while a `stall_connack` prefix matches `client_id` (or until shutdown).
-    pub(super) fn wait_stall(&self, client_id: &str) {
-        let mut st = lock(&self.stalled);
-        while !self.stop.load(Ordering::SeqCst) && st.iter().any(|p| client_id.starts_with(p.as_str())) {
-            st = self.stall_cv.wait_timeout(st, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner()).0;
-        }
     }
 }

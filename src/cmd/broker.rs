@@ -59,7 +59,7 @@ Options:
                                 trailing newline; no credential file is written
   --max-packet BYTES            largest accepted packet (default 1048576)
   --max-connections N           open connections; more are closed at once (default 1000,
-                                lowered to fit the open-file limit, 4 descriptors each)
+                                lowered to fit the open-file limit, one descriptor each)
   --max-subscriptions N         subscriptions per client; more get 0x80 (default 100)
   --max-retained-bytes BYTES    retained topics and payloads in all (default 67108864)
   --max-retained-message BYTES  largest retained payload kept (default 1048576); a retained
@@ -186,7 +186,7 @@ fn workspace_creds(ctx: &Ctx, path: &std::path::Path) -> Result<Creds, Failure> 
 }
 
 /// Raises the soft open-file limit to the hard one, then lowers `max` so that `max` connections
-/// fit it (4 descriptors each, 64 kept for everything else), with a NOTE when it had to be lowered.
+/// fit it (one descriptor each, 64 kept for everything else), with a NOTE when it had to be lowered.
 fn fit_descriptor_limit(ctx: &Ctx, max: usize) -> usize {
     let limit = sys::raise_nofile_limit().unwrap_or_else(|e| {
         ctx.diag(&format!("NOTE: broker: cannot raise the open-file limit: {e}"));

@@ -1,4 +1,5 @@
-//! Publishing: QoS 2 routed, the received/retained hooks, a slow subscriber (K3, CORE 11.2).
+//! Publishing: QoS 2 routed, the received/retained hooks, a slow subscriber, one that never
+//! acknowledges (K3, CORE 11.2).
 
 use super::*;
 
@@ -59,4 +60,34 @@ fn slow_subscriber_overflows_and_does_not_stall_others() {
     assert!(has_log(&b, "client dead"));
     wait_until("the dead subscriber to be gone", WAIT, || !b.clients().contains(&"dead".to_string()));
     drop(dead);
+}
+
+/// The acknowledgement window (issue 17, readiness loop): a publisher routing to a live QoS 1
+/// subscriber with 100 messages unacknowledged waits for its PUBACKs, but for at most 1 s; a
+/// subscriber that reads and never acknowledges is then waived, so the publisher neither stalls
+/// per message nor for good, and every message still reaches the subscriber.
+#[test]
+fn a_subscriber_that_never_acknowledges_holds_a_publisher_back_once_at_most() {
+    let b = start();
+    let mut sub = Raw::connect(b.addr(), "noack");
+    sub.subscribe(&[("noack/#", 1)]);
+    let reader = std::thread::spawn(move || {
+        let mut n = 0;
+        while n < 300 {
+            match sub.next(WAIT) {
+                Next::Packet(Got::Publish { qos: 1, .. }) => n += 1,
+                other => panic!("subscriber: {other:?} after {n}"),
+            }
+        }
+        (n, sub)
+    });
+    let mut p = Raw::connect(b.addr(), "noack-pub");
+    let t0 = Instant::now();
+    for i in 0..300 {
+        p.publish(&format!("noack/{i}"), b"m", 1, false);
+    }
+    assert!(t0.elapsed() < Duration::from_secs(8), "publisher held back per message: {:?}", t0.elapsed());
+    let (n, _sub) = reader.join().unwrap();
+    assert_eq!(n, 300);
+    assert!(b.clients().contains(&"noack".to_string()), "a reading subscriber is not dropped");
 }
