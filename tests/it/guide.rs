@@ -1,7 +1,10 @@
 //! docs/GUIDE.md runs (issue 18): its `sh guide` blocks, in order, as one bash script in a temp world
-//! where a fake agent named `claude` stands in for the real one, on a private tmux server and the
-//! embedded broker on a free port. `sh guide-interactive` lines run the way a script can:
-//! `mam attach NAME` with `--print`, `mam jobs --follow` for two seconds and then SIGINT.
+//! where fake agents named `claude` (a creator: edits a file, reports) and `codex` (a reviewer: echoes
+//! the round's identity, passes) stand in for the real ones, on a private tmux server and the embedded
+//! broker on a free port: a delegation, a review loop, a worktree prepared, reviewed, listed and
+//! removed, and the stop. `sh guide-interactive` lines run the way a script can: `mam attach NAME`
+//! with `--print`, `mam jobs --follow` for two seconds and then SIGINT. The script runs under
+//! `set -euo pipefail`, so a block edited to a wrong command fails the test.
 
 use std::fs;
 use std::path::Path;
@@ -49,12 +52,74 @@ fn script(md: &str, port: u16) -> String {
     s
 }
 
+/// The fake agents of the guide's world, by kind: what each one's script does. `claude` works a
+/// second, appends a line to `notes.txt` in its working directory (the control root, or its
+/// worktree) and reports; `codex` reviews: it echoes the round's identity and passes.
+const FAKES: &[(&str, &str)] = &[
+    ("claude", "work_s=1\nedit=notes.txt\nreport_text=Hello.\\nHello again.\n"),
+    ("codex", "work_s=1\nidentity=echo\nverdict=PASS\nreport_text=No findings: greet.sh does what the task says.\n"),
+];
+
+/// The agent kinds the runnable blocks start (`mam create KIND`, `mam worktree prepare ... --creator
+/// KIND`), in order.
+fn kinds_used(script: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in script.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for w in words.windows(3) {
+            let starts = (w[0].ends_with("mam") && w[1] == "create")
+                || (w[1] == "--creator" && line.contains("mam worktree prepare "));
+            if starts {
+                out.push(w[2].trim_end_matches(')').to_string());
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn guide_blocks_are_extracted() {
     let md = "a\n```sh guide\nmam paths\n```\n```sh\nnot run\n```\n```sh guide-interactive\nmam attach w # x\n```\n";
     let b = blocks(md);
     assert_eq!(b.len(), 2);
     assert_eq!(script(md, 5), "mam paths\nmam attach w --print\n");
+    let used = kinds_used("mam create claude --name a\nout=$(mam worktree prepare b --creator codex --name c)\n");
+    assert_eq!(used, ["claude", "codex"]);
+}
+
+/// The guide's runnable blocks start real agent kinds only, each one the test has a fake for, and
+/// they cover the whole path: a delegation, a review loop, and a worktree prepared, listed and
+/// removed (dropping a part from the guide fails here, not silently).
+#[test]
+fn the_guide_covers_the_path_with_real_agent_kinds() {
+    let md = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/GUIDE.md")).unwrap();
+    let text = script(&md, 1883);
+    let used = kinds_used(&text);
+    assert!(used.len() >= 3, "{used:?}");
+    for k in &used {
+        assert!(mam::agents::kinds().contains(&k.as_str()), "the guide starts '{k}', which is no agent kind");
+        assert!(FAKES.iter().any(|(f, _)| f == k), "the guide starts '{k}' and the test has no fake for it");
+    }
+    // Section 2 names every kind there is.
+    let kinds_line = md.split("`mam create <kind>` starts a real agent CLI (").nth(1).and_then(|t| t.split(')').next());
+    let kinds_line = kinds_line.expect("section 2's list of kinds").replace('\n', " ");
+    for k in mam::agents::kinds() {
+        assert!(kinds_line.contains(&format!("`{k}`")), "section 2's list of kinds lacks `{k}`: {kinds_line}");
+    }
+    for cmd in [
+        "mam broker ",
+        "mam create ",
+        "mam delegate-job ",
+        "mam jobs",
+        "mam stop ",
+        "mam loop --creator ",
+        "mam worktree prepare ",
+        "mam worktree list",
+        "mam worktree remove ",
+        "--review-only",
+    ] {
+        assert!(text.contains(cmd), "the guide's runnable blocks lost `{cmd}`");
+    }
 }
 
 #[test]
@@ -67,26 +132,38 @@ fn the_guide_runs_with_the_fake_agent() {
     let home = td.path("home");
     let project = home.join("src/myproject");
     fs::create_dir_all(&project).unwrap();
-    let git = std::process::Command::new("git").args(["init", "-q"]).current_dir(&project).status().unwrap();
-    assert!(git.success());
-    // The fake agent as `claude`: it reads its brief, works a second and reports.
-    let agent_script = td.write("agent.script", "work_s=1\nreport_text=Hello.\\nHello again.\n");
+    let tmp = td.path("tmp");
+    fs::create_dir_all(&tmp).unwrap();
+    // "Your repository": one commit.
+    fs::write(project.join("README.md"), "my project\n").unwrap();
+    for args in [&["init", "-q", "-b", "main"][..], &["add", "-A"], &["commit", "-q", "-m", "first"]] {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&project)
+            .envs(GIT_ENV.iter().copied())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // The fake agents: each kind's executable runs the fake agent as that kind with its script.
     let bin = td.path("bin");
     fs::create_dir_all(&bin).unwrap();
     let mam = mam_bin();
-    td.write(
-        "bin/claude",
-        format!(
-            "#!/usr/bin/env bash\nexport MAM_FAKE_AGENT_SCRIPT='{}'\nexec -a claude '{}' test-double agent \"$@\"\n",
-            agent_script.display(),
-            mam.display()
-        ),
-    );
-    fs::write(bin.join("mam"), format!("#!/bin/sh\nexec '{}' \"$@\"\n", mam.display())).unwrap();
     use std::os::unix::fs::PermissionsExt;
-    for f in ["claude", "mam"] {
-        fs::set_permissions(bin.join(f), fs::Permissions::from_mode(0o755)).unwrap();
+    for (kind, text) in FAKES {
+        let sp = td.write(&format!("{kind}.script"), text);
+        let exe = td.write(
+            &format!("bin/{kind}"),
+            format!(
+                "#!/usr/bin/env bash\nexport MAM_FAKE_AGENT_SCRIPT='{}'\nexec -a {kind} '{}' test-double agent \"$@\"\n",
+                sp.display(),
+                mam.display()
+            ),
+        );
+        fs::set_permissions(exe, fs::Permissions::from_mode(0o755)).unwrap();
     }
+    fs::write(bin.join("mam"), format!("#!/bin/sh\nexec '{}' \"$@\"\n", mam.display())).unwrap();
+    fs::set_permissions(bin.join("mam"), fs::Permissions::from_mode(0o755)).unwrap();
     let sock = format!("guide-{}", rand_hex(4));
     let port = free_port();
     // Whatever happens, nothing outlives the script: the broker, the daemon, the tmux server.
@@ -99,19 +176,23 @@ fn the_guide_runs_with_the_fake_agent() {
     let text = format!("{prologue}{body}");
     td.write("guide.sh", &text);
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let r = td
+    let mut c = td
         .command("bash")
         .args([td.path("guide.sh")])
         .env("PATH", path)
         .env("HOME", &home)
+        .env("TMPDIR", &tmp)
         .env_remove("MAM_ENV_FILE")
         .env_remove("MAM_NO_SUBSCRIBER_DAEMON")
         .env("MAM_PANE_BACKEND", "tmux")
         .env("MAM_TMUX_SOCKET", &sock)
         .env("MAM_TMUX_STABLE_MS", "300")
         .env("MAM_SKS_QUIESCE_GAP_MS", "300")
-        .env("SKS_DELIVERY_GRACE_S", "1")
-        .run_within(Duration::from_secs(120));
+        .env("SKS_DELIVERY_GRACE_S", "1");
+    for (k, v) in GIT_ENV {
+        c = c.env(k, v);
+    }
+    let r = c.run_within(Duration::from_secs(150));
     let out = r.stdout();
     assert_eq!(r.rc(), 0, "guide script failed\n--- script\n{text}--- stdout\n{out}--- stderr\n{}", r.stderr());
     assert!(out.contains("STATUS=completed"), "{out}");
@@ -120,9 +201,32 @@ fn the_guide_runs_with_the_fake_agent() {
     assert!(out.contains("NAME\tAGENT\t"), "mam status: {out}");
     // The job's subscriber reached the broker with the workspace's credentials (no re-probing).
     assert!(!r.stderr().contains("subscriber exited"), "{}", r.stderr());
-    // Nothing is left: no tmux server, no daemon.
+    // Both loops promoted; the reviewer's reports carry identity sidecars.
+    assert_eq!(out.matches(" OUTCOME=promoted RC=0 ").count(), 2, "{out}");
+    let reports: Vec<String> = fs::read_dir(project.join(".agents/reports/rev-a"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(reports.iter().filter(|n| n.ends_with(".identity.json")).count(), 2, "{reports:?}");
+    // The worktree: prepared beside the control root, listed, removed; its change kept on `greet`.
+    let wt = home.join("src/myproject-greet");
+    assert!(out.contains(&format!("WORKTREE={}", wt.display())), "{out}");
+    assert!(out.contains(&format!("BRANCH=greet HEAD=")) && out.contains("SESSIONS=greeter"), "{out}");
+    assert!(out.contains("SESSION=greeter STATUS=stopped") && out.contains("RESULT=removed METHOD=plain"), "{out}");
+    assert!(!wt.exists(), "the worktree is removed");
+    let show = std::process::Command::new("git")
+        .args(["show", "greet:notes.txt"])
+        .current_dir(&project)
+        .envs(GIT_ENV.iter().copied())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&show.stdout).contains("edited by the fake agent"), "{show:?}");
+    // Nothing is left: no tmux server, no daemon, no review tree.
     let alive = std::process::Command::new("tmux").args(["-L", &sock, "list-sessions"]).output().unwrap();
     assert!(!alive.status.success(), "the tmux server is still there");
+    let trees: Vec<_> = fs::read_dir(&tmp).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(!trees.iter().any(|n| n.to_string_lossy().starts_with("mam-review-")), "{trees:?}");
     assert!(
         !project.join(".mam/monitor.lock").exists() || {
             let r = td
@@ -136,3 +240,13 @@ fn the_guide_runs_with_the_fake_agent() {
         }
     );
 }
+
+/// The git identity and isolation of the guide's world (a user has their own).
+const GIT_ENV: &[(&str, &str)] = &[
+    ("GIT_AUTHOR_NAME", "guide"),
+    ("GIT_AUTHOR_EMAIL", "guide@localhost"),
+    ("GIT_COMMITTER_NAME", "guide"),
+    ("GIT_COMMITTER_EMAIL", "guide@localhost"),
+    ("GIT_CONFIG_NOSYSTEM", "1"),
+    ("GIT_CONFIG_GLOBAL", "/dev/null"),
+];
