@@ -17,9 +17,10 @@
 #   --keep        keep the temp directory and the agents' panes (their server stays up); prints how to
 #                 attach to them and how to clean up afterwards
 # Env: MAM_BIN (use this mam binary; else a release build in the target directory that is newer than the
-# sources, else an installed `mam` of this version on PATH, else the script builds a release binary with
-# cargo), HERDR_BIN (the herdr to use with --backend herdr; else herdr on PATH, else
-# ../shared/herdr/herdr beside the repository), TMPDIR.
+# sources, else an installed `mam` of this version on PATH that is newer than the sources, else the script
+# builds a release binary with cargo; a binary older than the sources is passed over), HERDR_BIN (the herdr
+# to use with --backend herdr; else herdr on PATH, else ../shared/herdr/herdr beside the repository),
+# TMPDIR.
 set -u -o pipefail
 
 N=1 K=3 T=5
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     --backend) BACKEND=${2:?--backend needs tmux or herdr}; shift 2 ;;
     --agent) AGENT=${2:?--agent needs a kind}; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ERROR: demo: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -59,26 +60,10 @@ if [ "$BACKEND" = herdr ]; then
         { echo "ERROR: demo: --backend herdr needs herdr (set HERDR_BIN or put herdr on PATH)" >&2; exit 1; }
     herdr=$(cd "$(dirname "$herdr")" && pwd)/$(basename "$herdr")
 fi
-# The binary: MAM_BIN; else a release build newer than every source; else an installed mam of this
-# version; else build one (release, once: later runs reuse it).
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/Cargo.toml" | head -n 1)
-release=${CARGO_TARGET_DIR:-$here/target}/release/mam
-fresh() { [ -x "$1" ] && [ -z "$(find "$here/src" "$here/Cargo.toml" "$here/Cargo.lock" -newer "$1" -print -quit 2>/dev/null)" ]; }
-if [ -n "${MAM_BIN:-}" ]; then
-    mam=$MAM_BIN
-elif fresh "$release"; then
-    mam=$release
-    echo "using the release build $mam"
-elif installed=$(command -v mam) && "$installed" --version 2>/dev/null | grep -q "^mam $version\b"; then
-    mam=$installed
-    echo "using the installed $mam ($("$mam" --version))"
-else
-    echo "building mam (cargo build --release, once; later runs reuse it)..."
-    (cd "$here" && cargo build --release --quiet) || { echo "ERROR: demo: cargo build failed" >&2; exit 1; }
-    mam=$release
-fi
-[ -x "$mam" ] || { echo "ERROR: demo: no mam binary at $mam" >&2; exit 1; }
-mam=$(cd "$(dirname "$mam")" && pwd)/$(basename "$mam")
+# The binary (scripts/demo_bin.sh): MAM_BIN; else a release build newer than every source; else an
+# installed mam of this version newer than every source; else build one (release, once).
+. "$here/scripts/demo_bin.sh"
+pick_mam demo
 
 # --- a private world --------------------------------------------------------------------------------
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mam-demo.XXXXXX")

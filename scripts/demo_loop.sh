@@ -14,7 +14,8 @@
 #   --reviewer-agent KIND  run the first reviewer as a real installed agent of KIND
 #                          (a real agent needs its model: offline it fails its job, and the loop says so)
 #   --keep                 keep the temp directory (its path is printed)
-# Env: MAM_BIN (use this mam binary; else the script builds one with cargo), TMPDIR.
+# Env: MAM_BIN (use this mam binary; else, as scripts/demo.sh, a release build or an installed `mam` of this
+# version newer than the sources, else the script builds a release binary with cargo), TMPDIR.
 set -u -o pipefail
 
 N=1 K=5 T=20
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
     --creator-agent) CREATOR_AGENT=${2:?--creator-agent needs a kind}; shift 2 ;;
     --reviewer-agent) REVIEWER_AGENT=${2:?--reviewer-agent needs a kind}; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ERROR: demo_loop: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -45,15 +46,9 @@ if ! command -v tmux >/dev/null; then
         echo "ERROR: demo_loop: tmux is required (install it, or run as root with apt-get)" >&2; exit 1
     fi
 fi
-if [ -n "${MAM_BIN:-}" ]; then
-    mam=$MAM_BIN
-else
-    echo "building mam (cargo build)..."
-    (cd "$here" && cargo build --quiet) || { echo "ERROR: demo_loop: cargo build failed" >&2; exit 1; }
-    mam=$here/target/debug/mam
-fi
-[ -x "$mam" ] || { echo "ERROR: demo_loop: no mam binary at $mam" >&2; exit 1; }
-mam=$(cd "$(dirname "$mam")" && pwd)/$(basename "$mam")
+# The binary, as scripts/demo.sh picks it (scripts/demo_bin.sh).
+. "$here/scripts/demo_bin.sh"
+pick_mam demo_loop
 
 # --- a private world --------------------------------------------------------------------------------
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mam-loop-demo.XXXXXX")

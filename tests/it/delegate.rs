@@ -941,15 +941,14 @@ fn demo_script_passes() {
         return;
     }
     let td = TestDir::new("demo");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/demo.sh");
-    let r = td
-        .command("bash")
-        .args([script.as_os_str()])
-        .env("MAM_BIN", mam_bin())
-        .env("TMPDIR", td.path(""))
-        .run_within(Duration::from_secs(60));
+    // Issue 18: a release build newer than the sources is run as it is; cargo is never asked.
+    let bins = DemoBins::new(&td);
+    let release = bins.release(true);
+    let r = bins.demo(&td, "demo.sh", &[]).run_within(Duration::from_secs(60));
     r.expect_rc(0);
     let out = r.stdout();
+    assert!(out.contains(&format!("using the release build {} (newer than the sources)", release.display())), "{out}");
+    assert_eq!(bins.cargo_calls(), "", "the demo built again");
     assert!(out.contains("PASS: every verdict as expected"), "{out}");
     for verdict in ["completed", "deadline_timeout (unresponsive)", "agent_blocked"] {
         assert!(out.contains(verdict), "{verdict}: {out}");
@@ -965,6 +964,48 @@ fn demo_script_passes() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("mam-demo."))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// Issue 18: a release build or an installed mam older than the sources is passed over, saying
+/// which source is newer, and the demo builds (here the recording cargo fails, and the demo says
+/// so); an installed mam newer than the sources is used when there is no fresh release build, one
+/// of another version is not. `--agent` of a kind that is not installed ends each run right after
+/// the binary is chosen.
+#[test]
+fn demo_script_reuses_a_fresh_binary_and_builds_over_a_stale_one() {
+    let td = TestDir::new("demo_bin");
+    let bins = DemoBins::new(&td);
+    let stop_early = ["--agent", "mam-test-no-such-agent"];
+    // Both older than the sources: cargo build --release, in the checkout.
+    let release = bins.release(false);
+    let installed = bins.installed(false);
+    let r = bins.demo(&td, "demo.sh", &stop_early).run_within(Duration::from_secs(30));
+    r.expect_rc(1);
+    let out = r.stdout();
+    assert!(out.contains(&format!("not using the release build {}: ", release.display())), "{out}");
+    assert!(out.contains(&format!("not using the installed {}: ", installed.display())), "{out}");
+    assert!(out.contains(" is newer") && out.contains("building mam (cargo build --release"), "{out}");
+    assert!(r.stderr().ends_with("\nERROR: demo: cargo build failed\n"), "{}", r.stderr());
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).canonicalize().unwrap();
+    assert_eq!(bins.cargo_calls(), format!("{}: build --release --quiet\n", here.display()));
+    // A fresh installed mam of this version: used, no build.
+    let installed = bins.installed(true);
+    let r = bins.demo(&td, "demo.sh", &stop_early).run_within(Duration::from_secs(30));
+    let out = r.stdout();
+    assert!(out.contains(&format!("using the installed {} (mam ", installed.display())), "{out}");
+    r.expect_rc(1);
+    assert!(out.contains("FAIL: --agent mam-test-no-such-agent: not installed"), "{out}");
+    assert_eq!(bins.cargo_calls().lines().count(), 1, "no second build");
+    // An installed mam of another version is no stand-in for this checkout.
+    fs::remove_file(&installed).unwrap();
+    td.write("demo-bin/mam", "#!/bin/sh\necho 'mam 0.0.1-other'\n");
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&installed, fs::Permissions::from_mode(0o755)).unwrap();
+    let r = bins.demo(&td, "demo.sh", &stop_early).run_within(Duration::from_secs(30));
+    r.expect_rc(1);
+    let out = r.stdout();
+    assert!(out.contains(&format!("not using the installed {}: it is not mam ", installed.display())), "{out}");
+    assert_eq!(bins.cargo_calls().lines().count(), 2, "{}", bins.cargo_calls());
 }
 
 /// Issue 18: `scripts/demo.sh --keep` keeps the agents' panes (their tmux server stays up) and prints

@@ -1238,3 +1238,84 @@ impl Drop for HerdrHome {
         }
     }
 }
+
+/// The binaries a demo script may pick (scripts/demo_bin.sh), in a test's directory: a release
+/// build under `<td>/target` (the `CARGO_TARGET_DIR` to pass), an installed `mam` in `<td>/demo-bin`,
+/// each a symlink to the binary under test whose own modification time says how old it is, and a
+/// `cargo` there that records its calls and fails, so a demo that would build says so and stops.
+pub struct DemoBins {
+    pub target: PathBuf,
+    pub bin: PathBuf,
+    log: PathBuf,
+}
+
+impl DemoBins {
+    pub fn new(td: &TestDir) -> DemoBins {
+        let target = td.path("target");
+        let bin = td.path("demo-bin");
+        fs::create_dir_all(target.join("release")).unwrap();
+        fs::create_dir_all(&bin).unwrap();
+        let log = td.path("cargo-calls.log");
+        let cargo = bin.join("cargo");
+        fs::write(
+            &cargo,
+            format!(
+                "#!/bin/sh\necho \"$PWD: $*\" >>'{}'\necho 'cargo: not run by the test' >&2\nexit 101\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&cargo, fs::Permissions::from_mode(0o755)).unwrap();
+        DemoBins { target, bin, log }
+    }
+
+    /// Links `at` to the binary under test, newer than every source (`fresh`) or from 2001.
+    fn link(at: &Path, fresh: bool) {
+        let _ = fs::remove_file(at);
+        std::os::unix::fs::symlink(mam_bin(), at).unwrap();
+        let when = if fresh { "now" } else { "2001-01-01" };
+        let ok = Command::new("touch").args(["-h", "-d", when]).arg(at).status().unwrap();
+        assert!(ok.success());
+    }
+
+    /// `<target>/release/mam`, the release build the demo looks for.
+    pub fn release(&self, fresh: bool) -> PathBuf {
+        let p = self.target.join("release/mam");
+        DemoBins::link(&p, fresh);
+        p
+    }
+
+    /// `<bin>/mam`, an installed mam of this version.
+    pub fn installed(&self, fresh: bool) -> PathBuf {
+        let p = self.bin.join("mam");
+        DemoBins::link(&p, fresh);
+        p
+    }
+
+    /// PATH for the demo: `<bin>` first, then the test's PATH without any directory that holds a
+    /// `mam` (so only the installed one of `installed` can be found).
+    pub fn path(&self) -> OsString {
+        let outer = std::env::var_os("PATH").unwrap_or_default();
+        let mut all = vec![self.bin.clone()];
+        all.extend(std::env::split_paths(&outer).filter(|d| !d.join("mam").exists()));
+        std::env::join_paths(all).unwrap()
+    }
+
+    /// What `cargo` was asked, one `<cwd>: <args>` line per call ("" when it was never run).
+    pub fn cargo_calls(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A demo command: `bash <script> args` with this PATH and target directory, without MAM_BIN.
+    pub fn demo(&self, td: &TestDir, script: &str, args: &[&str]) -> Cmd {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join(script);
+        td.command("bash")
+            .args([script.as_os_str()])
+            .args(args)
+            .env("PATH", self.path())
+            .env("CARGO_TARGET_DIR", &self.target)
+            .env("TMPDIR", td.path(""))
+            .env_remove("MAM_BIN")
+    }
+}
