@@ -6,10 +6,12 @@
 //! Also: each kind of unsaved work one at a time (refused with and without `--stop`, the work
 //! byte-for-byte intact), `kill -9` of `prepare --submodules` at several points (a `git` wrapper
 //! first on PATH blocks on a fifo when it sees a chosen git command, so the process is killed at
-//! that exact point, no sleeps), and bad input.
+//! that exact point, no sleeps), and bad input. And issue 14's gaps: a failing `remove --stop` on
+//! real tmux (a `tmux` wrapper whose `kill-pane` fails), onboarding under `prepare --creator` on the
+//! embedded broker with the control root's daemon, and a worktree's creator on the real herdr.
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -1119,4 +1121,267 @@ fn a_running_loop_on_the_worktree_is_loop_active() {
     assert!(r.stdout().contains(id));
     drop(held);
     w.remove(&wt, &[]).expect_rc(0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 14's gaps: a failing stop, onboarding under --creator, the real tmux and herdr
+
+/// `bin/claude` in `dir`: the fake agent as `claude`, its script the first argument (a pane
+/// inherits its server's environment, not the creator's, so the script travels in argv).
+fn fake_claude_in(dir: &Path) {
+    fs::create_dir_all(dir).unwrap();
+    let claude = dir.join("claude");
+    fs::write(
+        &claude,
+        format!(
+            "#!/usr/bin/env bash\nexport MAM_FAKE_AGENT_SCRIPT=\"$1\"\nshift\nexec -a claude '{}' \"$@\"\n",
+            mam_bin().display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Kills a private tmux server on drop.
+struct TmuxServer(String);
+
+impl Drop for TmuxServer {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["-L", &self.0, "kill-server"]).output();
+    }
+}
+
+fn tmux_panes(sock: &str) -> Vec<String> {
+    let out = Command::new("tmux").args(["-L", sock, "list-panes", "-a", "-F", "#{pane_id}"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
+
+/// ORCH 5.2 / A44, a failed stop: on real tmux, with a `tmux` wrapper first on PATH whose
+/// `kill-pane` fails, `remove --stop` cannot close the session's pane and the agent is still listed
+/// after the close: exit 1, `RESULT=failed`, nothing removed, the row not `stopped`. The stop's
+/// clean-up of the agent's recorded processes then ends the agent, which saves a file on its way
+/// out: it is kept with the rest of the worktree byte for byte, and the next `remove --stop` finds
+/// it and refuses; once the file is dealt with, the stop completes and the worktree goes.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_failing_stop_is_result_failed_and_keeps_the_worktree_and_what_was_saved() {
+    if !have_tool("tmux", "MAM_REQUIRE_TMUX") {
+        return;
+    }
+    let mut w = W::new("wt-stopfail");
+    let wt = w.prepare("feat", &[]);
+    fs::write(wt.join("app.txt"), "committed work\n").unwrap();
+    git(&wt, &["commit", "-q", "-am", "work on feat"]);
+    let bin = w.td.path("tmuxbin");
+    fake_claude_in(&bin);
+    let real = String::from_utf8(Command::new("sh").args(["-c", "command -v tmux"]).output().unwrap().stdout).unwrap();
+    let fault = w.td.path("fail-kill-pane");
+    fs::write(
+        bin.join("tmux"),
+        format!(
+            "#!/usr/bin/env bash\nfor a in \"$@\"; do\n  if [ \"$a\" = kill-pane ] && [ -e '{}' ]; then \
+             echo 'tmux: kill-pane failing on purpose (test wrapper)' >&2; exit 1; fi\ndone\nexec '{}' \"$@\"\n",
+            fault.display(),
+            real.trim()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(bin.join("tmux"), fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = format!("mam-wt-{}", rand_hex(4));
+    let _server = TmuxServer(sock.clone());
+    let mut path = bin.clone().into_os_string();
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    w.env.retain(|(k, _)| k != "MAM_PANE_BACKEND");
+    w.env.extend([
+        ("MAM_PANE_BACKEND".to_string(), OsString::from("tmux")),
+        ("MAM_TMUX_SOCKET".into(), sock.clone().into()),
+        ("MAM_TMUX_STABLE_MS".into(), "200".into()),
+        ("PATH".into(), path),
+    ]);
+    let saved = wt.join("saved-on-the-way-out.txt");
+    let sp = w.td.write("s1.script", format!("on_stop_write={}\n", saved.display()));
+    w.mam()
+        .args(["create", "claude", "--name", "s1", "--no-onboard", "--workspace"])
+        .arg_path(&wt)
+        .args(["--".as_ref(), sp.as_os_str(), "test-double".as_ref(), "agent".as_ref()])
+        .run_within(LIMIT)
+        .expect_rc(0);
+    assert_eq!(tmux_panes(&sock).len(), 1);
+    let before = snapshot(&wt);
+    let branch = git(&w.root, &["rev-parse", "feat"]);
+
+    fs::write(&fault, "").unwrap();
+    let r = w.remove(&wt, &["--stop"]);
+    r.expect_rc(1);
+    assert_eq!(summary(&r), ("failed".into(), "plain".into(), "none".into()));
+    assert!(
+        r.stderr().contains("stopping the sessions failed (")
+            && r.stderr().contains("agent still listed")
+            && r.stderr().contains("the worktree was kept"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!r.stdout().contains("RESULT=removed") && !r.stdout().contains("SESSION=s1 STATUS=stopped"));
+    assert_eq!(w.row_status("s1"), "running", "a failed stop leaves the row as it was");
+    // Nothing removed: the worktree, its registration and branch, and what the agent saved.
+    assert!(wt.is_dir() && w.worktree_count() == 2);
+    assert_eq!(git(&w.root, &["rev-parse", "feat"]), branch);
+    assert_eq!(fs::read_to_string(&saved).unwrap(), "stopped\n");
+    let mut after = snapshot(&wt);
+    after.remove(Path::new("saved-on-the-way-out.txt"));
+    assert_eq!(after, before, "the worktree is byte for byte as it was, plus the saved file");
+
+    // The fault gone, the saved file is what the next look finds: refused, nothing changed.
+    fs::remove_file(&fault).unwrap();
+    let r = w.remove(&wt, &["--stop"]);
+    r.expect_rc(3);
+    assert_eq!(summary(&r), ("refused".into(), "plain".into(), "dirty".into()));
+    assert!(r.stdout().contains("saved-on-the-way-out.txt"), "{}", r.stdout());
+    assert!(r.stderr().contains("nothing was changed"), "{}", r.stderr());
+    assert_eq!(fs::read_to_string(&saved).unwrap(), "stopped\n");
+    // Once it is dealt with, the stop completes and the worktree goes.
+    fs::remove_file(&saved).unwrap();
+    let r = w.remove(&wt, &["--stop"]);
+    r.expect_rc(0);
+    assert!(r.stdout().contains("SESSION=s1 STATUS=stopped"), "{}", r.stdout());
+    assert_eq!(summary(&r).0, "removed");
+    assert_eq!(w.row_status("s1"), "stopped");
+    assert!(!wt.exists() && tmux_panes(&sock).is_empty());
+    assert_eq!(git(&w.root, &["rev-parse", "feat"]), branch, "the branch is never deleted");
+}
+
+/// Stops the control root's daemon on drop (the test started it through `create`).
+struct Daemon(Cmd);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let c = std::mem::replace(&mut self.0, Cmd { cmd: Command::new("true") });
+        let _ = c.args(["monitor", "stop"]).run_within(LIMIT);
+    }
+}
+
+/// ORCH 5.1 `--creator` with onboarding (2.3 steps 7-9): the session in the worktree is onboarded
+/// against the control root's control plane (its registry, its daemon, which no creator
+/// suppresses), create's `ONBOARD_JOB=` and `DAEMON_PID=` lines follow `WORKTREE= BRANCH= BASE=`
+/// and the session's line, the job completes with its report in the control root's registry, and
+/// nothing of it lands in the worktree, which `remove --stop` then takes away.
+#[test]
+fn prepare_creator_onboards_the_session_against_the_control_root() {
+    let mut w = W::new("wt-onboard");
+    let Some(broker) = start_target(Target::Embedded, &w.td) else { return };
+    w.env.retain(|(k, _)| k != "MQTT_PORT");
+    w.env.extend([
+        ("MQTT_PORT".to_string(), OsString::from(broker.port().to_string())),
+        ("MAM_HEARTBEAT_SEC".into(), "1".into()),
+        ("MAM_ACK_TIMEOUT_S".into(), "10".into()),
+        ("MAM_WATCH_POLL_MS".into(), "100".into()),
+    ]);
+    let sp = w.td.write("c1.script", "work_s=0.5\nreport_text=claude in its worktree, the commands ran\n");
+    let _daemon = Daemon(w.mam());
+    let r = w
+        .mam()
+        .env_remove("MAM_NO_SUBSCRIBER_DAEMON")
+        .env("MAM_FAKE_AGENT_SCRIPT", &sp)
+        .args(["worktree", "prepare", "feat", "--creator", "claude", "--name", "c1", "--", "test-double", "agent"])
+        .run_within(LIMIT);
+    r.expect_rc(0);
+    let lines: Vec<String> = r.stdout().lines().map(str::to_string).collect();
+    let wt = PathBuf::from(lines[0].strip_prefix("WORKTREE=").unwrap());
+    assert_eq!(lines[1], "BRANCH=feat");
+    assert!(lines[2].starts_with("BASE=") && lines[3].starts_with("SESSION=c1 PANE="), "{lines:?}");
+    let job = lines[4].strip_prefix("ONBOARD_JOB=").unwrap_or_else(|| panic!("{lines:?}")).to_string();
+    let daemon: i32 = lines[5].strip_prefix("DAEMON_PID=").unwrap_or_else(|| panic!("{lines:?}")).parse().unwrap();
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    assert!(mam::sys::proc_cmdline(daemon).is_ok(), "the daemon {daemon} runs");
+    // The daemon is the control root's, not the worktree's.
+    let status = |ws: &Path| {
+        let r = w.mam().args(["daemon", "status", "--workspace"]).arg_path(ws).run_within(LIMIT);
+        r.stdout().trim().to_string()
+    };
+    assert_eq!(status(&w.root), daemon.to_string());
+    assert_eq!(status(&wt), "", "no daemon for the worktree");
+    // The job: in the control root's registry, addressed to c1, briefed with the root's registry.
+    let reg = w.root.join(".mam/jobs");
+    let rec = || -> serde_json::Value {
+        serde_json::from_slice(&fs::read(reg.join(format!("{job}.json"))).unwrap()).unwrap()
+    };
+    assert_eq!((rec()["agent_session"].as_str(), rec()["type"].as_str()), (Some("c1"), Some("task")));
+    let brief = fs::read_to_string(reg.join(&job).join("brief.md")).unwrap();
+    assert!(brief.contains(&format!("--registry-dir '{}'", reg.display())), "{brief}");
+    assert!(!brief.contains(wt.to_str().unwrap()), "nothing of the brief points into the worktree: {brief}");
+    assert!(brief.contains(&format!("control plane at `{}`", w.root.display())), "{brief}");
+    wait_until("the onboarding job completes", LIMIT, || rec()["status"] == "completed");
+    let report = fs::read_to_string(reg.join(&job).join("report.md")).unwrap();
+    assert!(report.contains("claude in its worktree"), "{report}");
+    // Nothing of the control plane in the worktree: no .mam, a clean status.
+    assert!(!wt.join(".mam").exists());
+    assert_eq!(git(&wt, &["status", "--porcelain", "--untracked-files=all"]), "");
+    let r = w.remove(&wt, &["--stop"]);
+    r.expect_rc(0);
+    assert!(r.stdout().contains("SESSION=c1 STATUS=stopped CANCELLED=-"), "{}", r.stdout());
+    assert_eq!(summary(&r).0, "removed");
+}
+
+/// Worktrees on the real herdr: `prepare --creator` starts the session in a herdr pane whose cwd
+/// is the worktree, `list` shows it running, `remove --stop` closes that pane (herdr no longer
+/// lists it or the agent), marks the row stopped and removes the worktree.
+#[test]
+fn worktree_with_a_creator_on_the_real_herdr() {
+    let mut w = W::new("wt-herdr");
+    let Some(herdr) = HerdrHome::new(&w.td) else { return };
+    herdr.fake_claude();
+    w.env.retain(|(k, _)| k != "MAM_PANE_BACKEND" && k != "MAM_FAKE_PANES_DIR");
+    w.env.extend(herdr.env());
+    for (k, v) in [
+        ("MAM_PANE_BACKEND", "herdr"),
+        ("MAM_SKS_QUIESCE_GAP_MS", "100"),
+        ("MAM_SKS_QUIESCE_S", "2"),
+        ("MAM_STARTUP_DIALOG_SETTLE_MS", "1000"),
+    ] {
+        w.env.retain(|(x, _)| x != k);
+        w.env.push((k.into(), v.into()));
+    }
+    let sp = w.td.write("h1.script", "report_working=0\n");
+    let run = |args: &[&OsStr]| {
+        w.mam().env_remove("HERDR_SOCKET_PATH").env_remove("HERDR_SESSION").env_remove("TMUX").args(args)
+    };
+    let r = run(&[
+        "worktree".as_ref(),
+        "prepare".as_ref(),
+        "feat".as_ref(),
+        "--creator".as_ref(),
+        "claude".as_ref(),
+        "--name".as_ref(),
+        "h1".as_ref(),
+        "--no-onboard".as_ref(),
+        "--".as_ref(),
+        sp.as_os_str(),
+        "test-double".as_ref(),
+        "agent".as_ref(),
+    ])
+    .run_within(Duration::from_secs(60));
+    r.expect_rc(0);
+    let wt = PathBuf::from(r.stdout().lines().next().unwrap().strip_prefix("WORKTREE=").unwrap());
+    let session = r.stdout().lines().nth(3).unwrap().to_string();
+    let pane = session.split(' ').find_map(|x| x.strip_prefix("PANE=")).unwrap().to_string();
+    assert!(session.ends_with(&format!("CWD={}", wt.display())), "{session}");
+    assert!(herdr.pane_ids().contains(&pane), "{pane} in {:?}", herdr.pane_ids());
+    let (agent_pid, _) = herdr.agent_process(&pane);
+    let cwd = fs::read_link(format!("/proc/{agent_pid}/cwd")).unwrap();
+    assert_eq!(cwd, wt, "the agent works in the worktree");
+    let l = run(&["worktree".as_ref(), "list".as_ref()]).run_within(LIMIT);
+    l.expect_rc(0);
+    assert!(l.stdout().contains("SESSIONS=h1") && l.stdout().contains("FINDINGS=sessions-running"), "{}", l.stdout());
+    let r = run(&["worktree".as_ref(), "remove".as_ref(), wt.as_os_str(), "--stop".as_ref()])
+        .run_within(Duration::from_secs(60));
+    r.expect_rc(0);
+    assert!(r.stdout().contains("SESSION=h1 STATUS=stopped"), "{}", r.stdout());
+    assert_eq!(summary(&r), ("removed".into(), "plain".into(), "none".into()));
+    assert!(!herdr.pane_ids().contains(&pane), "the herdr pane is closed: {:?}", herdr.pane_ids());
+    let agents = herdr.herdr_json(&["agent", "list"]);
+    assert!(!agents.to_string().contains("\"h1\""), "herdr lists no h1: {agents}");
+    wait_until("the agent process ends", Duration::from_secs(10), || mam::sys::proc_cmdline(agent_pid).is_err());
+    assert_eq!(w.row_status("h1"), "stopped");
+    assert!(!wt.exists());
 }
