@@ -15,7 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::ctx::Ctx;
+use crate::ctx::{ChildRole, Ctx};
 use crate::pane;
 use crate::sys;
 use crate::text::{one_line, show_path};
@@ -136,6 +136,47 @@ pub fn limit(mut out: Vec<u8>, max: usize) -> Vec<u8> {
     }
     out.extend_from_slice(format!("[mam diff TRUNCATED after {max} bytes]\n").as_bytes());
     out
+}
+
+/// `mam diff-collect <source> <base> <snapshot>` as the loop runs it, as a child (ORCH 4.6): which
+/// binary, the control root it runs in, and the loop's own places the child must know.
+#[derive(Debug, Clone, Copy)]
+pub struct Child<'a> {
+    /// The binary (the loop's frozen copy; `mam bench` runs itself).
+    pub exe: &'a Path,
+    /// The control root: the child's cwd and `WORKSPACE_ROOT`.
+    pub control: &'a Path,
+    pub source: &'a Path,
+    pub base: &'a str,
+    pub snapshot: &'a str,
+    /// The loop's registry and audit-log root, wherever they are: the child leaves both out.
+    pub registry: &'a Path,
+    pub logs: &'a Path,
+    /// The child's TMPDIR (its temporary index), `<loop dir>/tmp`, not the user's.
+    pub tmp: &'a Path,
+    /// `MAM_LOOP_DIFF_MAX_BYTES`.
+    pub max_bytes: u32,
+}
+
+/// The child's command: a cleared environment with the caller's non-secret variables
+/// (`ChildRole::Tool`), then the loop's places over them, no stdin. The caller runs it and reads the
+/// output (the loop keeps whatever it printed, a benchmark wants a diff).
+pub fn child_command(ctx: &Ctx, c: &Child<'_>) -> std::process::Command {
+    let mut cmd = std::process::Command::new(c.exe);
+    cmd.arg("diff-collect")
+        .arg(c.source)
+        .arg(c.base)
+        .arg(c.snapshot)
+        .current_dir(c.control)
+        .env_clear()
+        .envs(ctx.child_env_for(ChildRole::Tool))
+        .env("WORKSPACE_ROOT", c.control)
+        .env("MAM_LOOP_DIFF_MAX_BYTES", c.max_bytes.to_string())
+        .env("TMPDIR", c.tmp)
+        .env("MAM_JOBS_DIR", c.registry)
+        .env("DELEGATE_JOB_LOGS_DIR", c.logs)
+        .stdin(std::process::Stdio::null());
+    cmd
 }
 
 /// The UNAVAILABLE marker line of a failure (A40).
@@ -405,6 +446,48 @@ impl Drop for TempDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One builder for the loop and `mam bench`: the loop's places win over the caller's values, a
+    /// secret is not passed, the cwd and argv are the collector's.
+    #[test]
+    fn child_command_sets_the_loops_places() {
+        let ctx = Ctx::with_env(
+            [("MAM_JOBS_DIR", "/elsewhere"), ("TMPDIR", "/user-tmp"), ("MQTT_PASSWORD", "s3cret"), ("LANG", "C")],
+            Path::new("/w"),
+        );
+        let p = |s: &str| PathBuf::from(s);
+        let (exe, control, source, reg, logs, tmp) =
+            (p("/bin/mam"), p("/w"), p("/w-feat"), p("/w/.mam/jobs"), p("/w/.mam/logs"), p("/w/.mam/loop/l/tmp"));
+        let c = Child {
+            exe: &exe,
+            control: &control,
+            source: &source,
+            base: "b1",
+            snapshot: "s1",
+            registry: &reg,
+            logs: &logs,
+            tmp: &tmp,
+            max_bytes: 99,
+        };
+        let cmd = child_command(&ctx, &c);
+        assert_eq!(cmd.get_program(), "/bin/mam");
+        let args: Vec<&OsStr> = cmd.get_args().collect();
+        assert_eq!(args, ["diff-collect", "/w-feat", "b1", "s1"]);
+        assert_eq!(cmd.get_current_dir(), Some(Path::new("/w")));
+        // The last value of a key is what the child gets.
+        let mut env: std::collections::BTreeMap<&OsStr, Option<&OsStr>> = Default::default();
+        for (k, v) in cmd.get_envs() {
+            env.insert(k, v);
+        }
+        let get = |k: &str| env.get(OsStr::new(k)).copied().flatten().map(|v| v.to_string_lossy().into_owned());
+        assert_eq!(get("MAM_JOBS_DIR").as_deref(), Some("/w/.mam/jobs"));
+        assert_eq!(get("DELEGATE_JOB_LOGS_DIR").as_deref(), Some("/w/.mam/logs"));
+        assert_eq!(get("TMPDIR").as_deref(), Some("/w/.mam/loop/l/tmp"));
+        assert_eq!(get("WORKSPACE_ROOT").as_deref(), Some("/w"));
+        assert_eq!(get("MAM_LOOP_DIFF_MAX_BYTES").as_deref(), Some("99"));
+        assert_eq!(get("LANG").as_deref(), Some("C"));
+        assert_eq!(get("MQTT_PASSWORD"), None, "no secret");
+    }
 
     #[test]
     fn limit_cuts_and_marks() {

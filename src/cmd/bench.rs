@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
-use crate::ctx::{ChildRole, Ctx};
-use crate::diffcollect::TempDir;
+use crate::ctx::Ctx;
+use crate::diffcollect::{self, TempDir};
 use crate::knob;
 use crate::paths;
 use crate::review::checkpoint::{self, Checkpoint, JobRow, ReviewerRow, Round, RoundIdentity};
@@ -112,6 +112,11 @@ struct Bench<'a> {
     base: String,
     exclude: Vec<PathBuf>,
     exe: PathBuf,
+    /// The registry and audit-log root, which the diff leaves out (as the loop's do).
+    registry: PathBuf,
+    logs: PathBuf,
+    /// `MAM_LOOP_DIFF_MAX_BYTES`, read as `mam loop` reads it.
+    diff_max: u32,
     dir: TempDir,
     cp: Checkpoint,
 }
@@ -132,7 +137,7 @@ impl<'a> Bench<'a> {
         }
         let exe = std::env::current_exe().map_err(|e| fail("this binary", e))?;
         let dir = TempDir::create(ctx, "mam-bench").map_err(|e| fail("loop dir", show_path(&e.path)))?;
-        for sub in ["review", "prompts"] {
+        for sub in ["review", "prompts", "tmp"] {
             sys::create_dir_all(&dir.path.join(sub)).map_err(|e| fail("loop dir", e))?;
         }
         let now = clock::now_ts();
@@ -163,7 +168,20 @@ impl<'a> Bench<'a> {
             reason: None,
             rc: None,
         };
-        Ok(Bench { ctx, root, control: r.control_root, base, exclude, exe, dir, cp })
+        let diff_max = knob::env_or(ctx, "MAM_LOOP_DIFF_MAX_BYTES", 1, diffcollect::DEFAULT_MAX_BYTES)?;
+        Ok(Bench {
+            ctx,
+            root,
+            control: r.control_root,
+            base,
+            exclude,
+            exe,
+            registry: r.registry,
+            logs: r.logs,
+            diff_max,
+            dir,
+            cp,
+        })
     }
 
     /// One round's steps, each as (name, milliseconds).
@@ -221,18 +239,19 @@ impl<'a> Bench<'a> {
 
         // The diff, from a child, as the loop runs its frozen copy.
         let diff_path = dir.join("review").join(format!("r{rep}.diff"));
-        let out = std::process::Command::new(&self.exe)
-            .arg("diff-collect")
-            .arg(&self.root)
-            .arg(&self.base)
-            .arg(&snap.commit)
-            .current_dir(&self.control)
-            .env_clear()
-            .envs(ctx.child_env_for(ChildRole::Tool))
-            .env("WORKSPACE_ROOT", &self.control)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|e| fail("diff", e))?;
+        let tmp = dir.join("tmp");
+        let child = diffcollect::Child {
+            exe: &self.exe,
+            control: &self.control,
+            source: &self.root,
+            base: &self.base,
+            snapshot: &snap.commit,
+            registry: &self.registry,
+            logs: &self.logs,
+            tmp: &tmp,
+            max_bytes: self.diff_max,
+        };
+        let out = diffcollect::child_command(ctx, &child).output().map_err(|e| fail("diff", e))?;
         if !out.status.success() || !out.stdout.starts_with(b"# mam diff-collect: ") {
             let first = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("no output").to_string();
             return Err(fail("diff", first));

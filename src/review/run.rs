@@ -18,6 +18,7 @@ use super::git::{self, Guard, PinError, Repo, Snapshot};
 use super::prompt::{self, Change, Prompt};
 use crate::clock;
 use crate::ctx::{ChildRole, Ctx};
+use crate::diffcollect;
 use crate::ops;
 use crate::paths;
 use crate::registry::engine::Kind;
@@ -1125,22 +1126,19 @@ impl Loop<'_> {
     /// `mam diff-collect <source> <base> <snapshot>` from the frozen binary into `review/r<r>.diff`.
     fn collect_diff(&mut self, round: u32, s: &Snapshot) -> Result<String, Stop> {
         let base = self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default();
-        let mut c = std::process::Command::new(&self.frozen);
-        c.arg("diff-collect")
-            .arg(&self.p.source)
-            .arg(&base)
-            .arg(&s.commit)
-            .current_dir(&self.p.control)
-            .env_clear()
-            .envs(self.ctx.child_env_for(ChildRole::Tool))
-            .env("WORKSPACE_ROOT", &self.p.control)
-            .env("MAM_LOOP_DIFF_MAX_BYTES", self.o.diff_max.to_string())
-            .env("TMPDIR", self.dir.join("tmp"))
-            // The collector leaves out this loop's registry and audit-log root, wherever they are.
-            .env("MAM_JOBS_DIR", &self.p.resolved.registry)
-            .env("DELEGATE_JOB_LOGS_DIR", &self.p.resolved.logs)
-            .stdin(std::process::Stdio::null());
-        let out = c
+        let tmp = self.dir.join("tmp");
+        let child = diffcollect::Child {
+            exe: &self.frozen,
+            control: &self.p.control,
+            source: &self.p.source,
+            base: &base,
+            snapshot: &s.commit,
+            registry: &self.p.resolved.registry,
+            logs: &self.p.resolved.logs,
+            tmp: &tmp,
+            max_bytes: self.o.diff_max,
+        };
+        let out = diffcollect::child_command(self.ctx, &child)
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_else(|e| format!("[mam diff UNAVAILABLE: cannot run {} ({e})]\n", show_path(&self.frozen)));

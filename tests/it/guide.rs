@@ -212,7 +212,7 @@ fn the_guide_runs_with_the_fake_agent() {
     // The worktree: prepared beside the control root, listed, removed; its change kept on `greet`.
     let wt = home.join("src/myproject-greet");
     assert!(out.contains(&format!("WORKTREE={}", wt.display())), "{out}");
-    assert!(out.contains(&format!("BRANCH=greet HEAD=")) && out.contains("SESSIONS=greeter"), "{out}");
+    assert!(out.contains("BRANCH=greet HEAD=") && out.contains("SESSIONS=greeter"), "{out}");
     assert!(out.contains("SESSION=greeter STATUS=stopped") && out.contains("RESULT=removed METHOD=plain"), "{out}");
     assert!(!wt.exists(), "the worktree is removed");
     let show = std::process::Command::new("git")
