@@ -137,13 +137,7 @@ fn the_guide_runs_with_the_fake_agent() {
     // "Your repository": one commit.
     fs::write(project.join("README.md"), "my project\n").unwrap();
     for args in [&["init", "-q", "-b", "main"][..], &["add", "-A"], &["commit", "-q", "-m", "first"]] {
-        let out = std::process::Command::new("git")
-            .args(args)
-            .current_dir(&project)
-            .envs(GIT_ENV.iter().copied())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        git_in(&project, args);
     }
     // The fake agents: each kind's executable runs the fake agent as that kind with its script.
     let bin = td.path("bin");
@@ -215,13 +209,8 @@ fn the_guide_runs_with_the_fake_agent() {
     assert!(out.contains("BRANCH=greet HEAD=") && out.contains("SESSIONS=greeter"), "{out}");
     assert!(out.contains("SESSION=greeter STATUS=stopped") && out.contains("RESULT=removed METHOD=plain"), "{out}");
     assert!(!wt.exists(), "the worktree is removed");
-    let show = std::process::Command::new("git")
-        .args(["show", "greet:notes.txt"])
-        .current_dir(&project)
-        .envs(GIT_ENV.iter().copied())
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&show.stdout).contains("edited by the fake agent"), "{show:?}");
+    let notes = git_in(&project, &["show", "greet:notes.txt"]);
+    assert!(notes.contains("edited by the fake agent"), "{notes}");
     // Nothing is left: no tmux server, no daemon, no review tree.
     let alive = std::process::Command::new("tmux").args(["-L", &sock, "list-sessions"]).output().unwrap();
     assert!(!alive.status.success(), "the tmux server is still there");
@@ -240,13 +229,3 @@ fn the_guide_runs_with_the_fake_agent() {
         }
     );
 }
-
-/// The git identity and isolation of the guide's world (a user has their own).
-const GIT_ENV: &[(&str, &str)] = &[
-    ("GIT_AUTHOR_NAME", "guide"),
-    ("GIT_AUTHOR_EMAIL", "guide@localhost"),
-    ("GIT_COMMITTER_NAME", "guide"),
-    ("GIT_COMMITTER_EMAIL", "guide@localhost"),
-    ("GIT_CONFIG_NOSYSTEM", "1"),
-    ("GIT_CONFIG_GLOBAL", "/dev/null"),
-];

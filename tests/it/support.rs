@@ -248,6 +248,39 @@ pub fn pause_until(at: Instant) {
     std::thread::sleep(at.saturating_duration_since(Instant::now()));
 }
 
+/// The git identity and isolation every git run of a test uses (A55): no user or system config.
+pub const GIT_ENV: &[(&str, &str)] = &[
+    ("GIT_AUTHOR_NAME", "test"),
+    ("GIT_AUTHOR_EMAIL", "test@localhost"),
+    ("GIT_COMMITTER_NAME", "test"),
+    ("GIT_COMMITTER_EMAIL", "test@localhost"),
+    ("GIT_CONFIG_NOSYSTEM", "1"),
+    ("GIT_CONFIG_GLOBAL", "/dev/null"),
+];
+
+/// `git ARGS` in `dir` with `GIT_ENV` and then `extra`; its output, whatever the exit.
+pub fn git_output(dir: &Path, args: &[&str], extra: &[(&str, &str)]) -> Output {
+    Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .envs(GIT_ENV.iter().copied())
+        .envs(extra.iter().copied())
+        .output()
+        .unwrap()
+}
+
+/// `git ARGS` in `dir` with `GIT_ENV` and then `extra`, asserting success; stdout trimmed.
+pub fn git_with(dir: &Path, args: &[&str], extra: &[(&str, &str)]) -> String {
+    let out = git_output(dir, args, extra);
+    assert!(out.status.success(), "git {args:?} in {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `git ARGS` in `dir` with `GIT_ENV`, asserting success; stdout trimmed.
+pub fn git_in(dir: &Path, args: &[&str]) -> String {
+    git_with(dir, args, &[])
+}
+
 /// True when `tool` is on PATH. When `MAM_REQUIRE_<VAR>=1` (A30) a missing tool fails the test;
 /// otherwise the caller prints `skipped: <why>` and returns.
 pub fn have_tool(tool: &str, require_var: &str) -> bool {

@@ -22,31 +22,19 @@ use serde_json::json;
 
 use crate::support::*;
 
-/// The git identity and isolation of every git run (A55), and the one way local submodule URLs
-/// are allowed.
-const GIT_ENV: &[(&str, &str)] = &[
-    ("GIT_AUTHOR_NAME", "test"),
-    ("GIT_AUTHOR_EMAIL", "test@localhost"),
-    ("GIT_COMMITTER_NAME", "test"),
-    ("GIT_COMMITTER_EMAIL", "test@localhost"),
-    ("GIT_CONFIG_NOSYSTEM", "1"),
-    ("GIT_CONFIG_GLOBAL", "/dev/null"),
-    ("GIT_CONFIG_COUNT", "1"),
-    ("GIT_CONFIG_KEY_0", "protocol.file.allow"),
-    ("GIT_CONFIG_VALUE_0", "always"),
-];
+/// The one way local submodule URLs are allowed, over `support::GIT_ENV` (A55) in every git run.
+const SUBMODULE_ALLOW: &[(&str, &str)] =
+    &[("GIT_CONFIG_COUNT", "1"), ("GIT_CONFIG_KEY_0", "protocol.file.allow"), ("GIT_CONFIG_VALUE_0", "always")];
 
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn git_out(dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new("git").args(args).current_dir(dir).envs(GIT_ENV.iter().copied()).output().unwrap()
+    git_output(dir, args, SUBMODULE_ALLOW)
 }
 
 /// Runs git in `dir`, asserting success; stdout trimmed.
 fn git(dir: &Path, args: &[&str]) -> String {
-    let out = git_out(dir, args);
-    assert!(out.status.success(), "git {args:?} in {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    git_with(dir, args, SUBMODULE_ALLOW)
 }
 
 /// One control root that is a git repository (`app.txt`, a `.gitignore` of `/.mam/`), with the
@@ -87,7 +75,7 @@ impl W {
             // No broker: a stop's closed-state publish goes to a port nobody listens on.
             ("MQTT_PORT".into(), free_port().to_string().into()),
         ];
-        for (k, v) in GIT_ENV {
+        for (k, v) in GIT_ENV.iter().chain(SUBMODULE_ALLOW) {
             env.push(((*k).into(), (*v).into()));
         }
         W { td, root, env }

@@ -61,23 +61,6 @@ impl Drop for World {
     }
 }
 
-/// The git identity and isolation every git run of a test uses (A55).
-pub const GIT_ENV: &[(&str, &str)] = &[
-    ("GIT_AUTHOR_NAME", "test"),
-    ("GIT_AUTHOR_EMAIL", "test@localhost"),
-    ("GIT_COMMITTER_NAME", "test"),
-    ("GIT_COMMITTER_EMAIL", "test@localhost"),
-    ("GIT_CONFIG_NOSYSTEM", "1"),
-    ("GIT_CONFIG_GLOBAL", "/dev/null"),
-];
-
-/// Runs git in `dir` (asserting success); returns stdout trimmed.
-pub fn git_in(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git").args(args).current_dir(dir).envs(GIT_ENV.iter().copied()).output().unwrap();
-    assert!(out.status.success(), "git {args:?} in {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 impl World {
     pub fn new(name: &str) -> World {
         let td = TestDir::new(name);
