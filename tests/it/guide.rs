@@ -159,6 +159,14 @@ fn the_guide_runs_with_the_fake_agent() {
     fs::write(bin.join("mam"), format!("#!/bin/sh\nexec '{}' \"$@\"\n", mam.display())).unwrap();
     fs::set_permissions(bin.join("mam"), fs::Permissions::from_mode(0o755)).unwrap();
     let sock = format!("guide-{}", rand_hex(4));
+    // The script's trap ends the server; its socket file goes with this guard, whatever happens.
+    struct Socket(String);
+    impl Drop for Socket {
+        fn drop(&mut self) {
+            kill_tmux(&self.0);
+        }
+    }
+    let _socket = Socket(sock.clone());
     let port = free_port();
     // Whatever happens, nothing outlives the script: the broker, the daemon, the tmux server.
     let prologue = format!(

@@ -63,13 +63,6 @@ impl Drop for S {
     }
 }
 
-fn kill_tmux(sock: &str) {
-    let _ = Command::new("tmux").args(["-L", sock, "kill-server"]).output();
-    // tmux leaves its socket file behind, also when the server ended with its last session.
-    let dir = std::env::var_os("TMUX_TMPDIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
-    let _ = fs::remove_file(dir.join(format!("tmux-{}", mam::sys::getuid())).join(sock));
-}
-
 impl S {
     fn new(kind: Kind, name: &str) -> S {
         S::on(kind, name).unwrap_or_else(|| panic!("no {kind:?} backend"))

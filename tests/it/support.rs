@@ -281,6 +281,14 @@ pub fn git_in(dir: &Path, args: &[&str]) -> String {
     git_with(dir, args, &[])
 }
 
+/// Kills the private tmux server `sock` and removes its socket file, which tmux leaves behind, also
+/// when the server ended with its last session.
+pub fn kill_tmux(sock: &str) {
+    let _ = Command::new("tmux").args(["-L", sock, "kill-server"]).output();
+    let dir = std::env::var_os("TMUX_TMPDIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
+    let _ = fs::remove_file(dir.join(format!("tmux-{}", mam::sys::getuid())).join(sock));
+}
+
 /// True when `tool` is on PATH. When `MAM_REQUIRE_<VAR>=1` (A30) a missing tool fails the test;
 /// otherwise the caller prints `skipped: <why>` and returns.
 pub fn have_tool(tool: &str, require_var: &str) -> bool {

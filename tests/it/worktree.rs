@@ -1130,12 +1130,12 @@ fn fake_claude_in(dir: &Path) {
     fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-/// Kills a private tmux server on drop.
+/// Kills a private tmux server (and removes its socket file) on drop.
 struct TmuxServer(String);
 
 impl Drop for TmuxServer {
     fn drop(&mut self) {
-        let _ = Command::new("tmux").args(["-L", &self.0, "kill-server"]).output();
+        kill_tmux(&self.0);
     }
 }
 
