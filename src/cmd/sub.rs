@@ -148,7 +148,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         &stop,
         |w| ctx.diag(&w),
         |_| {
-            debug(format!("connecting to {}:{}", cfg.host, cfg.port));
+            debug(format!("connecting to {}", cfg.addr()));
             let mut c = pub_::connect(&cfg, Role::Sub, id.as_deref(), &stop)?;
             c.subscribe(&a.filters, a.qos)?;
             debug(format!("subscribed to {} (qos {})", a.filters.join(", "), a.qos));

@@ -137,7 +137,7 @@ fn watch(ctx: &Ctx, a: &Args, printed: &AtomicBool) -> Result<i32, Failure> {
             }
             cfg
         }
-        None => env_cfg,
+        None => env_cfg.clone(),
     };
     let settings = Settings {
         ack_timeout_s: a.ack_timeout.map(u64::from),
@@ -146,6 +146,7 @@ fn watch(ctx: &Ctx, a: &Args, printed: &AtomicBool) -> Result<i32, Failure> {
         remote: a.remote,
         poll: Duration::from_millis(poll_ms.into()),
         cas: ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0"),
+        env: Some(env_cfg),
     };
     let mut out = |o: Output<'_>| match o {
         Output::Line(l) => ctx.say(l),
