@@ -335,6 +335,30 @@ pub struct Close {
     pub no_publish: bool,
 }
 
+/// Issue 19: the WARNING for a job whose idle window (K x N) is shorter than a broker list of
+/// several entries needs to survive a node's death (`window_floor_s`, docs/CLUSTER.md): a watcher
+/// would close the live job while the cluster fails over. `None` for one broker or a long window.
+pub fn window_warning(ctx: &Ctx, rec: &Record) -> Option<String> {
+    use crate::mqtt::config::{window_floor_s, BrokerBlock};
+    let block = rec.get("broker").and_then(|b| serde_json::from_value::<BrokerBlock>(b.clone()).ok())?;
+    let brokers = block.list().len();
+    if brokers < 2 {
+        return None;
+    }
+    let n = rec.u64("heartbeat_sec").unwrap_or(30);
+    let idle = rec.u64("idle_timeout_sec").unwrap_or(n * rec.u64("heartbeat_misses").unwrap_or(4));
+    let connect_s = knob::env_or(ctx, "MAM_MQTT_CONNECT_TIMEOUT_S", 1, 10).unwrap_or(10);
+    let floor = window_floor_s(n, connect_s.into());
+    (idle < floor).then(|| {
+        format!(
+            "WARNING: job {}: an idle window of {idle}s is shorter than the {floor}s a list of {brokers} brokers \
+             needs to outlast a node's death (docs/CLUSTER.md); a watcher may close the live job: raise \
+             --heartbeat-misses or --idle-timeout",
+            rec.str("job_id").unwrap_or("?")
+        )
+    })
+}
+
 /// One job `repoint` looked at: its id and what happened.
 #[derive(Debug)]
 pub struct Repointed {

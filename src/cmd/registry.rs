@@ -513,6 +513,9 @@ fn register(ctx: &Ctx, store: &Store, job: NewJob, json: bool) -> Result<i32, Fa
     audit_warning(ctx, &out);
     match &out.decision {
         Decided::Applied(a) => {
+            if let Some(w) = ops::window_warning(ctx, &a.record) {
+                ctx.diag(&w);
+            }
             if json {
                 ctx.say(&pretty(&a.record.redacted()));
             } else {
@@ -535,6 +538,9 @@ fn submit(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
     match &out.decision {
         Decided::Applied(a) => {
             let r = &a.record;
+            if let Some(w) = ops::window_warning(ctx, r) {
+                ctx.diag(&w);
+            }
             ctx.say(&format!(
                 "{id} attempt={} iteration={}",
                 r.u64("attempt").unwrap_or(0),

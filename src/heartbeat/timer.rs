@@ -538,6 +538,7 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, settings: &Settings, store: &Sto
     // The connection count and beat seq of the last look for unsent events (`None`: never looked).
     let mut looked: Option<(u32, u64)> = None;
     let mut broker: Option<String> = None;
+    let mut delivered = false;
     loop {
         let beat = loop {
             {
@@ -588,15 +589,22 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, settings: &Settings, store: &Sto
                     !conn.is_connected() || looked.is_none_or(|(n, seq)| n != conn.connects() || beat.seq != seq + 1);
                 conn.with_client(|c| {
                     let fresh = c.addr().to_string();
+                    if broker.as_deref() != Some(fresh.as_str()) {
+                        log(&format!("connected to broker {fresh}"));
+                        broker = Some(fresh.clone());
+                        delivered = false;
+                    }
                     if look {
                         let earlier = forward::unsent(store, job, beat.seq, clock::now_ms());
                         forward::send(store, job, c, &earlier, false, &mut replayed, &mut |w| notes.push(w))?;
                     }
-                    if broker.as_deref() != Some(fresh.as_str()) {
-                        notes.push(format!("connected to broker {fresh}"));
-                        broker = Some(fresh);
+                    wire::send_event_then_state(c, Some(&beat.msg), &mut progress, Some(&recheck), &proceed)?;
+                    // The first beat a broker acknowledged: when a failover completed (issue 19).
+                    if !delivered {
+                        delivered = true;
+                        log(&format!("beat seq={} delivered through broker {fresh}", beat.seq));
                     }
-                    wire::send_event_then_state(c, Some(&beat.msg), &mut progress, Some(&recheck), &proceed)
+                    Ok(())
                 })
             },
         );

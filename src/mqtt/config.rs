@@ -66,6 +66,18 @@ impl fmt::Display for Endpoint {
     }
 }
 
+/// How long a broker cluster may stall when one of its nodes dies (issue 19, docs/CLUSTER.md): the
+/// NATS 2.9 cluster of the tests went 7-10.5 s without delivering when the node leading its MQTT
+/// streams was killed; 15 s covers that with a margin. Bridged mosquittos do not stall.
+pub const CLUSTER_STALL_S: u64 = 15;
+
+/// The shortest idle window (K x N, seconds) that survives the death of a node of a broker list of
+/// several entries: the cluster's stall, one beat period `n` and one connect deadline, after which
+/// the timer's next beat is through another node.
+pub fn window_floor_s(n: u64, connect_s: u64) -> u64 {
+    CLUSTER_STALL_S + n + connect_s
+}
+
 /// The longest broker list `MQTT_BROKER` may hold (issue 19, decided): a connect shares one deadline
 /// among the entries, and a list longer than this would leave each too little of it.
 pub const MAX_BROKERS: usize = 16;

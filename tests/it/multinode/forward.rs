@@ -1,0 +1,1 @@
+//! Store and forward (issue 19).

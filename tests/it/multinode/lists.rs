@@ -1,0 +1,1 @@
+//! Broker lists (issue 19).
