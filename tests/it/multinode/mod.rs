@@ -56,6 +56,12 @@ impl NatsNode {
         self.child = Some(child);
     }
 
+    /// Starts the node again on its ports and store (after `kill`).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
     pub fn alive(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
