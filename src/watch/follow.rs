@@ -239,7 +239,7 @@ impl Watch<'_> {
 
     /// Issue 19: a job whose record already holds a terminal status of this attempt is answered
     /// from disk (its events.log, else the record), without a broker.
-    fn from_disk(&mut self) -> Option<Verdict> {
+    fn answer_from_disk(&mut self) -> Option<Verdict> {
         let rec = self.store.read(&self.job.job_id).ok().flatten()?;
         let current = rec.attempt() == Some(self.job.attempt)
             && rec.str("dispatch_token") == Some(self.job.dispatch_token.as_str());
@@ -267,14 +267,13 @@ impl Watch<'_> {
                 }
             }
         }
-        self.line("from the record (no broker needed)");
         self.advance(&status);
         self.line(&format!("result {status}"));
         Some(Verdict::Terminal(status))
     }
 
     fn follow(&mut self, cfg: MqttConfig) -> Verdict {
-        if let Some(v) = self.from_disk() {
+        if let Some(v) = self.answer_from_disk() {
             return v;
         }
         let explicit_ack = self.settings.ack_timeout_s.map(|s| s * 1000);

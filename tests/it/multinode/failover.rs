@@ -4,7 +4,7 @@
 //! watcher elsewhere never closes the live job; the same on two bridged mosquittos. The leader-loss
 //! test measures how long a NATS cluster stalls when the node leading the MQTT streams dies.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{accepted, longest_gap, Bridged, Machine, NatsCluster, CONNECT_S};
 use crate::support::{wait_for, wait_until, TimerGuard};
