@@ -32,7 +32,7 @@ Options:
   -n, --null-message     an empty payload
   -q, --qos 0|1          quality of service (default 0); 1 waits for the broker's PUBACK
   -r, --retain           ask the broker to retain the message
-  -h, --host HOST        broker host instead of MQTT_BROKER (like mosquitto_pub; help is --help)
+  -h, --host HOST        one broker, not MQTT_BROKER's list (like mosquitto_pub; help is --help)
   -p, --port PORT        broker port instead of MQTT_PORT
   -L, --url URL          mqtt://[USER@]HOST[:PORT]/TOPIC: host, port, user and topic at once
   -u, --username USER    user name instead of MQTT_USERNAME

@@ -32,6 +32,7 @@ Follows one job: subscribes to <topic_prefix>/events and <topic_prefix>/state (Q
 local job, reads <registry>/<job_id>/events.log, accepting only signed messages of the record's
 current attempt and dispatch token. Every line (stdout and <logs>/<job_id>/subscriber.log) is
 `<ts> attempt=<a> token=<8hex> <what>`, ending with `result <status|unresponsive|no_started|wall_clock>`.
+A local job whose record is already terminal is answered from disk, without a broker.
 
 Options:
   --job-id ID        the job to follow

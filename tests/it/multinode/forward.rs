@@ -62,6 +62,7 @@ fn nats_an_outage_then_recovery_sends_the_unsent_events_and_the_terminal_once_in
         .spawn_bg(&agent.td, "daemon");
     let (rc, _) = watch.wait(Duration::from_secs(20));
     let out = watch.stdout();
+    daemon.wait_stdout("event(s) the wire had missed", Duration::from_secs(10));
     daemon.signal(libc::SIGTERM);
     daemon.wait(Duration::from_secs(10));
     assert_eq!(rc, 0, "{out}{}\n--- daemon\n{}", watch.stderr(), daemon.stdout());

@@ -20,8 +20,9 @@ use serde_json::Value;
 
 use crate::support::{free_port, have_tool, poll, rand_hex, wait_until, Background, Cmd, Mosquitto, TestDir};
 
-/// The connect deadline every machine uses (`MAM_MQTT_CONNECT_TIMEOUT_S`).
-pub const CONNECT_S: u64 = 3;
+/// The connect deadline every machine uses (`MAM_MQTT_CONNECT_TIMEOUT_S`): above NATS's own 4 s
+/// JetStream API timeout, which a CONNECT or SUBSCRIBE waits for while the cluster fails over.
+pub const CONNECT_S: u64 = 5;
 
 /// True when nats-server is there; a missing one skips with a line unless `MAM_REQUIRE_NATS=1`.
 pub fn have_nats() -> bool {
@@ -86,9 +87,14 @@ impl Drop for NatsNode {
 }
 
 /// Three nats-servers in one cluster with JetStream and MQTT (server names are required by both).
+/// One cluster runs at a time in the test binary: two on the suite's two cores made JetStream miss
+/// its own 4 s API timeouts (a reconnecting subscriber's consumers were never made in time).
 pub struct NatsCluster {
     pub nodes: Vec<NatsNode>,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
+
+static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl NatsCluster {
     /// Starts the cluster and waits until every node's MQTT gateway answers CONNECT; `None` when
@@ -99,7 +105,8 @@ impl NatsCluster {
         }
         let mut last = String::new();
         for _ in 0..3 {
-            match NatsCluster::try_start(td) {
+            let turn = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+            match NatsCluster::try_start(td, turn) {
                 Ok(c) => return Some(c),
                 Err(e) => last = e,
             }
@@ -107,7 +114,7 @@ impl NatsCluster {
         panic!("the NATS cluster did not start: {last}");
     }
 
-    fn try_start(td: &TestDir) -> Result<NatsCluster, String> {
+    fn try_start(td: &TestDir, turn: std::sync::MutexGuard<'static, ()>) -> Result<NatsCluster, String> {
         let tag = rand_hex(3);
         let ports: Vec<[u16; 4]> = (0..3).map(|_| [free_port(), free_port(), free_port(), free_port()]).collect();
         let routes: Vec<String> = ports.iter().map(|p| format!("nats://127.0.0.1:{}", p[1])).collect();
@@ -132,7 +139,7 @@ impl NatsCluster {
             n.launch();
             nodes.push(n);
         }
-        let mut c = NatsCluster { nodes };
+        let mut c = NatsCluster { nodes, _one_at_a_time: turn };
         for i in 0..3 {
             c.wait_ready(i, Duration::from_secs(30))?;
         }
@@ -182,11 +189,44 @@ impl NatsCluster {
         None
     }
 
-    /// The index of a node that leads none of the MQTT streams (a node whose death stalls nothing).
+    /// The JetStream meta leader (which stream and consumer creation need: a fresh MQTT session's
+    /// CONNECT and every QoS 1 SUBSCRIBE).
+    pub fn meta_leader(&mut self) -> Option<String> {
+        let http: Vec<u16> =
+            self.nodes.iter_mut().filter_map(|n| if n.alive() { Some(n.http) } else { None }).collect();
+        http.into_iter().find_map(|port| {
+            let v = serde_json::from_str::<Value>(&http_get(port, "/jsz")?).ok()?;
+            v["meta_cluster"]["leader"].as_str().map(str::to_string)
+        })
+    }
+
+    /// The index of the node whose death stalls the least: one that leads neither the JetStream
+    /// meta group nor any MQTT stream when there is one, else one that leads only `$MQTT_rmsgs`
+    /// (retained messages) or as little as that. The leaders are read until they have not changed
+    /// for 300 ms (they move while the streams settle).
     pub fn follower(&mut self) -> usize {
-        let leaders: Vec<String> =
-            ["$MQTT_msgs", "$MQTT_sess", "$MQTT_rmsgs"].iter().filter_map(|s| self.leader(s)).collect();
-        (0..3).find(|&i| !leaders.contains(&self.nodes[i].name)).unwrap_or(2)
+        // What each of the four groups' loss costs: the meta group, sessions and messages stall
+        // connects and deliveries; the retained store only delays a new subscriber's retained copy.
+        const GROUPS: [(&str, u32); 3] = [("$MQTT_msgs", 4), ("$MQTT_sess", 4), ("$MQTT_rmsgs", 1)];
+        let read = |c: &mut NatsCluster| {
+            let mut l: Vec<(String, u32)> = GROUPS.iter().filter_map(|(s, w)| c.leader(s).map(|n| (n, *w))).collect();
+            l.extend(c.meta_leader().map(|n| (n, 4)));
+            l
+        };
+        let mut last = read(self);
+        let mut since = std::time::Instant::now();
+        let settled = poll(Duration::from_secs(10), || {
+            let now = read(self);
+            if now != last || now.len() != 4 {
+                last = now;
+                since = std::time::Instant::now();
+                return None;
+            }
+            (since.elapsed() >= Duration::from_millis(300)).then_some(())
+        });
+        assert!(settled.is_some(), "the NATS leaders did not settle: {last:?}");
+        let cost = |i: usize| last.iter().filter(|(n, _)| *n == self.nodes[i].name).map(|(_, w)| w).sum::<u32>();
+        (0..3).min_by_key(|&i| cost(i)).unwrap()
     }
 
     pub fn index_of(&self, name: &str) -> usize {
