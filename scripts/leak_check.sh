@@ -6,6 +6,7 @@
 #     lies under BASE (the run's MAM_TEST_TMP, which holds every test's `mam-it-<pid>` directory);
 #   - a tmux server on a `mam-test-*` socket is alive that was not alive before the run (the names
 #     tests give their tmux sockets; BEFORE is the file `tmux_servers` wrote before the run);
+#   - a nats-server is alive whose config file (argv) lies under BASE (tests/it/multinode's cluster);
 #   - a herdr server is alive whose HOME or XDG directories (from /proc/PID/environ, readable for the
 #     same user) or argv lie under BASE: a test's private herdr (tests/it/support.rs `HerdrHome`).
 # Usage: leak_check.sh BASE [BEFORE]      leak_check.sh --tmux-servers (lists live test servers)
@@ -38,6 +39,7 @@ mam_leaks() {
     cmd=$({ tr '\0' ' ' <"$d/cmdline"; } 2>/dev/null) || continue
     case " $cmd" in
       *" heartbeat run "* | *" daemon run "* | *" remote run "*) ;;
+      *"nats-server -c $base/"*) ;;
       *) continue ;;
     esac
     cwd=$(readlink "$d/cwd" 2>/dev/null || true)

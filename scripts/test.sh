@@ -19,6 +19,8 @@ command -v setpriv >/dev/null || missing+=(util-linux)
 command -v ps >/dev/null || missing+=(procps)
 command -v lsof >/dev/null || missing+=(lsof)
 command -v flock >/dev/null || missing+=(util-linux)
+# The multinode tests (issue 19) run a 3-node NATS cluster with JetStream and the MQTT gateway.
+command -v nats-server >/dev/null || missing+=(nats-server)
 if ((${#missing[@]})); then
   echo "test.sh: installing ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then
@@ -31,6 +33,7 @@ if ((${#missing[@]})); then
 fi
 
 export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1 MAM_REQUIRE_LSOF=1 MAM_REQUIRE_PYTHON3=1
+export MAM_REQUIRE_NATS=1
 
 # The real herdr (issue 11): HERDR_BIN (a path) or `herdr` on PATH, exported absolute for the tests.
 # Not installable from a package, so it is required only when MAM_REQUIRE_HERDR=1 (.ci/run sets it).

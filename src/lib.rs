@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod delegate;
 pub mod diffcollect;
 pub mod envfile;
+pub mod forward;
 pub mod heartbeat;
 pub mod install;
 pub mod joblog;

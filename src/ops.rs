@@ -163,7 +163,8 @@ fn initial_record(ctx: &Ctx, job: &NewJob, id: &str, now: u64) -> Result<Map<Str
     };
     let timeout = u64::from(t.timeout.unwrap_or(0));
     let broker = broker_block(ctx)?;
-    let topic_prefix = format!("{}/jobs/{id}", broker["topic_root"].as_str().unwrap_or("mam"));
+    // Issue 19: a '.' of the id is carried as '~' (NATS refuses '.' in a topic).
+    let topic_prefix = crate::mqtt::config::job_topic_prefix(broker["topic_root"].as_str().unwrap_or("mam"), id);
     let transport = job.transport.clone().unwrap_or_else(|| "local".into());
     let token = random("dispatch_token", clock::new_dispatch_token())?;
     let auth = if transport == "remote" {
@@ -332,6 +333,93 @@ pub struct Close {
     pub reason: Option<String>,
     pub expected_attempt: Option<u64>,
     pub no_publish: bool,
+}
+
+/// Issue 19: the WARNING for a job whose idle window (K x N) is shorter than a broker list of
+/// several entries needs to survive a node's death (`window_floor_s`, docs/CLUSTER.md): a watcher
+/// would close the live job while the cluster fails over. `None` for one broker or a long window.
+pub fn window_warning(ctx: &Ctx, rec: &Record) -> Option<String> {
+    use crate::mqtt::config::{window_floor_s, BrokerBlock};
+    let block = rec.get("broker").and_then(|b| serde_json::from_value::<BrokerBlock>(b.clone()).ok())?;
+    let brokers = block.list().len();
+    if brokers < 2 {
+        return None;
+    }
+    let n = rec.u64("heartbeat_sec").unwrap_or(30);
+    let idle = rec.u64("idle_timeout_sec").unwrap_or(n * rec.u64("heartbeat_misses").unwrap_or(4));
+    let connect_s = knob::env_or(ctx, "MAM_MQTT_CONNECT_TIMEOUT_S", 1, 10).unwrap_or(10);
+    let floor = window_floor_s(n, connect_s.into());
+    (idle < floor).then(|| {
+        format!(
+            "WARNING: job {}: an idle window of {idle}s is shorter than the {floor}s a list of {brokers} brokers \
+             needs to outlast a node's death (docs/CLUSTER.md); a watcher may close the live job: raise \
+             --heartbeat-misses or --idle-timeout",
+            rec.str("job_id").unwrap_or("?")
+        )
+    })
+}
+
+/// One job `repoint` looked at: its id and what happened.
+#[derive(Debug)]
+pub struct Repointed {
+    pub job_id: String,
+    /// `None` when re-pointed (or, in a dry run, when it would be); else why it was left alone.
+    pub skipped: Option<String>,
+}
+
+/// `mam registry repoint` (issue 19): every open job of the registry (or the ones named) gets `list`
+/// as its broker list; TLS, username, CA and topic root stay. One L1 transaction per record (a
+/// metadata request on the attempt read, like scrub's), never one lock for the whole registry.
+/// Terminal jobs are left alone; a job already on `list` is skipped without a write.
+pub fn repoint(
+    ctx: &Ctx,
+    store: &Store,
+    ids: &[String],
+    list: &[crate::mqtt::config::Endpoint],
+    dry_run: bool,
+) -> Result<Vec<Repointed>, OpsError> {
+    use crate::mqtt::BrokerBlock;
+    let all = if ids.is_empty() { store.job_ids()? } else { ids.to_vec() };
+    let mut out = Vec::new();
+    for id in all {
+        let skip = |why: &str| Repointed { job_id: id.clone(), skipped: Some(why.to_string()) };
+        let rec = match store.read(&id)? {
+            Some(r) => r,
+            None if ids.is_empty() => continue,
+            None => {
+                out.push(skip("no such job"));
+                continue;
+            }
+        };
+        if is_terminal(rec.status()) {
+            out.push(skip(&format!("already {}", rec.status())));
+            continue;
+        }
+        let block = match rec.get("broker").map(|b| serde_json::from_value::<BrokerBlock>(b.clone())) {
+            Some(Ok(b)) => b,
+            // A record without a block connects to the environment's broker; give it the new list.
+            _ => MqttConfig::from_ctx(ctx)?.broker_block(),
+        };
+        if block.list() == list {
+            out.push(skip("already on this list"));
+            continue;
+        }
+        if dry_run {
+            out.push(Repointed { job_id: id, skipped: None });
+            continue;
+        }
+        let new = serde_json::to_value(block.with_list(list)).expect("a broker block always serialises");
+        let mut req = operator(ctx, Kind::Metadata, &id);
+        req.fields.insert("broker".into(), new);
+        req.expected_attempt = rec.attempt();
+        let o = store.apply(&req, clock::now_ms())?;
+        out.push(match o.decision {
+            Decided::Applied(_) => Repointed { job_id: id, skipped: None },
+            Decided::Refused { reason } => skip(&format!("refused: {reason}")),
+            Decided::Idempotent { status } => skip(&format!("already {status}")),
+        });
+    }
+    Ok(out)
 }
 
 /// The library form of `status --set`, `finalize` and `expire` (A4, CORE 7.4): one operator request

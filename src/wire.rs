@@ -58,7 +58,7 @@ impl Job {
             Some(p) if !p.is_empty() => p.to_string(),
             _ => {
                 let root = rec.get("broker").and_then(|b| b.get("topic_root")).and_then(Value::as_str).unwrap_or("mam");
-                format!("{root}/jobs/{job_id}")
+                crate::mqtt::config::job_topic_prefix(root, &job_id)
             }
         };
         Ok(Job {

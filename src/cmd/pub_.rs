@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
 use crate::knob;
+use crate::mqtt::config::Endpoint;
 use crate::mqtt::{self, codec, Client, Message, MqttConfig, MqttError, RetryPolicy, Role, Stop};
 use crate::text;
 
@@ -31,7 +32,7 @@ Options:
   -n, --null-message     an empty payload
   -q, --qos 0|1          quality of service (default 0); 1 waits for the broker's PUBACK
   -r, --retain           ask the broker to retain the message
-  -h, --host HOST        broker host instead of MQTT_BROKER (like mosquitto_pub; help is --help)
+  -h, --host HOST        one broker, not MQTT_BROKER's list (like mosquitto_pub; help is --help)
   -p, --port PORT        broker port instead of MQTT_PORT
   -L, --url URL          mqtt://[USER@]HOST[:PORT]/TOPIC: host, port, user and topic at once
   -u, --username USER    user name instead of MQTT_USERNAME
@@ -262,13 +263,12 @@ pub(crate) fn target(ctx: &Ctx, env: MqttConfig, host: Option<String>, port: Opt
     if host.is_none() && port.is_none() {
         return env;
     }
-    let mut block = env.broker_block();
-    if let Some(h) = host {
-        block.host = h;
-    }
-    if let Some(p) = port {
-        block.port = p;
-    }
+    // `-h` names one broker (mosquitto's meaning); `-p` alone re-ports every broker of the list.
+    let list: Vec<Endpoint> = match host {
+        Some(h) => vec![Endpoint::new(h, port.unwrap_or(env.first().port))],
+        None => env.brokers.iter().map(|e| Endpoint::new(e.host.clone(), port.unwrap_or(e.port))).collect(),
+    };
+    let block = env.broker_block().with_list(&list);
     let (cfg, warning) = env.for_block(&block);
     if let Some(w) = warning {
         ctx.diag(&w);
@@ -327,7 +327,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         &stop,
         |w| ctx.diag(&w),
         |_| {
-            debug(format!("connecting to {}:{}", cfg.host, cfg.port));
+            debug(format!("connecting to {}", cfg.addr()));
             let mut c = connect(&cfg, Role::Pub, id.as_deref(), &stop)?;
             // A retry resends only what the broker has not taken yet.
             while let Some(m) = msgs.get(sent) {

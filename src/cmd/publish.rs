@@ -29,7 +29,9 @@ Usage: mam publish --job-id ID --event started|progress|completed|failed|error [
 Records the event in the job's registry (one engine decision with its seq), appends the signed event
 to <registry>/<job_id>/events.log, and only then sends the event and the retained job state over one
 broker connection. A terminal event (completed, failed, error) first stops the job's heartbeat timer
-and waits for in-flight publishes.
+and waits for in-flight publishes. The broker is the record's list (MQTT_BROKER when the job was
+registered; `mam registry repoint` changes it), walked in order within one connect deadline; events
+of the job that an outage kept off the wire go first, in seq order.
 
 Options:
   --job-id ID            the job (see `mam registry publish-cmd ID` for the whole line)

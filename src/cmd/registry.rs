@@ -46,6 +46,9 @@ Subcommands:
                  status, ids, tokens and seqs are reserved (rc 1)
   scrub-secrets [--dry-run]
                  remove a stored broker.password from every record that holds a non-empty one
+  repoint [ID...] --broker LIST [--dry-run]
+                 give every open job (or the ones named) the broker list LIST (comma-separated
+                 host[:port], MQTT_PORT for an entry without one); one record at a time
   publish-cmd ID print the agent's publish command as one shell line
   paths          print `registry=<abs>` and `logs=<abs>` (creates nothing)
 
@@ -78,6 +81,7 @@ enum Sub {
     Expire { id: String, close: Close },
     SetMeta { id: String, fields: Map<String, Value>, expected_attempt: Option<u64> },
     Scrub { dry_run: bool },
+    Repoint { ids: Vec<String>, broker: String, dry_run: bool },
     PublishCmd { id: String },
 }
 
@@ -100,6 +104,7 @@ struct Raw {
     close: Close,
     dry_run: bool,
     json: bool,
+    broker: Option<String>,
 }
 
 fn job_id_arg(flag: &str, v: &str) -> Result<String, Failure> {
@@ -157,6 +162,7 @@ fn allowed(sub: &str) -> Option<&'static [&'static str]> {
         "expire" => &["--expected-attempt", "--no-publish"],
         "set-meta" => &["--expected-attempt"],
         "scrub-secrets" => &["--dry-run"],
+        "repoint" => &["--broker", "--dry-run"],
         _ => return None,
     })
 }
@@ -289,6 +295,18 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 r.dry_run = true;
                 "--dry-run"
             }
+            Long("broker") => {
+                let v = cli::utf8("--broker", p.value()?)?;
+                // The grammar now; the ports of entries without one once MQTT_PORT is known.
+                if let Err(why) = crate::mqtt::config::parse_broker_list(&v, 1) {
+                    return Err(Failure::usage(format!(
+                        "--broker: '{}' is not a broker list (expected comma-separated host[:port]; {why})",
+                        text::one_line(&v)
+                    )));
+                }
+                r.broker = Some(v);
+                "--broker"
+            }
             Value(v) if r.sub.is_none() => {
                 r.sub = Some(cli::utf8("registry", v)?);
                 continue;
@@ -321,7 +339,12 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         String::new()
     };
     let mut fields = Map::new();
+    let mut ids = Vec::new();
     for extra in pos {
+        if sub == "repoint" {
+            ids.push(job_id_arg("repoint", &extra)?);
+            continue;
+        }
         if sub != "set-meta" {
             return Err(Failure::usage(format!("registry {sub}: unexpected argument '{}'", text::one_line(&extra))));
         }
@@ -369,6 +392,12 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Sub::SetMeta { id, fields, expected_attempt: r.close.expected_attempt }
         }
         "scrub-secrets" => Sub::Scrub { dry_run: r.dry_run },
+        "repoint" => {
+            let Some(broker) = r.broker else {
+                return Err(Failure::usage("registry repoint: --broker LIST is required"));
+            };
+            Sub::Repoint { ids, broker, dry_run: r.dry_run }
+        }
         _ => unreachable!("allowed() lists every subcommand"),
     };
     Ok(Parsed::Run(Args { registry_dir: r.registry_dir, sub }))
@@ -446,6 +475,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             }
         }
         Sub::Scrub { dry_run } => scrub(ctx, &store, dry_run),
+        Sub::Repoint { ids, broker, dry_run } => repoint(ctx, &store, &ids, &broker, dry_run),
         Sub::PublishCmd { id } => publish_cmd(ctx, &store, &id),
     }
 }
@@ -483,6 +513,9 @@ fn register(ctx: &Ctx, store: &Store, job: NewJob, json: bool) -> Result<i32, Fa
     audit_warning(ctx, &out);
     match &out.decision {
         Decided::Applied(a) => {
+            if let Some(w) = ops::window_warning(ctx, &a.record) {
+                ctx.diag(&w);
+            }
             if json {
                 ctx.say(&pretty(&a.record.redacted()));
             } else {
@@ -505,6 +538,9 @@ fn submit(ctx: &Ctx, store: &Store, job: NewJob) -> Result<i32, Failure> {
     match &out.decision {
         Decided::Applied(a) => {
             let r = &a.record;
+            if let Some(w) = ops::window_warning(ctx, r) {
+                ctx.diag(&w);
+            }
             ctx.say(&format!(
                 "{id} attempt={} iteration={}",
                 r.u64("attempt").unwrap_or(0),
@@ -628,6 +664,31 @@ fn scrub(ctx: &Ctx, store: &Store, dry_run: bool) -> Result<i32, Failure> {
     }
     ctx.say(&format!("scrubbed {n} record(s)"));
     Ok(0)
+}
+
+/// `repoint`: one line per job re-pointed (or skipped, with why), then the count.
+fn repoint(ctx: &Ctx, store: &Store, ids: &[String], broker: &str, dry_run: bool) -> Result<i32, Failure> {
+    let (_, port) = crate::mqtt::config::tls_and_port(ctx)?;
+    let list = crate::mqtt::config::parse_broker_list(broker, port).map_err(|why| {
+        Failure::usage(format!("--broker: '{}' is not a broker list ({why})", text::one_line(broker)))
+    })?;
+    let shown = crate::mqtt::config::show_list(&list);
+    let done = ops::repoint(ctx, store, ids, &list, dry_run).map_err(ops_failure)?;
+    let mut n = 0;
+    for r in &done {
+        match &r.skipped {
+            None => {
+                n += 1;
+                ctx.say(&format!("  {}", r.job_id));
+            }
+            Some(why) => ctx.say(&format!("  {} skipped ({why})", r.job_id)),
+        }
+    }
+    let verb = if dry_run { "would repoint" } else { "repointed" };
+    ctx.say(&format!("{verb} {n} job(s) to {shown}"));
+    // A named job that could not be re-pointed is the caller's to know about.
+    let missing = done.iter().any(|r| r.skipped.as_deref() == Some("no such job"));
+    Ok(if missing { 1 } else { 0 })
 }
 
 /// CORE 4.5: `DELEGATE_JOB_LOGS_DIR=<q logs> <q abs-mam> publish --registry-dir <q registry>

@@ -23,7 +23,7 @@ Options:
   -C, --count COUNT      exit 0 after COUNT messages
   -W, --timeout SECONDS  exit 27 when SECONDS pass (counted from start) before COUNT messages
   -q, --qos 0|1          requested subscription QoS (default 1, CORE 3.2)
-  -h, --host HOST        broker host instead of MQTT_BROKER (like mosquitto_sub; help is --help)
+  -h, --host HOST        one broker, not MQTT_BROKER's list (like mosquitto_sub; help is --help)
   -p, --port PORT        broker port instead of MQTT_PORT
   -L, --url URL          mqtt://[USER@]HOST[:PORT]/FILTER: host, port, user and filter at once
   -u, --username USER    user name instead of MQTT_USERNAME
@@ -148,7 +148,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         &stop,
         |w| ctx.diag(&w),
         |_| {
-            debug(format!("connecting to {}:{}", cfg.host, cfg.port));
+            debug(format!("connecting to {}", cfg.addr()));
             let mut c = pub_::connect(&cfg, Role::Sub, id.as_deref(), &stop)?;
             c.subscribe(&a.filters, a.qos)?;
             debug(format!("subscribed to {} (qos {})", a.filters.join(", "), a.qos));

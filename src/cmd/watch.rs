@@ -32,6 +32,7 @@ Follows one job: subscribes to <topic_prefix>/events and <topic_prefix>/state (Q
 local job, reads <registry>/<job_id>/events.log, accepting only signed messages of the record's
 current attempt and dispatch token. Every line (stdout and <logs>/<job_id>/subscriber.log) is
 `<ts> attempt=<a> token=<8hex> <what>`, ending with `result <status|unresponsive|no_started|wall_clock>`.
+A local job whose record is already terminal is answered from disk, without a broker.
 
 Options:
   --job-id ID        the job to follow
@@ -137,7 +138,7 @@ fn watch(ctx: &Ctx, a: &Args, printed: &AtomicBool) -> Result<i32, Failure> {
             }
             cfg
         }
-        None => env_cfg,
+        None => env_cfg.clone(),
     };
     let settings = Settings {
         ack_timeout_s: a.ack_timeout.map(u64::from),
@@ -146,6 +147,7 @@ fn watch(ctx: &Ctx, a: &Args, printed: &AtomicBool) -> Result<i32, Failure> {
         remote: a.remote,
         poll: Duration::from_millis(poll_ms.into()),
         cas: ctx.var("MAM_ENGINE_CAS").as_deref() != Some("0"),
+        env: Some(env_cfg),
     };
     let mut out = |o: Output<'_>| match o {
         Output::Line(l) => ctx.say(l),

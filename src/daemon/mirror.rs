@@ -44,11 +44,13 @@ pub struct Pass {
     pub lines: Vec<String>,
 }
 
-/// `<root>/jobs/<job_id>/events|state` -> (job_id, "events"|"state").
-pub fn parse_topic<'a>(root: &str, topic: &'a str) -> Option<(&'a str, &'a str)> {
+/// `<root>/jobs/<level>/events|state` -> (job_id, "events"|"state"); the level is the id with its
+/// `.` carried as `~` (issue 19) or, from an older mam, as is.
+pub fn parse_topic<'a>(root: &str, topic: &'a str) -> Option<(String, &'a str)> {
     let rest = topic.strip_prefix(root)?.strip_prefix("/jobs/")?;
-    let (id, leaf) = rest.split_once('/')?;
-    (matches!(leaf, "events" | "state") && crate::clock::valid_job_id(id)).then_some((id, leaf))
+    let (level, leaf) = rest.split_once('/')?;
+    let id = crate::mqtt::config::job_id_of_level(level);
+    (matches!(leaf, "events" | "state") && crate::clock::valid_job_id(&id)).then_some((id, leaf))
 }
 
 /// The current attempt's identity from a record, when it has all three parts.
@@ -93,6 +95,7 @@ impl Mirror {
     /// that is already terminal (a retained snapshot is replayed on every subscribe).
     pub fn on_message(&mut self, topic: &str, payload: &[u8], retained: bool, now_ms: u64) -> Vec<String> {
         let Some((id, _leaf)) = parse_topic(&self.topic_root, topic) else { return Vec::new() };
+        let id = id.as_str();
         if payload.is_empty() {
             return Vec::new();
         }
@@ -278,8 +281,9 @@ mod tests {
 
     #[test]
     fn topics() {
-        assert_eq!(parse_topic("mam", "mam/jobs/ab12/events"), Some(("ab12", "events")));
-        assert_eq!(parse_topic("a/b", "a/b/jobs/x.y/state"), Some(("x.y", "state")));
+        assert_eq!(parse_topic("mam", "mam/jobs/ab12/events"), Some(("ab12".into(), "events")));
+        assert_eq!(parse_topic("a/b", "a/b/jobs/x.y/state"), Some(("x.y".into(), "state")));
+        assert_eq!(parse_topic("a/b", "a/b/jobs/x~y/state"), Some(("x.y".into(), "state")));
         assert_eq!(parse_topic("mam", "mam/jobs/ab12/dispatch/1"), None);
         assert_eq!(parse_topic("mam", "mamx/jobs/ab12/events"), None);
         assert_eq!(parse_topic("mam", "mam/jobs//events"), None);

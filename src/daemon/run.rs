@@ -6,6 +6,7 @@
 //! phase ends the loop; a daemon that has received one never starts polling. A polling pass that has
 //! begun runs to its end. This module prints nothing: log lines go to the caller's callback.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,7 @@ use super::lock::MonitorLock;
 use super::mirror::Mirror;
 use super::sweep::{self, Close, TerminalCache};
 use crate::clock;
-use crate::mqtt::{with_retry, Message, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
+use crate::mqtt::{with_retry, BrokerBlock, Message, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
 use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::sys;
@@ -84,13 +85,11 @@ fn signalled(stop: &Stop) -> Option<Exit> {
 /// connection when the record's broker and topic root are the daemon's. Returns a line to log when
 /// the notice was not sent (a failed publish leaves the record, already final, alone).
 fn publish_close(cfg: &Config, conn: &mut Persistent, connected: bool, rec: &Record, seq: u64) -> Option<String> {
-    let broker = rec.get("broker");
-    let host = broker.and_then(|b| b.get("host")).and_then(|v| v.as_str());
-    let port = broker.and_then(|b| b.get("port")).and_then(|v| v.as_u64());
+    let block = rec.get("broker").and_then(|b| serde_json::from_value::<BrokerBlock>(b.clone()).ok());
     let prefix = format!("{}/jobs/", cfg.mqtt.topic_root);
-    let ours = host == Some(cfg.mqtt.host.as_str())
-        && port == Some(u64::from(cfg.mqtt.port))
-        && rec.str("topic_prefix").is_some_and(|p| p.starts_with(&prefix));
+    // Issue 19: a broker the daemon's list shares with the record's reaches the record's watchers.
+    let shared = block.is_some_and(|b| b.list().iter().any(|e| cfg.mqtt.brokers.contains(e)));
+    let ours = shared && rec.str("topic_prefix").is_some_and(|p| p.starts_with(&prefix));
     if !ours {
         return Some("close not published (the record names another broker or topic root)".into());
     }
@@ -104,6 +103,73 @@ fn publish_close(cfg: &Config, conn: &mut Persistent, connected: bool, rec: &Rec
     }
 }
 
+/// Issue 19, store and forward: events of the registry's jobs that are on disk but never reached the
+/// wire are sent over the daemon's connection, for jobs whose record shares a broker with the
+/// daemon's list and topic root, that have no live heartbeat timer (the timer forwards its own job's)
+/// and no publish in flight (L3 is tried, never waited for). A job whose events.log has not grown
+/// since it was last found complete is not read again. Returns the lines to log.
+fn forward_unsent(cfg: &Config, conn: &mut Persistent, done: &mut HashMap<String, u64>) -> Vec<String> {
+    let mut lines = Vec::new();
+    let Ok(ids) = cfg.store.job_ids() else { return lines };
+    let prefix = format!("{}/jobs/", cfg.mqtt.topic_root);
+    for id in ids {
+        let events = crate::joblog::events_log_path(&cfg.store.registry, &id);
+        let len = std::fs::metadata(&events).map(|m| m.len()).unwrap_or(0);
+        if len == 0 || done.get(&id) == Some(&len) {
+            continue;
+        }
+        let Ok(Some(rec)) = cfg.store.read(&id) else { continue };
+        let block = rec.get("broker").and_then(|b| serde_json::from_value::<BrokerBlock>(b.clone()).ok());
+        let shared = block.is_some_and(|b| b.list().iter().any(|e| cfg.mqtt.brokers.contains(e)));
+        if !shared || !rec.str("topic_prefix").is_some_and(|p| p.starts_with(&prefix)) {
+            done.insert(id, len);
+            continue;
+        }
+        if crate::heartbeat::timer::status(&cfg.store.registry, &id).is_some() {
+            continue;
+        }
+        let Ok(Some(_l3)) = crate::joblog::inflight_exclusive(&cfg.store.registry, &id, Duration::ZERO) else {
+            continue;
+        };
+        let Ok(job) = crate::wire::Job::from_record(&rec) else {
+            done.insert(id, len);
+            continue;
+        };
+        let look = crate::forward::look(&cfg.store, &job, u64::MAX, clock::now_ms());
+        let list = look.unsent;
+        if list.is_empty() {
+            // Something still in flight is looked at again at the next sweep.
+            if look.waiting == 0 {
+                done.insert(id, len);
+            }
+            continue;
+        }
+        let mut replayed = crate::forward::Replayed::default();
+        let mut notes = Vec::new();
+        let r = conn.with_client(|c| {
+            crate::forward::send(&cfg.store, &job, c, &list, true, &mut replayed, &mut |w| notes.push(w))
+        });
+        lines.extend(notes);
+        match r {
+            Ok(()) => {
+                lines.push(format!(
+                    "job {id}: sent {} event(s) the wire had missed: seq {:?}",
+                    list.len(),
+                    replayed.seqs
+                ));
+                if list.len() < crate::forward::MAX_REPLAY && look.waiting == 0 {
+                    done.insert(id, len);
+                }
+            }
+            Err(e) => {
+                lines.push(format!("job {id}: events the wire had missed not sent yet ({e})"));
+                break;
+            }
+        }
+    }
+    lines
+}
+
 /// Runs the daemon until it exits; `lock` must be held by the caller for the whole call.
 pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&str)) -> Exit {
     let presence =
@@ -115,6 +181,7 @@ pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&st
     let filters = mirror.filters();
     let mut conn = Persistent::new(cfg.mqtt.clone(), Role::Dmn, wire_stop.clone());
     let mut cache = TerminalCache::default();
+    let mut forwarded: HashMap<String, u64> = HashMap::new();
 
     let end = |exit: Exit, conn: &mut Persistent, log: &mut dyn FnMut(&str)| {
         let what = match exit {
@@ -200,6 +267,11 @@ pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&st
                     }
                 }
             }
+            if connected {
+                for line in forward_unsent(cfg, &mut conn, &mut forwarded) {
+                    log(&line);
+                }
+            }
             next_sweep = Instant::now() + cfg.sweep_every;
         }
         let idle_deadline = cfg.idle_timeout.map(|d| last_message + d);
@@ -246,6 +318,8 @@ pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&st
                     subscribed = true;
                     connected = true;
                     log(&format!("broker up; subscribed {}", filters.join(" ")));
+                    // What the outage left unsent goes out now, not at the next sweep.
+                    next_sweep = Instant::now();
                 }
                 Err(MqttError::Stopped) => next_presence = Instant::now(),
                 Err(e) => {

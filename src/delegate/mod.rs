@@ -296,7 +296,12 @@ fn register(
         };
         out.audit_error.iter().for_each(|w| diag(&format!("WARNING: {w}")));
         match out.decision {
-            Decided::Applied(a) => return Ok(a.record),
+            Decided::Applied(a) => {
+                if let Some(w) = ops::window_warning(ctx, &a.record) {
+                    diag(&w);
+                }
+                return Ok(a.record);
+            }
             Decided::Refused { reason } if reason == "exists" && req.job_id.is_none() && tries < 5 => tries += 1,
             Decided::Refused { reason } => return Err(DelegateError::JobRefused { id, reason }),
             Decided::Idempotent { status } => return Err(DelegateError::AlreadyDone { id, status }),

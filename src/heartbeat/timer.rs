@@ -21,6 +21,7 @@ use serde_json::{json, Map};
 use super::timer_proc::{self, is_our_timer, lifecycle_lock_path, pidfile_path, Pidfile, Stopped};
 use crate::clock;
 use crate::ctx::Ctx;
+use crate::forward;
 use crate::joblog::{append_event, events_log_path, prepare_events_log};
 use crate::mqtt::{with_retry, Message, MqttConfig, Persistent, RetryPolicy, Role, Stop};
 use crate::registry::audit;
@@ -425,16 +426,15 @@ fn beat_loop(store: &Store, settings: &Settings, a: &RunArgs, log: &Log) -> Stri
     if let Some(w) = warning {
         log(&w);
     }
-    let delays = settings.delays.clone();
     let events = events_log_path(&store.registry, &a.job_id);
     let slot = Arc::new(Slot { pending: Mutex::new(None), cv: Condvar::new(), stop: AtomicBool::new(false) });
     let wire = {
         let (slot, store, job, log) = (slot.clone(), store.clone(), job.clone(), log.clone());
-        let cfg = mqtt;
+        let (cfg, settings) = (mqtt, settings.clone());
         std::thread::Builder::new()
             .name("hb-wire".into())
             .stack_size(256 * 1024)
-            .spawn(move || wire_loop(&slot, cfg, delays, &store, &job, &log))
+            .spawn(move || wire_loop(&slot, cfg, &settings, &store, &job, &log))
     };
     if let Err(e) = wire {
         return format!("cannot start the wire thread ({e})");
@@ -523,15 +523,22 @@ fn beat(store: &Store, a: &RunArgs, job: &Job, events: &Path, slot: &Slot, log: 
 }
 
 /// The wire thread: sends the latest waiting beat and its re-checked state over the persistent
-/// connection; retries stop as soon as a newer beat waits or the timer stops.
-fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, delays: Vec<Duration>, store: &Store, job: &Job, log: &Log) {
+/// connection; retries stop as soon as a newer beat waits or the timer stops. Before a beat it
+/// sends what an outage left unsent (issue 19, `forward`) whenever the connection is new or other
+/// seqs were allocated since the previous beat; while disconnected it follows a re-pointed record
+/// (`mam registry repoint`) to its new broker list.
+fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, settings: &Settings, store: &Store, job: &Job, log: &Log) {
     let conn_stop = {
         let s = slot.clone();
         Stop::from_fn(move || s.stopped())
     };
-    let mut conn = Persistent::new(cfg, Role::Hb, conn_stop);
-    let policy = RetryPolicy { delays, budget: None, what: "beat" };
+    let mut conn = Persistent::new(cfg, Role::Hb, conn_stop.clone());
+    let policy = RetryPolicy { delays: settings.delays.clone(), budget: None, what: "beat" };
     let mut serviced = Instant::now();
+    // The connection count and beat seq of the last look for unsent events (`None`: never looked).
+    let mut looked: Option<(u32, u64)> = None;
+    let mut broker: Option<String> = None;
+    let mut delivered = false;
     loop {
         let beat = loop {
             {
@@ -553,6 +560,15 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, delays: Vec<Duration>, store: &S
                 let _ = conn.service(Instant::now() + Duration::from_millis(5));
             }
         };
+        if !conn.is_connected() {
+            if let Ok(Some(rec)) = store.read(&job.job_id) {
+                let (fresh, _) = settings.mqtt_for(&rec);
+                if fresh.identity() != *conn.identity() {
+                    log(&format!("broker list of the record is now {}; reconnecting there", fresh.addr()));
+                    conn = Persistent::new(fresh, Role::Hb, conn_stop.clone());
+                }
+            }
+        }
         let retry_stop = {
             let s = slot.clone();
             Stop::from_fn(move || s.stopped() || s.has_pending())
@@ -560,19 +576,47 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, delays: Vec<Duration>, store: &S
         let mut progress = Progress::default();
         let recheck = || wire::recheck_state(store, job, "progress", beat.seq);
         let proceed = || !slot.stopped();
+        let mut replayed = forward::Replayed::default();
+        let mut notes = Vec::new();
         let r = with_retry(
             &policy,
             &retry_stop,
             |w| log(&w),
             |_| {
                 progress.attempts += 1;
+                // Look when the connection is (or will be) new, or someone else took seqs since.
+                let look =
+                    !conn.is_connected() || looked.is_none_or(|(n, seq)| n != conn.connects() || beat.seq != seq + 1);
                 conn.with_client(|c| {
-                    wire::send_event_then_state(c, Some(&beat.msg), &mut progress, Some(&recheck), &proceed)
+                    let fresh = c.addr().to_string();
+                    if broker.as_deref() != Some(fresh.as_str()) {
+                        log(&format!("connected to broker {fresh}"));
+                        broker = Some(fresh.clone());
+                        delivered = false;
+                    }
+                    if look {
+                        let earlier = forward::unsent(store, job, beat.seq, clock::now_ms());
+                        forward::send(store, job, c, &earlier, false, &mut replayed, &mut |w| notes.push(w))?;
+                    }
+                    wire::send_event_then_state(c, Some(&beat.msg), &mut progress, Some(&recheck), &proceed)?;
+                    // The first beat a broker acknowledged: when a failover completed (issue 19).
+                    if !delivered {
+                        delivered = true;
+                        log(&format!("beat seq={} delivered through broker {fresh}", beat.seq));
+                    }
+                    Ok(())
                 })
             },
         );
+        for n in notes.drain(..) {
+            log(&n);
+        }
+        if !replayed.seqs.is_empty() {
+            log(&format!("sent earlier event(s) the wire had missed: seq {:?}", replayed.seqs));
+        }
         match r {
             Ok(()) => {
+                looked = Some((conn.connects(), beat.seq));
                 if let Some(why) = &progress.state_skipped {
                     log(&format!("beat seq={}: state not published: {why}", beat.seq));
                 }
@@ -581,7 +625,10 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, delays: Vec<Duration>, store: &S
                 log(&format!("beat seq={} abandoned on stop ({e})", beat.seq));
                 return;
             }
-            Err(e) => log(&format!("beat seq={} not published: {e}", beat.seq)),
+            Err(e) => {
+                looked = None;
+                log(&format!("beat seq={} not published: {e}", beat.seq))
+            }
         }
     }
 }

@@ -38,11 +38,57 @@ impl Client {
         Client::connect_with_id(cfg, &id, stop)
     }
 
-    /// TCP (or the TLS shim), CONNECT and CONNACK under one deadline of `cfg.connect_timeout`.
+    /// TCP (or the TLS shim), CONNECT and CONNACK under one deadline of `cfg.connect_timeout`,
+    /// walking the broker list from its first entry.
     pub fn connect_with_id(cfg: &MqttConfig, client_id: &str, stop: &Stop) -> Result<Client, MqttError> {
+        Client::connect_from(cfg, client_id, stop, 0).map(|(c, _)| c)
+    }
+
+    /// Walks `cfg.brokers` from index `first` (wrapping around), each broker within an equal share
+    /// of what is left of the one connect deadline (the last one gets all of it), and moves on
+    /// after any failure but a stop or a missing openssl (issue 19). Returns the client and the
+    /// index of the broker that answered. With one broker the error is that broker's; with more it
+    /// is `NoBroker`, naming each.
+    pub fn connect_from(
+        cfg: &MqttConfig,
+        client_id: &str,
+        stop: &Stop,
+        first: usize,
+    ) -> Result<(Client, usize), MqttError> {
         let deadline = Instant::now() + cfg.connect_timeout;
-        let addr = cfg.addr();
-        let t = Transport::open(cfg, deadline)?;
+        let n = cfg.brokers.len();
+        let mut failures = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let ep = &cfg.brokers[i];
+            let now = Instant::now();
+            if now >= deadline {
+                failures.push((ep.addr(), MqttError::NoConnack { addr: ep.addr(), phase: "connect (not tried)" }));
+                continue;
+            }
+            let share = if k + 1 == n { deadline } else { now + (deadline - now) / (n - k) as u32 };
+            match Client::connect_one(cfg, ep, client_id, stop, share) {
+                Ok(c) => return Ok((c, i)),
+                Err(e) if n == 1 || !e.moves_on() => return Err(e),
+                Err(e) => failures.push((ep.addr(), e)),
+            }
+            if stop.is_set() {
+                return Err(MqttError::Stopped);
+            }
+        }
+        Err(MqttError::NoBroker { failures })
+    }
+
+    /// One broker of the list, before `deadline`.
+    fn connect_one(
+        cfg: &MqttConfig,
+        ep: &config::Endpoint,
+        client_id: &str,
+        stop: &Stop,
+        deadline: Instant,
+    ) -> Result<Client, MqttError> {
+        let addr = ep.addr();
+        let t = Transport::open(cfg, ep, deadline)?;
         let mut c = Client {
             t,
             addr: addr.clone(),
@@ -363,13 +409,28 @@ pub struct Persistent {
     connects: u32,
     /// Filters re-subscribed after every (re)connect, with their QoS.
     subscriptions: Vec<(Vec<String>, u8)>,
+    /// Where the next connect starts in the broker list: the broker that answered last, or the one
+    /// after it once its connection was lost (issue 19: a dead node is not dialled first).
+    next_first: usize,
+    /// The index of the broker the kept connection is to.
+    current: usize,
 }
 
 impl Persistent {
     /// Freezes `cfg`'s identity; no connection is made yet.
     pub fn new(cfg: MqttConfig, role: Role, stop: Stop) -> Persistent {
         let identity = cfg.identity();
-        Persistent { cfg, identity, role, stop, client: None, connects: 0, subscriptions: Vec::new() }
+        Persistent {
+            cfg,
+            identity,
+            role,
+            stop,
+            client: None,
+            connects: 0,
+            subscriptions: Vec::new(),
+            next_first: 0,
+            current: 0,
+        }
     }
 
     pub fn identity(&self) -> &Identity {
@@ -398,14 +459,22 @@ impl Persistent {
     pub fn client(&mut self) -> Result<&mut Client, MqttError> {
         if let Some(c) = self.client.as_mut() {
             if c.peer_closed() {
+                let addr = c.addr().to_string();
                 self.client = None;
-                return Err(MqttError::NotConnected { addr: self.cfg.addr() });
+                self.lost();
+                return Err(MqttError::NotConnected { addr });
             }
         }
         if self.client.is_none() {
-            let mut c = Client::connect(&self.cfg, self.role, &self.stop)?;
+            let id = config::client_id(self.role).map_err(|e| MqttError::Internal(format!("random client id: {e}")))?;
+            let (mut c, i) = Client::connect_from(&self.cfg, &id, &self.stop, self.next_first)?;
+            self.current = i;
+            self.next_first = i;
             for (filters, qos) in &self.subscriptions {
-                c.subscribe(filters, *qos)?;
+                if let Err(e) = c.subscribe(filters, *qos) {
+                    self.lost();
+                    return Err(e);
+                }
             }
             self.connects += 1;
             self.client = Some(c);
@@ -421,6 +490,7 @@ impl Persistent {
         if let Err(e) = &r {
             if !matches!(e, MqttError::Encode { .. } | MqttError::SubackRefused { .. } | MqttError::Stopped) {
                 self.drop_connection();
+                self.lost();
             }
         }
         r
@@ -465,5 +535,15 @@ impl Persistent {
         if let Some(c) = self.client.take() {
             c.disconnect();
         }
+    }
+
+    /// The kept connection's broker failed: the next connect starts after it in the list.
+    fn lost(&mut self) {
+        self.next_first = (self.current + 1) % self.cfg.brokers.len().max(1);
+    }
+
+    /// `host:port` of the broker the kept connection is to, if connected.
+    pub fn connected_to(&self) -> Option<&str> {
+        self.client.as_ref().map(Client::addr)
     }
 }

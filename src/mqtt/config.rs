@@ -37,11 +37,130 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// One broker of a list: a host (name or IP literal, without brackets) and its port.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+}
+
+impl Endpoint {
+    pub fn new(host: impl Into<String>, port: u16) -> Endpoint {
+        Endpoint { host: host.into(), port }
+    }
+
+    /// `host:port`, IPv6 literals bracketed: how the endpoint is named in messages and records.
+    pub fn addr(&self) -> String {
+        host_port(&self.host, self.port)
+    }
+
+    /// True when the host is an IP literal (A22: `-verify_ip` instead of `-servername`).
+    pub fn host_is_ip(&self) -> bool {
+        self.host.parse::<IpAddr>().is_ok()
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.addr())
+    }
+}
+
+/// How long a broker cluster may stall when one of its nodes dies (issue 19, docs/CLUSTER.md): the
+/// NATS 2.9 cluster of the tests went 7-10.5 s without delivering when the node leading its MQTT
+/// streams was killed; 15 s covers that with a margin. Bridged mosquittos do not stall.
+pub const CLUSTER_STALL_S: u64 = 15;
+
+/// The shortest idle window (K x N, seconds) that survives the death of a node of a broker list of
+/// several entries: the cluster's stall, one beat period `n` and one connect deadline, after which
+/// the timer's next beat is through another node.
+pub fn window_floor_s(n: u64, connect_s: u64) -> u64 {
+    CLUSTER_STALL_S + n + connect_s
+}
+
+/// The longest broker list `MQTT_BROKER` may hold (issue 19, decided): a connect shares one deadline
+/// among the entries, and a list longer than this would leave each too little of it.
+pub const MAX_BROKERS: usize = 16;
+
+/// Parses `MQTT_BROKER`'s broker list (issue 19): comma-separated `host[:port]` entries, ASCII blanks
+/// around each ignored; an entry without a port takes `default_port`. An IPv6 literal is written
+/// `[addr]` or `[addr]:port` (a bare `addr` has no port). Repeated entries are kept once, in their
+/// first place. The error is the problem alone (`entry 2 is empty`), for the caller's message.
+pub fn parse_broker_list(raw: &str, default_port: u16) -> Result<Vec<Endpoint>, String> {
+    let entries: Vec<&str> = raw.split(',').map(|e| e.trim_matches(|c| c == ' ' || c == '\t')).collect();
+    if entries.len() > MAX_BROKERS {
+        return Err(format!("{} entries, at most {MAX_BROKERS}", entries.len()));
+    }
+    let mut out: Vec<Endpoint> = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let n = i + 1;
+        if e.is_empty() {
+            return Err(format!("entry {n} is empty"));
+        }
+        let (host, port) = if let Some(rest) = e.strip_prefix('[') {
+            let (h, after) = rest.split_once(']').ok_or_else(|| format!("entry {n} has '[' without ']'"))?;
+            if h.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(format!("entry {n}: '{h}' in brackets is not an IPv6 address"));
+            }
+            match after {
+                "" => (h, None),
+                p => (h, Some(p.strip_prefix(':').ok_or_else(|| format!("entry {n}: expected ':PORT' after ']'"))?)),
+            }
+        } else if e.matches(':').count() > 1 {
+            if e.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(format!("entry {n}: '{e}' is not a host[:port]"));
+            }
+            (*e, None)
+        } else {
+            match e.split_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (*e, None),
+            }
+        };
+        if !valid_host(host) {
+            return Err(format!("entry {n}: '{host}' is not a host name or IP address"));
+        }
+        let port = match port {
+            None => default_port,
+            Some(p) => knob::parse_u32(p)
+                .and_then(|v| u16::try_from(v).ok())
+                .filter(|v| *v >= 1)
+                .ok_or_else(|| format!("entry {n}: port '{p}' is not 1-65535"))?,
+        };
+        let ep = Endpoint::new(host, port);
+        if !out.contains(&ep) {
+            out.push(ep);
+        }
+    }
+    Ok(out)
+}
+
+/// A host name (RFC 1123 labels, `_` tolerated) or an IP literal.
+fn valid_host(h: &str) -> bool {
+    if h.parse::<IpAddr>().is_ok() {
+        return true;
+    }
+    !h.is_empty()
+        && h.len() <= 253
+        && h.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// `a:1,b:2`: a list as one value (messages, `MQTT_BROKER`).
+pub fn show_list(list: &[Endpoint]) -> String {
+    list.iter().map(Endpoint::addr).collect::<Vec<_>>().join(",")
+}
+
 /// The effective broker settings of one invocation (CORE 3.1).
 #[derive(Clone, Debug)]
 pub struct MqttConfig {
-    pub host: String,
-    pub port: u16,
+    /// The broker list, in the order connects try it; never empty (issue 19).
+    pub brokers: Vec<Endpoint>,
     pub tls: bool,
     pub username: Option<String>,
     pub password: Option<Secret>,
@@ -78,41 +197,39 @@ impl MqttConfig {
     /// publish line, which runs from anywhere without the workspace variables (ORCH 0.3), still
     /// finds its workspace's broker credentials.
     pub fn from_ctx_near(ctx: &Ctx, registry: Option<&Path>) -> Result<MqttConfig, ConfigError> {
-        let tls = match ctx.var("MQTT_TLS") {
-            None => false,
-            Some(v) => parse_bool(&v).ok_or_else(|| {
-                ConfigError::var(ctx, "MQTT_TLS", "a yes/no value", "1/true/yes/on or 0/false/no/off")
-            })?,
-        };
-        let port = match ctx.var_nonempty("MQTT_PORT") {
-            None => default_port(tls),
-            Some(v) => knob::parse_u32(&v)
-                .and_then(|n| u16::try_from(n).ok())
-                .filter(|n| *n >= 1)
-                .ok_or_else(|| ConfigError::var(ctx, "MQTT_PORT", "a port", "digits only, 1-65535"))?,
-        };
+        let (tls, port) = tls_and_port(ctx)?;
         let connect_s = knob::env_or(ctx, "MAM_MQTT_CONNECT_TIMEOUT_S", 1, 10)?;
         let keepalive = knob::env_or(ctx, "MAM_MQTT_KEEPALIVE_S", 1, 60)?;
         let keepalive_s = u16::try_from(keepalive)
             .map_err(|_| ConfigError::var(ctx, "MAM_MQTT_KEEPALIVE_S", "a keepalive", "seconds, 1-65535"))?;
         let child_env = ctx.child_env_for(ChildRole::Tool);
-        let host = ctx.var_nonempty("MQTT_BROKER").unwrap_or_else(|| "127.0.0.1".into());
+        let brokers = match ctx.var_nonempty("MQTT_BROKER") {
+            None => vec![Endpoint::new("127.0.0.1", port)],
+            Some(v) => parse_broker_list(&v, port).map_err(|why| {
+                ConfigError::var(ctx, "MQTT_BROKER", "a broker list", format!("comma-separated host[:port]; {why}"))
+            })?,
+        };
+        let topic_root = ctx.var_nonempty("MQTT_TOPIC_ROOT").unwrap_or_else(|| "mam".into());
+        if let Err(why) = check_topic_root(&topic_root) {
+            return Err(ConfigError::var(ctx, "MQTT_TOPIC_ROOT", "a topic root", why));
+        }
         let mut username = ctx.var_nonempty("MQTT_USERNAME");
         let mut password = ctx.var_nonempty("MQTT_PASSWORD").map(Secret);
-        if username.is_none() && password.is_none() && !tls && is_loopback(&host) {
-            if let Some(c) = workspace_creds(ctx, port, registry) {
+        // The embedded broker's generated credentials go only to the one loopback broker they are for.
+        let single_loopback = brokers.len() == 1 && is_loopback(&brokers[0].host);
+        if username.is_none() && password.is_none() && !tls && single_loopback {
+            if let Some(c) = workspace_creds(ctx, brokers[0].port, registry) {
                 username = Some(c.username);
                 password = Some(Secret(c.password.expose().to_string()));
             }
         }
         Ok(MqttConfig {
-            host,
-            port,
+            brokers,
             tls,
             username,
             password,
             ca_file: ctx.var_nonempty("MQTT_CA_FILE"),
-            topic_root: ctx.var_nonempty("MQTT_TOPIC_ROOT").unwrap_or_else(|| "mam".into()),
+            topic_root,
             connect_timeout: Duration::from_secs(connect_s.into()),
             keepalive_s,
             openssl: ctx.env_only("MAM_OPENSSL").map_or_else(|| "openssl".into(), PathBuf::into_os_string),
@@ -120,16 +237,28 @@ impl MqttConfig {
         })
     }
 
-    /// `host:port`, with IPv6 literals bracketed: the broker address used in every message.
+    /// `host:port` (IPv6 literals bracketed) of each broker, comma-separated: the broker address
+    /// used in messages about the whole list.
     pub fn addr(&self) -> String {
-        host_port(&self.host, self.port)
+        show_list(&self.brokers)
     }
 
-    /// The broker block to persist in a record (never a password).
+    /// The first broker of the list (the list is never empty).
+    pub fn first(&self) -> &Endpoint {
+        &self.brokers[0]
+    }
+
+    /// The broker block to persist in a record (never a password): `host` and `port` name the first
+    /// broker (what a reader of one broker uses), `brokers` the whole list when it has more than one.
     pub fn broker_block(&self) -> BrokerBlock {
         BrokerBlock {
-            host: self.host.clone(),
-            port: self.port,
+            host: self.first().host.clone(),
+            port: self.first().port,
+            brokers: if self.brokers.len() > 1 {
+                self.brokers.iter().map(Endpoint::addr).collect()
+            } else {
+                Vec::new()
+            },
             tls: self.tls,
             username: self.username.clone(),
             ca_file: self.ca_file.clone(),
@@ -144,11 +273,14 @@ impl MqttConfig {
     /// store on both sides). Otherwise a warning naming the differing field(s) is returned; it is
     /// only produced when there is a password to withhold.
     pub fn for_block(&self, block: &BrokerBlock) -> (MqttConfig, Option<String>) {
+        let list = block.list();
         let mut differs = Vec::new();
-        if block.host != self.host {
+        // Issue 19: the password goes only to brokers the environment names itself.
+        let known_host = |e: &Endpoint| self.brokers.iter().any(|b| b.host == e.host);
+        if !list.iter().all(known_host) {
             differs.push("host");
         }
-        if block.port != self.port {
+        if list.iter().any(|e| known_host(e) && !self.brokers.contains(e)) {
             differs.push("port");
         }
         // A record must not turn TLS off (the password would travel in plaintext) ...
@@ -172,8 +304,7 @@ impl MqttConfig {
             None
         };
         let cfg = MqttConfig {
-            host: block.host.clone(),
-            port: block.port,
+            brokers: list,
             tls: block.tls,
             username: block.username.clone(),
             password,
@@ -187,8 +318,7 @@ impl MqttConfig {
     /// The frozen identity a persistent connection is reused under (CORE 3.5).
     pub fn identity(&self) -> Identity {
         Identity {
-            host: self.host.clone(),
-            port: self.port,
+            brokers: self.brokers.clone(),
             tls: self.tls,
             ca_file: self.ca_file.clone(),
             username: self.username.clone(),
@@ -197,11 +327,23 @@ impl MqttConfig {
             topic_root: self.topic_root.clone(),
         }
     }
+}
 
-    /// True when the host is an IP literal (A22: `-verify_ip` instead of `-servername`).
-    pub fn host_is_ip(&self) -> bool {
-        self.host.parse::<IpAddr>().is_ok()
-    }
+/// `MQTT_TLS` and `MQTT_PORT` (the port of a broker list entry without its own, CORE 3.1).
+pub fn tls_and_port(ctx: &Ctx) -> Result<(bool, u16), ConfigError> {
+    let tls = match ctx.var("MQTT_TLS") {
+        None => false,
+        Some(v) => parse_bool(&v)
+            .ok_or_else(|| ConfigError::var(ctx, "MQTT_TLS", "a yes/no value", "1/true/yes/on or 0/false/no/off"))?,
+    };
+    let port = match ctx.var_nonempty("MQTT_PORT") {
+        None => default_port(tls),
+        Some(v) => knob::parse_u32(&v)
+            .and_then(|n| u16::try_from(n).ok())
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| ConfigError::var(ctx, "MQTT_PORT", "a port", "digits only, 1-65535"))?,
+    };
+    Ok((tls, port))
 }
 
 /// True for a host that names this machine: `localhost`, `127.0.0.0/8`, `::1`.
@@ -260,22 +402,107 @@ pub fn host_port(host: &str, port: u16) -> String {
     }
 }
 
-/// The broker block of a record (CORE 3.1). Deliberately has no password field.
+/// The broker block of a record (CORE 3.1). Deliberately has no password field. `brokers` holds the
+/// whole list (`host:port` each) when it has more than one entry; `host` and `port` are its first.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BrokerBlock {
     pub host: String,
     pub port: u16,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub brokers: Vec<String>,
     pub tls: bool,
     pub username: Option<String>,
     pub ca_file: Option<String>,
     pub topic_root: String,
 }
 
+impl BrokerBlock {
+    /// The block's broker list: `brokers` when it parses (each entry with its port), else `host`/`port`.
+    pub fn list(&self) -> Vec<Endpoint> {
+        if !self.brokers.is_empty() {
+            if let Ok(l) = parse_broker_list(&self.brokers.join(","), self.port) {
+                if !l.is_empty() {
+                    return l;
+                }
+            }
+        }
+        vec![Endpoint::new(self.host.trim_start_matches('[').trim_end_matches(']'), self.port)]
+    }
+
+    /// The block re-pointed at `list` (issue 19, `mam registry repoint`): everything else kept.
+    pub fn with_list(&self, list: &[Endpoint]) -> BrokerBlock {
+        let first = &list[0];
+        BrokerBlock {
+            host: first.host.clone(),
+            port: first.port,
+            brokers: if list.len() > 1 { list.iter().map(Endpoint::addr).collect() } else { Vec::new() },
+            ..self.clone()
+        }
+    }
+}
+
+/// What NATS's MQTT gateway cannot carry in a topic level (issue 19): `.` and blanks (refused by
+/// nats-server 2.9; 2.10 maps `.` to `//`, which mosquitto peers would not see the same way),
+/// NATS's wildcards `*` and `>` as a whole level, MQTT's `+` and `#`, and control characters.
+/// `None` when `level` is carried by every broker mam supports, else the reason.
+pub fn topic_level_problem(level: &str) -> Option<&'static str> {
+    if level.is_empty() {
+        return Some("an empty level");
+    }
+    if level.contains('.') {
+        return Some("'.' (NATS separates subject tokens with it)");
+    }
+    if level.chars().any(char::is_whitespace) {
+        return Some("a blank (NATS refuses it)");
+    }
+    if level.chars().any(char::is_control) {
+        return Some("a control character");
+    }
+    if level.contains('+') || level.contains('#') {
+        return Some("an MQTT wildcard ('+' or '#')");
+    }
+    if level == "*" || level == ">" {
+        return Some("a NATS wildcard ('*' or '>')");
+    }
+    if level.starts_with('$') {
+        return Some("a leading '$' (reserved by brokers)");
+    }
+    None
+}
+
+/// The topic level that carries job id `id` (issue 19): the id with each `.` as `~`, a character
+/// job ids never hold (CORE 0.4), so the mapping is one to one and every broker carries the result.
+pub fn job_topic_level(id: &str) -> String {
+    id.replace('.', "~")
+}
+
+/// The job id a topic level carries: `job_topic_level` undone (a level written by an older mam,
+/// with its `.` as is, is its own id).
+pub fn job_id_of_level(level: &str) -> String {
+    level.replace('~', ".")
+}
+
+/// `<root>/jobs/<level>`: a new job's topic prefix (CORE 4.1, issue 19).
+pub fn job_topic_prefix(root: &str, id: &str) -> String {
+    format!("{root}/jobs/{}", job_topic_level(id))
+}
+
+/// `MQTT_TOPIC_ROOT`'s rule: one or more `/`-separated levels, each carried by every broker.
+pub fn check_topic_root(root: &str) -> Result<(), String> {
+    for level in root.split('/') {
+        if let Some(why) = topic_level_problem(level) {
+            return Err(format!(
+                "levels separated by '/', each of letters, digits, '_', '-' or ':'; this one has {why}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Every field a persistent connection must share with a publish to be reused (CORE 3.5).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
-    pub host: String,
-    pub port: u16,
+    pub brokers: Vec<Endpoint>,
     pub tls: bool,
     pub ca_file: Option<String>,
     pub username: Option<String>,
@@ -287,9 +514,10 @@ pub struct Identity {
 impl Identity {
     /// The first field that differs, by name only (never a value).
     pub fn differs(&self, other: &Identity) -> Option<&'static str> {
-        if self.host != other.host {
+        let hosts = |i: &Identity| i.brokers.iter().map(|e| e.host.clone()).collect::<Vec<_>>();
+        if hosts(self) != hosts(other) {
             Some("host")
-        } else if self.port != other.port {
+        } else if self.brokers != other.brokers {
             Some("port")
         } else if self.tls != other.tls {
             Some("tls")
@@ -362,14 +590,14 @@ mod tests {
     #[test]
     fn defaults() {
         let c = MqttConfig::from_ctx(&ctx(&[])).unwrap();
-        assert_eq!((c.host.as_str(), c.port, c.tls, c.topic_root.as_str()), ("127.0.0.1", 1883, false, "mam"));
+        assert_eq!((c.addr().as_str(), c.tls, c.topic_root.as_str()), ("127.0.0.1:1883", false, "mam"));
         assert_eq!(c.connect_timeout, Duration::from_secs(10));
         assert_eq!(c.keepalive_s, 60);
         assert_eq!(c.openssl, "openssl");
         let c = MqttConfig::from_ctx(&ctx(&[("MQTT_TLS", "YES")])).unwrap();
-        assert_eq!((c.tls, c.port), (true, 8883));
+        assert_eq!((c.tls, c.first().port), (true, 8883));
         let c = MqttConfig::from_ctx(&ctx(&[("MQTT_TLS", ""), ("MQTT_PORT", " 1999 ")])).unwrap();
-        assert_eq!((c.tls, c.port), (false, 1999));
+        assert_eq!((c.tls, c.first().port), (false, 1999));
     }
 
     #[test]
@@ -387,6 +615,95 @@ mod tests {
             // Issue 18: the value and where it came from are named (none of these is a secret).
             assert!(e.to_string().contains(&format!("'{v}' from the environment")), "{e}");
         }
+    }
+
+    /// Issue 19: `MQTT_BROKER` is a list of `host[:port]`; `MQTT_PORT` is the port of an entry
+    /// without one.
+    #[test]
+    fn broker_lists_parse_in_order_with_their_ports() {
+        let c = MqttConfig::from_ctx(&ctx(&[
+            ("MQTT_BROKER", " a.example , 10.0.0.2:1999,[::1]:7,::2,[fe80::1]"),
+            ("MQTT_PORT", "1884"),
+        ]))
+        .unwrap();
+        assert_eq!(c.addr(), "a.example:1884,10.0.0.2:1999,[::1]:7,[::2]:1884,[fe80::1]:1884");
+        assert_eq!(c.brokers[2], Endpoint::new("::1", 7));
+        // A repeated entry is kept once; a single host is a list of one, as before issue 19.
+        let c = MqttConfig::from_ctx(&ctx(&[("MQTT_BROKER", "h:1,h:1,h")])).unwrap();
+        assert_eq!(c.addr(), "h:1,h:1883");
+        assert_eq!(MqttConfig::from_ctx(&ctx(&[("MQTT_BROKER", "h")])).unwrap().brokers, [Endpoint::new("h", 1883)]);
+        // The record keeps the whole list; a single broker's block is what it was before.
+        let c = MqttConfig::from_ctx(&ctx(&[("MQTT_BROKER", "a:1,b:2")])).unwrap();
+        let json = serde_json::to_value(c.broker_block()).unwrap();
+        assert_eq!((json["host"].as_str(), json["port"].as_u64()), (Some("a"), Some(1)));
+        assert_eq!(json["brokers"], serde_json::json!(["a:1", "b:2"]));
+        assert_eq!(c.broker_block().list(), c.brokers);
+        let one = serde_json::to_value(MqttConfig::from_ctx(&ctx(&[])).unwrap().broker_block()).unwrap();
+        assert!(one.get("brokers").is_none(), "{one}");
+        let old: BrokerBlock = serde_json::from_value(serde_json::json!({"host": "h", "port": 5, "tls": false,
+            "username": null, "ca_file": null, "topic_root": "mam"}))
+        .unwrap();
+        assert_eq!(old.list(), [Endpoint::new("h", 5)]);
+    }
+
+    #[test]
+    fn bad_broker_lists_name_the_value_its_origin_and_the_entry() {
+        let hundred = (0..100).map(|i| format!("h{i}")).collect::<Vec<_>>().join(",");
+        for (v, why) in [
+            ("a,,b", "entry 2 is empty"),
+            ("a,", "entry 2 is empty"),
+            ("a:0", "entry 1: port '0' is not 1-65535"),
+            ("a:1,b:65536", "entry 2: port '65536' is not 1-65535"),
+            ("a:x", "entry 1: port 'x' is not 1-65535"),
+            ("a b", "entry 1: 'a b' is not a host name or IP address"),
+            ("[::1", "entry 1 has '[' without ']'"),
+            ("a/b:1", "entry 1: 'a/b' is not a host name or IP address"),
+            (hundred.as_str(), "100 entries, at most 16"),
+        ] {
+            let e = MqttConfig::from_ctx(&ctx(&[("MQTT_BROKER", v)])).unwrap_err();
+            assert_eq!(e.name, "MQTT_BROKER");
+            assert_eq!(
+                e.to_string(),
+                format!("MQTT_BROKER: '{v}' from the environment is not a broker list (expected comma-separated host[:port]; {why})")
+            );
+        }
+    }
+
+    /// Issue 19: a topic root NATS's MQTT gateway cannot carry is refused before anything is recorded.
+    #[test]
+    fn topic_roots_every_broker_carries() {
+        for ok in ["mam", "team-a/mam", "a_b:c/x"] {
+            assert!(MqttConfig::from_ctx(&ctx(&[("MQTT_TOPIC_ROOT", ok)])).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            ("my.team", "'.'"),
+            ("my team", "a blank"),
+            ("a//b", "an empty level"),
+            ("a/+", "an MQTT wildcard"),
+            ("a/>", "a NATS wildcard"),
+            ("$SYS", "a leading '$'"),
+        ] {
+            let e = MqttConfig::from_ctx(&ctx(&[("MQTT_TOPIC_ROOT", bad)])).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("MQTT_TOPIC_ROOT: '{bad}' from the environment is not a topic root")),
+                "{e}"
+            );
+            assert!(e.contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_password_goes_only_to_brokers_the_environment_names() {
+        let env = MqttConfig::from_ctx(&ctx(&[("MQTT_PASSWORD", "s3cret"), ("MQTT_BROKER", "a:1,b:2,c:3")])).unwrap();
+        let sub = env.broker_block().with_list(&[Endpoint::new("c", 3), Endpoint::new("a", 1)]);
+        let (c, w) = env.for_block(&sub);
+        assert!(c.password.is_some() && w.is_none());
+        assert_eq!(c.addr(), "c:3,a:1", "the record's order");
+        let (c, w) = env.for_block(&env.broker_block().with_list(&[Endpoint::new("a", 1), Endpoint::new("d", 1)]));
+        assert!(c.password.is_none());
+        assert!(w.unwrap().contains("(host)"));
+        let (_, w) = env.for_block(&env.broker_block().with_list(&[Endpoint::new("a", 9)]));
+        assert!(w.unwrap().contains("(port)"));
     }
 
     #[test]

@@ -77,6 +77,11 @@ pub enum MqttError {
     /// The caller's stop condition fired.
     Stopped,
     Internal(String),
+    /// No broker of a list of several answered (issue 19): each one's address and error, in the
+    /// order they were tried.
+    NoBroker {
+        failures: Vec<(String, MqttError)>,
+    },
 }
 
 impl MqttError {
@@ -98,6 +103,31 @@ impl MqttError {
             | MqttError::Protocol { .. }
             | MqttError::Stopped
             | MqttError::Internal(_) => false,
+            // Another round may find one of them back.
+            MqttError::NoBroker { failures } => failures.iter().any(|(_, e)| e.retryable()),
+        }
+    }
+
+    /// Whether a connect walking a broker list tries the next broker after this failure: after any
+    /// but a stop, a missing or unstartable openssl, or an internal error (which the next broker
+    /// would meet too). A refused CONNACK or a failed TLS verification is one broker's answer.
+    pub fn moves_on(&self) -> bool {
+        !matches!(self, MqttError::Stopped | MqttError::OpensslNotFound { .. } | MqttError::Internal(_))
+    }
+
+    /// The failure without the broker address and without advice: one item of `NoBroker`'s list.
+    fn brief(&self) -> String {
+        match self {
+            MqttError::Tcp { source, .. } => source.to_string(),
+            MqttError::Resolve { detail, .. } => format!("cannot resolve ({detail})"),
+            MqttError::NoConnack { phase, .. } => {
+                format!("no CONNACK (its share of the connect timeout expired in {phase})")
+            }
+            MqttError::ClosedBeforeConnack { .. } => "closed the connection before CONNACK".into(),
+            MqttError::ConnackRefused { code, .. } => {
+                format!("refused the connection: CONNACK {code} ({})", codec::connack_reason(*code))
+            }
+            other => other.to_string(),
         }
     }
 }
@@ -150,6 +180,10 @@ impl fmt::Display for MqttError {
             MqttError::Protocol { addr, detail } => write!(f, "protocol error from broker {addr}: {detail}"),
             MqttError::Stopped => f.write_str("stopped"),
             MqttError::Internal(m) => write!(f, "internal error: {m}"),
+            MqttError::NoBroker { failures } => {
+                let each: Vec<String> = failures.iter().map(|(a, e)| format!("{a}: {}", e.brief())).collect();
+                write!(f, "no broker of the list answered within the connect timeout ({})", each.join("; "))
+            }
         }
     }
 }

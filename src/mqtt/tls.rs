@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::config::MqttConfig;
+use super::config::{Endpoint, MqttConfig};
 use crate::sys;
 
 /// Lines of stderr kept for error messages.
@@ -108,13 +108,13 @@ fn spawn_error(program: &OsString, e: io::Error) -> SpawnError {
     }
 }
 
-/// The s_client arguments for `cfg` (CORE 3.4, A22).
-pub fn shim_args(cfg: &MqttConfig, nocommands: bool) -> Vec<OsString> {
-    let mut a: Vec<OsString> = vec!["s_client".into(), "-connect".into(), cfg.addr().into()];
-    if cfg.host_is_ip() {
-        a.extend(["-verify_ip".into(), cfg.host.clone().into()]);
+/// The s_client arguments for broker `ep` of `cfg` (CORE 3.4, A22).
+pub fn shim_args(cfg: &MqttConfig, ep: &Endpoint, nocommands: bool) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["s_client".into(), "-connect".into(), ep.addr().into()];
+    if ep.host_is_ip() {
+        a.extend(["-verify_ip".into(), ep.host.clone().into()]);
     } else {
-        a.extend(["-servername".into(), cfg.host.clone().into(), "-verify_hostname".into(), cfg.host.clone().into()]);
+        a.extend(["-servername".into(), ep.host.clone().into(), "-verify_hostname".into(), ep.host.clone().into()]);
     }
     a.extend(["-verify_return_error".into(), "-quiet".into()]);
     if nocommands {
@@ -140,10 +140,10 @@ pub struct TlsShim {
 
 impl TlsShim {
     /// Starts the shim; the `-nocommands` probe is bounded by `deadline` (the connect's).
-    pub fn spawn(cfg: &MqttConfig, deadline: Instant) -> Result<TlsShim, SpawnError> {
+    pub fn spawn(cfg: &MqttConfig, ep: &Endpoint, deadline: Instant) -> Result<TlsShim, SpawnError> {
         let nocommands = supports_nocommands(&cfg.openssl, &cfg.child_env, deadline)?;
         let mut cmd = Command::new(&cfg.openssl);
-        cmd.args(shim_args(cfg, nocommands)).env_clear().envs(cfg.child_env.iter().cloned());
+        cmd.args(shim_args(cfg, ep, nocommands)).env_clear().envs(cfg.child_env.iter().cloned());
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = sys::spawn(&mut cmd).map_err(|e| spawn_error(&cfg.openssl, e))?;
         let stdin = child.stdin.take();
@@ -344,17 +344,15 @@ mod tests {
 
     #[test]
     fn args_for_names_and_ips() {
-        let a: Vec<String> = shim_args(&cfg("broker.example", Some("/ca.pem")), true)
-            .iter()
-            .map(|s| s.to_string_lossy().into())
-            .collect();
+        let c = cfg("broker.example", Some("/ca.pem"));
+        let a: Vec<String> = shim_args(&c, c.first(), true).iter().map(|s| s.to_string_lossy().into()).collect();
         assert_eq!(
             a.join(" "),
             "s_client -connect broker.example:8883 -servername broker.example -verify_hostname broker.example \
              -verify_return_error -quiet -nocommands -CAfile /ca.pem"
         );
-        let a: Vec<String> =
-            shim_args(&cfg("127.0.0.1", None), false).iter().map(|s| s.to_string_lossy().into()).collect();
+        let c = cfg("127.0.0.1", None);
+        let a: Vec<String> = shim_args(&c, c.first(), false).iter().map(|s| s.to_string_lossy().into()).collect();
         assert_eq!(a.join(" "), "s_client -connect 127.0.0.1:8883 -verify_ip 127.0.0.1 -verify_return_error -quiet");
     }
 

@@ -6,9 +6,10 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::config::MqttConfig;
+use super::config::{Endpoint, MqttConfig};
 use super::error::MqttError;
 use super::tls::TlsShim;
 use crate::sys;
@@ -20,44 +21,46 @@ pub enum Transport {
 }
 
 impl Transport {
-    /// Opens TCP (or starts the TLS shim) before `deadline`.
-    pub fn open(cfg: &MqttConfig, deadline: Instant) -> Result<Transport, MqttError> {
+    /// Opens TCP to broker `ep` (or starts the TLS shim for it) before `deadline`. A name is resolved
+    /// within the deadline; its addresses are tried in turn, each within an equal share of what is
+    /// left, so a refused or a silent address moves on to the next (issue 19).
+    pub fn open(cfg: &MqttConfig, ep: &Endpoint, deadline: Instant) -> Result<Transport, MqttError> {
+        let addr = ep.addr();
         if cfg.tls {
-            return match TlsShim::spawn(cfg, deadline) {
+            return match TlsShim::spawn(cfg, ep, deadline) {
                 Ok(s) => Ok(Transport::Tls(Box::new(s))),
                 Err(super::tls::SpawnError::NotFound(program)) => Err(MqttError::OpensslNotFound { program }),
-                Err(super::tls::SpawnError::Timeout(_)) => {
-                    Err(MqttError::NoConnack { addr: cfg.addr(), phase: "openssl probe" })
-                }
+                Err(super::tls::SpawnError::Timeout(_)) => Err(MqttError::NoConnack { addr, phase: "openssl probe" }),
                 Err(super::tls::SpawnError::Other(program, e)) => {
                     Err(MqttError::Internal(format!("cannot start TLS shim {program}: {e}")))
                 }
             };
         }
-        let addr = cfg.addr();
-        let addrs: Vec<SocketAddr> = match (cfg.host.as_str(), cfg.port).to_socket_addrs() {
-            Ok(a) => a.collect(),
-            Err(e) => return Err(MqttError::Resolve { addr, detail: e.to_string(), temporary: is_temporary_dns(&e) }),
-        };
+        let addrs = resolve(ep, deadline)?;
         let mut last = None;
-        for a in &addrs {
+        let mut timed_out = false;
+        for (k, a) in addrs.iter().enumerate() {
             let now = Instant::now();
             if now >= deadline {
-                return Err(MqttError::NoConnack { addr, phase: "connect" });
+                timed_out = true;
+                break;
             }
-            match sys::connect(a, deadline - now) {
+            let left = (addrs.len() - k) as u32;
+            match sys::connect(a, (deadline - now) / left) {
                 Ok(s) => {
                     let _ = s.set_nodelay(true);
                     return Ok(Transport::Tcp(s));
                 }
                 Err(e) if e.kind() == io::ErrorKind::TimedOut || e.kind() == io::ErrorKind::WouldBlock => {
-                    return Err(MqttError::NoConnack { addr, phase: "connect" });
+                    timed_out = true;
                 }
                 Err(e) => last = Some(e),
             }
         }
         match last {
+            // A refusal is the more telling error when another address timed out.
             Some(e) => Err(MqttError::Tcp { addr, source: e }),
+            None if timed_out => Err(MqttError::NoConnack { addr, phase: "connect" }),
             None => Err(MqttError::Resolve { addr, detail: "no addresses".into(), temporary: false }),
         }
     }
@@ -125,6 +128,39 @@ impl Transport {
             }
             Transport::Tls(t) => t.close(),
         }
+    }
+}
+
+/// The addresses of `ep` before `deadline`. An IP literal needs no lookup; a name is looked up on a
+/// helper thread, because getaddrinfo has no timeout. A lookup still running at the deadline is
+/// left to finish on its own (it holds nothing but its thread) and the connect fails in the
+/// `resolve` phase.
+fn resolve(ep: &Endpoint, deadline: Instant) -> Result<Vec<SocketAddr>, MqttError> {
+    let addr = ep.addr();
+    if let Ok(ip) = ep.host.parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, ep.port)]);
+    }
+    let lookup = |host: &str, port: u16| (host, port).to_socket_addrs().map(|a| a.collect::<Vec<_>>());
+    let (tx, rx) = mpsc::channel();
+    let (host, port) = (ep.host.clone(), ep.port);
+    let spawned = std::thread::Builder::new().name("mqtt-resolve".into()).stack_size(256 * 1024).spawn(move || {
+        let _ = tx.send(lookup(&host, port));
+    });
+    let result = match spawned {
+        Ok(handle) => match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(r) => {
+                let _ = handle.join();
+                r
+            }
+            Err(_) => return Err(MqttError::NoConnack { addr, phase: "resolve" }),
+        },
+        // No thread to be had: look up on this one (no deadline, as before issue 19).
+        Err(_) => lookup(&ep.host, ep.port),
+    };
+    match result {
+        Ok(a) if a.is_empty() => Err(MqttError::Resolve { addr, detail: "no addresses".into(), temporary: false }),
+        Ok(a) => Ok(a),
+        Err(e) => Err(MqttError::Resolve { addr, detail: e.to_string(), temporary: is_temporary_dns(&e) }),
     }
 }
 

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use crate::clock;
+use crate::forward;
 use crate::heartbeat::timer;
 use crate::joblog;
 use crate::joblog::{
@@ -182,10 +183,15 @@ pub fn send_one_shot(settings: &Settings, store: &Store, shot: &Shot<'_>, diag: 
     let mut progress = Progress::default();
     let mut last_err: Option<String> = None;
     let recheck = || wire::recheck_state(store, job, last_event, seq);
+    // Issue 19: what an outage left on disk goes first, so the wire keeps the seq order.
+    let mut replayed = forward::Replayed::default();
+    let mut notes: Vec<String> = Vec::new();
     let result = with_retry(&settings.policy(budget), &stop, &mut *diag, |_attempt| {
         progress.attempts += 1;
         let r = (|| {
             let mut c = Client::connect(cfg, Role::Pub, &stop)?;
+            let earlier = forward::unsent(store, job, seq, clock::now_ms());
+            forward::send(store, job, &mut c, &earlier, false, &mut replayed, &mut |w| notes.push(w))?;
             let state: Option<&dyn Fn() -> wire::StateCheck> = if with_state { Some(&recheck) } else { None };
             wire::send_event_then_state(&mut c, event, &mut progress, state, &|| true)?;
             c.disconnect();
@@ -198,6 +204,12 @@ pub fn send_one_shot(settings: &Settings, store: &Store, shot: &Shot<'_>, diag: 
         }
         r
     });
+    for n in notes {
+        diag(n);
+    }
+    if !replayed.seqs.is_empty() {
+        diag(format!("NOTE: job {}: sent {} earlier event(s) the wire had missed", job.job_id, replayed.seqs.len()));
+    }
     let error = match result {
         Ok(()) => None,
         Err(MqttError::Stopped) => Some(format!(

@@ -120,14 +120,16 @@ fn parse(topic: &str, v: &Value) -> Result<Dispatch, String> {
         return Err("invalid job_id".into());
     }
     let attempt = u("attempt")?;
-    let suffix = format!("/jobs/{job_id}/dispatch/{attempt}");
-    let Some(root) = topic.strip_suffix(&suffix) else {
+    // The id's level as issue 19 writes it ('.' as '~'), or as an older mam did.
+    let level = crate::mqtt::config::job_topic_level(&job_id);
+    let stripped = |l: &str| topic.strip_suffix(&format!("/jobs/{l}/dispatch/{attempt}")).map(|r| (r, l.to_string()));
+    let Some((root, level)) = stripped(&level).or_else(|| stripped(&job_id)) else {
         return Err(format!("topic does not match job {job_id} attempt {attempt}"));
     };
     let issued_at = s("issued_at")?;
     let issued_at_ms = clock::parse_ts(&issued_at).ok_or("invalid issued_at")?;
     Ok(Dispatch {
-        topic_prefix: format!("{root}/jobs/{job_id}"),
+        topic_prefix: format!("{root}/jobs/{level}"),
         dispatch_token: s("dispatch_token")?,
         agent_session: s("agent_session")?,
         job_type: o("type").unwrap_or_else(|| "task".into()),

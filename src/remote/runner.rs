@@ -156,7 +156,9 @@ pub fn verified_state(topic: &str, payload: &[u8], secret: &[u8]) -> Option<(Str
         return None;
     }
     let job_id = v.get("job_id")?.as_str()?;
-    if !crate::clock::valid_job_id(job_id) || !topic.ends_with(&format!("/jobs/{job_id}/state")) {
+    let level = crate::mqtt::config::job_topic_level(job_id);
+    let on_topic = |l: &str| topic.ends_with(&format!("/jobs/{l}/state"));
+    if !crate::clock::valid_job_id(job_id) || !(on_topic(&level) || on_topic(job_id)) {
         return None;
     }
     let attempt = v.get("attempt")?.as_u64()?;

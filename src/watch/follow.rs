@@ -60,7 +60,7 @@ impl Job {
         let broker = rec.get("broker").and_then(|b| serde_json::from_value::<BrokerBlock>(b.clone()).ok());
         let topic_prefix = match rec.str("topic_prefix") {
             Some(p) => p.to_string(),
-            None => format!("{}/jobs/{job_id}", broker.as_ref().map_or("mam", |b| b.topic_root.as_str())),
+            None => mqtt::config::job_topic_prefix(broker.as_ref().map_or("mam", |b| b.topic_root.as_str()), &job_id),
         };
         let n = rec.u64("heartbeat_sec").unwrap_or(30).max(1);
         let k = rec.u64("heartbeat_misses").unwrap_or(4).max(1);
@@ -101,6 +101,9 @@ pub struct Settings {
     pub poll: Duration,
     /// `MAM_ENGINE_CAS` is not `0`.
     pub cas: bool,
+    /// The environment's broker configuration, to connect to a record re-pointed during the watch
+    /// (issue 19) under the same password rule; `None` follows the first broker list only.
+    pub env: Option<MqttConfig>,
 }
 
 /// How a watch ended.
@@ -234,7 +237,45 @@ impl Watch<'_> {
         }
     }
 
+    /// Issue 19: a job whose record already holds a terminal status of this attempt is answered
+    /// from disk (its events.log, else the record), without a broker.
+    fn answer_from_disk(&mut self) -> Option<Verdict> {
+        let rec = self.store.read(&self.job.job_id).ok().flatten()?;
+        let current = rec.attempt() == Some(self.job.attempt)
+            && rec.str("dispatch_token") == Some(self.job.dispatch_token.as_str());
+        let status = rec.status().to_string();
+        // A remote job's record on this machine is only what was mirrored; its wire decides.
+        if !current || !crate::registry::is_terminal(&status) || self.job.transport == "remote" {
+            return None;
+        }
+        {
+            let mut tail = Tail::new(&self.store.registry.join(&self.job.job_id).join("events.log"));
+            let mut budgets = Budgets::new(0, 0, u64::MAX / 4, u64::MAX / 4, None);
+            loop {
+                let lines = tail.poll().unwrap_or_default();
+                for l in lines {
+                    if let Some(v) = self.on_log_line(&l, &mut budgets) {
+                        self.flush_drops();
+                        if let Verdict::Terminal(s) = &v {
+                            self.line(&format!("result {s}"));
+                        }
+                        return Some(v);
+                    }
+                }
+                if !tail.more() {
+                    break;
+                }
+            }
+        }
+        self.advance(&status);
+        self.line(&format!("result {status}"));
+        Some(Verdict::Terminal(status))
+    }
+
     fn follow(&mut self, cfg: MqttConfig) -> Verdict {
+        if let Some(v) = self.answer_from_disk() {
+            return v;
+        }
         let explicit_ack = self.settings.ack_timeout_s.map(|s| s * 1000);
         let wall = self.wall_ms();
         // Before the subscription only the wall clock and an explicit ack budget (both measured from
@@ -336,6 +377,22 @@ impl Watch<'_> {
                         continue;
                     }
                     d.attempts += 1;
+                    // Issue 19: a record re-pointed meanwhile (`mam registry repoint`) is followed.
+                    if let Some(fresh) = self.repointed(&conn) {
+                        let line = format!("NOTE: job {}: broker list is now {}", self.job.job_id, fresh.addr());
+                        self.diag(&line);
+                        let subs = filters.clone();
+                        conn = Persistent::new(fresh, Role::Sub, stop.clone());
+                        if let Err(e) = conn.subscribe(&subs, 1) {
+                            if !matches!(e, MqttError::Stopped) {
+                                d.backoff = (d.backoff * 2).min(BACKOFF_MAX);
+                                d.next_try = Instant::now() + d.backoff;
+                            } else {
+                                d.attempts -= 1;
+                            }
+                            continue;
+                        }
+                    }
                     match conn.client().map(|_| ()) {
                         Ok(()) => {
                             let rest = json!({
@@ -355,6 +412,16 @@ impl Watch<'_> {
                 }
             }
         }
+    }
+
+    /// The record's broker when it no longer is the one `conn` uses (a `repoint`), resolved against
+    /// the environment like the first one was (`env`).
+    fn repointed(&self, conn: &Persistent) -> Option<MqttConfig> {
+        let env = self.settings.env.as_ref()?;
+        let rec = self.store.read(&self.job.job_id).ok().flatten()?;
+        let block = rec.get("broker").and_then(|b| serde_json::from_value::<BrokerBlock>(b.clone()).ok())?;
+        let (cfg, _) = env.for_block(&block);
+        (cfg.identity().brokers != conn.identity().brokers).then_some(cfg)
     }
 
     /// An events.log line: only lines of the current attempt and token count (CORE 8.2); the

@@ -21,6 +21,7 @@ mod install;
 mod jobs;
 mod liveness;
 mod mqtt;
+mod multinode;
 mod pane;
 mod paths;
 mod publish;

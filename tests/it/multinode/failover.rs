@@ -1,0 +1,276 @@
+//! Across nodes and through node failures (issue 19): a job published on NATS node A completes for
+//! a watcher on node C; the node the heartbeat timer is connected to dies (SIGKILL) and the timer
+//! moves to another node of its list within one beat period plus the connect deadline, so the
+//! watcher elsewhere never closes the live job; the same on two bridged mosquittos. The leader-loss
+//! test measures how long a NATS cluster stalls when the node leading the MQTT streams dies.
+
+use std::time::Duration;
+
+use super::{accepted, longest_gap, Bridged, Machine, NatsCluster, CONNECT_S};
+use crate::support::{wait_for, wait_until, TimerGuard};
+use mam::mqtt::config::{window_floor_s, CLUSTER_STALL_S};
+
+/// The non-beat events of `events.log` as `(seq, event)`.
+fn non_beats(m: &Machine, id: &str) -> Vec<(u64, String)> {
+    m.events(id)
+        .iter()
+        .filter(|e| e["heartbeat"] != true)
+        .map(|e| (e["seq"].as_u64().unwrap(), e["event"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// Every non-beat event on the agent's disk reached the remote watcher, each accepted once.
+fn watcher_saw_every_event_once(agent: &Machine, id: &str, out: &str) {
+    let acc = accepted(out);
+    for (seq, ev) in non_beats(agent, id) {
+        let n = acc.iter().filter(|(s, e, _)| *s == seq && *e == ev).count();
+        assert_eq!(n, 1, "seq={seq} event={ev} accepted {n} times\n{out}");
+    }
+}
+
+#[test]
+fn nats_a_job_published_on_node_a_completes_for_a_watcher_on_node_c() {
+    let td = crate::support::TestDir::new("mn-across");
+    let Some(c) = NatsCluster::start(&td) else { return };
+    let a = Machine::new("mn-across-a", c.list(&[0, 1, 2]));
+    let cm = Machine::new("mn-across-c", c.list(&[2, 1, 0]));
+    let id = a.register(1, 4);
+    cm.adopt(&a, &id);
+    let mut watch = cm.watch(&id);
+    a.publish(&id, "started", &[]).expect_rc(0);
+    a.publish(&id, "progress", &["--message", "half way"]).expect_rc(0);
+    a.publish(&id, "completed", &["--message", "done"]).expect_rc(0);
+    let (rc, _) = watch.wait(Duration::from_secs(15));
+    let out = watch.stdout();
+    assert_eq!(rc, 0, "{out}{}", watch.stderr());
+    assert!(out.contains("result completed"), "{out}");
+    watcher_saw_every_event_once(&a, &id, &out);
+    // The agent's record kept the whole list; the watcher's names its own node first.
+    let block = &a.record(&id)["broker"];
+    assert_eq!(block["brokers"].as_array().unwrap().len(), 3, "{block}");
+    assert_eq!(cm.record(&id)["broker"]["port"], c.nodes[2].mqtt);
+}
+
+/// The wall ms and broker of each `beat seq=N delivered through broker ADDR` line of heartbeat.log.
+fn deliveries(hb: &str) -> Vec<(u64, String)> {
+    hb.lines()
+        .filter_map(|l| {
+            let (ts, rest) = l.split_once(' ')?;
+            let addr = rest.split_once(" delivered through broker ")?.1;
+            Some((mam::clock::parse_ts(ts)?, addr.to_string()))
+        })
+        .collect()
+}
+
+/// What one failover run measured (ms).
+struct Failover {
+    /// Node killed -> the first beat acknowledged through another node (heartbeat.log).
+    timer_ms: u64,
+    /// The longest time the remote watcher went without evidence.
+    gap_ms: u64,
+}
+
+/// Kills the node the timer is connected to (`kill`, whose address is `killed_addr`) while a
+/// watcher on another node follows the job, then completes it.
+fn timer_failover(
+    agent: &Machine,
+    watcher: &Machine,
+    kill: &mut dyn FnMut(),
+    killed_addr: &str,
+    n: u64,
+    k: u64,
+) -> Failover {
+    let id = agent.register(n, k);
+    let _timers = TimerGuard(id.clone());
+    watcher.adopt(agent, &id);
+    let mut watch = watcher.watch(&id);
+    agent.publish(&id, "started", &["--heartbeat", &n.to_string(), "--watch-pid", "0"]).expect_rc(0);
+    wait_until("a beat through the first broker", Duration::from_secs(10), || {
+        deliveries(&agent.hb_log(&id)).iter().any(|(_, a)| a == killed_addr)
+    });
+    watch.wait_stdout("event=progress", Duration::from_secs(10));
+    kill();
+    let killed = mam::clock::now_ms();
+    // A beat acknowledged through another node, after the kill.
+    let moved = wait_for("a beat through another node", Duration::from_secs(25), || {
+        deliveries(&agent.hb_log(&id)).into_iter().find(|(t, a)| *t >= killed && a != killed_addr).map(|(t, _)| t)
+    });
+    let before = accepted(&watch.stdout()).len();
+    wait_until("beats at the watcher again", Duration::from_secs(20), || accepted(&watch.stdout()).len() >= before + 2);
+    assert!(!watch.exited(), "the watcher kept the live job\n{}{}", watch.stdout(), watch.stderr());
+    agent.publish(&id, "completed", &[]).expect_rc(0);
+    let (rc, _) = watch.wait(Duration::from_secs(20));
+    let out = watch.stdout();
+    assert_eq!(rc, 0, "completed, not closed unresponsive\n{out}{}", watch.stderr());
+    watcher_saw_every_event_once(agent, &id, &out);
+    let f = Failover { timer_ms: moved.saturating_sub(killed), gap_ms: longest_gap(&out) };
+    eprintln!(
+        "failover: node killed -> beat through another node {} ms ({:.2} x N); longest silence at the watcher {} ms \
+         (N={n}s, K x N={}s, connect deadline {CONNECT_S}s)",
+        f.timer_ms,
+        f.timer_ms as f64 / (n * 1000) as f64,
+        f.gap_ms,
+        n * k
+    );
+    f
+}
+
+#[test]
+fn nats_killing_the_timers_node_moves_the_timer_on_without_a_missed_window() {
+    let td = crate::support::TestDir::new("mn-kill");
+    let Some(mut c) = NatsCluster::start(&td) else { return };
+    // The timer's node leads as little as a node can (`follower`); killing it can still stall the
+    // cluster (a consumer's leader, or a group's when every node leads one), so K x N is the floor.
+    let victim = c.follower();
+    let other = (0..3).find(|&i| i != victim).unwrap();
+    let third = 3 - victim - other;
+    let agent = Machine::new("mn-kill-a", c.list(&[victim, other, third]));
+    let watcher = Machine::new("mn-kill-c", c.list(&[third, other, victim]));
+    let addr = c.nodes[victim].addr();
+    let n = 1;
+    let k = window_floor_s(n, CONNECT_S);
+    let f = timer_failover(&agent, &watcher, &mut || c.nodes[victim].kill(), &addr, n, k);
+    assert!(f.gap_ms < n * k * 1000, "longest silence {} ms is under K x N", f.gap_ms);
+    assert!(f.timer_ms <= (CLUSTER_STALL_S + n + CONNECT_S) * 1000, "timer failover {} ms", f.timer_ms);
+}
+
+#[test]
+fn bridged_mosquittos_killing_the_timers_broker_moves_the_timer_to_the_other() {
+    let td = crate::support::TestDir::new("mn-bridge");
+    let Some(mut br) = Bridged::start(&td) else { return };
+    let agent = Machine::new("mn-bridge-a", br.list(true));
+    let watcher = Machine::new("mn-bridge-b", format!("127.0.0.1:{}", br.b.port));
+    let addr = format!("127.0.0.1:{}", br.a.port);
+    // Mosquitto does not stall: the window may be as short as one beat plus the connect deadline.
+    let (n, k) = (1, 1 + CONNECT_S + 1);
+    let f = timer_failover(&agent, &watcher, &mut || br.a.kill(), &addr, n, k);
+    // Issue 19's target: failover within one beat period plus the connect deadline.
+    assert!(f.timer_ms <= (n + CONNECT_S) * 1000, "timer failover {} ms", f.timer_ms);
+    assert!(f.gap_ms <= (n + CONNECT_S) * 1000, "longest silence {} ms", f.gap_ms);
+}
+
+#[test]
+fn bridged_mosquittos_a_job_published_on_one_completes_for_a_watcher_on_the_other() {
+    let td = crate::support::TestDir::new("mn-bridge2");
+    let Some(br) = Bridged::start(&td) else { return };
+    let a = Machine::new("mn-bridge2-a", br.list(true));
+    let b = Machine::new("mn-bridge2-b", br.list(false));
+    let id = a.register(1, 4);
+    b.adopt(&a, &id);
+    let mut watch = b.watch(&id);
+    a.publish(&id, "started", &[]).expect_rc(0);
+    a.publish(&id, "completed", &[]).expect_rc(0);
+    let (rc, _) = watch.wait(Duration::from_secs(15));
+    let out = watch.stdout();
+    assert_eq!(rc, 0, "{out}{}", watch.stderr());
+    watcher_saw_every_event_once(&a, &id, &out);
+}
+
+/// Issue 19's measurement: the MQTT streams' leader dies while a job beats every second through
+/// another node; the longest silence the watcher sees is the cluster's stall. Printed, and
+/// bounded by the floor docs/CLUSTER.md documents for K x N on NATS.
+#[test]
+fn nats_leader_loss_stalls_the_cluster_for_less_than_the_documented_floor() {
+    let td = crate::support::TestDir::new("mn-leader");
+    let Some(mut c) = NatsCluster::start(&td) else { return };
+    let Some(leader) = c.leader("$MQTT_msgs") else { panic!("no leader of $MQTT_msgs") };
+    let victim = c.index_of(&leader);
+    let others: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    let agent = Machine::new("mn-leader-a", c.list(&[others[0], others[1], victim]));
+    let watcher = Machine::new("mn-leader-c", c.list(&[others[1], others[0], victim]));
+    let id = agent.register(1, window_floor_s(1, CONNECT_S));
+    let _timers = TimerGuard(id.clone());
+    watcher.adopt(&agent, &id);
+    let mut watch = watcher.watch(&id);
+    agent.publish(&id, "started", &["--heartbeat", "1", "--watch-pid", "0"]).expect_rc(0);
+    wait_until("beats at the watcher", Duration::from_secs(10), || accepted(&watch.stdout()).len() >= 3);
+    let before = accepted(&watch.stdout()).len();
+    c.nodes[victim].kill();
+    wait_until("beats after the stall", Duration::from_secs(25), || accepted(&watch.stdout()).len() >= before + 3);
+    agent.publish(&id, "completed", &[]).expect_rc(0);
+    let (rc, _) = watch.wait(Duration::from_secs(20));
+    let out = watch.stdout();
+    assert_eq!(rc, 0, "{out}{}", watch.stderr());
+    let gap = longest_gap(&out);
+    eprintln!("leader loss: {leader} ($MQTT_msgs) killed; longest silence at the watcher {gap} ms");
+    assert!(gap < CLUSTER_STALL_S * 1000, "stall {gap} ms is under the documented {CLUSTER_STALL_S} s");
+}
+
+/// The watcher's broker dies: the watch reconnects through its list to the other broker and finds
+/// the terminal that was published meanwhile in the retained state. On bridged mosquittos; on NATS
+/// 2.9 the same fault can leave a reconnecting subscriber without consumers for tens of seconds, or
+/// hand it a stale retained state (docs/CLUSTER.md), so it is not a test there.
+#[test]
+fn bridged_mosquittos_killing_the_watchers_broker_the_watch_reconnects_and_recovers_the_terminal() {
+    let td = crate::support::TestDir::new("mn-wkill");
+    let Some(mut br) = Bridged::start(&td) else { return };
+    let agent = Machine::new("mn-wkill-a", format!("127.0.0.1:{}", br.a.port));
+    let watcher = Machine::new("mn-wkill-b", br.list(false));
+    let id = agent.register(1, 10);
+    watcher.adopt(&agent, &id);
+    let mut watch = watcher.watch(&id);
+    agent.publish(&id, "started", &[]).expect_rc(0);
+    watch.wait_stdout("event=started", Duration::from_secs(10));
+    br.b.kill();
+    watch.wait_stdout("broker down", Duration::from_secs(10));
+    // The terminal while the watch is away: only the retained state can bring it.
+    agent.publish(&id, "completed", &[]).expect_rc(0);
+    let (rc, _) = watch.wait(Duration::from_secs(20));
+    let out = watch.stdout();
+    assert_eq!(rc, 0, "{out}{}", watch.stderr());
+    let seq = agent.record(&id)["last_seq"].as_u64().unwrap();
+    let back = &out[out.find("broker up").unwrap_or_else(|| panic!("no reconnect\n{out}"))..];
+    assert!(back.contains(&format!("accepted-state seq={seq} status=completed")), "{out}");
+    // Restart the killed broker: nothing is duplicated on the agent's side.
+    br.b.launch();
+    let seqs: Vec<u64> = agent.events(&id).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seq).collect::<Vec<u64>>(), "events.log holds each seq once");
+    let published: Vec<u64> = agent
+        .audit(&id)
+        .iter()
+        .filter(|e| e["kind"] == "published" && e["published"] == true)
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(published, [1, seq], "each event published once");
+}
+
+#[test]
+fn nats_a_remote_job_is_dispatched_on_node_a_and_run_on_node_c() {
+    let td = crate::support::TestDir::new("mn-remote");
+    let Some(c) = NatsCluster::start(&td) else { return };
+    let secret = crate::support::rand_hex(16);
+    let orch = Machine::new("mn-remote-a", c.list(&[0, 1, 2]));
+    let box_ = Machine::new("mn-remote-c", c.list(&[2, 1, 0]));
+    let session = format!("r{}", crate::support::rand_hex(3));
+    let k = window_floor_s(1, CONNECT_S).to_string();
+    let id = format!("m{}", crate::support::rand_hex(4));
+    let reg = ["registry", "register", "--session", &format!("remote:{session}"), "--job-id", &id];
+    let timing = ["--transport", "remote", "--heartbeat-sec", "1", "--heartbeat-misses", &k, "--ack-timeout", "20"];
+    orch.mam().env("MAM_DISPATCH_SECRET", &secret).args(reg).args(timing).run().expect_rc(0);
+    let mut watch = orch
+        .mam()
+        .env("MAM_DISPATCH_SECRET", &secret)
+        .args(["watch", "--job-id", &id, "--remote"])
+        .spawn_bg(&orch.td, "watch");
+    crate::watch::wait_lines(&mut watch, "subscribed topic=", 2);
+    let runner_reg = box_.registry();
+    let exec = r#"echo "ran $MAM_JOB_ID on the far node" > "$MAM_REPORT_FILE""#;
+    let mut run = box_
+        .mam()
+        .env("MAM_DISPATCH_SECRET", &secret)
+        .args(["remote", "run", "--session", &session, "--exec", exec, "--once", "--registry-dir"])
+        .args([&runner_reg])
+        .spawn_bg(&box_.td, "runner");
+    run.wait_stdout("subscribed topic=", Duration::from_secs(15));
+    let r = orch.mam().env("MAM_DISPATCH_SECRET", &secret).args(["remote", "dispatch", "--job-id", &id]).run();
+    r.expect_rc(0);
+    let (rc, _) = watch.wait(Duration::from_secs(25));
+    assert_eq!(rc, 0, "{}{}\n--- runner\n{}{}", watch.stdout(), watch.stderr(), run.stdout(), run.stderr());
+    let (rrc, _) = run.wait(Duration::from_secs(15));
+    assert_eq!(rrc, 0, "{}{}", run.stdout(), run.stderr());
+    assert_eq!(orch.record(&id)["status"], "completed");
+    let report = std::fs::read_to_string(orch.registry().join(&id).join("report.md")).unwrap();
+    assert_eq!(report, format!("ran {id} on the far node\n"));
+    // The runner's record names its own node first.
+    assert_eq!(box_.record(&id)["broker"]["port"], c.nodes[2].mqtt);
+}

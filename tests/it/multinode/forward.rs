@@ -1,0 +1,135 @@
+//! Store and forward (issue 19): events recorded in events.log while no broker of the agent's list
+//! was reachable reach a watcher on another node once a broker is back, in seq order and once
+//! each, the terminal included: sent by the workspace daemon (a terminal leaves no timer behind)
+//! or by the heartbeat timer's next beat. A watch of a job whose terminal is on disk needs no broker.
+
+use std::time::Duration;
+
+use super::{accepted, Machine, NatsCluster};
+use crate::support::{free_port, wait_until, TimerGuard};
+
+/// `(seq, event)` of the non-beat events on the agent's disk.
+fn non_beats(m: &Machine, id: &str) -> Vec<(u64, String)> {
+    m.events(id)
+        .iter()
+        .filter(|e| e["heartbeat"] != true)
+        .map(|e| (e["seq"].as_u64().unwrap(), e["event"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// The audit's `published` entries for `seq` that say it reached the wire.
+fn confirmed(m: &Machine, id: &str, seq: u64) -> usize {
+    m.audit(id).iter().filter(|e| e["kind"] == "published" && e["seq"] == seq && e["published"] == true).count()
+}
+
+#[test]
+fn nats_an_outage_then_recovery_sends_the_unsent_events_and_the_terminal_once_in_order() {
+    let td = crate::support::TestDir::new("mn-fwd");
+    let Some(mut c) = NatsCluster::start(&td) else { return };
+    let a_node = c.follower();
+    let c_node = (0..3).find(|&i| i != a_node).unwrap();
+    // The agent's machine knows only its own node: while it is down, nothing reaches the wire.
+    let agent = Machine::new("mn-fwd-a", c.list(&[a_node]));
+    let watcher = Machine::new("mn-fwd-c", c.list(&[c_node]));
+    let id = agent.register(1, 60);
+    watcher.adopt(&agent, &id);
+    let mut watch = watcher.watch(&id);
+    agent.publish(&id, "started", &[]).expect_rc(0);
+    watch.wait_stdout("event=started", Duration::from_secs(10));
+    c.nodes[a_node].kill();
+    let during = |event: &str, msg: &str| {
+        agent
+            .mam()
+            .env("MAM_PUBLISH_BUDGET_S", "2")
+            .args(["publish", "--job-id", &id, "--event", event])
+            .args(["--message", msg])
+            .run()
+    };
+    // Recorded, not sent: rc 3 (CORE 6.3), the terminal too.
+    during("progress", "while the broker was away").expect_rc(3);
+    during("completed", "done while away").expect_rc(3);
+    let unsent = non_beats(&agent, &id);
+    assert_eq!(unsent.iter().map(|(_, e)| e.as_str()).collect::<Vec<_>>(), ["started", "progress", "completed"]);
+    assert!(!watch.exited());
+    c.nodes[a_node].restart();
+    c.wait_ready(a_node, Duration::from_secs(30)).unwrap();
+    // The workspace daemon forwards what the outage left (the terminal left no timer to do it).
+    let mut daemon = agent
+        .mam()
+        .env("MAM_DAEMON_SWEEP_S", "1")
+        .args(["daemon", "run", "--workspace"])
+        .args([agent.td.ws()])
+        .spawn_bg(&agent.td, "daemon");
+    let (rc, _) = watch.wait(Duration::from_secs(20));
+    let out = watch.stdout();
+    daemon.wait_stdout("event(s) the wire had missed", Duration::from_secs(10));
+    daemon.signal(libc::SIGTERM);
+    daemon.wait(Duration::from_secs(10));
+    assert_eq!(rc, 0, "{out}{}\n--- daemon\n{}", watch.stderr(), daemon.stdout());
+    assert!(out.contains("result completed"), "{out}");
+    // Once each, in seq order.
+    let acc: Vec<(u64, String)> = accepted(&out).into_iter().map(|(s, e, _)| (s, e)).collect();
+    assert_eq!(acc, unsent, "{out}");
+    for (seq, _) in &unsent[1..] {
+        assert_eq!(confirmed(&agent, &id, *seq), 1, "seq {seq} confirmed once by a replay");
+    }
+    let replayed = agent.audit(&id).iter().filter(|e| e["replayed"] == true).count();
+    assert_eq!(replayed, 2, "{:?}", agent.audit(&id));
+    assert!(daemon.stdout().contains("event(s) the wire had missed"), "{}", daemon.stdout());
+}
+
+#[test]
+fn nats_the_timers_next_beat_sends_an_event_the_outage_left_unsent() {
+    let td = crate::support::TestDir::new("mn-fwd2");
+    let Some(mut c) = NatsCluster::start(&td) else { return };
+    let a_node = c.follower();
+    let c_node = (0..3).find(|&i| i != a_node).unwrap();
+    let agent = Machine::new("mn-fwd2-a", c.list(&[a_node]));
+    let watcher = Machine::new("mn-fwd2-c", c.list(&[c_node]));
+    let id = agent.register(1, 60);
+    let _timers = TimerGuard(id.clone());
+    watcher.adopt(&agent, &id);
+    let mut watch = watcher.watch(&id);
+    agent.publish(&id, "started", &["--heartbeat", "1", "--watch-pid", "0"]).expect_rc(0);
+    watch.wait_stdout("event=progress", Duration::from_secs(10));
+    c.nodes[a_node].kill();
+    agent
+        .mam()
+        .env("MAM_PUBLISH_BUDGET_S", "2")
+        .args(["publish", "--job-id", &id, "--event", "progress", "--message", "missed"])
+        .run()
+        .expect_rc(3);
+    let missed = non_beats(&agent, &id).last().unwrap().0;
+    c.nodes[a_node].restart();
+    c.wait_ready(a_node, Duration::from_secs(30)).unwrap();
+    wait_until("the timer to send the missed event", Duration::from_secs(15), || confirmed(&agent, &id, missed) == 1);
+    watch.wait_stdout(&format!("accepted seq={missed} event=progress"), Duration::from_secs(10));
+    agent.publish(&id, "completed", &[]).expect_rc(0);
+    let (rc, _) = watch.wait(Duration::from_secs(15));
+    let out = watch.stdout();
+    assert_eq!(rc, 0, "{out}{}", watch.stderr());
+    let acc = accepted(&out);
+    assert_eq!(acc.iter().filter(|(s, _, _)| *s == missed).count(), 1, "{out}");
+    // In order: nothing newer than the missed event reached the watcher before it.
+    let pos = acc.iter().position(|(s, _, _)| *s == missed).unwrap();
+    assert!(acc[..pos].iter().all(|(s, _, _)| *s < missed), "{out}");
+    assert!(agent.hb_log(&id).contains("sent earlier event(s) the wire had missed"), "{}", agent.hb_log(&id));
+}
+
+#[test]
+fn watch_of_a_job_whose_terminal_is_on_disk_needs_no_broker() {
+    let dead = free_port();
+    let m = Machine::new("mn-disk", format!("127.0.0.1:{dead}"));
+    let id = m.register(1, 4);
+    m.mam()
+        .env("MAM_PUBLISH_BUDGET_S", "1")
+        .args(["publish", "--job-id", &id, "--event", "started"])
+        .run()
+        .expect_rc(3);
+    m.publish(&id, "completed", &["--message", "ok"]).expect_rc(3);
+    let r = m.mam().args(["watch", "--job-id", &id]).run_within(Duration::from_secs(10));
+    r.expect_rc(0);
+    assert!(r.stdout().contains("accepted seq=2 event=completed"), "{}", r.stdout());
+    assert!(r.stdout().ends_with("result completed\n"), "{}", r.stdout());
+    assert!(!r.stderr().contains("connect"), "no connect was tried: {}", r.stderr());
+}
