@@ -535,6 +535,10 @@ impl Table {
         let (old, out) = {
             let mut st = lock(&self.shared.state);
             let old = st.clients.remove(&cid);
+            if !c.clean_session || old.as_ref().is_some_and(|cl| cl.persistent) {
+                // A persistent session is created, resumed (its resends change it) or discarded.
+                self.shared.changed();
+            }
             let (session, present, old_link) = match old {
                 // MQTT-3.2.2-2: a stored session is resumed and reported.
                 Some(cl) if !c.clean_session && cl.persistent => (cl.session, true, cl.link),
@@ -599,7 +603,11 @@ impl Table {
     fn with_session<R>(&self, id: u64, f: impl FnOnce(&mut Session) -> R) -> Option<R> {
         let cid = self.conns.get(&id)?.client_id.as_deref()?;
         let mut st = lock(&self.shared.state);
-        st.clients.get_mut(cid).filter(|cl| cl.is_conn(id)).map(|cl| f(&mut cl.session))
+        let cl = st.clients.get_mut(cid).filter(|cl| cl.is_conn(id))?;
+        if cl.persistent {
+            self.shared.changed();
+        }
+        Some(f(&mut cl.session))
     }
 
     fn packet(&mut self, id: u64, frame: &[u8]) -> Result<(), End> {
@@ -688,6 +696,9 @@ impl Table {
             let Some(cl) = clients.get_mut(&cid).filter(|cl| cl.is_conn(id)) else {
                 return Err(None);
             };
+            if cl.persistent {
+                self.shared.changed();
+            }
             let decided = route::subscribe(&mut cl.session, retained, max_subs, filters);
             let mut out = vec![Out::Owned(codec::suback(pid, &decided.codes))];
             let mut dropped = false;
@@ -766,6 +777,9 @@ impl Table {
                     max_total: shared.cfg.max_retained_bytes,
                 };
                 refused_retain = route::apply_retain(retained, retained_bytes, t, op, &limits).err();
+                if refused_retain.is_none() {
+                    shared.changed();
+                }
             }
             let mut qos0: Option<Arc<[u8]>> = None;
             // The message as sessions keep it, built once for every QoS 1/2 copy.
@@ -782,7 +796,11 @@ impl Table {
                 } else {
                     let (topic, body) = kept.get_or_insert_with(|| (t.into(), payload.into())).clone();
                     let m = Msg { topic, payload: body, qos: d.qos, retain: false };
-                    match cl.session.deliver(m, cl.link.is_some(), &lim) {
+                    let d = cl.session.deliver(m, cl.link.is_some(), &lim);
+                    if cl.persistent && matches!(d, Delivered::Send(_) | Delivered::Queued) {
+                        shared.changed();
+                    }
+                    match d {
                         Delivered::Send(s) => {
                             if cl.session.pending() > ACK_WINDOW {
                                 windowed.extend(cl.link.as_ref().map(|l| l.conn));

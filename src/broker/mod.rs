@@ -21,6 +21,7 @@
 
 mod config;
 mod conn;
+mod persist;
 mod route;
 mod server;
 mod session;
@@ -30,8 +31,9 @@ pub mod codec;
 pub mod topic;
 
 pub use config::{
-    BrokerConfig, LogSink, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PACKET, DEFAULT_MAX_RETAINED_BYTES,
-    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SUBSCRIPTIONS, FDS_PER_CONNECTION,
+    BrokerConfig, LogSink, Persist, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PACKET, DEFAULT_MAX_RETAINED_BYTES,
+    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STATE_BYTES, DEFAULT_MAX_SUBSCRIPTIONS, DEFAULT_PERSIST_INTERVAL,
+    FDS_PER_CONNECTION, STATE_FILE_NAME,
 };
 pub use server::{start, BrokerHandle};
 pub use session::{DEFAULT_SESSION_BYTES, DEFAULT_SESSION_MESSAGES};

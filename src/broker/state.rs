@@ -5,7 +5,7 @@
 //! It decides nothing about routing (`route` does) and never reads or writes a socket.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::config::BrokerConfig;
@@ -102,6 +102,9 @@ pub(super) struct Shared {
     /// Wakes the loop for `stop`, `drop_all` and a released stall.
     pub(super) waker: crate::sys::Waker,
     pub(super) log_ring: Mutex<VecDeque<String>>,
+    /// Changes to what the state file keeps (retained messages, persistent sessions), counted by
+    /// the loop thread; `persist::Saver` writes when it moved.
+    pub(super) changes: AtomicU64,
 }
 
 /// Locks `m`, ignoring poisoning: a panicked holder leaves plain data, still usable.
@@ -112,6 +115,11 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     pub(super) fn session_limits(&self) -> Limits {
         Limits { messages: self.cfg.session_messages, bytes: self.cfg.session_bytes }
+    }
+
+    /// Something the state file keeps changed.
+    pub(super) fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn log(&self, line: String) {
