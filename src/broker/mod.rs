@@ -13,11 +13,15 @@
 //! are always compiled: they cost a few counters and one bounded record of received messages that
 //! `mam broker` turns off (`record: false`). The `test-hooks` feature is accepted but not needed.
 //!
+//! Retained messages and persistent sessions are kept across restarts in a state file when the
+//! config names one (`persist`; `mam broker` does unless `--no-persist`).
+//!
 //! This file only declares the modules and re-exports the public API; no file imports it. The
 //! others import one way: `server` (start, handle, the loop, accept) -> `conn` (the connection table) ->
 //! `state` (shared state, lock, log ring) -> `route` (pure routing) -> `session` (pure per-client
-//! QoS state machines and queues) -> `topic`; `conn` also uses `route`, `session` and `codec`,
-//! and `server` and `state` use `config`. `codec`, `topic` and `config` are leaves.
+//! QoS state machines and queues) -> `topic`; `server` -> `persist` (the state file) -> `state`,
+//! `route`, `session`, `topic`; `conn` also uses `route`, `session` and `codec`, and `server`,
+//! `persist` and `state` use `config`. `codec`, `topic` and `config` are leaves.
 
 mod config;
 mod conn;

@@ -423,8 +423,7 @@ mod tests {
 
     #[test]
     fn save_and_restore_keep_subscriptions_in_flight_stages_queue_and_incoming_ids() {
-        let mut s = Session::default();
-        s.subs = vec![("a/#".into(), 2)];
+        let mut s = Session { subs: vec![("a/#".into(), 2)], ..Session::default() };
         s.deliver(msg("a", 1), true, &LIM);
         s.deliver(msg("b", 2), true, &LIM);
         s.pubrec(2);

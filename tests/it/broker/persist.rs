@@ -171,9 +171,10 @@ fn foreign_state(topic: &str, payload: &[u8]) -> TestDir {
     other
 }
 
-/// A symlink planted at the state file's path is neither read (a valid state file behind it is
-/// not restored) nor written through (its target is unchanged after the broker saved); it is
-/// moved aside, as is a state file open to group or others.
+/// A symlink planted at the state file's path is not read (a valid state file behind it is not
+/// restored; the link is moved aside), and one planted while the broker runs is not written
+/// through (the save replaces the link; its target is unchanged). A state file open to group or
+/// others is set aside too.
 #[test]
 fn persist_a_planted_symlink_at_the_state_file_is_not_followed() {
     let other = foreign_state("f/t", b"foreign");
@@ -186,14 +187,16 @@ fn persist_a_planted_symlink_at_the_state_file_is_not_followed() {
     let line = b.wait_log("is a symbolic link (not followed)");
     assert!(line.starts_with("WARNING: broker: state file ") && line.contains("broker.state.bad"), "{line}");
     assert_eq!(retained_on(b.addr, "f/t"), None, "the file behind the link was not restored");
+    let bad = td.ws().join(".mam/broker.state.bad");
+    assert!(std::fs::symlink_metadata(&bad).unwrap().file_type().is_symlink(), "the link itself was set aside");
+    // Planted again while the broker runs: the save replaces the link instead of writing through it.
+    std::os::unix::fs::symlink(&target, &file).unwrap();
     Raw::connect(b.addr, "m-pub").publish("m/t", b"mine", 1, true);
     b.terminate();
     assert_eq!(std::fs::read(&target).unwrap(), target_bytes, "the link's target is untouched");
     let meta = std::fs::symlink_metadata(&file).unwrap();
     assert!(meta.is_file() && meta.permissions().mode() & 0o777 == 0o600, "{meta:?}");
     assert!(file_contains(&file, "mine"));
-    let bad = td.ws().join(".mam/broker.state.bad");
-    assert!(std::fs::symlink_metadata(&bad).unwrap().file_type().is_symlink(), "the link itself was set aside");
 
     // A state file others may write is not trusted either.
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
