@@ -3,12 +3,14 @@
 
   bench_broker.py rss PORT PID N    N idle clients (CONNECT, SUBSCRIBE one topic each): the broker's
                                     RSS before, with N connected, and after they left
-  bench_broker.py thr PORT QOS M    one subscriber, one publisher, M messages of 64 bytes at QOS:
-                                    throughput and p50/p99 publish-to-delivery latency
+  bench_broker.py thr PORT QOS M [PID]
+                                    one subscriber, one publisher, M messages of 64 bytes at QOS:
+                                    throughput and p50/p99 publish-to-delivery latency; with the
+                                    broker's PID also its CPU time (user + system) per message
 
 Every wait has a deadline; a broker that stops answering fails the run.
 """
-import socket, struct, sys, threading, time
+import os, socket, struct, sys, threading, time
 
 DEADLINE = 60.0
 
@@ -100,6 +102,13 @@ def settled_rss(pid):
     return last
 
 
+def cpu_s(pid):
+    """User plus system CPU seconds of process `pid` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss(port, pid, n):
     before = settled_rss(pid)
     clients = []
@@ -119,7 +128,7 @@ def rss(port, pid, n):
     print(f"clients={n} rss_before_kib={before} rss_connected_kib={held} rss_after_kib={after}")
 
 
-def thr(port, qos, m):
+def thr(port, qos, m, broker_pid=None):
     sub, sr = open_client(port, "bench-sub")
     sub.sendall(subscribe_pkt(1, "bench/t", qos))
     if sr.packet()[0] != 0x90:
@@ -149,27 +158,37 @@ def thr(port, qos, m):
     t = threading.Thread(target=receive, daemon=True)
     t.start()
     pub, pr = open_client(port, "bench-pub")
+    cpu0 = cpu_s(broker_pid) if broker_pid else None
     pad = b"x" * 56
     start = time.perf_counter()
     window = 0
+
+    def ack_one():
+        nonlocal window
+        kind, body = pr.packet()
+        if kind == 0x50:
+            pub.sendall(b"\x62\x02" + body[:2])
+        elif kind in (0x40, 0x70):
+            window -= 1
+
     for i in range(m):
         pid = i % 65535 + 1
+        # Keep at most 100 unacknowledged (QoS 2: until PUBCOMP), like a client's in-flight window.
+        while qos and window >= 100:
+            ack_one()
         pub.sendall(publish_pkt("bench/t", struct.pack("!d", time.perf_counter()) + pad, qos, pid))
         if qos:
             window += 1
-            # Keep at most 100 unacknowledged, like a client's in-flight window.
-            while window > 100:
-                kind, body = pr.packet()
-                if kind == 0x50:
-                    pub.sendall(b"\x62\x02" + body[:2])
-                elif kind in (0x40, 0x70):
-                    window -= 1
+    # Finish the flows: a broker that holds a QoS 2 message until PUBREL (mosquitto) delivers it then.
+    while qos and window > 0:
+        ack_one()
     if not done.wait(DEADLINE):
         raise SystemExit(f"only {len(lat)} of {m} messages delivered within {DEADLINE} s")
     took = time.perf_counter() - start
+    cpu = f" cpu_us_per_msg={(cpu_s(broker_pid) - cpu0) / m * 1e6:.2f}" if broker_pid else ""
     lat.sort()
     p50, p99 = lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
-    print(f"qos={qos} messages={m} msgs_per_s={m / took:.0f} p50_ms={p50:.3f} p99_ms={p99:.3f}")
+    print(f"qos={qos} messages={m} msgs_per_s={m / took:.0f} p50_ms={p50:.3f} p99_ms={p99:.3f}{cpu}")
 
 
 if __name__ == "__main__":
@@ -177,4 +196,4 @@ if __name__ == "__main__":
     if mode == "rss":
         rss(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     else:
-        thr(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        thr(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else None)

@@ -1076,6 +1076,12 @@ impl Table {
             self.conns.shrink_to_fit();
             self.scratch = Vec::new();
             self.timers.shrink_to_fit();
+            for v in [&mut self.dirty, &mut self.paused, &mut self.stalled, &mut self.ending] {
+                v.shrink_to_fit();
+            }
+            // The client table keeps only the away sessions now; its buckets for thousands of
+            // clients were most of what stayed after they left.
+            lock(&self.shared.state).clients.shrink_to_fit();
             crate::sys::release_free_memory();
         }
     }
