@@ -18,7 +18,8 @@
 //!
 //! This file only declares the modules and re-exports the public API; no file imports it. The
 //! others import one way: `server` (start, handle, the loop, accept) -> `conn` (the connection table) ->
-//! `state` (shared state, lock, log ring) -> `route` (pure routing) -> `session` (pure per-client
+//! `state` (shared state, lock, log ring) -> `subindex` (which clients a topic's filters name) and
+//! `route` (pure routing) -> `session` (pure per-client
 //! QoS state machines and queues) -> `topic`; `server` -> `persist` (the state file) -> `state`,
 //! `route`, `session`, `topic`; `conn` also uses `route`, `session` and `codec`, and `server`,
 //! `persist` and `state` use `config`. `codec`, `topic` and `config` are leaves.
@@ -30,6 +31,7 @@ mod route;
 mod server;
 mod session;
 mod state;
+mod subindex;
 
 pub mod codec;
 pub mod topic;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::config::BrokerConfig;
 use super::route::{Publish, RetainedStore};
 use super::session::{Limits, Session};
+use super::subindex::SubIndex;
 
 /// Records kept for `received()`: at most this many messages and this many payload bytes.
 const RECORD_MAX_MESSAGES: usize = 100_000;
@@ -58,6 +59,9 @@ impl Client {
 #[derive(Default)]
 pub(super) struct State {
     pub(super) clients: HashMap<String, Client>,
+    /// Every filter of every client in `clients`, kept in step with their sessions (subscribe, unsubscribe,
+    /// `unindex_session`, the restore): who may get a topic.
+    pub(super) index: SubIndex,
     pub(super) retained: RetainedStore,
     /// Bytes held by `retained` (`route::retained_cost` summed).
     pub(super) retained_bytes: usize,
@@ -68,6 +72,13 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Removes every filter of client `cid`'s `session` (being discarded) from the index.
+    pub(super) fn unindex_session(&mut self, cid: &str, session: &Session) {
+        for (f, _) in &session.subs {
+            self.index.remove(f, cid);
+        }
+    }
+
     pub(super) fn note_connect(&mut self, id: &str, record: bool) {
         self.connect_total += 1;
         if record && self.connects.len() < RECORD_MAX_MESSAGES {

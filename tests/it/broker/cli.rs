@@ -101,6 +101,9 @@ fn cli_usage_errors() {
         &["broker", "--max-connections", "0"],
         &["broker", "--max-subscriptions", "0"],
         &["broker", "--max-retained-bytes", "-1"],
+        &["broker", "--persist-interval", "0"],
+        &["broker", "--no-persist", "--persist-interval", "3"],
+        &["broker", "--max-state-bytes", "10"],
     ] {
         let r = td.mam().args(args).run();
         r.expect_rc(2);
@@ -110,4 +113,29 @@ fn cli_usage_errors() {
     r.expect_rc(1);
     assert!(r.stderr().contains("cannot read password file"), "{}", r.stderr());
     td.mam().args(["broker", "--help"]).run().expect_rc(0);
+}
+
+/// Issue 17: `mam broker --help` states what is supported and what is not.
+#[test]
+fn broker_help_states_what_is_supported_and_what_is_not() {
+    let td = TestDir::new("broker-help");
+    let r = td.mam().args(["broker", "--help"]).run();
+    r.expect_rc(0);
+    let help = r.stdout();
+    let (yes, no) = help.split_once("Not supported:").expect("a Not supported: paragraph");
+    for want in [
+        "Supported: MQTT 3.1.1",
+        "QoS 0, 1 and 2 in both directions",
+        "retained messages",
+        "will messages",
+        "persistent sessions (CleanSession=0)",
+        "every CONNACK return code",
+        "persistence (on unless --no-persist)",
+        "<control root>/.mam/broker.state",
+    ] {
+        assert!(yes.contains(want), "supported: {want:?} missing from\n{help}");
+    }
+    for want in ["MQTT 3.1 and 5", "TLS", "websockets", "bridges", "ACLs", "$SYS", "QoS 0"] {
+        assert!(no.split("\n\n").next().unwrap().contains(want), "not supported: {want:?} missing from\n{help}");
+    }
 }

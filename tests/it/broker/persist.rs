@@ -246,3 +246,39 @@ fn persist_a_second_broker_of_the_control_root_runs_without_the_state_file() {
     first.terminate();
     assert!(file_contains(&state_file(&td), "first"));
 }
+
+/// A restored session routes from its restored subscriptions (no SUBSCRIBE after the restart):
+/// a message published after the restart while the client is still away is queued for it, and
+/// a QoS 2 message it had not acknowledged before the restart comes again with DUP=1.
+#[test]
+fn persist_a_restored_session_routes_and_resends_without_a_new_subscribe() {
+    let td = TestDir::new("persist-routes");
+    let b = BrokerProc::start(&td, &["--allow-anonymous"]);
+    let (mut r, code) = Raw::connect_with(b.addr, &connect_bytes("rs-away", 60, false, None, None));
+    assert_eq!(code, 0);
+    r.subscribe(&[("rs/#", 2)]);
+    Raw::connect(b.addr, "rs-pub").publish("rs/before", b"unacknowledged", 2, false);
+    let pid = match r.expect() {
+        Got::Publish { topic, pid, dup: false, .. } if topic == "rs/before" => pid,
+        other => panic!("expected the first delivery, got {other:?}"),
+    };
+    // Gone without acknowledging it; the shutdown keeps the session either way.
+    drop(r);
+    b.terminate();
+    let b = BrokerProc::start(&td, &["--allow-anonymous"]);
+    b.wait_log("restored 0 retained messages and 1 session (1 QoS 1/2 message)");
+    Raw::connect(b.addr, "rs-pub").publish("rs/after", b"routed after the restart", 1, false);
+    let (mut r, code) = Raw::connect_with(b.addr, &connect_bytes("rs-away", 60, false, None, None));
+    assert_eq!(code, 0);
+    match r.expect() {
+        Got::Publish { topic, pid: again, dup, qos, .. } => {
+            assert_eq!((topic.as_str(), again, dup, qos), ("rs/before", pid, true, 2))
+        }
+        other => panic!("expected the resend, got {other:?}"),
+    }
+    r.ack("pubrec", pid);
+    // The queued message may come before the PUBREL (both follow the CONNACK at once).
+    r.wait_for(Got::Pubrel(pid));
+    r.ack("pubcomp", pid);
+    assert_eq!(r.expect_publish(), "publish rs/after \"routed after the restart\" q1 r0");
+}
