@@ -3,10 +3,12 @@
 
   bench_broker.py rss PORT PID N    N idle clients (CONNECT, SUBSCRIBE one topic each): the broker's
                                     RSS before, with N connected, and after they left
-  bench_broker.py thr PORT QOS M [PID]
+  bench_broker.py thr PORT QOS M [PID [IDLE]]
                                     one subscriber, one publisher, M messages of 64 bytes at QOS:
                                     throughput and p50/p99 publish-to-delivery latency; with the
-                                    broker's PID also its CPU time (user + system) per message
+                                    broker's PID also its CPU time (user + system) per message;
+                                    with IDLE, that many idle clients (one subscription each on a
+                                    topic of their own) connected during the run
 
 Every wait has a deadline; a broker that stops answering fails the run.
 """
@@ -109,8 +111,8 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss(port, pid, n):
-    before = settled_rss(pid)
+def idle_clients(port, n):
+    """N connected clients, each subscribed to a topic of its own, SUBACKed."""
     clients = []
     for i in range(n):
         s, r = open_client(port, f"idle-{i}")
@@ -120,6 +122,12 @@ def rss(port, pid, n):
         kind, _ = r.packet()
         if kind != 0x90:
             raise SystemExit("no SUBACK")
+    return clients
+
+
+def rss(port, pid, n):
+    before = settled_rss(pid)
+    clients = idle_clients(port, n)
     held = settled_rss(pid)
     for s, _ in clients:
         s.sendall(b"\xe0\x00")
@@ -128,7 +136,8 @@ def rss(port, pid, n):
     print(f"clients={n} rss_before_kib={before} rss_connected_kib={held} rss_after_kib={after}")
 
 
-def thr(port, qos, m, broker_pid=None):
+def thr(port, qos, m, broker_pid=None, idle=0):
+    held = idle_clients(port, idle)
     sub, sr = open_client(port, "bench-sub")
     sub.sendall(subscribe_pkt(1, "bench/t", qos))
     if sr.packet()[0] != 0x90:
@@ -188,7 +197,10 @@ def thr(port, qos, m, broker_pid=None):
     cpu = f" cpu_us_per_msg={(cpu_s(broker_pid) - cpu0) / m * 1e6:.2f}" if broker_pid else ""
     lat.sort()
     p50, p99 = lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
-    print(f"qos={qos} messages={m} msgs_per_s={m / took:.0f} p50_ms={p50:.3f} p99_ms={p99:.3f}{cpu}")
+    idle_note = f" idle_clients={idle}" if idle else ""
+    print(f"qos={qos}{idle_note} messages={m} msgs_per_s={m / took:.0f} p50_ms={p50:.3f} p99_ms={p99:.3f}{cpu}")
+    for s, _ in held:
+        s.close()
 
 
 if __name__ == "__main__":
@@ -196,4 +208,5 @@ if __name__ == "__main__":
     if mode == "rss":
         rss(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     else:
-        thr(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else None)
+        extra = [int(a) for a in sys.argv[5:7]]
+        thr(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), *extra)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The embedded broker against mosquitto, same machine, same run (docs/PERFORMANCE.md, issue 17):
-# RSS with 1,000 and 5,000 idle clients and after they left; throughput and p50/p99 latency of one
-# publisher to one subscriber at QoS 0, 1 and 2 (BENCH_REPEAT rounds). Load generator: scripts/bench_broker.py (python3,
-# standard library only). Usage: scripts/bench_broker.sh [CLIENTS...] (default 1000 5000).
+# RSS with 1,000 and 5,000 idle clients and after they left; throughput, p50/p99 latency and the
+# broker's CPU per message of one publisher to one subscriber at QoS 0, 1 and 2 (BENCH_REPEAT
+# rounds), then QoS 0 and 1 again with BENCH_IDLE (5,000) idle subscribed clients connected. Load
+# generator: scripts/bench_broker.py (python3, standard library only).
+# Usage: scripts/bench_broker.sh [CLIENTS...] (default 1000 5000).
 set -euo pipefail
 export PATH="$PATH:/usr/sbin"
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,6 +40,8 @@ for n in "${counts[@]}"; do
   done
 done
 # BENCH_REPEAT=N: N alternating rounds of the delivery runs (one generator run is noisy).
+# BENCH_IDLE=N (default 5000, 0 skips): QoS 0 and 1 again with N idle subscribed clients connected.
+idle=${BENCH_IDLE:-5000}
 for _ in $(seq "${BENCH_REPEAT:-1}"); do
   for q in 0 1 2; do
     for b in mam mosquitto; do
@@ -49,4 +53,11 @@ for _ in $(seq "${BENCH_REPEAT:-1}"); do
       "start_$b" "$extra"; echo "$b $(python3 "$here/scripts/bench_broker.py" thr "$port" "$q" 20000 "$pid" || true)"; stop
     done
   done
+  if [ "$idle" -gt 0 ]; then
+    for q in 0 1; do
+      for b in mam mosquitto; do
+        "start_$b"; echo "$b $(python3 "$here/scripts/bench_broker.py" thr "$port" "$q" 20000 "$pid" "$idle" || true)"; stop
+      done
+    done
+  fi
 done
