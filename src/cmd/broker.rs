@@ -290,6 +290,8 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             b.push(b'\n');
         }
     });
+    // Memory back after clients leave (issue 17): see the function.
+    sys::fix_malloc_thresholds();
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let cfg = BrokerConfig {
         bind: SocketAddr::new(a.bind, a.port),
