@@ -3,12 +3,16 @@
 
   bench_broker.py rss PORT PID N    N idle clients (CONNECT, SUBSCRIBE one topic each): the broker's
                                     RSS before, with N connected, and after they left
-  bench_broker.py thr PORT QOS M    one subscriber, one publisher, M messages of 64 bytes at QOS:
-                                    throughput and p50/p99 publish-to-delivery latency
+  bench_broker.py thr PORT QOS M [PID [IDLE]]
+                                    one subscriber, one publisher, M messages of 64 bytes at QOS:
+                                    throughput and p50/p99 publish-to-delivery latency; with the
+                                    broker's PID also its CPU time (user + system) per message;
+                                    with IDLE, that many idle clients (one subscription each on a
+                                    topic of their own) connected during the run
 
 Every wait has a deadline; a broker that stops answering fails the run.
 """
-import socket, struct, sys, threading, time
+import os, socket, struct, sys, threading, time
 
 DEADLINE = 60.0
 
@@ -100,8 +104,15 @@ def settled_rss(pid):
     return last
 
 
-def rss(port, pid, n):
-    before = settled_rss(pid)
+def cpu_s(pid):
+    """User plus system CPU seconds of process `pid` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_clients(port, n):
+    """N connected clients, each subscribed to a topic of its own, SUBACKed."""
     clients = []
     for i in range(n):
         s, r = open_client(port, f"idle-{i}")
@@ -111,15 +122,34 @@ def rss(port, pid, n):
         kind, _ = r.packet()
         if kind != 0x90:
             raise SystemExit("no SUBACK")
+    return clients
+
+
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss(port, pid, n):
+    before = settled_rss(pid)
+    fds = open_fds(pid)
+    clients = idle_clients(port, n)
     held = settled_rss(pid)
     for s, _ in clients:
         s.sendall(b"\xe0\x00")
         s.close()
+    # "After" is once the broker closed every connection (its descriptors are back), not merely
+    # once its RSS stopped moving: freeing does not move it until the memory is handed back.
+    end = time.time() + DEADLINE
+    while open_fds(pid) > fds:
+        if time.time() > end:
+            raise SystemExit(f"the broker still holds {open_fds(pid) - fds} of the connections")
+        time.sleep(0.05)
     after = settled_rss(pid)
     print(f"clients={n} rss_before_kib={before} rss_connected_kib={held} rss_after_kib={after}")
 
 
-def thr(port, qos, m):
+def thr(port, qos, m, broker_pid=None, idle=0):
+    held = idle_clients(port, idle)
     sub, sr = open_client(port, "bench-sub")
     sub.sendall(subscribe_pkt(1, "bench/t", qos))
     if sr.packet()[0] != 0x90:
@@ -149,27 +179,40 @@ def thr(port, qos, m):
     t = threading.Thread(target=receive, daemon=True)
     t.start()
     pub, pr = open_client(port, "bench-pub")
+    cpu0 = cpu_s(broker_pid) if broker_pid else None
     pad = b"x" * 56
     start = time.perf_counter()
     window = 0
+
+    def ack_one():
+        nonlocal window
+        kind, body = pr.packet()
+        if kind == 0x50:
+            pub.sendall(b"\x62\x02" + body[:2])
+        elif kind in (0x40, 0x70):
+            window -= 1
+
     for i in range(m):
         pid = i % 65535 + 1
+        # Keep at most 100 unacknowledged (QoS 2: until PUBCOMP), like a client's in-flight window.
+        while qos and window >= 100:
+            ack_one()
         pub.sendall(publish_pkt("bench/t", struct.pack("!d", time.perf_counter()) + pad, qos, pid))
         if qos:
             window += 1
-            # Keep at most 100 unacknowledged, like a client's in-flight window.
-            while window > 100:
-                kind, body = pr.packet()
-                if kind == 0x50:
-                    pub.sendall(b"\x62\x02" + body[:2])
-                elif kind in (0x40, 0x70):
-                    window -= 1
+    # Finish the flows: a broker that holds a QoS 2 message until PUBREL (mosquitto) delivers it then.
+    while qos and window > 0:
+        ack_one()
     if not done.wait(DEADLINE):
         raise SystemExit(f"only {len(lat)} of {m} messages delivered within {DEADLINE} s")
     took = time.perf_counter() - start
+    cpu = f" cpu_us_per_msg={(cpu_s(broker_pid) - cpu0) / m * 1e6:.2f}" if broker_pid else ""
     lat.sort()
     p50, p99 = lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
-    print(f"qos={qos} messages={m} msgs_per_s={m / took:.0f} p50_ms={p50:.3f} p99_ms={p99:.3f}")
+    idle_note = f" idle_clients={idle}" if idle else ""
+    print(f"qos={qos}{idle_note} messages={m} msgs_per_s={m / took:.0f} p50_ms={p50:.3f} p99_ms={p99:.3f}{cpu}")
+    for s, _ in held:
+        s.close()
 
 
 if __name__ == "__main__":
@@ -177,4 +220,5 @@ if __name__ == "__main__":
     if mode == "rss":
         rss(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     else:
-        thr(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        extra = [int(a) for a in sys.argv[5:7]]
+        thr(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), *extra)

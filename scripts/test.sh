@@ -14,6 +14,8 @@ command -v tmux >/dev/null || missing+=(tmux)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v git >/dev/null || missing+=(git)
 command -v python3 >/dev/null || missing+=(python3)
+# paho-mqtt as a real client of the broker tests (issue 17; tests/fixtures/paho_client.py runs on 1.6 and 2.x).
+python3 -c 'import paho.mqtt.client' 2>/dev/null || missing+=(python3-paho-mqtt)
 command -v setpriv >/dev/null || missing+=(util-linux)
 # The conversation in-use check (ORCH 6.3) asks ps and lsof; flock holds a presence lock in its tests.
 command -v ps >/dev/null || missing+=(procps)
@@ -34,6 +36,7 @@ fi
 
 export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1 MAM_REQUIRE_LSOF=1 MAM_REQUIRE_PYTHON3=1
 export MAM_REQUIRE_NATS=1
+export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1 MAM_REQUIRE_LSOF=1 MAM_REQUIRE_PYTHON3=1 MAM_REQUIRE_PAHO=1
 
 # The real herdr (issue 11): HERDR_BIN (a path) or `herdr` on PATH, exported absolute for the tests.
 # Not installable from a package, so it is required only when MAM_REQUIRE_HERDR=1 (.ci/run sets it).

@@ -24,6 +24,15 @@ pub fn show_path(p: &Path) -> String {
     one_line(&p.to_string_lossy())
 }
 
+/// `n` and a noun, plural unless `n` is 1 ("1 session", "3 retained messages").
+pub fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// The edit distance (insertions, deletions, substitutions) between two short words.
 pub fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();

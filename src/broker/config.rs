@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,24 @@ pub const DEFAULT_MAX_SESSIONS: usize = 1000;
 /// Descriptors one connection holds (its socket; the loop's epoll and wake-up descriptors are
 /// shared): `mam broker` keeps `max_connections` under the descriptor limit with this.
 pub const FDS_PER_CONNECTION: usize = 1;
+
+/// Default `Persist::interval`: a change is on disk at most this long after it happens.
+pub const DEFAULT_PERSIST_INTERVAL: Duration = Duration::from_secs(5);
+/// Default `Persist::max_bytes`: the largest state file written or read.
+pub const DEFAULT_MAX_STATE_BYTES: usize = 256 * 1024 * 1024;
+/// The state file's name in `<control root>/.mam/` (`mam broker` without `--no-persist`).
+pub const STATE_FILE_NAME: &str = "broker.state";
+
+/// Persistence of retained messages and persistent sessions across restarts (`persist`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Persist {
+    /// The state file; its directory must exist. `<path>.lock` keeps a second broker off it.
+    pub path: PathBuf,
+    /// A change is written at most this long after it happens (and at shutdown).
+    pub interval: Duration,
+    /// The largest file written (what does not fit is left out, logged) or read (larger: set aside).
+    pub max_bytes: usize,
+}
 
 /// Broker settings. `Default` is the library and test default: `127.0.0.1:1883`, **no
 /// authentication** (anonymous clients accepted, as the in-process test broker needs), 1 MiB
@@ -63,6 +82,9 @@ pub struct BrokerConfig {
     /// either, new messages for that session are dropped and the first drop is logged.
     pub session_messages: usize,
     pub session_bytes: usize,
+    /// Keep retained messages and persistent sessions in a file across restarts (None: memory only,
+    /// the library and test default).
+    pub persist: Option<Persist>,
 }
 
 impl Default for BrokerConfig {
@@ -84,6 +106,7 @@ impl Default for BrokerConfig {
             max_sessions: DEFAULT_MAX_SESSIONS,
             session_messages: super::session::DEFAULT_SESSION_MESSAGES,
             session_bytes: super::session::DEFAULT_SESSION_BYTES,
+            persist: None,
         }
     }
 }
@@ -107,6 +130,7 @@ impl fmt::Debug for BrokerConfig {
             .field("max_sessions", &self.max_sessions)
             .field("session_messages", &self.session_messages)
             .field("session_bytes", &self.session_bytes)
+            .field("persist", &self.persist)
             .finish()
     }
 }

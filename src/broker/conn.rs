@@ -535,11 +535,18 @@ impl Table {
         let (old, out) = {
             let mut st = lock(&self.shared.state);
             let old = st.clients.remove(&cid);
+            if !c.clean_session || old.as_ref().is_some_and(|cl| cl.persistent) {
+                // A persistent session is created, resumed (its resends change it) or discarded.
+                self.shared.changed();
+            }
             let (session, present, old_link) = match old {
                 // MQTT-3.2.2-2: a stored session is resumed and reported.
                 Some(cl) if !c.clean_session && cl.persistent => (cl.session, true, cl.link),
                 // MQTT-3.1.2-6: CleanSession=1 discards any previous session.
-                Some(cl) => (Session::default(), false, cl.link),
+                Some(cl) => {
+                    st.unindex_session(&cid, &cl.session);
+                    (Session::default(), false, cl.link)
+                }
                 None => {
                     let stored = st.clients.values().filter(|cl| cl.link.is_none()).count();
                     if !c.clean_session && stored >= self.shared.cfg.max_sessions {
@@ -599,7 +606,11 @@ impl Table {
     fn with_session<R>(&self, id: u64, f: impl FnOnce(&mut Session) -> R) -> Option<R> {
         let cid = self.conns.get(&id)?.client_id.as_deref()?;
         let mut st = lock(&self.shared.state);
-        st.clients.get_mut(cid).filter(|cl| cl.is_conn(id)).map(|cl| f(&mut cl.session))
+        let cl = st.clients.get_mut(cid).filter(|cl| cl.is_conn(id))?;
+        if cl.persistent {
+            self.shared.changed();
+        }
+        Some(f(&mut cl.session))
     }
 
     fn packet(&mut self, id: u64, frame: &[u8]) -> Result<(), End> {
@@ -657,7 +668,7 @@ impl Table {
             }
             Packet::Subscribe { pid, filters } => self.subscribe(id, pid, &filters),
             Packet::Unsubscribe { pid, filters } => {
-                self.with_session(id, |s| s.unsubscribe(&filters)).ok_or(None)?;
+                self.unsubscribe(id, &filters).ok_or(None)?;
                 self.reply(id, codec::unsuback(pid));
                 Ok(())
             }
@@ -678,17 +689,42 @@ impl Table {
         }
     }
 
+    /// Drops `filters` from connection `id`'s session and the index; None when another connection
+    /// took the client id.
+    fn unsubscribe(&mut self, id: u64, filters: &[&str]) -> Option<()> {
+        let cid = self.conns.get(&id)?.client_id.as_deref()?;
+        let mut st = lock(&self.shared.state);
+        let State { clients, index, .. } = &mut *st;
+        let cl = clients.get_mut(cid).filter(|cl| cl.is_conn(id))?;
+        if cl.persistent {
+            self.shared.changed();
+        }
+        for f in filters.iter().filter(|f| cl.session.subs.iter().any(|(sf, _)| sf == *f)) {
+            index.remove(f, cid);
+        }
+        cl.session.unsubscribe(filters);
+        Some(())
+    }
+
     fn subscribe(&mut self, id: u64, pid: u16, filters: &[(&str, u8)]) -> Result<(), End> {
         let Some(cid) = self.conns.get(&id).and_then(|c| c.client_id.clone()) else { return Err(None) };
         let max_subs = self.shared.cfg.max_subscriptions;
         let lim = self.shared.session_limits();
         let (out, over_cap, dropped) = {
             let mut st = lock(&self.shared.state);
-            let State { clients, retained, .. } = &mut *st;
+            let State { clients, retained, index, .. } = &mut *st;
             let Some(cl) = clients.get_mut(&cid).filter(|cl| cl.is_conn(id)) else {
                 return Err(None);
             };
+            if cl.persistent {
+                self.shared.changed();
+            }
             let decided = route::subscribe(&mut cl.session, retained, max_subs, filters);
+            for (&(f, _), &code) in filters.iter().zip(&decided.codes) {
+                if code != 0x80 {
+                    index.add(f, &cid);
+                }
+            }
             let mut out = vec![Out::Owned(codec::suback(pid, &decided.codes))];
             let mut dropped = false;
             for r in decided.replay {
@@ -748,16 +784,25 @@ impl Table {
         let mut full_sessions: Vec<String> = Vec::new();
         let refused_retain = {
             let mut st = lock(&shared.state);
-            let State { clients, retained, retained_bytes, .. } = &mut *st;
-            let mut targets: Vec<(&String, &mut Client)> = clients.iter_mut().collect();
-            let routed = route::route(targets.iter().map(|(_, cl)| &cl.session), msg).map_err(|r| {
-                Some(match r {
-                    Refusal::InvalidTopic => format!(
-                        "protocol error: invalid publish topic '{}' (empty or wildcard); closing",
-                        short_id(msg.topic)
-                    ),
-                })
-            })?;
+            let State { clients, retained, retained_bytes, index, .. } = &mut *st;
+            // The clients that may get it: those with a filter matching the topic, once each (the
+            // index may name more; `route` decides from each session's own filters).
+            let mut targets: Vec<&str> = Vec::new();
+            if topic::valid_topic_name(msg.topic) {
+                index.candidates(msg.topic, &mut targets);
+                targets.sort_unstable();
+                targets.dedup();
+                targets.retain(|cid| clients.contains_key(*cid));
+            }
+            let routed = route::route(targets.iter().filter_map(|cid| clients.get(*cid).map(|cl| &cl.session)), msg)
+                .map_err(|r| {
+                    Some(match r {
+                        Refusal::InvalidTopic => format!(
+                            "protocol error: invalid publish topic '{}' (empty or wildcard); closing",
+                            short_id(msg.topic)
+                        ),
+                    })
+                })?;
             let (t, payload) = (msg.topic, msg.payload);
             let mut refused_retain = None;
             if let Some(op) = routed.retain {
@@ -766,12 +811,16 @@ impl Table {
                     max_total: shared.cfg.max_retained_bytes,
                 };
                 refused_retain = route::apply_retain(retained, retained_bytes, t, op, &limits).err();
+                if refused_retain.is_none() {
+                    shared.changed();
+                }
             }
             let mut qos0: Option<Arc<[u8]>> = None;
             // The message as sessions keep it, built once for every QoS 1/2 copy.
             let mut kept: Option<(Arc<str>, Arc<[u8]>)> = None;
             for d in routed.deliveries {
-                let (cid, cl) = &mut targets[d.to];
+                let cid = targets[d.to];
+                let Some(cl) = clients.get_mut(cid) else { continue };
                 let out = if d.qos == 0 {
                     if cl.link.is_none() {
                         continue;
@@ -782,7 +831,11 @@ impl Table {
                 } else {
                     let (topic, body) = kept.get_or_insert_with(|| (t.into(), payload.into())).clone();
                     let m = Msg { topic, payload: body, qos: d.qos, retain: false };
-                    match cl.session.deliver(m, cl.link.is_some(), &lim) {
+                    let d = cl.session.deliver(m, cl.link.is_some(), &lim);
+                    if cl.persistent && matches!(d, Delivered::Send(_) | Delivered::Queued) {
+                        shared.changed();
+                    }
+                    match d {
                         Delivered::Send(s) => {
                             if cl.session.pending() > ACK_WINDOW {
                                 windowed.extend(cl.link.as_ref().map(|l| l.conn));
@@ -790,7 +843,7 @@ impl Table {
                             Out::Owned(encode(&s))
                         }
                         Delivered::Dropped { first: true } => {
-                            full_sessions.push((*cid).clone());
+                            full_sessions.push(cid.to_string());
                             continue;
                         }
                         Delivered::Dropped { .. } | Delivered::Queued | Delivered::Skipped => continue,
@@ -1044,8 +1097,8 @@ impl Table {
                         cl.link = None;
                         cl.session.shrink();
                     }
-                } else {
-                    st.clients.remove(cid);
+                } else if let Some(cl) = st.clients.remove(cid) {
+                    st.unindex_session(cid, &cl.session);
                 }
             }
         }
@@ -1058,6 +1111,14 @@ impl Table {
             self.conns.shrink_to_fit();
             self.scratch = Vec::new();
             self.timers.shrink_to_fit();
+            for v in [&mut self.dirty, &mut self.paused, &mut self.stalled, &mut self.ending] {
+                v.shrink_to_fit();
+            }
+            // The client table keeps only the away sessions now; its buckets for thousands of
+            // clients were most of what stayed after they left.
+            let mut st = lock(&self.shared.state);
+            st.clients.shrink_to_fit();
+            st.index.shrink();
             crate::sys::release_free_memory();
         }
     }

@@ -13,25 +13,33 @@
 //! are always compiled: they cost a few counters and one bounded record of received messages that
 //! `mam broker` turns off (`record: false`). The `test-hooks` feature is accepted but not needed.
 //!
+//! Retained messages and persistent sessions are kept across restarts in a state file when the
+//! config names one (`persist`; `mam broker` does unless `--no-persist`).
+//!
 //! This file only declares the modules and re-exports the public API; no file imports it. The
 //! others import one way: `server` (start, handle, the loop, accept) -> `conn` (the connection table) ->
-//! `state` (shared state, lock, log ring) -> `route` (pure routing) -> `session` (pure per-client
-//! QoS state machines and queues) -> `topic`; `conn` also uses `route`, `session` and `codec`,
-//! and `server` and `state` use `config`. `codec`, `topic` and `config` are leaves.
+//! `state` (shared state, lock, log ring) -> `subindex` (which clients a topic's filters name) and
+//! `route` (pure routing) -> `session` (pure per-client
+//! QoS state machines and queues) -> `topic`; `server` -> `persist` (the state file) -> `state`,
+//! `route`, `session`, `topic`; `conn` also uses `route`, `session` and `codec`, and `server`,
+//! `persist` and `state` use `config`. `codec`, `topic` and `config` are leaves.
 
 mod config;
 mod conn;
+mod persist;
 mod route;
 mod server;
 mod session;
 mod state;
+mod subindex;
 
 pub mod codec;
 pub mod topic;
 
 pub use config::{
-    BrokerConfig, LogSink, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PACKET, DEFAULT_MAX_RETAINED_BYTES,
-    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SUBSCRIPTIONS, FDS_PER_CONNECTION,
+    BrokerConfig, LogSink, Persist, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PACKET, DEFAULT_MAX_RETAINED_BYTES,
+    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STATE_BYTES, DEFAULT_MAX_SUBSCRIPTIONS, DEFAULT_PERSIST_INTERVAL,
+    FDS_PER_CONNECTION, STATE_FILE_NAME,
 };
 pub use server::{start, BrokerHandle};
 pub use session::{DEFAULT_SESSION_BYTES, DEFAULT_SESSION_MESSAGES};

@@ -10,6 +10,7 @@
 //! 1/2 state, queuing for a client that is away) and then queues the packets it describes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::session::Session;
 use super::topic;
@@ -17,7 +18,8 @@ use super::topic;
 /// A retained message: the payload and the QoS it was published with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retained {
-    pub payload: Vec<u8>,
+    /// Shared with the state file's snapshots (`persist`), so taking one copies no payload.
+    pub payload: Arc<[u8]>,
     pub qos: u8,
 }
 
@@ -164,7 +166,7 @@ pub fn route<'s>(sessions: impl IntoIterator<Item = &'s Session>, msg: &Publish<
         if msg.payload.is_empty() {
             RetainOp::Clear
         } else {
-            RetainOp::Set(Retained { payload: msg.payload.to_vec(), qos: msg.qos })
+            RetainOp::Set(Retained { payload: msg.payload.into(), qos: msg.qos })
         }
     });
     let mut deliveries = Vec::new();
@@ -262,7 +264,7 @@ mod tests {
     }
 
     fn store(items: &[(&str, &[u8], u8)]) -> RetainedStore {
-        items.iter().map(|(t, p, q)| (t.to_string(), Retained { payload: p.to_vec(), qos: *q })).collect()
+        items.iter().map(|(t, p, q)| (t.to_string(), Retained { payload: (*p).into(), qos: *q })).collect()
     }
 
     #[test]
@@ -319,7 +321,7 @@ mod tests {
         let mut apply =
             |op: RetainOp, st: &mut RetainedStore, t: &str| apply_retain(st, &mut used, t, op, &big).unwrap();
         let r = route([], &publish("t", b"one", 1, true)).unwrap();
-        assert_eq!(r.retain, Some(RetainOp::Set(Retained { payload: b"one".to_vec(), qos: 1 })));
+        assert_eq!(r.retain, Some(RetainOp::Set(Retained { payload: b"one"[..].into(), qos: 1 })));
         apply(r.retain.unwrap(), &mut st, "t");
         assert_eq!(st, store(&[("t", b"one", 1)]));
         let r = route([], &publish("t", b"two", 0, true)).unwrap();
@@ -399,7 +401,7 @@ mod tests {
     fn retained_caps_refuse_without_changing_the_store() {
         let limits = RetainLimits { max_message: 4, max_total: 10 };
         let (mut st, mut used) = (RetainedStore::new(), 0);
-        let set = |p: &[u8]| RetainOp::Set(Retained { payload: p.to_vec(), qos: 1 });
+        let set = |p: &[u8]| RetainOp::Set(Retained { payload: p.into(), qos: 1 });
         assert_eq!(apply_retain(&mut st, &mut used, "t", set(b"abcd"), &limits), Ok(()));
         assert_eq!(used, 5);
         assert_eq!(

@@ -1,22 +1,24 @@
-//! The running broker: `start` binds and spawns the one loop thread, the loop waits on epoll for
-//! the listener, the wake-up descriptor and every client socket (through `conn::Table`), accepts
-//! within `max_connections`, and `BrokerHandle` stops it and joins it, besides offering the test
-//! hooks.
+//! The running broker: `start` binds, restores the state file (`persist`) and spawns the one loop
+//! thread, the loop waits on epoll for the listener, the wake-up descriptor and every client socket
+//! (through `conn::Table`), accepts within `max_connections`, hands the state file's writer its
+//! snapshots, and `BrokerHandle` stops it and joins it, besides offering the test hooks.
 //!
 //! It never reads or writes a client socket and decides nothing about packets or routing.
 
 use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use super::config::BrokerConfig;
+use super::config::{BrokerConfig, Persist};
 use super::conn::Table;
+use super::persist::{self, Opened, Saver};
 use super::state::{lock, Shared, State};
 use crate::sys::{Epoll, EpollEvents, EPOLL_IN};
+use crate::text::count;
 
 const LOOP_STACK: usize = 256 * 1024;
 const LISTENER: u64 = 0;
@@ -34,7 +36,8 @@ pub struct BrokerHandle {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Binds `cfg.bind` and starts serving; the socket is listening when this returns.
+/// Binds `cfg.bind`, restores the state file (with `cfg.persist`) and starts serving; the socket
+/// is listening when this returns.
 pub fn start(cfg: BrokerConfig) -> io::Result<BrokerHandle> {
     if !cfg.bind.ip().is_loopback() && !cfg.allow_remote {
         return Err(io::Error::new(
@@ -55,14 +58,71 @@ pub fn start(cfg: BrokerConfig) -> io::Result<BrokerHandle> {
         stalled: Mutex::new(Vec::new()),
         waker: crate::sys::Waker::new()?,
         log_ring: Mutex::new(VecDeque::new()),
+        changes: AtomicU64::new(0),
     });
+    let saver = match &shared.cfg.persist {
+        Some(p) => open_state(&shared, p)?,
+        None => None,
+    };
     let epoll = Epoll::new()?;
     epoll.add(&listener, LISTENER, EPOLL_IN)?;
     epoll.add(&shared.waker, WAKER, EPOLL_IN)?;
     let table = Table::new(shared.clone(), epoll, WAKER + 1);
-    let thread =
-        thread::Builder::new().name("broker-loop".into()).stack_size(LOOP_STACK).spawn(move || run(table, listener))?;
+    let thread = thread::Builder::new()
+        .name("broker-loop".into())
+        .stack_size(LOOP_STACK)
+        .spawn(move || run(table, listener, saver))?;
     Ok(BrokerHandle { shared, addr, thread: Some(thread) })
+}
+
+/// Takes the state file's lock and restores what the file holds; the outcome is logged. None when
+/// another broker holds the lock: this one runs without persistence.
+fn open_state(shared: &Arc<Shared>, p: &Persist) -> io::Result<Option<Saver>> {
+    let path = crate::text::show_path(&p.path);
+    let (saver, loaded) = match Saver::open(shared, p)? {
+        Opened::Ready(saver, loaded) => (saver, loaded),
+        Opened::Unlocked(why) => {
+            shared.log(format!(
+                "WARNING: broker: state file {path} {why}; this broker keeps its state in memory only \
+                 (stop the other broker, or start this one with --no-persist)"
+            ));
+            return Ok(None);
+        }
+    };
+    match loaded {
+        Ok(None) => {}
+        Ok(Some(snap)) => {
+            let r = persist::restore(&mut lock(&shared.state), snap, &shared.cfg);
+            shared.log(format!(
+                "NOTE: broker: restored {} and {} ({}) from {path}",
+                count(r.retained, "retained message"),
+                count(r.sessions, "session"),
+                count(r.messages, "QoS 1/2 message")
+            ));
+            if r.dropped_retained + r.dropped_sessions > 0 {
+                shared.log(format!(
+                    "WARNING: broker: state file {path}: {} and {} over this start's --max-retained-* / \
+                     --max-sessions not restored",
+                    count(r.dropped_retained, "retained message"),
+                    count(r.dropped_sessions, "session")
+                ));
+                // The file is rewritten without them at the next save.
+                shared.changed();
+            }
+        }
+        Err(rej) => {
+            let whereto = match &rej.moved {
+                Ok(bad) => format!("moved to {}", crate::text::show_path(bad)),
+                Err(e) => format!("could not be moved aside ({e}); the next save replaces it"),
+            };
+            shared.log(format!(
+                "WARNING: broker: state file {path} {}: not restored, {whereto}; starting without saved \
+                 retained messages and sessions (inspect or delete the set-aside file)",
+                crate::text::one_line(&rej.why)
+            ));
+        }
+    }
+    Ok(Some(saver))
 }
 
 impl BrokerHandle {
@@ -104,7 +164,7 @@ impl BrokerHandle {
 
     /// The retained payload of `topic`, if any.
     pub fn retained(&self, topic: &str) -> Option<Vec<u8>> {
-        lock(&self.shared.state).retained.get(topic).map(|r| r.payload.clone())
+        lock(&self.shared.state).retained.get(topic).map(|r| r.payload.to_vec())
     }
 
     /// Every accepted PUBLISH in arrival order as `(topic, payload, retain)` (bounded record).
@@ -174,7 +234,7 @@ struct Acceptor {
 
 /// The loop thread: waits, accepts, hands client readiness to the table, runs its timers; on stop
 /// closes everything (the listener with this function's end).
-fn run(mut table: Table, listener: TcpListener) {
+fn run(mut table: Table, listener: TcpListener, mut saver: Option<Saver>) {
     let shared = table.shared().clone();
     let mut events = EpollEvents::with_capacity(1024);
     let mut acc = Acceptor::default();
@@ -185,10 +245,8 @@ fn run(mut table: Table, listener: TcpListener) {
             Some(Duration::ZERO)
         } else {
             let rest = acc.resting_until.map(|t| t.saturating_duration_since(now));
-            match (table.next_timeout(now), rest) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
+            let save = saver.as_ref().and_then(|s| s.next_timeout(now));
+            [table.next_timeout(now), rest, save].into_iter().flatten().min()
         };
         if let Err(e) = table.epoll().wait(&mut events, timeout) {
             shared.log(format!("WARNING: broker: epoll_wait failed: {e}"));
@@ -218,8 +276,14 @@ fn run(mut table: Table, listener: TcpListener) {
             let _ = table.epoll().add(&listener, LISTENER, EPOLL_IN);
         }
         busy = table.tick();
+        if let Some(s) = &mut saver {
+            s.tick(&shared, Instant::now());
+        }
     }
     table.shutdown();
+    if let Some(s) = &mut saver {
+        s.finish(&shared);
+    }
 }
 
 fn accept_ready(shared: &Shared, table: &mut Table, listener: &TcpListener, acc: &mut Acceptor) {

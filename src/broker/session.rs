@@ -88,6 +88,25 @@ pub enum Delivered {
     Dropped { first: bool },
 }
 
+/// A session as `Session::save` exports it and `Session::restore` takes it back.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Saved {
+    pub subs: Vec<(String, u8)>,
+    pub next_pid: u16,
+    /// In the order they were sent.
+    pub inflight: Vec<SavedInflight>,
+    pub queued: Vec<Msg>,
+    pub incoming: Vec<u16>,
+}
+
+/// One outbound QoS 1/2 message in flight: `released` once its PUBREC came (PUBREL sent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedInflight {
+    pub pid: u16,
+    pub msg: Msg,
+    pub released: bool,
+}
+
 /// One client's session state.
 #[derive(Debug)]
 pub struct Session {
@@ -247,6 +266,44 @@ impl Session {
         out
     }
 
+    /// The session as the state file keeps it (`persist`): everything but the drop episode flag.
+    pub fn save(&self) -> Saved {
+        Saved {
+            subs: self.subs.clone(),
+            next_pid: self.next_pid,
+            inflight: self
+                .inflight
+                .iter()
+                .map(|m| SavedInflight { pid: m.pid, msg: m.msg.clone(), released: m.stage == Stage::Released })
+                .collect(),
+            queued: self.queued.iter().cloned().collect(),
+            incoming: self.incoming.clone(),
+        }
+    }
+
+    /// A session back from the state file. What `save` kept comes back as it was; an in-flight
+    /// entry whose packet id repeats one before it, or is 0, is queued instead (a fresh id on resume).
+    pub fn restore(saved: Saved) -> Session {
+        let mut s = Session { subs: saved.subs, next_pid: saved.next_pid.max(1), ..Session::default() };
+        for m in saved.inflight {
+            s.bytes += m.msg.cost();
+            if m.pid == 0 || s.inflight.iter().any(|i| i.pid == m.pid) {
+                s.queued.push_back(m.msg);
+                continue;
+            }
+            let stage = if m.released && m.msg.qos == 2 { Stage::Released } else { Stage::Published };
+            s.inflight.push_back(Inflight { pid: m.pid, msg: m.msg, stage });
+        }
+        for m in saved.queued {
+            s.bytes += m.cost();
+            s.queued.push_back(m);
+        }
+        s.incoming = saved.incoming;
+        s.incoming.sort_unstable();
+        s.incoming.dedup();
+        s
+    }
+
     /// Memory back after a burst: the queues' capacity shrinks to their contents.
     pub fn shrink(&mut self) {
         self.inflight.shrink_to_fit();
@@ -362,6 +419,41 @@ mod tests {
         // A connected client gets more room: the packet-id space and 4 x the bytes.
         assert!(matches!(s.deliver(big.clone(), true, &LIM), Delivered::Send(_)));
         assert_eq!(s.deliver(big, true, &LIM), Delivered::Dropped { first: true }, "4 x 100 bytes at most");
+    }
+
+    #[test]
+    fn save_and_restore_keep_subscriptions_in_flight_stages_queue_and_incoming_ids() {
+        let mut s = Session { subs: vec![("a/#".into(), 2)], ..Session::default() };
+        s.deliver(msg("a", 1), true, &LIM);
+        s.deliver(msg("b", 2), true, &LIM);
+        s.pubrec(2);
+        s.deliver(msg("c", 1), false, &LIM);
+        s.incoming_qos2(9);
+        let saved = s.save();
+        let mut back = Session::restore(saved.clone());
+        assert_eq!(back.save(), saved);
+        assert_eq!(back.pending_bytes(), s.pending_bytes());
+        assert!(!back.incoming_qos2(9), "an inbound QoS 2 id awaiting PUBREL stays known");
+        assert_eq!(back.resume(), s.resume(), "the same resends, ids and order");
+        // A repeated or zero packet id is queued for a fresh one instead.
+        let bad = Saved {
+            inflight: vec![
+                SavedInflight { pid: 4, msg: msg("x", 1), released: false },
+                SavedInflight { pid: 4, msg: msg("y", 1), released: false },
+                SavedInflight { pid: 0, msg: msg("z", 1), released: true },
+            ],
+            ..Saved::default()
+        };
+        let mut r = Session::restore(bad);
+        let pids: Vec<u16> = r
+            .resume()
+            .into_iter()
+            .map(|s| match s {
+                Send::Publish { pid, .. } => pid,
+                Send::Pubrel(p) => panic!("no PUBREL for a QoS 1 message ({p})"),
+            })
+            .collect();
+        assert_eq!(pids, vec![4, 1, 2]);
     }
 
     fn sent_q0(p: &str) -> Delivered {

@@ -5,12 +5,13 @@
 //! It decides nothing about routing (`route` does) and never reads or writes a socket.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::config::BrokerConfig;
 use super::route::{Publish, RetainedStore};
 use super::session::{Limits, Session};
+use super::subindex::SubIndex;
 
 /// Records kept for `received()`: at most this many messages and this many payload bytes.
 const RECORD_MAX_MESSAGES: usize = 100_000;
@@ -58,6 +59,9 @@ impl Client {
 #[derive(Default)]
 pub(super) struct State {
     pub(super) clients: HashMap<String, Client>,
+    /// Every filter of every client in `clients`, kept in step with their sessions (subscribe, unsubscribe,
+    /// `unindex_session`, the restore): who may get a topic.
+    pub(super) index: SubIndex,
     pub(super) retained: RetainedStore,
     /// Bytes held by `retained` (`route::retained_cost` summed).
     pub(super) retained_bytes: usize,
@@ -68,6 +72,13 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Removes every filter of client `cid`'s `session` (being discarded) from the index.
+    pub(super) fn unindex_session(&mut self, cid: &str, session: &Session) {
+        for (f, _) in &session.subs {
+            self.index.remove(f, cid);
+        }
+    }
+
     pub(super) fn note_connect(&mut self, id: &str, record: bool) {
         self.connect_total += 1;
         if record && self.connects.len() < RECORD_MAX_MESSAGES {
@@ -102,6 +113,9 @@ pub(super) struct Shared {
     /// Wakes the loop for `stop`, `drop_all` and a released stall.
     pub(super) waker: crate::sys::Waker,
     pub(super) log_ring: Mutex<VecDeque<String>>,
+    /// Changes to what the state file keeps (retained messages, persistent sessions), counted by
+    /// the loop thread; `persist::Saver` writes when it moved.
+    pub(super) changes: AtomicU64,
 }
 
 /// Locks `m`, ignoring poisoning: a panicked holder leaves plain data, still usable.
@@ -112,6 +126,11 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     pub(super) fn session_limits(&self) -> Limits {
         Limits { messages: self.cfg.session_messages, bytes: self.cfg.session_bytes }
+    }
+
+    /// Something the state file keeps changed.
+    pub(super) fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn log(&self, line: String) {

@@ -1,9 +1,10 @@
 //! `mam broker` (CORE 11.1): parses the flags, refuses a non-loopback bind without
 //! `--allow-remote`, settles the credentials (the operator's `--username`/`--password-file`, none
 //! with `--allow-anonymous`, else the workspace's generated ones in `<control root>/.mam/broker.cred`),
-//! keeps the connection cap under the descriptor limit, starts `broker::start`, writes the
+//! keeps the connection cap under the descriptor limit, names the state file
+//! (`<control root>/.mam/broker.state` unless `--no-persist`), starts `broker::start`, writes the
 //! credential file with the bound port, prints the listening line and the credential file's path,
-//! and runs until SIGTERM or SIGINT.
+//! and runs until SIGTERM or SIGINT (the broker's shutdown writes the state file).
 //!
 //! Broker log lines go to stderr, one line each. It never holds the password anywhere but the
 //! broker config and the 0600 credential file; it never prints it.
@@ -15,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::broker::{self, BrokerConfig};
+use crate::broker::{self, BrokerConfig, Persist};
 use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
 use crate::mqtt::cred::{self, Creds, ReadError};
@@ -27,20 +28,38 @@ Usage: mam broker [--bind ADDR] [--port N] [--allow-remote]
                   [--allow-anonymous | --username U --password-file F] [--max-packet BYTES]
                   [--max-connections N] [--max-subscriptions N] [--max-retained-bytes BYTES]
                   [--max-retained-message BYTES] [--max-sessions N]
+                  [--no-persist | --persist-interval SECS] [--max-state-bytes BYTES]
 
 Runs the embedded MQTT 3.1.1 broker (CORE 11) until SIGTERM or SIGINT. Prints
 `mam broker listening on <addr>:<port>` on stdout when ready, then `credentials in <path>`
 unless it runs anonymous; log lines go to stderr.
 
-Supported: MQTT 3.1.1 (protocol level 4) for one broker: QoS 0, 1 and 2 in both directions,
-retained messages, will messages (sent on any end but DISCONNECT, keepalive expiry included, with
-their QoS and retain flag), persistent sessions (CleanSession=0: subscriptions and QoS 1/2
-messages kept while the client is away, at most 1000 messages or 16 MiB per absent client, the newest
-dropped past that and logged; unacknowledged messages re-sent with DUP on reconnect), `+`/`#`
-filters (not matching `$` topics at the first level), every CONNACK return code.
-Not supported: MQTT 3.1 and 5 (CONNACK 0x01), TLS and websockets (put a proxy in front),
-bridges, ACLs per topic, $SYS topics, and persistence: sessions and retained messages live in
-memory and are lost when the broker stops.
+Supported: MQTT 3.1.1 (protocol level 4) for one broker, with any 3.1.1 client (mosquitto_pub
+and mosquitto_sub, paho, mam's own):
+  - QoS 0, 1 and 2 in both directions (an inbound QoS 2 message is routed once, on PUBLISH;
+    packet ids in flight are never reused);
+  - retained messages (an empty retained payload clears the topic), replayed with retain=1 to
+    a new subscription;
+  - will messages, sent on any end but DISCONNECT (the socket closed, a protocol error,
+    1.5 x keepalive of silence, a takeover by the same client id), with their QoS and retain flag;
+  - persistent sessions (CleanSession=0): subscriptions and QoS 1/2 messages kept while the
+    client is away, at most 1000 messages or 16 MiB per absent client (the newest dropped past
+    that, logged); unacknowledged PUBLISHes re-sent with DUP=1, and PUBRELs, on reconnect;
+  - `+` and `#` filters (not matching `$` topics at the first level); overlapping filters of
+    one client give one copy at the highest QoS granted;
+  - every CONNACK return code: 0x01 protocol level, 0x02 empty client id with CleanSession=0,
+    0x03 --max-sessions reached, 0x04 bad username or password, 0x05 no username;
+  - persistence (on unless --no-persist): retained messages and persistent sessions are saved
+    to <control root>/.mam/broker.state (0600, written atomically) at most --persist-interval
+    seconds after a change and at SIGTERM/SIGINT, and restored at start; a kill -9 loses the
+    changes of at most the last interval. A file that cannot be trusted or read (a symlink,
+    not yours, open to group or others, over --max-state-bytes, truncated or damaged) is moved
+    to broker.state.bad with a WARNING, and the broker starts without it.
+Not supported: MQTT 3.1 and 5 (CONNACK 0x01); TLS and websockets (put a proxy in front);
+bridges and clusters; per-topic ACLs (one username for every client); $SYS topics; QoS 0
+messages for absent clients (not queued, as mosquitto's default); retransmission on a live
+connection (3.1.1 resends on reconnect only); two brokers on one state file (a second broker in
+the same control root keeps its state in memory only, with a WARNING).
 
 Every client must authenticate. By default the broker uses the workspace's credential file
 <control root>/.mam/broker.cred (username mam, a random password; created 0600 on first start,
@@ -66,10 +85,15 @@ Options:
                                 message over either cap is forwarded but not stored
   --max-sessions N              persistent sessions kept for absent clients (default 1000);
                                 a CONNECT that would store one more gets CONNACK 0x03
+  --no-persist                  keep retained messages and sessions in memory only
+  --persist-interval SECS       write a change to the state file at most SECS after it
+                                (default 5)
+  --max-state-bytes BYTES       largest state file written or read (default 268435456);
+                                what does not fit is left out (queued messages first), logged
   -h, --help                    print this help
 
 Exit codes: 0 stopped by a signal, 1 runtime error (bind failed, password file unreadable,
-credential file not writable), 2 usage (including a non-loopback bind without --allow-remote).
+credential file not writable, the control root's .mam/ not trustworthy), 2 usage (including a non-loopback bind without --allow-remote).
 ";
 
 #[derive(Debug)]
@@ -86,6 +110,9 @@ struct Args {
     max_retained_bytes: usize,
     max_retained_message: usize,
     max_sessions: usize,
+    persist: bool,
+    persist_interval: u32,
+    max_state_bytes: usize,
 }
 
 fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
@@ -104,7 +131,11 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         max_retained_bytes: broker::DEFAULT_MAX_RETAINED_BYTES,
         max_retained_message: broker::DEFAULT_MAX_PACKET,
         max_sessions: broker::DEFAULT_MAX_SESSIONS,
+        persist: true,
+        persist_interval: broker::DEFAULT_PERSIST_INTERVAL.as_secs() as u32,
+        max_state_bytes: broker::DEFAULT_MAX_STATE_BYTES,
     };
+    let mut interval_given = false;
     while let Some(arg) = p.next()? {
         match arg {
             Long("bind") => {
@@ -138,6 +169,15 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 a.max_retained_message = knob::flag("--max-retained-message", &p.value()?, 0)? as usize;
             }
             Long("max-sessions") => a.max_sessions = knob::flag("--max-sessions", &p.value()?, 0)? as usize,
+            Long("no-persist") => a.persist = false,
+            Long("persist-interval") => {
+                a.persist_interval = knob::flag("--persist-interval", &p.value()?, 1)?;
+                interval_given = true;
+            }
+            Long("max-state-bytes") => {
+                // Room for the empty file (header, counts, checksum).
+                a.max_state_bytes = knob::flag("--max-state-bytes", &p.value()?, 64)? as usize;
+            }
             Short('h') | Long("help") => return Ok(Parsed::Help),
             _ => return Err(arg.unexpected().into()),
         }
@@ -147,6 +187,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     }
     if a.allow_anonymous && a.username.is_some() {
         return Err(Failure::usage("--allow-anonymous and --username exclude each other"));
+    }
+    if !a.persist && interval_given {
+        return Err(Failure::usage("--no-persist and --persist-interval exclude each other"));
     }
     if !a.bind.is_loopback() && !a.allow_remote {
         return Err(Failure::usage("refusing to bind non-loopback address without --allow-remote"));
@@ -215,6 +258,19 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             (Some(creds.username.clone()), Some(creds.password.expose().to_string()), Some((path, creds)))
         }
     };
+    let persist = if a.persist {
+        let dir = paths::control_root(ctx)?.join(".mam");
+        cred::check_dir(&dir).map_err(|e| {
+            Failure::runtime(format!("broker state: {}; fix it, or start with --no-persist", text::one_line(&e)))
+        })?;
+        Some(Persist {
+            path: dir.join(broker::STATE_FILE_NAME),
+            interval: Duration::from_secs(u64::from(a.persist_interval)),
+            max_bytes: a.max_state_bytes,
+        })
+    } else {
+        None
+    };
     let max_connections = fit_descriptor_limit(ctx, a.max_connections);
     if a.allow_remote && !a.bind.is_loopback() && username.is_none() {
         ctx.diag(&format!(
@@ -234,6 +290,8 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             b.push(b'\n');
         }
     });
+    // Memory back after clients leave (issue 17): see the function.
+    sys::fix_malloc_thresholds();
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let cfg = BrokerConfig {
         bind: SocketAddr::new(a.bind, a.port),
@@ -248,6 +306,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         max_retained_bytes: a.max_retained_bytes,
         max_retained_message: a.max_retained_message,
         max_sessions: a.max_sessions,
+        persist,
         ..BrokerConfig::default()
     };
     let handle = broker::start(cfg).map_err(|e| Failure::runtime(text::one_line(&e.to_string())))?;

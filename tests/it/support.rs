@@ -566,6 +566,18 @@ impl Mosquitto {
         self.launch();
     }
 
+    /// SIGTERM, then the exit within 10 s: a clean shutdown (mosquitto writes its persistence file).
+    pub fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            mam::sys::kill(c.id() as i32, 15).unwrap();
+            if exit_within(&mut c, Duration::from_secs(10)).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("mosquitto ignored SIGTERM for 10 s");
+            }
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -3,58 +3,6 @@
 
 use super::*;
 
-/// A `mam broker` child: killed and reaped on drop.
-struct BrokerProc {
-    child: Child,
-    addr: SocketAddr,
-    stderr: mpsc::Receiver<String>,
-}
-
-impl BrokerProc {
-    fn start(td: &TestDir, extra: &[&str]) -> BrokerProc {
-        let mut cmd = td.mam().args(["broker", "--port", "0"]).args(extra).cmd;
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(l)) = lines.next() {
-                let _ = tx.send(l);
-            }
-            for _ in lines {}
-        });
-        let stderr = child.stderr.take().unwrap();
-        let (etx, erx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = etx.send(l);
-            }
-        });
-        let line = match rx.recv_timeout(WAIT) {
-            Ok(l) => l,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("no listening line; stderr: {:?}", erx.try_iter().collect::<Vec<_>>());
-            }
-        };
-        let addr = line.strip_prefix("mam broker listening on ").unwrap_or_else(|| panic!("{line:?}"));
-        BrokerProc { child, addr: addr.parse().unwrap(), stderr: erx }
-    }
-
-    fn port(&self) -> String {
-        self.addr.port().to_string()
-    }
-}
-
-impl Drop for BrokerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn k1_mosquitto_clients_against_mam_broker() {
     if !have_tool("mosquitto_pub", "MAM_REQUIRE_MOSQUITTO") {
@@ -95,8 +43,8 @@ fn k1_mosquitto_clients_against_mam_broker() {
     // A mosquitto_pub with a wildcard topic is refused by the client itself; a v5 one by us.
     let out = run_tool(Command::new("mosquitto_pub").args(["-V", "mqttv5", "-p", &port, "-t", "k1/v5", "-m", "x"]));
     assert!(!out.status.success());
-    let line = b.stderr.recv_timeout(WAIT).unwrap();
-    assert!(line.starts_with("NOTE: broker: ") && line.contains("unsupported protocol level 5"), "{line}");
+    let line = b.wait_log("unsupported protocol level 5");
+    assert!(line.starts_with("NOTE: broker: "), "{line}");
 }
 
 #[test]
@@ -107,7 +55,7 @@ fn mam_broker_auth_with_password_file_and_sigterm() {
     let td = TestDir::new("broker-auth");
     let secret = format!("pw-{}", rand_hex(6));
     let pwfile = td.write("pw", format!("{secret}\n"));
-    let mut b = BrokerProc::start(&td, &["--username", "mam", "--password-file", pwfile.to_str().unwrap()]);
+    let b = BrokerProc::start(&td, &["--username", "mam", "--password-file", pwfile.to_str().unwrap()]);
     let port = b.port();
     let ok = run_tool(
         Command::new("mosquitto_pub").args(["-p", &port, "-u", "mam", "-P", &secret, "-q", "1", "-t", "a", "-m", "x"]),
@@ -116,10 +64,7 @@ fn mam_broker_auth_with_password_file_and_sigterm() {
     let bad =
         run_tool(Command::new("mosquitto_pub").args(["-p", &port, "-u", "mam", "-P", "nope", "-t", "a", "-m", "x"]));
     assert!(!bad.status.success());
-    mam::sys::kill(b.child.id() as i32, 15).unwrap();
-    let status = exit_within(&mut b.child, WAIT).unwrap_or_else(|| panic!("mam broker ignored SIGTERM for {WAIT:?}"));
-    assert_eq!(status.code(), Some(0));
-    let log: Vec<String> = b.stderr.try_iter().collect();
+    let log = b.terminate();
     assert!(log.iter().any(|l| l.contains("bad username or password")), "{log:?}");
     assert!(!log.join("\n").contains(&secret));
 }
@@ -127,11 +72,9 @@ fn mam_broker_auth_with_password_file_and_sigterm() {
 #[test]
 fn mam_broker_sigint_exits_0() {
     let td = TestDir::new("broker-int");
-    let mut b = BrokerProc::start(&td, &["--allow-anonymous"]);
+    let b = BrokerProc::start(&td, &["--allow-anonymous"]);
     let _c = Raw::connect(b.addr, "held-open");
-    mam::sys::kill(b.child.id() as i32, 2).unwrap();
-    let status = exit_within(&mut b.child, WAIT).unwrap_or_else(|| panic!("mam broker ignored SIGINT for {WAIT:?}"));
-    assert_eq!(status.code(), Some(0));
+    b.stop_with(2);
 }
 
 #[test]
@@ -158,6 +101,9 @@ fn cli_usage_errors() {
         &["broker", "--max-connections", "0"],
         &["broker", "--max-subscriptions", "0"],
         &["broker", "--max-retained-bytes", "-1"],
+        &["broker", "--persist-interval", "0"],
+        &["broker", "--no-persist", "--persist-interval", "3"],
+        &["broker", "--max-state-bytes", "10"],
     ] {
         let r = td.mam().args(args).run();
         r.expect_rc(2);
@@ -167,4 +113,29 @@ fn cli_usage_errors() {
     r.expect_rc(1);
     assert!(r.stderr().contains("cannot read password file"), "{}", r.stderr());
     td.mam().args(["broker", "--help"]).run().expect_rc(0);
+}
+
+/// Issue 17: `mam broker --help` states what is supported and what is not.
+#[test]
+fn broker_help_states_what_is_supported_and_what_is_not() {
+    let td = TestDir::new("broker-help");
+    let r = td.mam().args(["broker", "--help"]).run();
+    r.expect_rc(0);
+    let help = r.stdout();
+    let (yes, no) = help.split_once("Not supported:").expect("a Not supported: paragraph");
+    for want in [
+        "Supported: MQTT 3.1.1",
+        "QoS 0, 1 and 2 in both directions",
+        "retained messages",
+        "will messages",
+        "persistent sessions (CleanSession=0)",
+        "every CONNACK return code",
+        "persistence (on unless --no-persist)",
+        "<control root>/.mam/broker.state",
+    ] {
+        assert!(yes.contains(want), "supported: {want:?} missing from\n{help}");
+    }
+    for want in ["MQTT 3.1 and 5", "TLS", "websockets", "bridges", "ACLs", "$SYS", "QoS 0"] {
+        assert!(no.split("\n\n").next().unwrap().contains(want), "not supported: {want:?} missing from\n{help}");
+    }
 }

@@ -448,12 +448,104 @@ fn wait_line(rx: &mpsc::Receiver<String>, needle: &str) {
     }
 }
 
+/// A `mam broker` child in `td`'s workspace (its control root, so its state file is
+/// `<ws>/.mam/broker.state`): killed and reaped on drop.
+pub(crate) struct BrokerProc {
+    child: Child,
+    pub(crate) addr: SocketAddr,
+    stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BrokerProc {
+    pub(crate) fn start(td: &TestDir, extra: &[&str]) -> BrokerProc {
+        let mut cmd = td.mam().args(["broker", "--port", "0"]).args(extra).cmd;
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            for _ in lines {}
+        });
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let l2 = log.clone();
+        let reader = std::thread::spawn(move || {
+            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                l2.lock().unwrap().push(l);
+            }
+        });
+        let line = match rx.recv_timeout(WAIT) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("no listening line; stderr: {:?}", log.lock().unwrap());
+            }
+        };
+        let addr = line.strip_prefix("mam broker listening on ").unwrap_or_else(|| panic!("{line:?}"));
+        BrokerProc { child, addr: addr.parse().unwrap(), stderr: log, reader: Some(reader) }
+    }
+
+    pub(crate) fn port(&self) -> String {
+        self.addr.port().to_string()
+    }
+
+    /// The stderr lines so far.
+    pub(crate) fn log(&self) -> Vec<String> {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits for a stderr line containing `needle` and returns it.
+    pub(crate) fn wait_log(&self, needle: &str) -> String {
+        let found = crate::support::poll(WAIT, || self.log().into_iter().find(|l| l.contains(needle)));
+        found.unwrap_or_else(|| panic!("no broker log line with {needle:?} within {WAIT:?}; got {:#?}", self.log()))
+    }
+
+    /// Sends `sig`, requires exit 0 within the default wait, returns every stderr line.
+    pub(crate) fn stop_with(mut self, sig: i32) -> Vec<String> {
+        mam::sys::kill(self.child.id() as i32, sig).unwrap();
+        let status = exit_within(&mut self.child, WAIT)
+            .unwrap_or_else(|| panic!("mam broker ignored signal {sig} for {WAIT:?}; log {:#?}", self.log()));
+        assert_eq!(status.code(), Some(0), "signal {sig}: {:#?}", self.log());
+        // Its stderr is at EOF now: the reader ends.
+        if let Some(r) = self.reader.take() {
+            r.join().unwrap();
+        }
+        self.log()
+    }
+
+    /// SIGTERM (the clean shutdown that writes the state file).
+    pub(crate) fn terminate(self) -> Vec<String> {
+        self.stop_with(15)
+    }
+
+    /// SIGKILL: no shutdown at all.
+    pub(crate) fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for BrokerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 // The tests, by protocol area (declared after `same_on_both!` so they can use it).
 mod bad_input;
 mod cli;
 mod connect;
 mod keepalive;
 mod lifecycle;
+mod paho;
+mod persist;
 mod publish;
 mod qos2;
 mod retain;

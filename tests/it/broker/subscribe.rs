@@ -120,3 +120,59 @@ fn invalid_filters_get_0x80_and_the_rest_work() {
     p.publish("ok/1", b"x", 1, false);
     assert_eq!(s.expect_publish(), "publish ok/1 \"x\" q1 r0");
 }
+
+/// The subscriptions that route are exactly the ones the sessions hold (mam routes through a
+/// filter index kept beside the sessions): a filter of a session discarded by CleanSession=1, or
+/// unsubscribed, or of a client that left with CleanSession=1, routes nothing; one of a resumed
+/// persistent session routes without a new SUBSCRIBE. Each client's first message shows what it
+/// got before its own sentinel (one publisher: its messages arrive in order).
+fn routes_what_sessions_hold(addr: SocketAddr) -> Vec<String> {
+    let t = prefix();
+    let tp = |s: &str| format!("{t}/{s}");
+    let connect = |id: &str, clean: bool| {
+        let (r, code) = Raw::connect_with(addr, &connect_bytes(&format!("{t}-{id}"), 60, clean, None, None));
+        assert_eq!(code, 0);
+        r
+    };
+    // Discarded: subscribed in a persistent session, then back with CleanSession=1.
+    let mut a = connect("a", false);
+    a.subscribe(&[(&tp("a"), 1)]);
+    a.disconnect();
+    let mut a = connect("a", true);
+    a.subscribe(&[(&tp("a-sentinel"), 1)]);
+    // Resumed: its subscription routes with no SUBSCRIBE after the return.
+    let mut b = connect("b", false);
+    b.subscribe(&[(&tp("b"), 1)]);
+    b.disconnect();
+    let mut b = connect("b", false);
+    // Unsubscribed: of two overlapping filters, the wildcard one is dropped.
+    let mut c = connect("c", true);
+    c.subscribe(&[(&tp("c"), 1), (&format!("{t}/#"), 1)]);
+    c.unsubscribe(&[&format!("{t}/#")]);
+    // Left with CleanSession=1: a new client of the same id holds nothing.
+    let mut d = connect("d", true);
+    d.subscribe(&[(&tp("d"), 1)]);
+    d.disconnect();
+    let mut d = connect("d", true);
+    d.subscribe(&[(&tp("d-sentinel"), 1)]);
+    let mut p = Raw::connect(addr, &format!("{t}-p"));
+    for topic in ["a", "x", "d", "a-sentinel", "b", "c", "d-sentinel"] {
+        p.publish(&tp(topic), topic.as_bytes(), 1, false);
+    }
+    let mut out = Vec::new();
+    for (name, r) in [("a", &mut a), ("b", &mut b), ("c", &mut c), ("d", &mut d)] {
+        out.push(format!("{name}: {}", r.expect_publish().replace(&t, "T")));
+    }
+    out
+}
+
+same_on_both!(
+    subscriptions_route_exactly_what_the_sessions_hold,
+    routes_what_sessions_hold,
+    [
+        "a: publish T/a-sentinel \"a-sentinel\" q1 r0",
+        "b: publish T/b \"b\" q1 r0",
+        "c: publish T/c \"c\" q1 r0",
+        "d: publish T/d-sentinel \"d-sentinel\" q1 r0"
+    ]
+);
