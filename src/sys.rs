@@ -860,6 +860,45 @@ pub fn raise_nofile_limit() -> io::Result<Option<u64>> {
     Ok(nofile_limit())
 }
 
+/// What the Rust runtime's start-up would do before `main` and mam relies on, for a binary that
+/// skips it (`#![no_main]`, src/main.rs): SIGPIPE ignored (a closed pipe is an EPIPE write error,
+/// which `main` maps to rc 0), and descriptors 0-2 open (a closed one is reopened on /dev/null, so
+/// a file opened later never becomes stdout). Skipped from the runtime: reading /proc/self/maps for
+/// the main thread's stack guard and the stack-overflow signal handlers (a stack overflow is then a
+/// plain SIGSEGV, where panic = "abort" would have aborted with a message).
+pub fn process_start() {
+    // SAFETY: setting a signal's disposition to SIG_IGN has no memory-safety requirement.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let mut fds = [0, 1, 2].map(|fd| libc::pollfd { fd, events: 0, revents: 0 });
+    // SAFETY: `fds` is a valid array of 3 pollfd for the duration of the call.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) };
+    if rc < 0 {
+        return;
+    }
+    for p in fds {
+        if p.revents & libc::POLLNVAL != 0 {
+            // SAFETY: the path is a NUL-terminated literal; the descriptor it returns is the lowest
+            // free one, the closed standard descriptor, and is kept open for the process's life.
+            unsafe {
+                libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            }
+        }
+    }
+}
+
+/// Makes every thread of this process allocate from one malloc arena (glibc gives each new
+/// thread its own, with its own heap pages): for a long-lived process of two threads that
+/// allocate a few KiB at a time, the heartbeat timer.
+pub fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; M_ARENA_MAX with 1 is a valid value.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 /// Gives freed heap memory back to the system (glibc keeps it in its arenas otherwise): the
 /// broker calls it when its last connection has ended, so its RSS falls after clients leave.
 pub fn release_free_memory() {
