@@ -281,6 +281,59 @@ impl Ctx {
     }
 }
 
+/// Stdout for a command that prints many lines (a listing of 100,000 records): the bytes go out
+/// through `Ctx::say_raw` (so the write-error policy is the same) in writes of 64 KiB, the rest on
+/// `flush` or drop, instead of one write per line or one string of the whole output.
+#[derive(Debug)]
+pub struct OutBuf<'a> {
+    ctx: &'a Ctx,
+    buf: Vec<u8>,
+}
+
+impl<'a> OutBuf<'a> {
+    const CHUNK: usize = 64 * 1024;
+
+    pub fn new(ctx: &'a Ctx) -> OutBuf<'a> {
+        OutBuf { ctx, buf: Vec::with_capacity(Self::CHUNK) }
+    }
+
+    /// One line (a newline is added).
+    pub fn line(&mut self, line: &str) {
+        self.buf.extend_from_slice(line.as_bytes());
+        self.buf.push(b'\n');
+        self.spill();
+    }
+
+    fn spill(&mut self) {
+        if self.buf.len() >= Self::CHUNK {
+            self.ctx.say_raw(&self.buf);
+            self.buf.clear();
+        }
+    }
+}
+
+impl Write for OutBuf<'_> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(bytes);
+        self.spill();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.ctx.say_raw(&self.buf);
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OutBuf<'_> {
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

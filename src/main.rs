@@ -1,5 +1,13 @@
 //! The `mam` multi-call binary: picks the subcommand, dispatches through one `match`, and owns the
 //! error policy (one stderr line, the documented exit code). All logic lives in the library.
+//!
+//! `#![no_main]`: the C `main` below is the entry, so the Rust runtime's start-up (the main
+//! thread's stack guard read from /proc/self/maps, the stack-overflow handlers) is not paid by
+//! every short command (issue 20: `mam --version` against `/bin/true`); `sys::process_start` does
+//! the part mam relies on (docs/DESIGN.md).
+
+// The test harness brings its own `main` to the (empty) unit-test build of this file.
+#![cfg_attr(not(test), no_main)]
 
 use std::ffi::OsString;
 
@@ -126,7 +134,17 @@ fn not_yet(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failur
     Err(Failure::usage(format!("mam {name}: not yet available in this build")))
 }
 
-fn main() {
+/// The process entry (see the module header). argv comes from `std::env::args_os`, which glibc
+/// builds of std fill before `main` runs.
+#[cfg(not(test))]
+#[no_mangle]
+pub extern "C" fn main(_argc: std::ffi::c_int, _argv: *const *const std::ffi::c_char) -> std::ffi::c_int {
+    mam::sys::process_start();
+    run()
+}
+
+#[cfg_attr(test, allow(dead_code))] // the entry above is not compiled into the test harness
+fn run() -> ! {
     let mut argv = std::env::args_os().skip(1);
     let mut ctx = Ctx::from_process();
     let mut code = match argv.next() {

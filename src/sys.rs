@@ -147,6 +147,74 @@ pub fn open_read_nofollow_with_dir(path: &Path) -> io::Result<(File, File)> {
     Ok((dir, file))
 }
 
+/// An open directory whose entries are read by name relative to it (`openat`, `fstatat`): a scan
+/// of a registry of 100,000 records resolves one name per file instead of every component of its
+/// path. Symlinks are followed, as `fs::read` follows them.
+#[derive(Debug)]
+pub struct DirHandle(File);
+
+impl DirHandle {
+    pub fn open(path: &Path) -> io::Result<DirHandle> {
+        OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(path).map(DirHandle)
+    }
+
+    /// Reads the file `name` (relative to the directory) into `buf`, which is cleared first;
+    /// `Ok(false)` when it does not exist. Unlike `fs::read` it asks for no size first (one
+    /// statx less per file, and no read for the EOF after a short one): `buf` is reused, so it
+    /// grows only to the largest file read.
+    pub fn read_into(&self, name: &OsStr, buf: &mut Vec<u8>) -> io::Result<bool> {
+        buf.clear();
+        let cname =
+            std::ffi::CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: `self.0` is an open directory descriptor owned for the whole call and `cname` is a
+        // valid NUL-terminated string; openat keeps neither pointer.
+        let fd = unsafe { libc::openat(self.0.as_raw_fd(), cname.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::NotFound { Ok(false) } else { Err(e) };
+        }
+        // SAFETY: `fd` was just returned by openat, is valid, and nothing else owns it.
+        let mut f = unsafe { File::from_raw_fd(fd) };
+        loop {
+            let start = buf.len();
+            buf.resize(start + 8192, 0);
+            match f.read(&mut buf[start..]) {
+                Ok(0) => {
+                    buf.truncate(start);
+                    return Ok(true);
+                }
+                // A read of a regular file that returns less than asked has reached its end
+                // (the page cache fills the whole request otherwise): no second read for the EOF.
+                Ok(n) if n < 8192 => {
+                    buf.truncate(start + n);
+                    return Ok(true);
+                }
+                Ok(n) => buf.truncate(start + n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => buf.truncate(start),
+                Err(e) => {
+                    buf.truncate(start);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The modification time of `rel` (relative to the directory, symlinks followed) in ms since
+    /// the epoch; `None` when it cannot be stat'ed.
+    pub fn mtime_ms(&self, rel: &Path) -> Option<u64> {
+        let cname = std::ffi::CString::new(rel.as_os_str().as_bytes()).ok()?;
+        // SAFETY: an all-zero `stat` is a valid value for fstatat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: the directory descriptor is open, `cname` is NUL-terminated, and `st` is a valid
+        // writable stat buffer; fstatat keeps no pointer.
+        let rc = unsafe { libc::fstatat(self.0.as_raw_fd(), cname.as_ptr(), &mut st, 0) };
+        if rc != 0 || st.st_mtime < 0 {
+            return None;
+        }
+        Some(st.st_mtime as u64 * 1000 + st.st_mtime_nsec as u64 / 1_000_000)
+    }
+}
+
 fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -790,6 +858,45 @@ pub fn raise_nofile_limit() -> io::Result<Option<u64>> {
         }
     }
     Ok(nofile_limit())
+}
+
+/// What the Rust runtime's start-up would do before `main` and mam relies on, for a binary that
+/// skips it (`#![no_main]`, src/main.rs): SIGPIPE ignored (a closed pipe is an EPIPE write error,
+/// which `main` maps to rc 0), and descriptors 0-2 open (a closed one is reopened on /dev/null, so
+/// a file opened later never becomes stdout). Skipped from the runtime: reading /proc/self/maps for
+/// the main thread's stack guard and the stack-overflow signal handlers (a stack overflow is then a
+/// plain SIGSEGV, where panic = "abort" would have aborted with a message).
+pub fn process_start() {
+    // SAFETY: setting a signal's disposition to SIG_IGN has no memory-safety requirement.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let mut fds = [0, 1, 2].map(|fd| libc::pollfd { fd, events: 0, revents: 0 });
+    // SAFETY: `fds` is a valid array of 3 pollfd for the duration of the call.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) };
+    if rc < 0 {
+        return;
+    }
+    for p in fds {
+        if p.revents & libc::POLLNVAL != 0 {
+            // SAFETY: the path is a NUL-terminated literal; the descriptor it returns is the lowest
+            // free one, the closed standard descriptor, and is kept open for the process's life.
+            unsafe {
+                libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            }
+        }
+    }
+}
+
+/// Makes every thread of this process allocate from one malloc arena (glibc gives each new
+/// thread its own, with its own heap pages): for a long-lived process of two threads that
+/// allocate a few KiB at a time, the heartbeat timer.
+pub fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; M_ARENA_MAX with 1 is a valid value.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }
 
 /// Gives freed heap memory back to the system (glibc keeps it in its arenas otherwise): the

@@ -8,20 +8,20 @@
 //! never prints a token.
 
 use std::ffi::OsString;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
-use crate::ctx::Ctx;
+use crate::ctx::{Ctx, OutBuf};
 use crate::daemon::sweep::last_evidence_ms;
 use crate::paths;
 use crate::registry::record::Record;
-use crate::registry::store::Store;
+use crate::registry::store::{Store, StoreError};
 use crate::sys;
 use crate::text;
 
@@ -75,40 +75,91 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     Ok(Parsed::Run(a))
 }
 
-/// One line of the table.
+/// A time in ms since the epoch, or none, in 8 bytes (a row is kept per job: 100,000 of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ms(u64);
+
+impl Ms {
+    const NONE: Ms = Ms(u64::MAX);
+
+    pub fn get(self) -> Option<u64> {
+        (self != Ms::NONE).then_some(self.0)
+    }
+}
+
+impl From<Option<u64>> for Ms {
+    fn from(v: Option<u64>) -> Ms {
+        v.filter(|&ms| ms != u64::MAX).map_or(Ms::NONE, Ms)
+    }
+}
+
+/// One line of the table, kept small: a registry of 100,000 jobs holds 100,000 of these while
+/// they are sorted. The four strings share one allocation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
-    pub job_id: String,
-    pub status: String,
+    /// job_id, status, session, created_at, one after the other.
+    text: Box<str>,
+    ends: [u32; 3],
     pub attempt: Option<u64>,
-    pub session: String,
-    pub created_at: String,
-    pub evidence_ms: Option<u64>,
-    pub heartbeat_ms: Option<u64>,
+    pub evidence_ms: Ms,
+    pub heartbeat_ms: Ms,
     /// The claim (else the registration) time.
-    pub started_ms: Option<u64>,
-    pub finished_ms: Option<u64>,
+    pub started_ms: Ms,
+    pub finished_ms: Ms,
     /// The idle window (`sweep::idle_ms`).
     pub idle_ms: u64,
 }
 
 impl Row {
+    pub fn new(job_id: &str, status: &str, session: &str, created_at: &str) -> Row {
+        let text = [job_id, status, session, created_at].concat().into_boxed_str();
+        let a = job_id.len();
+        let b = a + status.len();
+        let c = b + session.len();
+        Row {
+            text,
+            ends: [a as u32, b as u32, c as u32],
+            attempt: None,
+            evidence_ms: Ms::NONE,
+            heartbeat_ms: Ms::NONE,
+            started_ms: Ms::NONE,
+            finished_ms: Ms::NONE,
+            idle_ms: 0,
+        }
+    }
+
+    pub fn job_id(&self) -> &str {
+        &self.text[..self.ends[0] as usize]
+    }
+
+    pub fn status(&self) -> &str {
+        &self.text[self.ends[0] as usize..self.ends[1] as usize]
+    }
+
+    pub fn session(&self) -> &str {
+        &self.text[self.ends[1] as usize..self.ends[2] as usize]
+    }
+
+    pub fn created_at(&self) -> &str {
+        &self.text[self.ends[2] as usize..]
+    }
+
     fn finished(&self) -> bool {
-        crate::registry::is_terminal(&self.status)
+        crate::registry::is_terminal(self.status())
     }
 
     /// How long a live job has been silent: `Some(ms since the last evidence)` when it is not
     /// finished, not pending, and that is longer than its idle window.
     pub fn silent_ms(&self, now_ms: u64) -> Option<u64> {
-        if self.finished() || self.status == "pending" {
+        if self.finished() || self.status() == "pending" {
             return None;
         }
-        let since = now_ms.saturating_sub(self.evidence_ms.or(self.started_ms)?);
+        let since = now_ms.saturating_sub(self.evidence_ms.get().or(self.started_ms.get())?);
         (since > self.idle_ms).then_some(since)
     }
 
     fn elapsed_ms(&self, now_ms: u64) -> Option<u64> {
-        Some(self.finished_ms.unwrap_or(now_ms).saturating_sub(self.started_ms?))
+        Some(self.finished_ms.get().unwrap_or(now_ms).saturating_sub(self.started_ms.get()?))
     }
 }
 
@@ -123,33 +174,46 @@ fn clock_cell(ms: Option<u64>, now_ms: u64) -> String {
     }
 }
 
-/// The row of one record; `registry` is where its events.log lives.
-pub fn row(rec: &Record, registry: &Path) -> Row {
-    let id = rec.str("job_id").unwrap_or("").to_string();
-    let events = registry.join(&id).join("events.log");
-    // One stat: most records of a large registry have no events.log, so nothing more is opened.
-    let events_mtime = fs::metadata(&events)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64);
-    let heartbeat_ms = rec
-        .str("heartbeat_at")
-        .and_then(clock::parse_ts)
-        .or_else(|| events_mtime.and_then(|_| last_heartbeat_line_ms(&events)));
+/// The fields the table shows, read from each record (the rest is skipped unparsed: 10,000
+/// records are read on every `--follow` redraw).
+const FIELDS: &[&str] = &[
+    "job_id",
+    "status",
+    "attempt",
+    "agent_session",
+    "created_at",
+    "last_event_at",
+    "heartbeat_at",
+    "claimed_at",
+    "updated_at",
+    "dispatched_at",
+    "finished_at",
+    "heartbeat_sec",
+    "heartbeat_misses",
+    "idle_timeout_sec",
+];
+
+/// The row of one record. `events_mtime` gives the mtime of its events.log (`<registry>/<id>/`)
+/// when asked; it is asked only when the row shows it: a finished job's ages are `-` in the table,
+/// so with `ages_of_finished` false its events.log is not looked at (most of a large registry).
+pub fn row(rec: &Record, registry: &Path, ages_of_finished: bool, events_mtime: impl FnOnce() -> Option<u64>) -> Row {
+    let id = rec.str("job_id").unwrap_or("");
+    let status = rec.status();
     let ts = |k: &str| rec.str(k).and_then(clock::parse_ts);
-    Row {
-        evidence_ms: last_evidence_ms(rec, events_mtime),
-        heartbeat_ms,
-        started_ms: ts("claimed_at").or_else(|| ts("created_at")),
-        finished_ms: ts("finished_at"),
-        idle_ms: crate::daemon::sweep::idle_ms(rec),
-        status: rec.status().to_string(),
-        attempt: rec.attempt(),
-        session: rec.str("agent_session").unwrap_or("").to_string(),
-        created_at: rec.str("created_at").unwrap_or("").to_string(),
-        job_id: id,
+    let mut r = Row::new(id, status, rec.str("agent_session").unwrap_or(""), rec.str("created_at").unwrap_or(""));
+    r.attempt = rec.attempt();
+    r.started_ms = ts("claimed_at").or_else(|| ts("created_at")).into();
+    r.finished_ms = ts("finished_at").into();
+    r.idle_ms = crate::daemon::sweep::idle_ms(rec);
+    if ages_of_finished || !crate::registry::is_terminal(status) {
+        // One stat: most records of a large registry have no events.log, so nothing more is opened.
+        let events_mtime = events_mtime();
+        r.evidence_ms = last_evidence_ms(rec, events_mtime).into();
+        r.heartbeat_ms = ts("heartbeat_at")
+            .or_else(|| events_mtime.and_then(|_| last_heartbeat_line_ms(&registry.join(id).join("events.log"))))
+            .into();
     }
+    r
 }
 
 /// The `ts` of the last events.log line with `"heartbeat":true`, looking at the last 64 KiB only.
@@ -168,71 +232,47 @@ fn last_heartbeat_line_ms(path: &Path) -> Option<u64> {
     })
 }
 
-/// The fields the table shows, parsed without building the whole record (10,000 records are read on
-/// every `--follow` redraw). `None` when the bytes are not a JSON object.
-fn slim(bytes: &[u8]) -> Option<Record> {
-    #[derive(serde::Deserialize)]
-    struct Slim {
-        job_id: Option<Value>,
-        status: Option<Value>,
-        attempt: Option<Value>,
-        agent_session: Option<Value>,
-        created_at: Option<Value>,
-        last_event_at: Option<Value>,
-        heartbeat_at: Option<Value>,
-        claimed_at: Option<Value>,
-        updated_at: Option<Value>,
-        dispatched_at: Option<Value>,
-        finished_at: Option<Value>,
-        heartbeat_sec: Option<Value>,
-        heartbeat_misses: Option<Value>,
-        idle_timeout_sec: Option<Value>,
-    }
-    // serde also fills a struct from an array: only an object is a record.
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return None;
-    }
-    let s: Slim = serde_json::from_slice(bytes).ok()?;
-    let mut m = serde_json::Map::new();
-    for (k, v) in [
-        ("job_id", s.job_id),
-        ("status", s.status),
-        ("attempt", s.attempt),
-        ("agent_session", s.agent_session),
-        ("created_at", s.created_at),
-        ("last_event_at", s.last_event_at),
-        ("heartbeat_at", s.heartbeat_at),
-        ("claimed_at", s.claimed_at),
-        ("updated_at", s.updated_at),
-        ("dispatched_at", s.dispatched_at),
-        ("finished_at", s.finished_at),
-        ("heartbeat_sec", s.heartbeat_sec),
-        ("heartbeat_misses", s.heartbeat_misses),
-        ("idle_timeout_sec", s.idle_timeout_sec),
-    ] {
-        if let Some(v) = v {
-            m.insert(k.to_string(), v);
-        }
-    }
-    Some(Record::new(m))
-}
-
-/// Every job of `store`, sorted by created_at then id. Unreadable records come back as warnings.
-pub fn rows(store: &Store) -> Result<(Vec<Row>, Vec<String>), Failure> {
-    let mut out = Vec::new();
-    let mut warnings = Vec::new();
-    for id in store.job_ids().map_err(Failure::runtime)? {
-        let path = store.record_path(&id);
-        match fs::read(&path) {
-            Ok(bytes) => match slim(&bytes) {
-                Some(r) => out.push(row(&r, &store.registry)),
-                None => warnings.push(format!("WARNING: {}: not a valid job record; skipped", text::show_path(&path))),
+/// Every job of `store`, sorted by created_at then id, read one record at a time (only `FIELDS`
+/// parsed). Unreadable records come back as warnings. `ages_of_finished`: see `row`.
+pub fn rows(store: &Store, ages_of_finished: bool) -> Result<(Vec<Row>, Vec<String>), Failure> {
+    let parts = store
+        .scan_records(
+            crate::registry::store::listing_threads(),
+            || (Vec::new(), Vec::new(), PathBuf::new()),
+            |(out, warnings, rel): &mut (Vec<Row>, Vec<String>, PathBuf), e| {
+                let path = || text::show_path(&store.record_path(e.id));
+                match e.bytes {
+                    Ok(bytes) => match Record::parse_only(bytes, FIELDS) {
+                        Ok(r) => {
+                            let events_mtime = || {
+                                rel.clear();
+                                rel.push(r.str("job_id").unwrap_or(""));
+                                rel.push("events.log");
+                                e.mtime_ms(rel)
+                            };
+                            out.push(row(&r, &store.registry, ages_of_finished, events_mtime))
+                        }
+                        Err(_) => warnings.push(format!("WARNING: {}: not a valid job record; skipped", path())),
+                    },
+                    Err(StoreError::Io { err, .. }) => {
+                        warnings.push(format!("WARNING: {}: cannot read record ({err}); skipped", path()))
+                    }
+                    Err(other) => warnings.push(format!("WARNING: {other}; skipped")),
+                }
             },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // removed since the listing
-            Err(e) => warnings.push(format!("WARNING: {}: cannot read record ({e}); skipped", text::show_path(&path))),
+        )
+        .map_err(Failure::runtime)?;
+    let (mut out, mut warnings) = (Vec::new(), Vec::new());
+    for (rows, w, _) in parts {
+        if out.is_empty() {
+            out = rows;
+        } else {
+            out.extend(rows);
         }
+        warnings.extend(w);
     }
-    out.sort_by(|a, b| (&a.created_at, &a.job_id).cmp(&(&b.created_at, &b.job_id)));
+    // The whole text last: records that agree on both keys still come in one order.
+    out.sort_unstable_by(|a, b| (a.created_at(), a.job_id(), &a.text).cmp(&(b.created_at(), b.job_id(), &b.text)));
     Ok((out, warnings))
 }
 
@@ -248,76 +288,99 @@ pub fn age(then_ms: Option<u64>, now_ms: u64) -> String {
     }
 }
 
-/// The table as text (header plus one line per row, columns padded).
-pub fn table(rows: &[Row], now_ms: u64) -> String {
-    let mut cells: Vec<[String; 8]> =
-        vec![["JOB", "STATUS", "ATTEMPT", "SESSION", "ELAPSED", "FINISHED", "EVIDENCE", "HEARTBEAT"].map(String::from)];
+const HEADER: [&str; 8] = ["JOB", "STATUS", "ATTEMPT", "SESSION", "ELAPSED", "FINISHED", "EVIDENCE", "HEARTBEAT"];
+
+/// The eight cells of one row.
+fn cells(r: &Row, now_ms: u64) -> [String; 8] {
+    let status = match r.silent_ms(now_ms) {
+        Some(ms) => format!("silent({})", age(Some(0), ms)),
+        None => text::one_line(r.status()),
+    };
+    let (evidence, heartbeat) = if r.finished() {
+        ("-".into(), "-".into())
+    } else {
+        (age(r.evidence_ms.get(), now_ms), age(r.heartbeat_ms.get(), now_ms))
+    };
+    [
+        text::one_line(r.job_id()),
+        status,
+        r.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
+        if r.session().is_empty() { "-".into() } else { text::one_line(r.session()) },
+        r.elapsed_ms(now_ms).map_or_else(|| "-".into(), |e| age(Some(0), e)),
+        clock_cell(r.finished_ms.get(), now_ms),
+        evidence,
+        heartbeat,
+    ]
+}
+
+/// The table (header plus one line per row, columns padded), written as it is made: one pass for
+/// the column widths, one for the lines; no cell is kept between them.
+pub fn write_table(rows: &[Row], now_ms: u64, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    let mut width = HEADER.map(str::len);
     for r in rows {
-        let status = match r.silent_ms(now_ms) {
-            Some(ms) => format!("silent({})", age(Some(0), ms)),
-            None => text::one_line(&r.status),
-        };
-        let (evidence, heartbeat) = if r.finished() {
-            ("-".into(), "-".into())
-        } else {
-            (age(r.evidence_ms, now_ms), age(r.heartbeat_ms, now_ms))
-        };
-        cells.push([
-            text::one_line(&r.job_id),
-            status,
-            r.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
-            if r.session.is_empty() { "-".into() } else { text::one_line(&r.session) },
-            r.elapsed_ms(now_ms).map_or_else(|| "-".into(), |e| age(Some(0), e)),
-            clock_cell(r.finished_ms, now_ms),
-            evidence,
-            heartbeat,
-        ]);
-    }
-    let mut width = [0usize; 8];
-    for c in &cells {
-        for (w, s) in width.iter_mut().zip(c) {
+        for (w, s) in width.iter_mut().zip(&cells(r, now_ms)) {
             *w = (*w).max(s.chars().count());
         }
     }
-    let mut out = String::new();
-    for c in &cells {
-        let mut line = String::new();
+    let mut line = String::new();
+    let mut emit = |c: &[&str; 8], out: &mut dyn std::io::Write| {
+        line.clear();
         for (i, s) in c.iter().enumerate() {
             if i + 1 == c.len() {
                 line.push_str(s);
             } else {
-                line.push_str(&format!("{s:<w$}  ", w = width[i]));
+                line.push_str(s);
+                let pad = width[i].saturating_sub(s.chars().count()) + 2;
+                line.extend(std::iter::repeat_n(' ', pad));
             }
         }
-        out.push_str(line.trim_end());
-        out.push('\n');
+        let kept = line.trim_end().len();
+        line.truncate(kept);
+        line.push('\n');
+        out.write_all(line.as_bytes())
+    };
+    emit(&HEADER, out)?;
+    for r in rows {
+        let c = cells(r, now_ms);
+        emit(&c.each_ref().map(String::as_str), out)?;
     }
-    out
+    Ok(())
 }
 
-/// The `--json` array.
-pub fn to_json(rows: &[Row], now_ms: u64) -> Value {
-    let age_s = |t: Option<u64>| t.map(|t| now_ms.saturating_sub(t) / 1000);
-    let ts = |t: Option<u64>| t.map(clock::format_ts);
-    Value::Array(
-        rows.iter()
-            .map(|r| {
-                json!({
-                    "job_id": r.job_id,
-                    "status": r.status,
-                    "attempt": r.attempt,
-                    "session": r.session,
-                    "last_evidence_at": ts(r.evidence_ms),
-                    "evidence_age_s": age_s(r.evidence_ms),
-                    "heartbeat_at": ts(r.heartbeat_ms),
-                    "heartbeat_age_s": age_s(r.heartbeat_ms),
-                    "silent_s": r.silent_ms(now_ms).map(|m| m / 1000),
-                    "elapsed_s": r.elapsed_ms(now_ms).map(|m| m / 1000),
-                    "finished_at": ts(r.finished_ms),
-                })
-            })
-            .collect(),
-    )
+/// The table as text (`write_table` into a string).
+pub fn table(rows: &[Row], now_ms: u64) -> String {
+    let mut out = Vec::new();
+    let _ = write_table(rows, now_ms, &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// One element of the `--json` array.
+fn json_row(r: &Row, now_ms: u64) -> Value {
+    let age_s = |t: Ms| t.get().map(|t| now_ms.saturating_sub(t) / 1000);
+    let ts = |t: Ms| t.get().map(clock::format_ts);
+    json!({
+        "job_id": r.job_id(),
+        "status": r.status(),
+        "attempt": r.attempt,
+        "session": r.session(),
+        "last_evidence_at": ts(r.evidence_ms),
+        "evidence_age_s": age_s(r.evidence_ms),
+        "heartbeat_at": ts(r.heartbeat_ms),
+        "heartbeat_age_s": age_s(r.heartbeat_ms),
+        "silent_s": r.silent_ms(now_ms).map(|m| m / 1000),
+        "elapsed_s": r.elapsed_ms(now_ms).map(|m| m / 1000),
+        "finished_at": ts(r.finished_ms),
+    })
+}
+
+/// The `--json` array (pretty, or on one line), written one element at a time.
+pub fn write_json(rows: &[Row], now_ms: u64, pretty: bool, out: &mut impl std::io::Write) -> serde_json::Result<()> {
+    let elems = rows.iter().map(|r| json_row(r, now_ms));
+    if pretty {
+        serde::Serializer::collect_seq(&mut serde_json::Serializer::pretty(out), elems)
+    } else {
+        serde::Serializer::collect_seq(&mut serde_json::Serializer::new(out), elems)
+    }
 }
 
 pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
@@ -343,21 +406,23 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     }
     loop {
-        let (rows, warnings) = rows(&store)?;
+        let (rows, warnings) = rows(&store, a.json)?;
         let now = clock::now_ms();
+        let mut out = OutBuf::new(ctx);
         if a.json {
-            let v = to_json(&rows, now);
-            ctx.say(&if a.follow { v.to_string() } else { serde_json::to_string_pretty(&v).unwrap_or_default() });
+            write_json(&rows, now, !a.follow, &mut out).map_err(|e| Failure::runtime(format!("jobs: {e}")))?;
+            out.line("");
         } else {
-            let head = format!(
-                "registry {}: {} job(s) at {}\n",
+            let clear = if a.follow { "\x1b[H\x1b[2J" } else { "" };
+            out.line(&format!(
+                "{clear}registry {}: {} job(s) at {}",
                 text::show_path(&store.registry),
                 rows.len(),
                 clock::format_ts(now)
-            );
-            let clear = if a.follow { "\x1b[H\x1b[2J" } else { "" };
-            ctx.say_raw(format!("{clear}{head}{}", table(&rows, now)).as_bytes());
+            ));
+            let _ = write_table(&rows, now, &mut out);
         }
+        drop(out);
         if !a.follow {
             for w in warnings {
                 ctx.diag(&w);
@@ -382,12 +447,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slim_reads_objects_only() {
-        assert!(slim(b"[1,2,3,4,5,6,7,8,9,10]").is_none());
-        assert!(slim(b"{").is_none());
-        let r = slim(br#" {"job_id":"a","status":"running","attempt":2,"x":{"deep":[1]}}"#).unwrap();
+    fn only_objects_are_read_and_only_the_shown_fields() {
+        assert!(Record::parse_only(b"[1,2,3,4,5,6,7,8,9,10]", FIELDS).is_err());
+        assert!(Record::parse_only(b"{", FIELDS).is_err());
+        let r =
+            Record::parse_only(br#" {"job_id":"a","status":"running","attempt":2,"x":{"deep":[1]}}"#, FIELDS).unwrap();
         assert_eq!((r.str("job_id"), r.status(), r.attempt()), (Some("a"), "running", Some(2)));
         assert!(r.get("x").is_none());
+    }
+
+    /// A finished job's events.log is not looked at for the table (its ages show `-`), only for
+    /// `--json`, which prints them.
+    #[test]
+    fn finished_rows_skip_the_events_stat_unless_asked() {
+        let done =
+            Record::parse(br#"{"job_id":"a","status":"completed","created_at":"2026-01-01T00:00:00.000Z"}"#).unwrap();
+        let p = Path::new("/nonexistent");
+        let r = row(&done, p, false, || panic!("stat asked for a finished job"));
+        assert_eq!((r.job_id(), r.status(), r.evidence_ms.get()), ("a", "completed", None));
+        let r = row(&done, p, true, || Some(1_767_225_600_500));
+        assert_eq!(r.evidence_ms.get(), Some(1_767_225_600_500));
+        let open = Record::parse(br#"{"job_id":"b","status":"running"}"#).unwrap();
+        assert_eq!(row(&open, p, false, || Some(7)).evidence_ms.get(), Some(7));
     }
 
     #[test]
@@ -403,16 +484,12 @@ mod tests {
     #[test]
     fn table_is_aligned() {
         let r = |id: &str, st: &str| Row {
-            job_id: id.into(),
-            status: st.into(),
             attempt: Some(1),
-            session: "w".into(),
-            created_at: String::new(),
-            evidence_ms: Some(0),
-            heartbeat_ms: None,
-            started_ms: Some(0),
-            finished_ms: (st == "completed").then_some(3_000),
+            evidence_ms: Some(0).into(),
+            started_ms: Some(0).into(),
+            finished_ms: (st == "completed").then_some(3_000).into(),
             idle_ms: 120_000,
+            ..Row::new(id, st, "w", "")
         };
         let t = table(&[r("a", "running"), r("bbbbbbbbbb", "completed")], 5_000);
         assert_eq!(
@@ -427,23 +504,22 @@ mod tests {
     #[test]
     fn silent_jobs_are_shown_as_silent() {
         let r = Row {
-            job_id: "a".into(),
-            status: "running".into(),
             attempt: Some(1),
-            session: "w".into(),
-            created_at: String::new(),
-            evidence_ms: Some(0),
-            heartbeat_ms: None,
-            started_ms: Some(0),
-            finished_ms: None,
+            evidence_ms: Some(0).into(),
+            started_ms: Some(0).into(),
             idle_ms: 120_000,
+            ..Row::new("a", "running", "w", "")
         };
         assert_eq!(r.silent_ms(120_000), None, "inside the window");
         assert_eq!(r.silent_ms(302_000), Some(302_000));
         assert!(table(std::slice::from_ref(&r), 302_000).lines().nth(1).unwrap().contains("silent(5m02s)"));
-        let done = Row { status: "completed".into(), ..r.clone() };
+        let like_r = |status: &str| {
+            let n = Row::new("a", status, "w", "");
+            Row { text: n.text, ends: n.ends, ..r.clone() }
+        };
+        let done = like_r("completed");
         assert_eq!(done.silent_ms(999_000), None);
-        let pending = Row { status: "pending".into(), ..r };
+        let pending = like_r("pending");
         assert_eq!(pending.silent_ms(999_000), None);
     }
 }

@@ -590,6 +590,39 @@ fn close_job(ctx: &Ctx, store: &Store, id: &str, kind: Kind, target: Option<Stri
     }
 }
 
+/// The fields `registry list` reads from each record (its filters, sort key and columns).
+const LIST_FIELDS: &[&str] = &["job_id", "status", "attempt", "agent_session", "updated_at", "created_at"];
+
+/// One listed record, kept small: its sort key (created_at, job_id) and what is printed for it
+/// (the text line, or for `--json` the file's id, read again when its turn comes), in one string.
+struct Listed {
+    buf: Box<str>,
+    created: u32,
+    id: u32,
+}
+
+impl Listed {
+    fn new(created: &str, id: &str, payload: &str) -> Listed {
+        let mut s = String::with_capacity(created.len() + id.len() + payload.len());
+        s.push_str(created);
+        s.push_str(id);
+        s.push_str(payload);
+        Listed { buf: s.into_boxed_str(), created: created.len() as u32, id: id.len() as u32 }
+    }
+
+    fn key(&self) -> (&str, &str) {
+        let c = self.created as usize;
+        (&self.buf[..c], &self.buf[c..c + self.id as usize])
+    }
+
+    fn payload(&self) -> &str {
+        &self.buf[(self.created + self.id) as usize..]
+    }
+}
+
+/// `registry list`: one pass over the records reading only `LIST_FIELDS`, keeping a `Listed` per
+/// match (a few dozen bytes, not the record), sorted by created_at then id. `--json` reads each listed record again, in order, one at a time, and streams
+/// the array out.
 fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String>, json: bool) -> Result<i32, Failure> {
     if let Some(s) = &status {
         if !valid_status(s) {
@@ -600,41 +633,81 @@ fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String
             )));
         }
     }
-    let mut recs = Vec::new();
-    for id in store.job_ids().map_err(store_failure)? {
-        match store.read(&id) {
-            Ok(Some(r)) => recs.push(r),
-            Ok(None) => {} // removed since the listing
-            Err(e) => ctx.diag(&format!("WARNING: {e}; skipped")),
+    let wanted = |r: &Record| {
+        status.as_deref().is_none_or(|s| r.status() == s)
+            && session.as_deref().is_none_or(|s| r.str("agent_session") == Some(s))
+    };
+    let parts = store
+        .scan_records(
+            crate::registry::store::listing_threads(),
+            || (Vec::new(), Vec::new()),
+            |(listed, warnings): &mut (Vec<Listed>, Vec<String>), e| {
+                let parsed = e.bytes.and_then(|b| {
+                    Record::parse_only(b, LIST_FIELDS)
+                        .map_err(|why| StoreError::Corrupt { path: store.record_path(e.id), why: why.to_string() })
+                });
+                let r = match parsed {
+                    Ok(r) => r,
+                    Err(err) => return warnings.push(format!("WARNING: {err}; skipped")),
+                };
+                if !wanted(&r) {
+                    return;
+                }
+                let created = r.str("created_at").unwrap_or("");
+                let id = r.str("job_id").unwrap_or("");
+                listed.push(Listed::new(created, id, if json { e.id.to_string() } else { list_line(&r) }.as_str()));
+            },
+        )
+        .map_err(store_failure)?;
+    let mut listed = Vec::new();
+    for (part, warnings) in parts {
+        for w in warnings {
+            ctx.diag(&w);
+        }
+        if listed.is_empty() {
+            listed = part;
+        } else {
+            listed.extend(part);
         }
     }
-    recs.retain(|r| status.as_deref().is_none_or(|s| r.status() == s));
-    recs.retain(|r| session.as_deref().is_none_or(|s| r.str("agent_session") == Some(s)));
-    recs.sort_by(|a, b| {
-        (a.str("created_at").unwrap_or(""), a.str("job_id").unwrap_or(""))
-            .cmp(&(b.str("created_at").unwrap_or(""), b.str("job_id").unwrap_or("")))
-    });
-    if json {
-        let all: Vec<Value> = recs.iter().map(Record::redacted).collect();
-        ctx.say(&pretty(&Value::Array(all)));
+    // Then by what is printed: records that agree on both keys still come in one order.
+    listed.sort_unstable_by(|a, b| (a.key(), a.payload()).cmp(&(b.key(), b.payload())));
+    let mut out = crate::ctx::OutBuf::new(ctx);
+    if !json {
+        for l in &listed {
+            out.line(l.payload());
+        }
         return Ok(0);
     }
-    for r in &recs {
-        let text = |k: &str| match r.get(k) {
-            Some(Value::String(s)) => text::one_line(s),
-            Some(Value::Null) | None => String::new(),
-            Some(v) => v.to_string(),
-        };
-        ctx.say(&format!(
-            "{}\t{}\t{}\t{}\t{}",
-            text("job_id"),
-            text("status"),
-            text("attempt"),
-            text("agent_session"),
-            text("updated_at")
-        ));
-    }
+    let records = listed.iter().filter_map(|l| match store.read(l.payload()) {
+        Ok(Some(r)) if wanted(&r) => Some(r.redacted()),
+        Ok(_) => None, // removed or changed since the first pass
+        Err(e) => {
+            ctx.diag(&format!("WARNING: {e}; skipped"));
+            None
+        }
+    });
+    let mut ser = serde_json::Serializer::pretty(&mut out);
+    serde::Serializer::collect_seq(&mut ser, records).map_err(|e| Failure::runtime(format!("registry list: {e}")))?;
+    out.line("");
     Ok(0)
+}
+
+/// One `registry list` line: id, status, attempt, session, updated_at, tab separated.
+fn list_line(r: &Record) -> String {
+    let text = |k: &str| match r.get(k) {
+        Some(Value::String(s)) => text::one_line(s),
+        Some(Value::Null) | None => String::new(),
+        Some(v) => v.to_string(),
+    };
+    format!(
+        "{}\t{}\t{}\t{}\t{}",
+        text("job_id"),
+        text("status"),
+        text("attempt"),
+        text("agent_session"),
+        text("updated_at")
+    )
 }
 
 fn scrub(ctx: &Ctx, store: &Store, dry_run: bool) -> Result<i32, Failure> {

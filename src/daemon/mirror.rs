@@ -201,9 +201,12 @@ impl Mirror {
     /// the end once started; signals are the caller's business between passes.
     pub fn poll_pass(&mut self, now_ms: u64, log: &mut dyn FnMut(&str)) -> Pass {
         let mut pass = Pass::default();
-        let Ok(ids) = self.store.job_ids() else { return pass };
-        let open: Vec<(String, Record)> =
-            ids.into_iter().filter_map(|id| self.cache.open_record(&self.store, &id).map(|r| (id, r))).collect();
+        let Ok(ids) = self.store.ids() else { return pass };
+        // Only the open jobs are kept: the ids stream from the directory, the terminal ones cost a stat.
+        let open: Vec<(String, Record)> = ids
+            .map_while(Result::ok)
+            .filter_map(|id| self.cache.open_record(&self.store, &id).map(|r| (id, r)))
+            .collect();
         pass.open = open.len();
         if open.is_empty() {
             return pass;

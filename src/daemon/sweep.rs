@@ -142,8 +142,10 @@ impl TerminalCache {
 /// One A15 sweep over `store` at `now_ms`. `cas` is `MAM_ENGINE_CAS` not being `0`.
 pub fn sweep(store: &Store, cache: &mut TerminalCache, cas: bool, now_ms: u64) -> Vec<Closed> {
     let mut out = Vec::new();
-    let Ok(ids) = store.job_ids() else { return out };
-    for id in ids {
+    // Streamed from the directory: a registry of 100,000 finished jobs costs a stat each (the
+    // cache) and no list of them.
+    let Ok(ids) = store.ids() else { return out };
+    for id in ids.map_while(Result::ok) {
         let Some(rec) = cache.open_record(store, &id) else { continue };
         let alive = watcher_alive(&rec);
         let Some(close) = judge(&rec, alive, events_mtime_ms(&store.registry, &id), now_ms) else { continue };

@@ -354,6 +354,8 @@ fn names_me(registry: &Path, job_id: &str) -> bool {
 /// `mam heartbeat run` (CORE 7.5). Signal handlers must already be installed. Returns when the
 /// timer stops; the caller exits, which also abandons an in-flight wire send (its socket closes).
 pub fn run(store: &Store, settings: &Settings, a: &RunArgs, log: Log) -> i32 {
+    // Issue 20: the wire thread shares the beat loop's heap instead of getting one of its own.
+    sys::one_malloc_arena();
     // A16: the spawner holds L2 until the pidfile is written; run only if it names this process.
     match wait_l2(&store.registry, &a.job_id) {
         Ok(Some(l2)) => {
@@ -469,6 +471,8 @@ fn beat_loop(store: &Store, settings: &Settings, a: &RunArgs, log: &Log) -> Stri
             if let Some(stop) = beat(store, a, &job, &events, &slot, log) {
                 break stop;
             }
+            // Nothing is kept between beats: what the beat allocated goes back to the system.
+            sys::release_free_memory();
             k += 1;
             continue;
         }

@@ -13,7 +13,7 @@ use super::reconcile::{list_server_agents, row_target};
 use super::{load, Row, SessionError};
 use crate::ctx::Ctx;
 use crate::paths;
-use crate::registry::{audit, is_terminal, store::Store};
+use crate::registry::{audit, is_terminal, record::Record, store::Store};
 use crate::sys;
 
 /// One job shown with a row.
@@ -147,33 +147,54 @@ struct Lite {
     job_type: String,
 }
 
-/// Every record of each registry, read once per `status` run however many rows share the registry
-/// (100 rows over 10,000 records would otherwise be a million record reads).
+/// The records of each registry that some row may show, read once per `status` run however many
+/// rows share the registry (100 rows over 10,000 records would otherwise be a million record
+/// reads). Only those are kept: an open job of a session in the report, or a row's onboarding job
+/// (a registry of 100,000 finished jobs keeps none).
 type Cache = BTreeMap<PathBuf, Vec<Lite>>;
 
-fn records<'c>(cache: &'c mut Cache, store: &Store) -> &'c [Lite] {
+/// Which records `status` can show: the rows' names and onboarding jobs.
+#[derive(Debug, Default)]
+struct Wanted {
+    names: BTreeSet<String>,
+    onboarding: BTreeSet<String>,
+}
+
+impl Wanted {
+    fn keeps(&self, id: &str, session: Option<&str>, status: &str) -> bool {
+        self.onboarding.contains(id) || (!is_terminal(status) && session.is_some_and(|s| self.names.contains(s)))
+    }
+}
+
+fn records<'c>(cache: &'c mut Cache, store: &Store, wanted: &Wanted) -> &'c [Lite] {
     cache.entry(store.registry.clone()).or_insert_with(|| {
-        let Ok(ids) = store.job_ids() else { return Vec::new() };
-        ids.into_iter()
-            .filter_map(|id| {
-                let rec = store.read(&id).ok()??;
-                Some(Lite {
+        let parts = store.scan_records(crate::registry::store::listing_threads(), Vec::new, |out, e| {
+            let Ok(rec) = e.bytes.map_err(drop).and_then(|b| Record::parse_only(b, FIELDS).map_err(drop)) else {
+                return;
+            };
+            if wanted.keeps(e.id, rec.str("agent_session"), rec.status()) {
+                out.push(Lite {
                     session: rec.str("agent_session").map(str::to_string),
                     status: rec.status().to_string(),
                     job_type: rec.str("type").unwrap_or("task").to_string(),
-                    id,
-                })
-            })
-            .collect()
+                    id: e.id.to_string(),
+                });
+            }
+        });
+        // The order does not matter: a registry holds one record per id.
+        parts.map(|p| p.into_iter().flatten().collect()).unwrap_or_default()
     })
 }
 
+/// The fields `status` reads from a record.
+const FIELDS: &[&str] = &["agent_session", "status", "type"];
+
 /// The jobs shown for a row: its open jobs, plus its onboarding job whatever its status.
-fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache) -> Vec<JobLine> {
+fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache, wanted: &Wanted) -> Vec<JobLine> {
     let mut found: BTreeMap<String, JobLine> = BTreeMap::new();
     let stores = registries(ctx, row);
     for store in &stores {
-        for rec in records(cache, store) {
+        for rec in records(cache, store, wanted) {
             if found.contains_key(&rec.id) {
                 continue;
             }
@@ -237,6 +258,10 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
     let mut lists: BTreeMap<(String, String), Result<Vec<crate::pane::Agent>, String>> = BTreeMap::new();
     let mut report = Report::default();
     let mut cache = Cache::new();
+    let wanted = Wanted {
+        names: rows.iter().map(|r| r.name.clone()).collect(),
+        onboarding: rows.iter().filter_map(|r| r.onboard_job.clone()).collect(),
+    };
     for row in rows {
         let unknown = || ("unknown", "unknown".to_string());
         let (backend, server, (liveness, state)) = if row.remote() {
@@ -262,7 +287,7 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
                 }
             }
         };
-        let jobs = jobs_of(&ctx, &row, &mut cache);
+        let jobs = jobs_of(&ctx, &row, &mut cache, &wanted);
         report.rows.push(RowStatus { row, backend, server, liveness, state, jobs });
     }
     Ok(report)

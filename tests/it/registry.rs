@@ -637,6 +637,51 @@ fn list_filters_sorts_and_ignores_temp_files() {
     assert!(r.stdout().starts_with("l1\t") && r.stdout().lines().count() == 1);
 }
 
+/// Issue 20: a registry larger than one chunk of the threaded scan (256 records) lists every
+/// record once, sorted by created_at then id whichever thread read it, `--json` streams the same
+/// records in the same order, and a corrupt record among them is one warning.
+#[test]
+fn list_over_more_records_than_one_scan_chunk_is_whole_and_sorted() {
+    let td = TestDir::new("list-many");
+    register(&td, "tmpl", &[]);
+    let tmpl = record(&td, "tmpl");
+    fs::remove_file(registry(&td).join("tmpl.json")).unwrap();
+    let n = 700;
+    let mut want = Vec::new();
+    for i in 0..n {
+        let mut r = tmpl.clone();
+        let id = format!("m{i:04}");
+        // Creation times out of id order, and some shared, so both keys matter.
+        let ts = format!("2026-11-{:02}T00:00:00.000Z", 1 + (i * 7919) % 28);
+        r["job_id"] = id.clone().into();
+        r["created_at"] = ts.clone().into();
+        r["agent_session"] = if i % 3 == 0 { "w3" } else { "w1" }.into();
+        fs::write(registry(&td).join(format!("{id}.json")), serde_json::to_vec_pretty(&r).unwrap()).unwrap();
+        want.push((ts, id));
+    }
+    fs::write(registry(&td).join("bad.json"), "{").unwrap();
+    want.sort();
+    let r = td.mam().args(["registry", "list"]).run();
+    let got: Vec<String> = r.expect_rc(0).stdout().lines().map(|l| l.split('\t').next().unwrap().to_string()).collect();
+    assert_eq!(got, want.iter().map(|(_, id)| id.clone()).collect::<Vec<_>>());
+    assert_eq!(r.stderr().lines().count(), 1, "{}", r.stderr());
+    assert!(r.stderr().contains("bad.json: not a valid job record"), "{}", r.stderr());
+    let r = td.mam().args(["registry", "list", "--json", "--session", "w3"]).run();
+    let v: Value = serde_json::from_str(&r.expect_rc(0).stdout()).unwrap();
+    let ids: Vec<&str> = v.as_array().unwrap().iter().map(|x| x["job_id"].as_str().unwrap()).collect();
+    let want3: Vec<&str> =
+        want.iter().filter(|(_, id)| id[1..].parse::<usize>().unwrap() % 3 == 0).map(|(_, id)| id.as_str()).collect();
+    assert_eq!(ids, want3);
+    assert!(v.as_array().unwrap().iter().all(|x| x["auth_token"] == "<redacted>"));
+    // `mam jobs` reads through the same scan: every job once, in the same order.
+    let r = td.mam().args(["jobs"]).run();
+    let out = r.expect_rc(0).stdout();
+    assert!(out.lines().next().unwrap().contains(&format!(": {n} job(s) at ")), "{out}");
+    let got: Vec<&str> = out.lines().skip(2).map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(got, want.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>());
+    assert!(r.stderr().contains("bad.json: not a valid job record; skipped"), "{}", r.stderr());
+}
+
 #[test]
 fn publish_cmd_is_one_quoted_line() {
     let td = TestDir::new("pubcmd");
