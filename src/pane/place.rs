@@ -249,17 +249,36 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
     let mut screen = String::new();
     let hold = Duration::from_millis(ad.ready_hold_ms);
     let mut ready_since: Option<Instant> = None;
+    // When the agent's process was last seen gone (tmux still reads a pane that is back at its shell).
+    let mut gone_since: Option<Instant> = None;
+    let mut checked = Instant::now();
+    let exited = |screen: &str| {
+        PaneError::Exited(format!(
+            "agent {name} ({}) exited during start; last screen lines: {}",
+            ad.kind,
+            crate::text::screen_tail(screen, 3)
+        ))
+    };
     loop {
         match b.read_detection(name) {
             Ok(s) => screen = s,
-            Err(_) if b.agent_status(name) == Status::Absent => {
-                return Err(PaneError::Failed(format!(
-                    "agent {name} ({}) exited during start; last screen line: {}",
-                    ad.kind,
-                    last_line(&screen)
-                )))
-            }
+            Err(_) if b.agent_status(name) == Status::Absent => return Err(exited(&screen)),
             Err(_) => {}
+        }
+        // A CLI that refuses its arguments (claude `--resume` of a conversation it never wrote, gemini's
+        // of one with no reply) exits within seconds: seen gone twice, 400 ms apart, it failed now
+        // rather than at the start timeout.
+        if checked.elapsed() >= EXIT_CHECK && !ad.ready_on(&screen) {
+            checked = Instant::now();
+            if b.agent_status(name) == Status::Absent {
+                match gone_since {
+                    Some(at) if at.elapsed() >= EXIT_CHECK => return Err(exited(&screen)),
+                    Some(_) => {}
+                    None => gone_since = Some(Instant::now()),
+                }
+            } else {
+                gone_since = None;
+            }
         }
         let blocked = b.has_lifecycle() && b.agent_status(name) == Status::Blocked;
         let seen = last.map(|(p, at)| (p, at.elapsed() >= settle));
@@ -306,6 +325,9 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
         sys::sleep(Duration::from_millis(100));
     }
 }
+
+/// How often start-up looks for an agent that exited, and how long it must stay gone.
+const EXIT_CHECK: Duration = Duration::from_millis(400);
 
 /// The last non-blank line of a screen, for a diagnostic.
 fn last_line(screen: &str) -> String {

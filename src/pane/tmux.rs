@@ -375,10 +375,9 @@ impl Backend for Tmux {
                 // onboarding state exits within 3 s). Fail now with its last words.
                 if seen && row.as_ref().is_some_and(|r| is_shell(&r.command)) {
                     let screen = self.ok(&["capture-pane", "-p", "-t", pane]).unwrap_or_default();
-                    let tail = screen.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
-                    return Err(PaneError::Failed(format!(
-                        "agent {name} ({kind}) exited during start in pane {pane}; last screen line: {}",
-                        one_line(tail)
+                    return Err(PaneError::Exited(format!(
+                        "agent {name} ({kind}) exited during start in pane {pane}; last screen lines: {}",
+                        crate::text::screen_tail(&screen, 3)
                     )));
                 }
             }
