@@ -193,6 +193,23 @@ impl Tmux {
         self.all_panes().ok()?.into_iter().find(|p| p.id == pane)
     }
 
+    /// Waits until the screen took a paste in: it changed from `before` and then held still for
+    /// 150 ms, at most 1.5 s. An Enter sent right behind a long bracketed paste reaches some CLIs in
+    /// the same read and is lost (the real qwen 0.15 kept 1 prompt in 4 unsubmitted in its input).
+    fn paste_settle(&self, pane: &str, before: String) {
+        let start = Instant::now();
+        let (mut last, mut since, mut changed) = (before, Instant::now(), false);
+        while start.elapsed() < Duration::from_millis(1500) {
+            sys::sleep(Duration::from_millis(50));
+            let now = self.ok(&["capture-pane", "-p", "-t", pane]).unwrap_or_default();
+            if now != last {
+                (last, since, changed) = (now, Instant::now(), true);
+            } else if changed && since.elapsed() >= Duration::from_millis(150) {
+                return;
+            }
+        }
+    }
+
     fn pane_command(&self, pane: &str) -> PaneResult<String> {
         Ok(self.ok(&["display-message", "-p", "-t", pane, "#{pane_current_command}"])?.trim().to_string())
     }
@@ -402,9 +419,11 @@ impl Backend for Tmux {
             return PromptOutcome::TransportError(format!("cannot write {}: {e}", show_path(&tmp)));
         }
         let tmp_s = tmp.to_string_lossy().into_owned();
+        let before = self.ok(&["capture-pane", "-p", "-t", &p.id]).unwrap_or_default();
         let r = self
             .ok(&["load-buffer", "-b", &buffer, &tmp_s])
             .and_then(|_| self.ok(&["paste-buffer", "-p", "-d", "-b", &buffer, "-t", &p.id]))
+            .map(|_| self.paste_settle(&p.id, before))
             .and_then(|_| self.ok(&["send-keys", "-t", &p.id, "Enter"]));
         let _ = std::fs::remove_file(&tmp);
         match r {
