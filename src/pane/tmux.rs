@@ -136,12 +136,18 @@ impl Tmux {
     }
 
     fn all_panes(&self) -> PaneResult<Vec<PaneRow>> {
-        let text = self.ok(&[
-            "list-panes",
-            "-a",
-            "-F",
-            "#{pane_id}\t#{@mam_agent}\t#{@mam_kind}\t#{pane_current_command}\t#{pane_pid}",
-        ])?;
+        let args = ["list-panes", "-a", "-F", "#{pane_id}\t#{@mam_agent}\t#{@mam_kind}\t#{pane_current_command}\t#{pane_pid}"];
+        let out = self.raw(&args)?;
+        // A server whose last session was just killed lists no session and answers `-a` with "no
+        // current target" while it exits (seen in a rollback that closed the only workspace): no panes.
+        let text = if out.status.success() {
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        } else if String::from_utf8_lossy(&out.stderr).contains("no current target") {
+            return Ok(Vec::new());
+        } else {
+            // Asked again for the error in `ok`'s words (no server, or what tmux said).
+            self.ok(&args)?
+        };
         Ok(text
             .lines()
             .filter_map(|l| {
