@@ -169,7 +169,7 @@ pub fn place_and_start(b: &dyn Backend, req: &PlaceRequest, knobs: &Knobs) -> Re
         b.rename_workspace(&placed.workspace, label).map_err(fail)?;
     }
     b.start_agent(&req.name, &req.kind, &placed.pane, &req.args).map_err(fail)?;
-    match agents::adapter_of_started(&req.kind).filter(|a| !a.ready_line.is_empty() && b.shows_screen()) {
+    match agents::adapter_of_started(&req.kind).filter(|a| a.has_ready_line() && b.shows_screen()) {
         Some(ad) => pass_startup_screens(b, &req.name, ad, knobs).map_err(fail)?,
         None => clear_startup_dialogs(b, &req.name, knobs).map_err(fail)?,
     }
@@ -314,11 +314,11 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
         }
         if Instant::now() >= deadline {
             return Err(PaneError::Failed(format!(
-                "agent {name} ({}) not ready within {} ms: its input line '{}' never showed \
+                "agent {name} ({}) not ready within {} ms: its input line {} never showed \
                  (MAM_AGENT_START_TIMEOUT_MS); last screen line: {}",
                 ad.kind,
                 knobs.start_timeout_ms,
-                ad.ready_line,
+                ad.ready_text(),
                 last_line(&screen)
             )));
         }

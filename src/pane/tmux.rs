@@ -373,7 +373,7 @@ impl Backend for Tmux {
         let stable_for = Duration::from_millis(self.knobs.tmux_stable_ms);
         // A kind whose input line is known is ready at that line: placement reads the screen until it
         // shows it, answering the start-up dialogs on the way (A58). Here: its process is up.
-        let by_screen = agents::adapter_of_started(kind).is_some_and(|a| !a.ready_line.is_empty());
+        let by_screen = agents::adapter_of_started(kind).is_some_and(|a| a.has_ready_line());
         let mut last: Option<(String, Instant)> = None;
         let mut seen = false;
         loop {

@@ -402,8 +402,8 @@ fn serve(ctx: &Ctx, raw: &RawScript) -> Result<i32, String> {
     // The input line of the CLI this fake stands in for (started as `claude`: claude's footer), so
     // that readiness is detected the way it is for the real CLI (A58).
     if agent.pane_dir.is_none() {
-        if let Some(ad) = own_adapter().filter(|a| !a.ready_line.is_empty()) {
-            agent.screen(&format!("  {}", ad.ready_line));
+        if let Some(line) = own_adapter().and_then(|a| a.ready_lines.first()) {
+            agent.screen(&format!("  {line}"));
         }
     }
     let mut handled = 0u64;
