@@ -256,7 +256,7 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
         PaneError::Exited(format!(
             "agent {name} ({}) exited during start; last screen lines: {}",
             ad.kind,
-            crate::text::screen_tail(screen, 3)
+            crate::text::screen_tail(screen, 5)
         ))
     };
     loop {

@@ -400,7 +400,7 @@ impl Backend for Tmux {
                     let screen = self.ok(&["capture-pane", "-p", "-t", pane]).unwrap_or_default();
                     return Err(PaneError::Exited(format!(
                         "agent {name} ({kind}) exited during start in pane {pane}; last screen lines: {}",
-                        crate::text::screen_tail(&screen, 3)
+                        crate::text::screen_tail(&screen, 5)
                     )));
                 }
             }
