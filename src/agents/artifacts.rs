@@ -424,7 +424,8 @@ mod tests {
             )
         };
         let text = [
-            "timestamp=2026-12-01T20:24:31.919Z level=INFO run=d6b73e33 message=\"creating instance\" directory=/x\n".to_string(),
+            "timestamp=2026-12-01T20:24:31.919Z level=INFO run=d6b73e33 message=\"creating instance\" directory=/x\n"
+                .to_string(),
             line("2026-12-01T20:24:43.060Z", "ses_dccb80ccbffeF4Vmhk9CLHfYZG", &w, "undefined"),
             line("2026-12-01T20:24:50.000Z", "ses_child1", &w, "ses_dccb80ccbffeF4Vmhk9CLHfYZG"),
             line("2026-12-01T20:24:51.000Z", "ses_otherdir", "/elsewhere", "undefined"),

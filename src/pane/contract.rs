@@ -143,7 +143,9 @@ pub enum PaneError {
 impl fmt::Display for PaneError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PaneError::NoServer(m) | PaneError::Usage(m) | PaneError::Failed(m) | PaneError::Exited(m) => f.write_str(m),
+            PaneError::NoServer(m) | PaneError::Usage(m) | PaneError::Failed(m) | PaneError::Exited(m) => {
+                f.write_str(m)
+            }
         }
     }
 }

@@ -411,7 +411,15 @@ impl Herdr {
                         match back_since {
                             Some(at) if at.elapsed() >= Duration::from_millis(400) => {
                                 end(&mut child);
-                                let screen = self.read_text(&["pane", "read", pane, "--source", "recent-unwrapped", "--lines", "20"]);
+                                let screen = self.read_text(&[
+                                    "pane",
+                                    "read",
+                                    pane,
+                                    "--source",
+                                    "recent-unwrapped",
+                                    "--lines",
+                                    "20",
+                                ]);
                                 return Err(PaneError::Exited(format!(
                                     "agent {} exited during start in pane {pane}; last screen lines: {}",
                                     args.get(2).copied().unwrap_or("?"),
@@ -427,7 +435,8 @@ impl Herdr {
             sys::sleep(Duration::from_millis(50));
         }
         let out = child.wait_with_output().map_err(|e| PaneError::Failed(format!("herdr agent start: {e}")))?;
-        let reply = classify(out.status.code(), &String::from_utf8_lossy(&out.stdout), &String::from_utf8_lossy(&out.stderr));
+        let reply =
+            classify(out.status.code(), &String::from_utf8_lossy(&out.stdout), &String::from_utf8_lossy(&out.stderr));
         if reply == Reply::NoServer {
             return self.mutate(args, limit);
         }
@@ -689,7 +698,9 @@ impl Backend for Herdr {
         match self.query(&["agent", "get", target]) {
             Reply::Ok(v) => {
                 let a = v.get("agent").unwrap_or(&v);
-                let st = field(a, &["status", "agent_status", "state"]).map(|s| Status::parse(&s)).unwrap_or(Status::Unknown);
+                let st = field(a, &["status", "agent_status", "state"])
+                    .map(|s| Status::parse(&s))
+                    .unwrap_or(Status::Unknown);
                 let kind = a.get("agent").and_then(Value::as_str).unwrap_or_default();
                 if st == Status::Working && self.stale_working(target, kind) {
                     return Status::Idle;
@@ -770,7 +781,9 @@ mod tests {
         let explain = "agent: gemini\nstate: working\nmanifest: bundled 2026.06.10.1\n\
                        rule: esc_cancel_working (region=whole_recent priority=100)\n";
         assert!(whole_recent_rule(explain));
-        assert!(!whole_recent_rule("agent: claude\nstate: working\nrule: osc_title_working (region=osc_title priority=1100)\n"));
+        assert!(!whole_recent_rule(
+            "agent: claude\nstate: working\nrule: osc_title_working (region=osc_title priority=1100)\n"
+        ));
         assert!(!whole_recent_rule("agent: gemini\nstate: idle\nrule: none\n"));
         let g = agents::adapter("gemini").unwrap();
         let idle = " Shift+Tab to accept edits\n >   Type your message or @path/to/file\n workspace (/directory)\n";

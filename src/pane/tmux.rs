@@ -136,7 +136,8 @@ impl Tmux {
     }
 
     fn all_panes(&self) -> PaneResult<Vec<PaneRow>> {
-        let args = ["list-panes", "-a", "-F", "#{pane_id}\t#{@mam_agent}\t#{@mam_kind}\t#{pane_current_command}\t#{pane_pid}"];
+        let args =
+            ["list-panes", "-a", "-F", "#{pane_id}\t#{@mam_agent}\t#{@mam_kind}\t#{pane_current_command}\t#{pane_pid}"];
         let out = self.raw(&args)?;
         // A server whose last session was just killed lists no session and answers `-a` with "no
         // current target" while it exits (seen in a rollback that closed the only workspace): no panes.

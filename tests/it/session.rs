@@ -1444,8 +1444,9 @@ fn resume_starts_a_new_conversation_when_the_cli_refuses_the_old_one(h: &S) {
     assert!(mam::agents::canonical_uuid(&new).is_some(), "{new}");
     let note = r.stderr();
     assert!(
-        note.contains(&format!("NOTE: claude could not resume conversation {old} ('claude' test-double agent --resume {old})"))
-            && note.contains("exited during start")
+        note.contains(&format!(
+            "NOTE: claude could not resume conversation {old} ('claude' test-double agent --resume {old})"
+        )) && note.contains("exited during start")
             && note.contains(&format!("started a new conversation {new}")),
         "{note}"
     );
