@@ -222,11 +222,13 @@ pub fn screen_step(
         None if ad.ready_on(screen) => return ScreenStep::Ready,
         None => return ScreenStep::Wait,
     };
-    // A kind's own dialogs may be answered twice each (codex shows four in a row, and on a loaded
+    // A kind's own dialogs may be answered three times each (codex shows four in a row, and on a loaded
     // machine a key sent while a dialog is still drawing can be lost: seen with codex's
-    // 'Detected OPENAI_API_KEY'); a status the table cannot explain, at most MAM_STARTUP_DIALOG_MAX times.
+    // 'Detected OPENAI_API_KEY'; gemini restarts after its trust dialog, which stays on screen until
+    // the new process draws, and a loaded run used all of twice three answers before its key box
+    // passed); a status the table cannot explain, at most MAM_STARTUP_DIALOG_MAX times.
     let limit = match prompted {
-        Prompted::Dialog(_) => max.max(2 * ad.dialogs.len() as u32),
+        Prompted::Dialog(_) => max.max(DIALOG_TRIES * ad.dialogs.len() as u32),
         Prompted::Blocked => max,
     };
     match last {
@@ -325,6 +327,9 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
         sys::sleep(Duration::from_millis(100));
     }
 }
+
+/// How many answers each of a kind's start-up dialogs may take (on average over its dialogs).
+const DIALOG_TRIES: u32 = 3;
 
 /// How often start-up looks for an agent that exited, and how long it must stay gone.
 const EXIT_CHECK: Duration = Duration::from_millis(400);
@@ -461,8 +466,8 @@ mod tests {
         // The same dialog again before it had time to react: no second key.
         assert_eq!(screen_step(c, trust, false, Some((d, false)), 1, 3), ScreenStep::Wait);
         assert_eq!(screen_step(c, trust, false, Some((d, true)), 1, 3), ScreenStep::Answer(d));
-        // Each of the kind's dialogs may be answered twice (a key lost on a loaded machine).
-        let limit = 3u32.max(2 * c.dialogs.len() as u32);
+        // Each of the kind's dialogs may be answered three times (a key lost on a loaded machine).
+        let limit = 3u32.max(DIALOG_TRIES * c.dialogs.len() as u32);
         assert_eq!(screen_step(c, trust, false, Some((d, true)), limit - 1, 3), ScreenStep::Answer(d));
         assert_eq!(screen_step(c, trust, false, Some((d, true)), limit, 3), ScreenStep::Stuck(d));
         // The next dialog is answered at once, with its own key (the default is No).
