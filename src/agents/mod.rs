@@ -308,9 +308,12 @@ impl Adapter {
     }
 
     /// The dialog `screen` shows, if any (the last one listed that matches wins: later dialogs quote
-    /// nothing of earlier ones).
+    /// nothing of earlier ones). A dialog's text above the CLI's input line is what is left of a dialog
+    /// already passed, not one that waits: while a dialog waits, no CLI draws its input line below it
+    /// (gemini redraws its UI under the remains of its auth box after the key box closes).
     pub fn dialog_on(&self, screen: &str) -> Option<&'static Dialog> {
-        self.dialogs.iter().rev().find(|d| screen.contains(d.screen))
+        let input_at = self.ready_lines.iter().filter_map(|l| screen.rfind(l)).max();
+        self.dialogs.iter().rev().find(|d| screen.rfind(d.screen).is_some_and(|at| input_at.is_none_or(|i| at > i)))
     }
 
     /// True when `screen` shows the CLI's own input line and no dialog.
@@ -509,5 +512,13 @@ mod tests {
         assert_eq!(c.state_on("✻ Unable to connect · Retrying in 4s · esc to interrupt"), Some("working"));
         assert_eq!(c.state_on("garbage"), None);
         assert_eq!(c.dialog_on("Detected a custom API key … 1. Yes ❯ 2. No").unwrap().keys, ["1"]);
+        // The remains of a dialog passed, above the input line drawn again below them, are no dialog.
+        let g = adapter("gemini").unwrap();
+        let left =
+            "│   ● 2. Use Gemini API Key   │\n╰──────╯\n ? for shortcuts\n >   Type your message or @path/to/file\n";
+        assert_eq!(g.dialog_on(left), None);
+        assert_eq!(g.state_on(left), Some("idle"));
+        let waiting = " >   Type your message or @path/to/file\n╭──╮\n│ Enter Gemini API Key │\n";
+        assert_eq!(g.dialog_on(waiting).map(|d| d.screen), Some("Enter Gemini API Key"));
     }
 }

@@ -295,8 +295,10 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
             ScreenStep::Stuck(Prompted::Dialog(d)) => {
                 return Err(PaneError::Failed(format!(
                     "agent {name} still blocked in its start-up dialog '{}' after {answers} answer(s) \
-                     (MAM_STARTUP_DIALOG_MAX={})",
-                    d.screen, knobs.dialog_max
+                     (MAM_STARTUP_DIALOG_MAX={}); last screen lines: {}",
+                    d.screen,
+                    knobs.dialog_max,
+                    crate::text::screen_tail(&screen, 5)
                 )))
             }
             ScreenStep::Stuck(Prompted::Blocked) => {
