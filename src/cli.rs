@@ -75,7 +75,7 @@ impl From<PaneError> for Failure {
     fn from(e: PaneError) -> Failure {
         match e {
             PaneError::Usage(m) => Failure::usage(m),
-            PaneError::NoServer(m) | PaneError::Failed(m) => Failure::runtime(m),
+            PaneError::NoServer(m) | PaneError::Failed(m) | PaneError::Exited(m) => Failure::runtime(m),
         }
     }
 }

@@ -97,9 +97,27 @@ pub fn without_error_prefix(line: &str) -> &str {
     line.strip_prefix("ERROR: ").unwrap_or(line)
 }
 
+/// The last `n` non-blank lines of a terminal screen, trimmed, joined with ` | ` on one line (a
+/// CLI's last words before it exited: its error, then the shell prompt it left), or `(blank)`.
+pub fn screen_tail(screen: &str, n: usize) -> String {
+    let mut lines: Vec<&str> = screen.lines().rev().map(str::trim).filter(|l| !l.is_empty()).take(n).collect();
+    if lines.is_empty() {
+        return "(blank)".into();
+    }
+    lines.reverse();
+    one_line(&lines.join(" | "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn screen_tails() {
+        assert_eq!(screen_tail("a\n\n  b  \nc\n\n", 2), "b | c");
+        assert_eq!(screen_tail("x\ty", 3), "x\\ty");
+        assert_eq!(screen_tail(" \n", 3), "(blank)");
+    }
 
     #[test]
     fn quotes_single_quotes() {

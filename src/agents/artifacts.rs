@@ -301,9 +301,154 @@ pub fn codex_rollout_id(home: &Path, cwd: &Path, since_ms: u64) -> Option<String
     best.map(|(_, id)| id)
 }
 
+/// opencode's conversation id, learnt without its sqlite database (A58): opencode logs every session
+/// it creates to `<data home>/opencode/log/*.log` as a `key=value` line, `timestamp=<ISO> … message=created
+/// id=ses_<alnum> … directory=<cwd> … parentID=undefined` (a sub-agent's session names its parent).
+/// The id of the newest such line for `cwd` at or after `since_ms` (2 s of slack), from the last
+/// 1 MiB of each log file modified since then. Never follows a symlink.
+pub fn opencode_log_id(data_home: &Path, cwd: &Path, since_ms: u64) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let root = data_home.join("opencode");
+    let dir = root.join("log");
+    if is_symlink(&root) || is_symlink(&dir) {
+        return None;
+    }
+    let want = cwd.to_string_lossy().into_owned();
+    let want_canon = fs::canonicalize(cwd).map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| want.clone());
+    let since = since_ms.saturating_sub(2000);
+    let mut best: Option<(u64, String)> = None;
+    for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+        if !e.file_name().to_string_lossy().ends_with(".log") {
+            continue;
+        }
+        let Ok(meta) = fs::symlink_metadata(e.path()) else { continue };
+        let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        if !meta.is_file() || mtime.is_none_or(|t| (t.as_millis() as u64) < since) {
+            continue;
+        }
+        let Ok(mut f) = sys::open_nofollow_read(&e.path()) else { continue };
+        const TAIL: u64 = 1 << 20;
+        if meta.len() > TAIL && f.seek(SeekFrom::Start(meta.len() - TAIL)).is_err() {
+            continue;
+        }
+        let mut buf = Vec::new();
+        let _ = f.take(TAIL).read_to_end(&mut buf);
+        for line in String::from_utf8_lossy(&buf).lines() {
+            let Some((at, id)) = opencode_created(line, &want, &want_canon) else { continue };
+            if at >= since && best.as_ref().is_none_or(|(t, _)| at >= *t) {
+                best = Some((at, id));
+            }
+        }
+    }
+    best.map(|(_, id)| id)
+}
+
+/// `(timestamp ms, id)` of one opencode log line announcing a top-level session created in `cwd`
+/// (either spelling of it).
+fn opencode_created(line: &str, cwd: &str, cwd_canon: &str) -> Option<(u64, String)> {
+    let fields = log_fields(line);
+    let get = |k: &str| fields.iter().find(|(key, _)| *key == k).map(|(_, v)| v.as_str());
+    if get("message") != Some("created") || get("parentID").is_some_and(|p| p != "undefined") {
+        return None;
+    }
+    let dir = get("directory")?;
+    if dir != cwd && dir != cwd_canon {
+        return None;
+    }
+    let id = get("id")?;
+    let tail = id.strip_prefix("ses_")?;
+    if tail.is_empty() || tail.len() > 64 || !tail.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    Some((crate::clock::parse_ts(get("timestamp")?)?, id.to_string()))
+}
+
+/// The `key=value` fields of a log line; a value in double quotes may hold spaces (`\"` escapes).
+fn log_fields(line: &str) -> Vec<(&str, String)> {
+    let mut out = Vec::new();
+    let mut rest = line.trim_start();
+    while let Some(eq) = rest.find('=') {
+        let key = &rest[..eq];
+        if key.is_empty() || key.contains(' ') {
+            // A stray word: skip it.
+            let skip = rest.find(' ').map(|i| i + 1).unwrap_or(rest.len());
+            rest = rest[skip..].trim_start();
+            continue;
+        }
+        let v = &rest[eq + 1..];
+        let (value, next) = if let Some(q) = v.strip_prefix('"') {
+            let mut val = String::new();
+            let mut end = q.len();
+            let mut esc = false;
+            for (i, c) in q.char_indices() {
+                match (esc, c) {
+                    (true, c) => {
+                        val.push(c);
+                        esc = false;
+                    }
+                    (false, '\\') => esc = true,
+                    (false, '"') => {
+                        end = i + 1;
+                        break;
+                    }
+                    (false, c) => val.push(c),
+                }
+            }
+            (val, &q[end.min(q.len())..])
+        } else {
+            let end = v.find(' ').unwrap_or(v.len());
+            (v[..end].to_string(), &v[end..])
+        };
+        out.push((key, value));
+        rest = next.trim_start();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn opencode_ids_come_from_its_log() {
+        let data = tmp();
+        let ws = tmp();
+        let log = data.join("opencode/log");
+        sys::create_dir_all(&log).unwrap();
+        let w = ws.to_string_lossy().into_owned();
+        let line = |ts: &str, id: &str, dir: &str, parent: &str| {
+            format!(
+                "timestamp={ts} level=INFO run=d6b73e33 message=created id={id} slug=eager-panda version=1.18.33 \
+                 projectID=global directory={dir} path=x workspaceID=undefined parentID={parent} \
+                 title=\"New session - {ts}\" agent=build\n"
+            )
+        };
+        let text = [
+            "timestamp=2026-12-01T20:24:31.919Z level=INFO run=d6b73e33 message=\"creating instance\" directory=/x\n"
+                .to_string(),
+            line("2026-12-01T20:24:43.060Z", "ses_dccb80ccbffeF4Vmhk9CLHfYZG", &w, "undefined"),
+            line("2026-12-01T20:24:50.000Z", "ses_child1", &w, "ses_dccb80ccbffeF4Vmhk9CLHfYZG"),
+            line("2026-12-01T20:24:51.000Z", "ses_otherdir", "/elsewhere", "undefined"),
+            line("2026-12-01T20:24:52.000Z", "ses_bad/../x", &w, "undefined"),
+        ]
+        .concat();
+        sys::write_file(&log.join("opencode.log"), text.as_bytes()).unwrap();
+        let at = crate::clock::parse_ts("2026-12-01T20:24:40.000Z").unwrap();
+        assert_eq!(opencode_log_id(&data, &ws, at).as_deref(), Some("ses_dccb80ccbffeF4Vmhk9CLHfYZG"));
+        // Created before the row started (2 s of slack): not this row's.
+        let late = crate::clock::parse_ts("2026-12-01T20:24:46.000Z").unwrap();
+        assert_eq!(opencode_log_id(&data, &ws, late), None);
+        assert_eq!(opencode_log_id(&data, &data, at), None);
+        // A symlinked log directory is never read.
+        let real = tmp();
+        let data2 = tmp();
+        sys::create_dir_all(&data2.join("opencode")).unwrap();
+        std::os::unix::fs::symlink(&log, data2.join("opencode/log")).unwrap();
+        assert_eq!(opencode_log_id(&data2, &ws, at), None);
+        for d in [data, ws, real, data2] {
+            let _ = fs::remove_dir_all(d);
+        }
+    }
 
     fn tmp() -> PathBuf {
         let d = std::env::temp_dir().join(format!("mam-art-{}", sys::random_hex(6).unwrap()));

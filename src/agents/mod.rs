@@ -26,7 +26,11 @@ pub enum ConversationId {
     /// Read back after start from the CLI's rollout files (codex: the uuid in
     /// `~/.codex/sessions/YYYY/MM/DD/rollout-<stamp>-<uuid>.jsonl`), or from herdr's `agent_session`.
     CodexRollout,
-    /// Only herdr's `agent_session` reference can tell it (opencode's `ses_` ids live in sqlite).
+    /// Read back from herdr's `agent_session`, else from opencode's log: the `ses_` id of the newest
+    /// `message=created` line for the pane's cwd (`artifacts::opencode_log_id`; the ids also live in
+    /// its sqlite database, which mam does not read).
+    OpencodeLog,
+    /// Only herdr's `agent_session` reference can tell it.
     BackendOnly,
     /// The CLI has no resumable conversation (grok).
     None,
@@ -74,8 +78,9 @@ pub struct Adapter {
     /// Resume arguments; the conversation id follows the last one (codex: `resume <id>`).
     pub resume_args: &'static [&'static str],
     pub layout: Layout,
-    /// The CLI's own input line: on a screen showing it the agent is ready (README "ready").
-    pub ready_line: &'static str,
+    /// The CLI's own input line, in each form it takes: on a screen showing one of them the agent is
+    /// ready (README "ready"). Empty: not known (the status rules apply).
+    pub ready_lines: &'static [&'static str],
     /// How long the input line must stay on screen to count (codex draws it for about 0.4 s before
     /// its init shows the login chooser over it).
     pub ready_hold_ms: u64,
@@ -107,7 +112,7 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::Chosen("--session-id"),
         resume_args: &["--resume"],
         layout: Layout::Claude,
-        ready_line: "? for shortcuts",
+        ready_lines: &["? for shortcuts"],
         ready_hold_ms: 0,
         dialogs: &[
             Dialog { screen: "Yes, I trust this folder", keys: &["enter"] },
@@ -127,7 +132,7 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::CodexRollout,
         resume_args: &["resume"],
         layout: Layout::Unsupported,
-        ready_line: "Ask Codex to do anything",
+        ready_lines: &["Ask Codex to do anything"],
         ready_hold_ms: 1500,
         dialogs: &[
             Dialog { screen: "Sign in another way", keys: &["3"] },
@@ -148,7 +153,7 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::Chosen("--session-id"),
         resume_args: &["--resume"],
         layout: Layout::Unsupported,
-        ready_line: "Type your message or @path/to/file",
+        ready_lines: &["Type your message or @path/to/file"],
         ready_hold_ms: 0,
         dialogs: &[
             Dialog { screen: "Do you trust the files in this folder?", keys: &["enter"] },
@@ -168,7 +173,7 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::Chosen("--session-id"),
         resume_args: &["--resume"],
         layout: Layout::Unsupported,
-        ready_line: "Type your message or @path/to/file",
+        ready_lines: &["Type your message or @path/to/file"],
         ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &["esc to cancel"],
@@ -184,7 +189,7 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::None,
         resume_args: &[],
         layout: Layout::Unsupported,
-        ready_line: "Ask me anything...",
+        ready_lines: &["Ask me anything..."],
         ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &[],
@@ -197,13 +202,17 @@ pub const ADAPTERS: &[Adapter] = &[
         session_vars: &["OPENCODE_SESSION_ID"],
         markers: &["OPENCODE", "OPENCODE_PID"],
         start_args: &[],
-        conversation: ConversationId::BackendOnly,
+        conversation: ConversationId::OpencodeLog,
         resume_args: &["--session"],
         layout: Layout::Unsupported,
-        ready_line: "Ask anything",
+        // Its footer: "Ask anything…" is only the placeholder of a new session's input (a resumed
+        // one shows none); the footer's "ctrl+p commands" ("agents  commands" in a pane about 50
+        // columns wide, herdr's headless one) gives way to "esc interrupt" while it works.
+        ready_lines: &["ctrl+p commands", "agents  commands"],
         ready_hold_ms: 0,
         dialogs: &[],
-        working_marks: &["esc interrupt", "retrying in"],
+        // "[retrying in 2s attempt #2]", or "[retrying attempt #2]" in a narrow pane.
+        working_marks: &["esc interrupt", "[retrying"],
     },
     Adapter {
         kind: "agy",
@@ -216,7 +225,7 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::BackendOnly,
         resume_args: &[],
         layout: Layout::Agy,
-        ready_line: "",
+        ready_lines: &[],
         ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &[],
@@ -232,7 +241,7 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::BackendOnly,
         resume_args: &[],
         layout: Layout::Unsupported,
-        ready_line: "",
+        ready_lines: &[],
         ready_hold_ms: 0,
         dialogs: &[],
         working_marks: &[],
@@ -299,14 +308,27 @@ impl Adapter {
     }
 
     /// The dialog `screen` shows, if any (the last one listed that matches wins: later dialogs quote
-    /// nothing of earlier ones).
+    /// nothing of earlier ones). A dialog's text above the CLI's input line is what is left of a dialog
+    /// already passed, not one that waits: while a dialog waits, no CLI draws its input line below it
+    /// (gemini redraws its UI under the remains of its auth box after the key box closes).
     pub fn dialog_on(&self, screen: &str) -> Option<&'static Dialog> {
-        self.dialogs.iter().rev().find(|d| screen.contains(d.screen))
+        let input_at = self.ready_lines.iter().filter_map(|l| screen.rfind(l)).max();
+        self.dialogs.iter().rev().find(|d| screen.rfind(d.screen).is_some_and(|at| input_at.is_none_or(|i| at > i)))
     }
 
     /// True when `screen` shows the CLI's own input line and no dialog.
     pub fn ready_on(&self, screen: &str) -> bool {
-        !self.ready_line.is_empty() && screen.contains(self.ready_line) && self.dialog_on(screen).is_none()
+        self.ready_lines.iter().any(|l| screen.contains(l)) && self.dialog_on(screen).is_none()
+    }
+
+    /// True when the table knows the CLI's input line (start-up then waits for it, A58).
+    pub fn has_ready_line(&self) -> bool {
+        !self.ready_lines.is_empty()
+    }
+
+    /// The input line for a message: its forms joined with ` or `.
+    pub fn ready_text(&self) -> String {
+        self.ready_lines.iter().map(|l| format!("'{l}'")).collect::<Vec<_>>().join(" or ")
     }
 
     /// The agent state a screen shows (for backends that only have the screen, tmux): `blocked`
@@ -490,5 +512,13 @@ mod tests {
         assert_eq!(c.state_on("✻ Unable to connect · Retrying in 4s · esc to interrupt"), Some("working"));
         assert_eq!(c.state_on("garbage"), None);
         assert_eq!(c.dialog_on("Detected a custom API key … 1. Yes ❯ 2. No").unwrap().keys, ["1"]);
+        // The remains of a dialog passed, above the input line drawn again below them, are no dialog.
+        let g = adapter("gemini").unwrap();
+        let left =
+            "│   ● 2. Use Gemini API Key   │\n╰──────╯\n ? for shortcuts\n >   Type your message or @path/to/file\n";
+        assert_eq!(g.dialog_on(left), None);
+        assert_eq!(g.state_on(left), Some("idle"));
+        let waiting = " >   Type your message or @path/to/file\n╭──╮\n│ Enter Gemini API Key │\n";
+        assert_eq!(g.dialog_on(waiting).map(|d| d.screen), Some("Enter Gemini API Key"));
     }
 }

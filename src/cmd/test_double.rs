@@ -13,7 +13,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let rest: Vec<String> = it.map(|a| a.to_string_lossy().into_owned()).collect();
     match which.as_str() {
         "herdr" => Ok(testdouble::herdr::run(ctx, rest)),
-        "agent" => testdouble::agent::run(ctx).map_err(Failure::runtime),
+        "agent" => testdouble::agent::run(ctx, &rest).map_err(Failure::runtime),
         _ => Err(Failure::usage("test-double: give herdr or agent")),
     }
 }

@@ -135,12 +135,17 @@ pub enum PaneError {
     NoServer(String),
     Usage(String),
     Failed(String),
+    /// The agent's process ended during start (back at the shell, or gone from the backend): the CLI
+    /// refused its arguments (`--resume` of a conversation it cannot resume) or could not run.
+    Exited(String),
 }
 
 impl fmt::Display for PaneError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PaneError::NoServer(m) | PaneError::Usage(m) | PaneError::Failed(m) => f.write_str(m),
+            PaneError::NoServer(m) | PaneError::Usage(m) | PaneError::Failed(m) | PaneError::Exited(m) => {
+                f.write_str(m)
+            }
         }
     }
 }

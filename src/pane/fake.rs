@@ -271,7 +271,7 @@ impl Backend for Fake {
                 return Ok(());
             }
             if !alive(pid) {
-                return Err(PaneError::Failed(format!(
+                return Err(PaneError::Exited(format!(
                     "fake agent {name} exited during start (see {})",
                     show_path(&d.join("agent.log"))
                 )));

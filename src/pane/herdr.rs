@@ -21,6 +21,7 @@ use super::contract::{
 };
 use super::knobs::Knobs;
 use super::proc::{no_autostart, on_path, run_capture, server_env};
+use crate::agents;
 use crate::ctx::{ChildRole, Ctx};
 use crate::sys;
 use crate::text::{one_line, show_path};
@@ -196,6 +197,12 @@ fn process_info_pids(v: &Value) -> Vec<i32> {
     out
 }
 
+/// True when an `agent explain` text names a rule that read the whole recent buffer (herdr 0.8:
+/// `rule: esc_cancel_working (region=whole_recent priority=100)`).
+fn whole_recent_rule(explain: &str) -> bool {
+    explain.lines().any(|l| l.trim_start().starts_with("rule:") && l.contains("region=whole_recent"))
+}
+
 /// True when a `pane process-info` result says the pane's shell owns the foreground (1.5 step 3):
 /// the foreground process group is the shell's and every foreground process is a shell. The group
 /// alone is not enough: a shell that `exec`ed a program keeps its pid as the group.
@@ -343,6 +350,99 @@ impl Herdr {
         }
     }
 
+    /// True when herdr's `working` for agent `target` of `kind` is a stale match: its rule read the
+    /// whole recent buffer (`agent explain`: `region=whole_recent`), while the visible screen shows the
+    /// kind's input line and none of its working marks. Seen with gemini: its API-key box ("Esc to
+    /// cancel") stays in herdr's recent buffer after start-up and keeps the bundled esc_cancel_working
+    /// rule on for a gemini idle at its input line, so no job could be delivered to it. A working
+    /// status from anything else (a title, the visible bottom) stands.
+    fn stale_working(&self, target: &str, kind: &str) -> bool {
+        let Some(ad) = agents::adapter_of_started(kind).filter(|a| a.has_ready_line() && !a.working_marks.is_empty())
+        else {
+            return false;
+        };
+        let Ok(explain) = self.read_text(&["agent", "explain", target]) else { return false };
+        whole_recent_rule(&explain) && self.read_detection(target).is_ok_and(|s| ad.state_on(&s) == Some("idle"))
+    }
+
+    /// `agent start` while watching the pane: herdr waits its whole `--timeout` for an agent that
+    /// exited at once (gemini `--resume` of a conversation it cannot resume prints its error and exits
+    /// within seconds; herdr then says `timeout` after 30 s). Once the pane ran something other than
+    /// its shell and then shows the shell alone on two looks 400 ms apart, the call is ended and the
+    /// start fails as `Exited` with the pane's last lines.
+    fn start_watching(&self, args: &[&str], limit: Duration, pane: &str) -> PaneResult<Value> {
+        use std::os::unix::process::CommandExt;
+        if let Err(why) = self.version() {
+            return Err(PaneError::Failed(format!("herdr agent start on server {}: {why}", self.server)));
+        }
+        let mut c = self.command();
+        c.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+        let mut child = sys::spawn(&mut c)
+            .map_err(|e| PaneError::Failed(format!("cannot run herdr agent start on server {}: {e}", self.server)))?;
+        let end = |child: &mut std::process::Child| {
+            let _ = sys::kill(-(child.id() as i32), libc::SIGTERM);
+            let _ = child.wait();
+        };
+        let deadline = Instant::now() + limit;
+        let (mut ran, mut back_since, mut looked) = (false, None::<Instant>, Instant::now());
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) => {}
+                Err(e) => {
+                    end(&mut child);
+                    return Err(PaneError::Failed(format!("herdr agent start on server {}: {e}", self.server)));
+                }
+            }
+            if Instant::now() >= deadline {
+                end(&mut child);
+                return Err(PaneError::Failed(format!(
+                    "herdr agent start on server {}: no answer within {} ms",
+                    self.server,
+                    limit.as_millis()
+                )));
+            }
+            if looked.elapsed() >= Duration::from_millis(400) {
+                looked = Instant::now();
+                if let Reply::Ok(v) = self.query(&["pane", "process-info", "--pane", pane]) {
+                    if !shell_owns_foreground(&v) {
+                        (ran, back_since) = (true, None);
+                    } else if ran {
+                        match back_since {
+                            Some(at) if at.elapsed() >= Duration::from_millis(400) => {
+                                end(&mut child);
+                                let screen = self.read_text(&[
+                                    "pane",
+                                    "read",
+                                    pane,
+                                    "--source",
+                                    "recent-unwrapped",
+                                    "--lines",
+                                    "20",
+                                ]);
+                                return Err(PaneError::Exited(format!(
+                                    "agent {} exited during start in pane {pane}; last screen lines: {}",
+                                    args.get(2).copied().unwrap_or("?"),
+                                    crate::text::screen_tail(&screen.unwrap_or_default(), 5)
+                                )));
+                            }
+                            Some(_) => {}
+                            None => back_since = Some(Instant::now()),
+                        }
+                    }
+                }
+            }
+            sys::sleep(Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().map_err(|e| PaneError::Failed(format!("herdr agent start: {e}")))?;
+        let reply =
+            classify(out.status.code(), &String::from_utf8_lossy(&out.stdout), &String::from_utf8_lossy(&out.stderr));
+        if reply == Reply::NoServer {
+            return self.mutate(args, limit);
+        }
+        self.expect_ok(args, reply)
+    }
+
     /// 1.3: spawn `herdr --session <name> server` detached with the denylisted markers removed, stdio
     /// to the bootstrap log, then poll `agent list` for up to the boot wait.
     fn bootstrap(&self) -> PaneResult<()> {
@@ -417,7 +517,14 @@ impl Backend for Herdr {
     fn list_agents(&self) -> ListOutcome {
         match self.query(&["agent", "list"]) {
             Reply::Ok(v) => match parse_agents(&v) {
-                Ok(a) => ListOutcome::Confirmed(a),
+                Ok(mut list) => {
+                    for a in list.iter_mut().filter(|a| a.status == "working") {
+                        if self.stale_working(&a.name, &a.kind) {
+                            a.status = "idle".into();
+                        }
+                    }
+                    ListOutcome::Confirmed(list)
+                }
                 Err(e) => ListOutcome::Unknown(e),
             },
             Reply::NoServer => ListOutcome::NoServer,
@@ -532,7 +639,7 @@ impl Backend for Herdr {
         // nothing: asked again for up to PANE_SHELL_WAIT, every 250 ms.
         let since = std::time::Instant::now();
         loop {
-            match self.mutate(&argv, limit) {
+            match self.start_watching(&argv, limit, pane) {
                 Err(PaneError::Failed(m)) if m.contains("agent_pane_busy") && since.elapsed() < PANE_SHELL_WAIT => {
                     crate::sys::sleep(Duration::from_millis(250));
                 }
@@ -591,7 +698,14 @@ impl Backend for Herdr {
         match self.query(&["agent", "get", target]) {
             Reply::Ok(v) => {
                 let a = v.get("agent").unwrap_or(&v);
-                field(a, &["status", "agent_status", "state"]).map(|s| Status::parse(&s)).unwrap_or(Status::Unknown)
+                let st = field(a, &["status", "agent_status", "state"])
+                    .map(|s| Status::parse(&s))
+                    .unwrap_or(Status::Unknown);
+                let kind = a.get("agent").and_then(Value::as_str).unwrap_or_default();
+                if st == Status::Working && self.stale_working(target, kind) {
+                    return Status::Idle;
+                }
+                st
             }
             Reply::NoServer => Status::Absent,
             Reply::Error { code, .. } if code.contains("not_found") || code == "agent_not_running" => Status::Absent,
@@ -661,6 +775,23 @@ mod tests {
     const NOT_FOUND: &str =
         r#"{"error":{"code":"agent_not_found","message":"agent target nobody not found"},"id":"cli:agent:get"}"#;
     const STALLED: &str = r#"{"error":{"code":"agent_prompt_stalled","message":"agent prompt produced no observed state change within 5000 ms; status is idle and state_change_seq remained 1"},"id":"cli:agent:prompt"}"#;
+    #[test]
+    fn a_working_status_from_the_whole_recent_buffer_is_stale_when_the_screen_is_idle() {
+        // Observed on herdr 0.8.0 with gemini 0.61.0 right after its start-up dialogs.
+        let explain = "agent: gemini\nstate: working\nmanifest: bundled 2026.06.10.1\n\
+                       rule: esc_cancel_working (region=whole_recent priority=100)\n";
+        assert!(whole_recent_rule(explain));
+        assert!(!whole_recent_rule(
+            "agent: claude\nstate: working\nrule: osc_title_working (region=osc_title priority=1100)\n"
+        ));
+        assert!(!whole_recent_rule("agent: gemini\nstate: idle\nrule: none\n"));
+        let g = agents::adapter("gemini").unwrap();
+        let idle = " Shift+Tab to accept edits\n >   Type your message or @path/to/file\n workspace (/directory)\n";
+        let thinking = " ⠧ Thinking... (esc to cancel, 4s)\n >   Type your message or @path/to/file\n";
+        assert_eq!(g.state_on(idle), Some("idle"));
+        assert_eq!(g.state_on(thinking), Some("working"));
+    }
+
     #[test]
     fn process_info_names_the_shell_and_the_foreground() {
         let v: Value = serde_json::from_str(PROCESS_INFO).unwrap();

@@ -169,7 +169,7 @@ pub fn place_and_start(b: &dyn Backend, req: &PlaceRequest, knobs: &Knobs) -> Re
         b.rename_workspace(&placed.workspace, label).map_err(fail)?;
     }
     b.start_agent(&req.name, &req.kind, &placed.pane, &req.args).map_err(fail)?;
-    match agents::adapter_of_started(&req.kind).filter(|a| !a.ready_line.is_empty() && b.shows_screen()) {
+    match agents::adapter_of_started(&req.kind).filter(|a| a.has_ready_line() && b.shows_screen()) {
         Some(ad) => pass_startup_screens(b, &req.name, ad, knobs).map_err(fail)?,
         None => clear_startup_dialogs(b, &req.name, knobs).map_err(fail)?,
     }
@@ -222,11 +222,13 @@ pub fn screen_step(
         None if ad.ready_on(screen) => return ScreenStep::Ready,
         None => return ScreenStep::Wait,
     };
-    // A kind's own dialogs may be answered twice each (codex shows four in a row, and on a loaded
+    // A kind's own dialogs may be answered three times each (codex shows four in a row, and on a loaded
     // machine a key sent while a dialog is still drawing can be lost: seen with codex's
-    // 'Detected OPENAI_API_KEY'); a status the table cannot explain, at most MAM_STARTUP_DIALOG_MAX times.
+    // 'Detected OPENAI_API_KEY'; gemini restarts after its trust dialog, which stays on screen until
+    // the new process draws, and a loaded run used all of twice three answers before its key box
+    // passed); a status the table cannot explain, at most MAM_STARTUP_DIALOG_MAX times.
     let limit = match prompted {
-        Prompted::Dialog(_) => max.max(2 * ad.dialogs.len() as u32),
+        Prompted::Dialog(_) => max.max(DIALOG_TRIES * ad.dialogs.len() as u32),
         Prompted::Blocked => max,
     };
     match last {
@@ -249,17 +251,36 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
     let mut screen = String::new();
     let hold = Duration::from_millis(ad.ready_hold_ms);
     let mut ready_since: Option<Instant> = None;
+    // When the agent's process was last seen gone (tmux still reads a pane that is back at its shell).
+    let mut gone_since: Option<Instant> = None;
+    let mut checked = Instant::now();
+    let exited = |screen: &str| {
+        PaneError::Exited(format!(
+            "agent {name} ({}) exited during start; last screen lines: {}",
+            ad.kind,
+            crate::text::screen_tail(screen, 5)
+        ))
+    };
     loop {
         match b.read_detection(name) {
             Ok(s) => screen = s,
-            Err(_) if b.agent_status(name) == Status::Absent => {
-                return Err(PaneError::Failed(format!(
-                    "agent {name} ({}) exited during start; last screen line: {}",
-                    ad.kind,
-                    last_line(&screen)
-                )))
-            }
+            Err(_) if b.agent_status(name) == Status::Absent => return Err(exited(&screen)),
             Err(_) => {}
+        }
+        // A CLI that refuses its arguments (claude `--resume` of a conversation it never wrote, gemini's
+        // of one with no reply) exits within seconds: seen gone twice, 400 ms apart, it failed now
+        // rather than at the start timeout.
+        if checked.elapsed() >= EXIT_CHECK && !ad.ready_on(&screen) {
+            checked = Instant::now();
+            if b.agent_status(name) == Status::Absent {
+                match gone_since {
+                    Some(at) if at.elapsed() >= EXIT_CHECK => return Err(exited(&screen)),
+                    Some(_) => {}
+                    None => gone_since = Some(Instant::now()),
+                }
+            } else {
+                gone_since = None;
+            }
         }
         let blocked = b.has_lifecycle() && b.agent_status(name) == Status::Blocked;
         let seen = last.map(|(p, at)| (p, at.elapsed() >= settle));
@@ -274,8 +295,10 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
             ScreenStep::Stuck(Prompted::Dialog(d)) => {
                 return Err(PaneError::Failed(format!(
                     "agent {name} still blocked in its start-up dialog '{}' after {answers} answer(s) \
-                     (MAM_STARTUP_DIALOG_MAX={})",
-                    d.screen, knobs.dialog_max
+                     (MAM_STARTUP_DIALOG_MAX={}); last screen lines: {}",
+                    d.screen,
+                    knobs.dialog_max,
+                    crate::text::screen_tail(&screen, 5)
                 )))
             }
             ScreenStep::Stuck(Prompted::Blocked) => {
@@ -295,17 +318,23 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
         }
         if Instant::now() >= deadline {
             return Err(PaneError::Failed(format!(
-                "agent {name} ({}) not ready within {} ms: its input line '{}' never showed \
+                "agent {name} ({}) not ready within {} ms: its input line {} never showed \
                  (MAM_AGENT_START_TIMEOUT_MS); last screen line: {}",
                 ad.kind,
                 knobs.start_timeout_ms,
-                ad.ready_line,
+                ad.ready_text(),
                 last_line(&screen)
             )));
         }
         sys::sleep(Duration::from_millis(100));
     }
 }
+
+/// How many answers each of a kind's start-up dialogs may take (on average over its dialogs).
+const DIALOG_TRIES: u32 = 3;
+
+/// How often start-up looks for an agent that exited, and how long it must stay gone.
+const EXIT_CHECK: Duration = Duration::from_millis(400);
 
 /// The last non-blank line of a screen, for a diagnostic.
 fn last_line(screen: &str) -> String {
@@ -439,8 +468,8 @@ mod tests {
         // The same dialog again before it had time to react: no second key.
         assert_eq!(screen_step(c, trust, false, Some((d, false)), 1, 3), ScreenStep::Wait);
         assert_eq!(screen_step(c, trust, false, Some((d, true)), 1, 3), ScreenStep::Answer(d));
-        // Each of the kind's dialogs may be answered twice (a key lost on a loaded machine).
-        let limit = 3u32.max(2 * c.dialogs.len() as u32);
+        // Each of the kind's dialogs may be answered three times (a key lost on a loaded machine).
+        let limit = 3u32.max(DIALOG_TRIES * c.dialogs.len() as u32);
         assert_eq!(screen_step(c, trust, false, Some((d, true)), limit - 1, 3), ScreenStep::Answer(d));
         assert_eq!(screen_step(c, trust, false, Some((d, true)), limit, 3), ScreenStep::Stuck(d));
         // The next dialog is answered at once, with its own key (the default is No).

@@ -401,7 +401,8 @@ pub fn backend_kind(backend: &str, ad: &agents::Adapter) -> String {
 
 /// The conversation id of a started agent when mam could not choose it (2.2, 6.1): the backend's
 /// native session reference (herdr `agent_session`), else for codex the uuid of the newest rollout
-/// file under the agent's HOME written for `cwd` since `since_ms`.
+/// file under the agent's HOME written for `cwd` since `since_ms`, for opencode the newest session
+/// its log says it created in `cwd` since then.
 pub fn learn_conversation(
     ctx: &Ctx,
     b: &dyn Backend,
@@ -416,11 +417,20 @@ pub fn learn_conversation(
     if let Some(s) = b.agent_session(name).filter(|s| !s.is_empty() && !s.chars().any(char::is_control)) {
         return Some(s);
     }
-    if ad.conversation == agents::ConversationId::CodexRollout {
-        let home = ctx.path_var("HOME")?;
-        return agents::artifacts::codex_rollout_id(&home, cwd, since_ms);
+    match ad.conversation {
+        agents::ConversationId::CodexRollout => {
+            agents::artifacts::codex_rollout_id(&ctx.path_var("HOME")?, cwd, since_ms)
+        }
+        agents::ConversationId::OpencodeLog => {
+            // XDG_DATA_HOME when absolute (the XDG rule), else ~/.local/share.
+            let data = ctx
+                .path_var("XDG_DATA_HOME")
+                .filter(|p| p.is_absolute())
+                .or_else(|| ctx.path_var("HOME").map(|h| h.join(".local/share")))?;
+            agents::artifacts::opencode_log_id(&data, cwd, since_ms)
+        }
+        _ => None,
     }
-    None
 }
 
 /// The pane extra field holding the agent's processes, `[[pid, start ticks], ...]`.

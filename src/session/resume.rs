@@ -146,31 +146,65 @@ pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String
     let b = pane::open_named(ctx, &backend, Some(&server))?;
     check_startable(ctx, b.name(), ad)?;
     let recorded = row.conversation_id.clone().filter(|c| !c.is_empty());
-    let mut args = row.agent_args.clone();
-    let mut conversation = recorded.clone();
-    match recorded.as_deref() {
-        Some(c) if !ad.resume_with(c).is_empty() => args.extend(ad.resume_with(c)),
-        _ => {
-            let chosen = if ad.chooses_id() {
-                Some(agents::new_uuid().map_err(|e| SessionError::Failed(format!("random: {e}")))?)
-            } else {
-                None
-            };
-            args.extend(ad.start_with(chosen.as_deref()));
-            conversation = chosen;
+    // A fresh start: the user's arguments and the start arguments, with a new id where mam chooses it.
+    let fresh = || -> Result<(Vec<String>, Option<String>), SessionError> {
+        let chosen = if ad.chooses_id() {
+            Some(agents::new_uuid().map_err(|e| SessionError::Failed(format!("random: {e}")))?)
+        } else {
+            None
+        };
+        let mut args = row.agent_args.clone();
+        args.extend(ad.start_with(chosen.as_deref()));
+        Ok((args, chosen))
+    };
+    let resuming = recorded.as_deref().filter(|c| !ad.resume_with(c).is_empty());
+    let (args, mut conversation) = match resuming {
+        Some(c) => {
+            let mut args = row.agent_args.clone();
+            args.extend(ad.resume_with(c));
+            (args, recorded.clone())
         }
-    }
-    let started_ms = clock::now_ms();
-    let req = PlaceRequest {
+        None => fresh()?,
+    };
+    let mut started_ms = clock::now_ms();
+    let mut req = PlaceRequest {
         name: row.name.clone(),
         kind: backend_kind(b.name(), ad),
         cwd: w.clone(),
         env,
-        args: args.clone(),
+        args,
         label: ctx.var_nonempty("MAM_WS_LABEL"),
     };
     let placed = match pane::place_and_start(b.as_ref(), &req, &knobs) {
         Ok(p) => p,
+        // The CLI itself refused the conversation and exited (claude `--resume` of one it never wrote
+        // because no prompt reached it; gemini's of one that never got a model reply): roll back, say
+        // so, and start a new conversation instead of failing every later resume the same way.
+        Err(f) if resuming.is_some() && matches!(f.error, pane::PaneError::Exited(_)) => {
+            if let Some(p) = &f.partial {
+                let left = verified_rollback(b.as_ref(), p, &row.name, &w, None);
+                if !left.is_empty() {
+                    return Err(SessionError::Failed(format!("{}; {}", f.error, rollback_text(&left))));
+                }
+            }
+            let (args, chosen) = fresh()?;
+            notes.note(format!(
+                "{} could not resume conversation {} ('{}' {}): {}; started a new conversation{}",
+                ad.kind,
+                resuming.unwrap_or_default(),
+                ad.kind,
+                req.args.join(" "),
+                f.error,
+                chosen.as_deref().map(|c| format!(" {c}")).unwrap_or_default()
+            ));
+            req.args = args;
+            conversation = chosen;
+            started_ms = clock::now_ms();
+            match pane::place_and_start(b.as_ref(), &req, &knobs) {
+                Ok(p) => p,
+                Err(f) => return Err(place_error(b.as_ref(), &f, &row.name, &w)),
+            }
+        }
         Err(f) => return Err(place_error(b.as_ref(), &f, &row.name, &w)),
     };
     let conversation = conversation.or_else(|| learn_conversation(ctx, b.as_ref(), &row.name, ad, &w, started_ms));

@@ -50,6 +50,9 @@ struct Script {
     spawn_subjob: Option<String>,
     exit_after: u64,
     startup_blocked: u64,
+    /// Exit 1 at once, saying so, when started with this argument (a CLI refusing `--resume` of a
+    /// conversation it does not have).
+    refuse_arg: Option<String>,
     /// Terminal mode: the shortest time the working title stays up (default `MIN_WORKING_S`).
     min_working_s: Option<f64>,
     #[cfg(feature = "test-hooks")]
@@ -86,6 +89,7 @@ impl Default for Script {
             spawn_subjob: None,
             exit_after: 0,
             startup_blocked: 0,
+            refuse_arg: None,
             min_working_s: None,
             #[cfg(feature = "test-hooks")]
             on_stop_write: None,
@@ -156,6 +160,7 @@ impl Script {
             "spawn_subjob" => self.spawn_subjob = Some(v.to_string()).filter(|v| !v.is_empty()),
             "exit_after" => self.exit_after = v.parse().unwrap_or(0),
             "startup_blocked" => self.startup_blocked = v.parse().unwrap_or(0),
+            "refuse_arg" => self.refuse_arg = Some(v.to_string()).filter(|v| !v.is_empty()),
             "min_working_s" => self.min_working_s = Some(v).filter(|v| !v.is_empty()).map(|_| num()),
             #[cfg(feature = "test-hooks")]
             "on_stop_write" => self.on_stop_write = path(),
@@ -292,12 +297,19 @@ fn pause(secs: f64) {
 }
 
 /// The fake agent's main: follow the script, answer prompts, run brief lines; returns the exit code.
-pub fn run(ctx: &Ctx) -> Result<i32, String> {
+pub fn run(ctx: &Ctx, args: &[String]) -> Result<i32, String> {
     let raw = ctx
         .path_var("MAM_FAKE_AGENT_SCRIPT")
         .and_then(|p| std::fs::read_to_string(p).ok())
         .map(|t| parse_script(&t))
         .unwrap_or_default();
+    if let Some(refused) = raw.resolve(0).refuse_arg.filter(|r| args.contains(r)) {
+        // Like a CLI, which needs a moment to start before it can refuse (a process gone within a
+        // tmux poll is never seen to run at all).
+        sys::sleep(Duration::from_millis(500));
+        println!("No conversation found ({refused} refused by the fake agent)");
+        return Ok(1);
+    }
     #[cfg(feature = "test-hooks")]
     if let Some(p) = raw.resolve(0).on_stop_write {
         stop_hook::arm(p)?;
@@ -390,8 +402,8 @@ fn serve(ctx: &Ctx, raw: &RawScript) -> Result<i32, String> {
     // The input line of the CLI this fake stands in for (started as `claude`: claude's footer), so
     // that readiness is detected the way it is for the real CLI (A58).
     if agent.pane_dir.is_none() {
-        if let Some(ad) = own_adapter().filter(|a| !a.ready_line.is_empty()) {
-            agent.screen(&format!("  {}", ad.ready_line));
+        if let Some(line) = own_adapter().and_then(|a| a.ready_lines.first()) {
+            agent.screen(&format!("  {line}"));
         }
     }
     let mut handled = 0u64;

@@ -379,7 +379,7 @@ fn workspace_of(pane: &str) -> String {
 
 /// The input line an idle CLI of `kind` shows (the adapter table's ready line).
 fn ready_line(kind: &str) -> &'static str {
-    crate::agents::adapter_of_started(kind).map(|a| a.ready_line).unwrap_or("")
+    crate::agents::adapter_of_started(kind).and_then(|a| a.ready_lines.first().copied()).unwrap_or("")
 }
 
 fn push_screen(state: &mut Value, pane: &str, line: &str) {

@@ -1420,6 +1420,45 @@ fn create_stop_resume_keeps_the_conversation_id_on_tmux() {
     conversation_kept_across_stop_and_resume(&h);
 }
 
+/// The CLI refuses the recorded conversation and exits (claude `--resume` of one no prompt ever
+/// reached): resume sees the exit at once, rolls the pane back and starts a new conversation, saying so.
+fn resume_starts_a_new_conversation_when_the_cli_refuses_the_old_one(h: &S) {
+    let r = h.create(&["--name", "c1"]).run();
+    r.expect_rc(0);
+    let old = h.row("c1")["conversation_id"].as_str().unwrap().to_string();
+    h.mam(["stop", "c1"]).run().expect_rc(0);
+    h.td.write("agent.script", "refuse_arg=--resume\n");
+    let t = std::time::Instant::now();
+    let r = h.mam(["resume", "c1"]).run();
+    r.expect_rc(0);
+    assert!(t.elapsed() < Duration::from_secs(8), "the exit is seen at once: {:?}", t.elapsed());
+    let new = h.row("c1")["conversation_id"].as_str().unwrap().to_string();
+    assert_ne!(new, old);
+    assert!(mam::agents::canonical_uuid(&new).is_some(), "{new}");
+    let note = r.stderr();
+    assert!(
+        note.contains(&format!(
+            "NOTE: claude could not resume conversation {old} ('claude' test-double agent --resume {old})"
+        )) && note.contains("exited during start")
+            && note.contains(&format!("started a new conversation {new}")),
+        "{note}"
+    );
+    let argv = h.agent_argv(&kv(&r.stdout(), "PANE"));
+    assert!(argv.windows(2).any(|w| w[0] == "--session-id" && w[1] == new), "{argv:?}");
+    h.mam(["stop", "c1"]).run().expect_rc(0);
+}
+
+#[test]
+fn resume_starts_a_new_conversation_when_the_cli_refuses_the_old_one_on_the_fake_backend() {
+    resume_starts_a_new_conversation_when_the_cli_refuses_the_old_one(&S::fake("refuse_fake"));
+}
+
+#[test]
+fn resume_starts_a_new_conversation_when_the_cli_refuses_the_old_one_on_tmux() {
+    let Some(h) = S::tmux("refuse_tmux") else { return };
+    resume_starts_a_new_conversation_when_the_cli_refuses_the_old_one(&h);
+}
+
 #[test]
 fn create_fails_fast_naming_the_executable_and_kind_when_it_is_not_on_path() {
     for backend in ["tmux", "herdr"] {
