@@ -357,10 +357,13 @@ impl Board {
                 None => true,
                 Some(r) => r.job_id != job_id || r.state != s.state || (!s.open && r.message != s.message),
             };
+            // An open job's message ages; a title the pane's program may overwrite (tmux) is
+            // asserted again, whatever the state.
+            let shared = self.backend(&t).is_some_and(|b| b.shared_title());
             let refresh = !changed
-                && s.open
                 && self.shown.get(&key).is_some_and(|r| {
-                    r.message != s.message && self.settings.refresh.is_some_and(|p| r.at.elapsed() >= p)
+                    (shared || (s.open && r.message != s.message))
+                        && self.settings.refresh.is_some_and(|p| r.at.elapsed() >= p)
                 });
             if !(changed || refresh) || self.retry_at.get(&key).is_some_and(|at| Instant::now() < *at) {
                 continue;

@@ -211,6 +211,11 @@ pub trait Backend {
     fn report_state(&self, _pane: &str, _kind: &str, _report: &StateReport) -> PaneResult<()> {
         Ok(())
     }
+    /// True when a program in the pane can overwrite the title `report_state` set (tmux: OSC 2), so
+    /// a reporter re-asserts it now and then; herdr keeps its metadata title apart.
+    fn shared_title(&self) -> bool {
+        false
+    }
     /// Gives `pane`'s status display back to the backend (herdr: `release-agent`, mam's labels
     /// cleared; tmux: mam's title and border text cleared).
     fn release_state(&self, _pane: &str, _kind: &str, _seq: u64) -> PaneResult<()> {

@@ -451,6 +451,10 @@ impl Backend for Tmux {
         self.ok(&["kill-session", "-t", id]).map(|_| ())
     }
 
+    fn shared_title(&self) -> bool {
+        true
+    }
+
     /// One tmux call: the border shows `@mam_state` (set on this server only, every time: the server
     /// may be new), the pane gets `@mam_state` and its title. `select-pane -T` does not change the
     /// active pane. Never starts a server.
