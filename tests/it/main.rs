@@ -22,6 +22,7 @@ mod install;
 mod jobs;
 mod liveness;
 mod mqtt;
+mod notify;
 mod pane;
 mod paths;
 mod publish;
