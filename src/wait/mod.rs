@@ -108,6 +108,8 @@ struct Slot {
     t: Tracker,
     tail: Option<Tail>,
     stamp: Option<Stamp>,
+    /// events.log as last read: a poll of an unchanged log is one `stat`.
+    log_stamp: Option<Stamp>,
     status: String,
 }
 
@@ -144,7 +146,7 @@ pub fn run(
         let tail = (t.transport != "remote")
             .then(|| Tail::new(&store.registry.join(&t.job_id).join("events.log")));
         let id = t.job_id.clone();
-        let slot = Slot { stamp: stamp(&store.record_path(&id)), t, tail, status };
+        let slot = Slot { stamp: stamp(&store.record_path(&id)), t, tail, log_stamp: None, status };
         if let Some(f) = first {
             out(Event::Verdict { job: &slot.t, found: &f });
             verdicts.push((id.clone(), f));
@@ -199,10 +201,13 @@ pub fn run(
                         if slot.t.attempt() != had_tail {
                             // A new attempt: its lines are read from the start of its window again.
                             slot.tail = slot.tail.as_ref().map(|t| Tail::new(t.path()));
+                            slot.log_stamp = None;
                         }
                     }
                 }
-                if let Some(tail) = slot.tail.as_mut() {
+                let log_st = slot.tail.as_ref().and_then(|t| stamp(t.path()));
+                if let Some(tail) = slot.tail.as_mut().filter(|t| log_st != slot.log_stamp || t.more()) {
+                    slot.log_stamp = log_st;
                     for line in tail.poll().unwrap_or_default() {
                         if found.is_none() {
                             found = slot.t.offer(&line, Source::EventsLog, now_ms);

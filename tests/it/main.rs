@@ -38,5 +38,6 @@ mod sign;
 mod spec;
 mod tidy;
 mod userpath;
+mod wait;
 mod watch;
 mod worktree;
