@@ -214,3 +214,42 @@ fn a_hook_that_hangs_fails_or_floods_is_killed_logged_and_the_verdict_stands() {
     daemon.signal(15);
     assert_eq!(daemon.wait(Duration::from_secs(10)).0, 0);
 }
+
+/// A review loop's promotion and its stop are verdicts too: one hook run each, kind `loop`, with
+/// the loop's id, outcome and where to look (the reports, or the checkpoint).
+#[test]
+fn a_loop_promotion_and_a_loop_stop_run_the_hook_once_each() {
+    let mut w = crate::review::World::new("notify_loop");
+    let hooks = w.td.path("hooks");
+    fs::create_dir_all(&hooks).unwrap();
+    let hook = w.td.write(
+        "hook.sh",
+        "printf '%s|%s|%s|%s|%s|%s\\n' \"$MAM_VERDICT_KIND\" \"$MAM_VERDICT\" \"$MAM_VERDICT_LOOP_ID\" \
+         \"$MAM_VERDICT_STATUS\" \"$MAM_VERDICT_SESSION\" \"$MAM_VERDICT_REPORT\" >>\"$HOOK_DIR/runs\"\n",
+    );
+    w.env.push(("MAM_ON_VERDICT".into(), format!("sh {}", hook.display()).into()));
+    w.env.push(("HOOK_DIR".into(), hooks.clone().into()));
+    w.creator("cr", "");
+    w.reviewer("rv", "PASS", "verdict@2=FAIL\n");
+    let task = w.task("Add a line to app.txt.");
+    let base = w.base();
+    let args = ["--creator", "cr", "--reviewer", "rv", "--task-file", task.to_str().unwrap(), "--base", &base];
+    let r = w.run_loop(&args);
+    let (id1, outcome, _, reports) = crate::review::last_line(&r.stdout());
+    assert_eq!(outcome, "promoted", "{}\n{}", r.stdout(), r.stderr());
+    // The second loop's reviewer says FAIL and one round is all it gets: the loop stops.
+    let r = w.run_loop(&[&args[..], &["--max-rounds", "1"]].concat());
+    let (id2, outcome, _, _) = crate::review::last_line(&r.stdout());
+    assert_ne!(outcome, "promoted", "{}\n{}", r.stdout(), r.stderr());
+    let runs = || fs::read_to_string(hooks.join("runs")).unwrap_or_default();
+    wait_until("both loops' hook runs", Duration::from_secs(10), || runs().matches("loop|").count() >= 2);
+    pause_until(Instant::now() + Duration::from_millis(500));
+    let text = runs();
+    let loops: Vec<&str> = text.lines().filter(|l| l.starts_with("loop|")).collect();
+    assert_eq!(loops.len(), 2, "{text}");
+    assert_eq!(loops[0], format!("loop|promoted|{id1}|promoted|cr|{reports}"), "{text}");
+    let cp = w.loop_dir(&id2).join("checkpoint.json");
+    assert_eq!(loops[1], format!("loop|stopped|{id2}|{outcome}|cr|{}", cp.display()), "{text}");
+    // Each delegation of the loops ended with a job verdict of its own.
+    assert!(text.lines().any(|l| l.starts_with("job|completed|")), "{text}");
+}
