@@ -93,9 +93,21 @@ pub fn judge(f: &Facts, now_ms: u64) -> Shown {
         let since = f.dispatched_ms.map_or(0, |d| now_ms.saturating_sub(d));
         let due = f.dispatched_ms.map(|d| d + f.ack_ms);
         if due.is_some_and(|d| now_ms >= d) {
-            return shown(Status::Blocked, format!("job {id}: no started for {}", duration(since)), Source::Inferred, true, None);
+            return shown(
+                Status::Blocked,
+                format!("job {id}: no started for {}", duration(since)),
+                Source::Inferred,
+                true,
+                None,
+            );
         }
-        return shown(Status::Unknown, format!("job {id}: waiting for started ({})", duration(since)), Source::Inferred, true, due);
+        return shown(
+            Status::Unknown,
+            format!("job {id}: waiting for started ({})", duration(since)),
+            Source::Inferred,
+            true,
+            due,
+        );
     };
     let quiet = now_ms.saturating_sub(ev.at_ms);
     if quiet < f.idle_ms {

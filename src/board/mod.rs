@@ -27,8 +27,8 @@ use serde_json::Value;
 use crate::agents;
 use crate::clock::{self, parse_ts};
 use crate::ctx::Ctx;
-use crate::daemon::Observer;
 use crate::daemon::sweep::idle_ms;
+use crate::daemon::Observer;
 use crate::joblog;
 use crate::notify;
 use crate::pane::{self, Backend, StateReport, Status};
@@ -389,12 +389,23 @@ impl Board {
                 }
                 self.retry_at.remove(&key);
                 let at = Instant::now();
-                let rep = Reported { job_id: job_id.into(), state: s.state, message: s.message.clone(), at, kind: t.kind.clone() };
+                let rep = Reported {
+                    job_id: job_id.into(),
+                    state: s.state,
+                    message: s.message.clone(),
+                    at,
+                    kind: t.kind.clone(),
+                };
                 self.shown.insert(key, rep);
             }
             Err(e) => {
                 if !self.retry_at.contains_key(&key) {
-                    log(&format!("board: session {} pane {}: not shown ({e}); retrying every {} s", t.session, t.pane, RETRY.as_secs()));
+                    log(&format!(
+                        "board: session {} pane {}: not shown ({e}); retrying every {} s",
+                        t.session,
+                        t.pane,
+                        RETRY.as_secs()
+                    ));
                 }
                 self.retry_at.insert(key, Instant::now() + RETRY);
             }

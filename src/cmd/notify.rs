@@ -147,7 +147,10 @@ fn supervise(ctx: &Ctx, a: &Args) -> Result<i32, Failure> {
 
 fn test(ctx: &Ctx, a: &Args) -> Result<i32, Failure> {
     let Some(command) = ctx.var_nonempty(notify::COMMAND_VAR) else {
-        return Err(Failure::runtime(format!("notify test: {} is not set (environment or .mam.env)", notify::COMMAND_VAR)));
+        return Err(Failure::runtime(format!(
+            "notify test: {} is not set (environment or .mam.env)",
+            notify::COMMAND_VAR
+        )));
     };
     let timeout = knob::env_or(ctx, notify::TIMEOUT_VAR, 1, notify::DEFAULT_TIMEOUT_S)?;
     let v = match &a.job_id {

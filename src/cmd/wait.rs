@@ -232,7 +232,8 @@ mod tests {
         assert_eq!(parse(&["a/b"]).unwrap_err().rc, 2);
         assert_eq!(parse(&["--all-open", "--any", "--all"]).unwrap_err().rc, 2);
         assert_eq!(parse(&["--all-open", "--timeout", "x"]).unwrap_err().rc, 2);
-        let Parsed::Run(a) = parse(&["1abbcdef", "--session", "w1", "--any", "--timeout", "5", "--json"]).unwrap() else {
+        let Parsed::Run(a) = parse(&["1abbcdef", "--session", "w1", "--any", "--timeout", "5", "--json"]).unwrap()
+        else {
             panic!("help")
         };
         assert_eq!((a.jobs.len(), a.sessions.len(), a.any, a.timeout, a.json), (1, 1, Some(true), 5, true));

@@ -169,7 +169,10 @@ pub enum NotifyError {
     /// `MAM_ON_VERDICT_TIMEOUT_S` is not a valid knob.
     Config(ConfigError),
     /// The marker could not be created for another reason than "already there".
-    Marker { path: PathBuf, err: io::Error },
+    Marker {
+        path: PathBuf,
+        err: io::Error,
+    },
     Spawn(io::Error),
 }
 
@@ -224,7 +227,7 @@ pub fn log_path(logs: &Path) -> PathBuf {
 }
 
 /// Runs the configured hook for `v` once: claims `marker`, then starts `mam notify run` detached
-/// (setsid, no stdio). `Ok(None)`: no hook configured, or the verdict was claimed already. The
+/// (setsid, no stdio, from the control root). `Ok(None)`: no hook configured, or the verdict was claimed already. The
 /// returned child is the supervisor; a long-lived caller reaps it (`try_wait`), a short-lived one
 /// may drop it.
 pub fn start(ctx: &Ctx, v: &Verdict, marker: &Path, logs: &Path, by: &str) -> Result<Option<Child>, NotifyError> {
@@ -244,7 +247,10 @@ pub fn start(ctx: &Ctx, v: &Verdict, marker: &Path, logs: &Path, by: &str) -> Re
     for (k, val) in v.env(by) {
         c.env(k, OsString::from(val));
     }
-    c.current_dir(ctx.cwd()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    // From the control root, whoever saw the verdict (a recipe may name `.mam/on-verdict.sh`).
+    let root = crate::paths::find_control_root(ctx);
+    let cwd = if root.is_dir() { root } else { ctx.cwd().to_path_buf() };
+    c.current_dir(cwd).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     sys::set_new_session(&mut c);
     sys::spawn(&mut c).map(Some).map_err(NotifyError::Spawn)
 }

@@ -671,7 +671,8 @@ impl Backend for Herdr {
         let seq = seq.to_string();
         let release = ["pane", "release-agent", pane, "--source", REPORT_SOURCE, "--agent", kind, "--seq", &seq];
         let released = self.expect_ok(&release, self.run(&release, REPORT_LIMIT));
-        let clear = ["pane", "report-metadata", pane, "--source", REPORT_SOURCE, "--clear-title", "--clear-state-labels"];
+        let clear =
+            ["pane", "report-metadata", pane, "--source", REPORT_SOURCE, "--clear-title", "--clear-state-labels"];
         let mut clear = clear.to_vec();
         clear.extend(["--seq", &seq]);
         let cleared = self.expect_ok(&clear, self.run(&clear, REPORT_LIMIT));

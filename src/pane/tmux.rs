@@ -494,7 +494,8 @@ impl Backend for Tmux {
         if !self.server_up()? {
             return Ok(());
         }
-        self.ok(&["set-option", "-p", "-u", "-t", pane, "@mam_state", ";", "select-pane", "-t", pane, "-T", ""]).map(|_| ())
+        self.ok(&["set-option", "-p", "-u", "-t", pane, "@mam_state", ";", "select-pane", "-t", pane, "-T", ""])
+            .map(|_| ())
     }
 }
 

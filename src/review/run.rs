@@ -1503,7 +1503,14 @@ impl Loop<'_> {
     /// cannot start is a WARNING, never the loop's failure.
     fn notify_verdict(&mut self, outcome: &str, reason: &str) {
         let report = if outcome == "promoted" { self.reports_dir() } else { self.cp_path.clone() };
-        let v = notify::Verdict::of_loop(&self.cp.loop_id, &self.creator_jid, &self.o.creator, outcome, reason, Some(&report));
+        let v = notify::Verdict::of_loop(
+            &self.cp.loop_id,
+            &self.creator_jid,
+            &self.o.creator,
+            outcome,
+            reason,
+            Some(&report),
+        );
         if let Err(e) = notify::start(self.ctx, &v, &notify::loop_marker(&self.dir), &self.store.logs, "loop") {
             let l = format!("WARNING: loop: {e}");
             self.diag(&l);

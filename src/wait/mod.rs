@@ -51,7 +51,10 @@ pub struct Settings {
 /// What the caller is told.
 #[derive(Debug)]
 pub enum Event<'a> {
-    Verdict { job: &'a Tracker, found: &'a Found },
+    Verdict {
+        job: &'a Tracker,
+        found: &'a Found,
+    },
     /// A `NOTE:` line (broker down, up).
     Note(&'a str),
 }
@@ -143,8 +146,7 @@ pub fn run(
         let Some(mut t) = Tracker::new(&rec) else { continue };
         let status = rec.status().to_string();
         let first = t.record(&rec);
-        let tail = (t.transport != "remote")
-            .then(|| Tail::new(&store.registry.join(&t.job_id).join("events.log")));
+        let tail = (t.transport != "remote").then(|| Tail::new(&store.registry.join(&t.job_id).join("events.log")));
         let id = t.job_id.clone();
         let slot = Slot { stamp: stamp(&store.record_path(&id)), t, tail, log_stamp: None, status };
         if let Some(f) = first {
@@ -164,7 +166,9 @@ pub fn run(
     let wake_at = Arc::new(AtomicU64::new(u64::MAX));
     let stop = {
         let w = wake_at.clone();
-        Stop::from_fn(move || sys::pending_signal().is_some() || t0.elapsed().as_millis() as u64 >= w.load(Ordering::SeqCst))
+        Stop::from_fn(move || {
+            sys::pending_signal().is_some() || t0.elapsed().as_millis() as u64 >= w.load(Ordering::SeqCst)
+        })
     };
     let root = cfg.as_ref().map(|c| c.topic_root.clone()).unwrap_or_default();
     let filters = vec![format!("{root}/jobs/+/events"), format!("{root}/jobs/+/state")];

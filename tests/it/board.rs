@@ -202,7 +202,8 @@ fn herdr_pane(h: &HerdrHome, pane: &str) -> (String, Value, String) {
 }
 
 fn tmux_show(sock: &str, pane: &str, format: &str) -> String {
-    let out = std::process::Command::new("tmux").args(["-L", sock, "display", "-p", "-t", pane, format]).output().unwrap();
+    let out =
+        std::process::Command::new("tmux").args(["-L", sock, "display", "-p", "-t", pane, format]).output().unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -223,7 +224,8 @@ fn herdr_sidebar_shows_working_idle_then_blocked_and_the_daemon_stop_releases() 
         let label = labels["working"].as_str().unwrap_or("").to_string();
         (st == "working" && label.starts_with(&working) && label.ends_with("ago (signed)")).then_some((label, title))
     });
-    let (label, title) = seen.unwrap_or_else(|| panic!("never working: {:?}\n{}", herdr_pane(h, &pane), daemon.stdout()));
+    let (label, title) =
+        seen.unwrap_or_else(|| panic!("never working: {:?}\n{}", herdr_pane(h, &pane), daemon.stdout()));
     assert!(title.starts_with(&format!("mam working: job {id1}: ")), "{title}");
     assert!(label.contains(" ago (signed)"), "{label}");
     // The agent's own screen detection says idle meanwhile (the fake agent's title): mam's report is
@@ -275,7 +277,11 @@ fn herdr_sidebar_shows_working_idle_then_blocked_and_the_daemon_stop_releases() 
     let (_, labels, title) = herdr_pane(h, &pane);
     assert!(labels.as_object().is_none_or(|m| m.is_empty()), "labels left: {labels}");
     assert_eq!(title, "", "title left");
-    assert!(daemon.stdout().contains(&format!("board: session sb pane {pane}: blocked: job {id2}")), "{}", daemon.stdout());
+    assert!(
+        daemon.stdout().contains(&format!("board: session sb pane {pane}: blocked: job {id2}")),
+        "{}",
+        daemon.stdout()
+    );
     w.mam().args(["stop", "sb"]).run_within(Duration::from_secs(60)).expect_rc(0);
     let list = h.herdr_json(&["pane", "list"]);
     assert!(!list.to_string().contains(&format!("\"{pane}\"")), "the pane was closed: {list}");
@@ -304,7 +310,8 @@ fn herdr_pane_of_a_killed_agent_shows_blocked_with_the_silence() {
         let title = herdr_pane(h, &pane).2;
         title.starts_with("mam blocked: ").then(|| (mam::clock::now_ms(), title))
     });
-    let (at, title) = seen.unwrap_or_else(|| panic!("no blocked title: {:?}\n{}", herdr_pane(h, &pane), daemon.stdout()));
+    let (at, title) =
+        seen.unwrap_or_else(|| panic!("no blocked title: {:?}\n{}", herdr_pane(h, &pane), daemon.stdout()));
     assert!(title.starts_with(&format!("mam blocked: job {id}: no evidence for ")), "{title}");
     let after = at.saturating_sub(last);
     assert!(after <= IDLE_MS + 1_000 + 150, "blocked {after} ms after the last beat");
@@ -338,7 +345,8 @@ fn tmux_pane_title_shows_working_idle_then_blocked() {
     assert!(seen.is_some(), "title {:?}\n{}", title(), daemon.stdout());
     let state = tmux_show(&sock, &pane, "#{@mam_state}");
     assert!(state.starts_with(&format!("working: job {id1}: ")), "{state}");
-    let format = std::process::Command::new("tmux").args(["-L", &sock, "show", "-gv", "pane-border-format"]).output().unwrap();
+    let format =
+        std::process::Command::new("tmux").args(["-L", &sock, "show", "-gv", "pane-border-format"]).output().unwrap();
     assert!(String::from_utf8_lossy(&format.stdout).contains("@mam_state"), "border format");
     assert_eq!(job1.wait(Duration::from_secs(40)).0, 0, "{}", job1.stderr());
     let done = format!("mam idle: job {id1}: completed (signed)");

@@ -147,10 +147,17 @@ fn each_verdict_runs_the_hook_once_with_its_values() {
     pause_until(Instant::now() + Duration::from_millis(2_500));
     let lines = w.hook_lines();
     assert_eq!(lines.len(), 3, "{lines:#?}\n{}", daemon.stdout());
-    let want = [("ok", "completed", "completed", ""), ("silent", "agent_blocked", "agent_blocked", ""), ("crash", "unresponsive", "deadline_timeout", "unresponsive")];
+    let want = [
+        ("ok", "completed", "completed", ""),
+        ("silent", "agent_blocked", "agent_blocked", ""),
+        ("crash", "unresponsive", "deadline_timeout", "unresponsive"),
+    ];
     for (session, verdict, status, reason) in want {
         let (_, id, _, err) = ids.iter().find(|x| x.0 == session).unwrap();
-        let l = lines.iter().find(|l| l.split('|').nth(1) == Some(id.as_str())).unwrap_or_else(|| panic!("{id}: {lines:?}\n{err}"));
+        let l = lines
+            .iter()
+            .find(|l| l.split('|').nth(1) == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("{id}: {lines:?}\n{err}"));
         let f: Vec<&str> = l.split('|').collect();
         assert_eq!((f[0], f[2], f[3]), (verdict, session, status), "{l}");
         if !reason.is_empty() {
@@ -189,15 +196,24 @@ fn a_hook_that_hangs_fails_or_floods_is_killed_logged_and_the_verdict_stands() {
     pause_until(Instant::now() + Duration::from_millis(1_500));
     let closed_at = Instant::now();
     for (id, reason) in ids.iter().zip(["hang", "fail", "flood"]) {
-        w.mam().args(["registry", "status", id, "--set", "failed", "--reason", reason, "--no-publish"]).run().expect_rc(0);
+        w.mam()
+            .args(["registry", "status", id, "--set", "failed", "--reason", reason, "--no-publish"])
+            .run()
+            .expect_rc(0);
     }
     wait_until("three notify.log lines", Duration::from_secs(15), || w.notify_log().lines().count() >= 3);
     let took = closed_at.elapsed();
     let log = w.notify_log();
-    let line = |id: &str| log.lines().find(|l| l.contains(&format!("job {id} "))).unwrap_or_else(|| panic!("{id}: {log}")).to_string();
+    let line = |id: &str| {
+        log.lines().find(|l| l.contains(&format!("job {id} "))).unwrap_or_else(|| panic!("{id}: {log}")).to_string()
+    };
     assert!(line(&ids[0]).ends_with("hook killed at its 2 s deadline"), "{log}");
     assert!(line(&ids[1]).contains("hook failed (exit 7) in ") && line(&ids[1]).ends_with(": the hook broke"), "{log}");
-    assert!(line(&ids[2]).contains("hook exit 0 in ") && line(&ids[2]).contains("(printed 10485760 bytes; the last 2048 kept)"), "{log}");
+    assert!(
+        line(&ids[2]).contains("hook exit 0 in ")
+            && line(&ids[2]).contains("(printed 10485760 bytes; the last 2048 kept)"),
+        "{log}"
+    );
     assert!(took < Duration::from_secs(8), "the deadline held: {took:?}");
     for id in &ids {
         assert_eq!(w.record(id)["status"], "failed", "the verdict stands");
@@ -252,4 +268,47 @@ fn a_loop_promotion_and_a_loop_stop_run_the_hook_once_each() {
     assert_eq!(loops[1], format!("loop|stopped|{id2}|{outcome}|cr|{}", cp.display()), "{text}");
     // Each delegation of the loops ended with a job verdict of its own.
     assert!(text.lines().any(|l| l.starts_with("job|completed|")), "{text}");
+}
+
+/// docs/GUIDE.md's two recipes, as written there: the desktop one (a `notify-send` on PATH that
+/// records its arguments stands in for libnotify's) and herdr's own notification on the real herdr,
+/// both through `mam notify test`.
+#[test]
+fn the_guide_recipes_notify() {
+    let guide = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/GUIDE.md")).unwrap();
+    let section = &guide[guide.find("## Notifications").unwrap()..];
+    let value = |line: &str| {
+        let l = line.trim().strip_prefix("echo '").unwrap().strip_suffix("' >>.mam.env").unwrap();
+        l.strip_prefix("MAM_ON_VERDICT=").unwrap().to_string()
+    };
+    let desktop = value(section.lines().find(|l| l.contains("MAM_ON_VERDICT=notify-send")).unwrap());
+    let td = TestDir::new("notify_recipes");
+    let bin = td.path("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let log = td.path("notify-send.args");
+    fs::write(bin.join("notify-send"), format!("#!/bin/sh\nprintf '%s\\n' \"$@\" >'{}'\n", log.display())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(bin.join("notify-send"), fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let r = td.mam().args(["notify", "test"]).env("MAM_ON_VERDICT", &desktop).env("PATH", &path).run();
+    assert_eq!(r.rc(), 0, "{}{}", r.stdout(), r.stderr());
+    assert!(r.stdout().contains("hook exit 0"), "{}", r.stdout());
+    assert_eq!(fs::read_to_string(&log).unwrap(), "mam: completed\njob 00000000 (test): completed\n");
+
+    // herdr's: the script between its heredoc lines, the command of its echo line.
+    let Some(mut h) = HerdrHome::new(&td) else { return };
+    h.start_server();
+    let start = section.find("<<'EOF'\n").unwrap() + "<<'EOF'\n".len();
+    let script = &section[start..start + section[start..].find("\nEOF\n").unwrap() + 1];
+    td.write("ws/.mam/on-verdict.sh", script);
+    let cmd = value(section.lines().find(|l| l.contains("MAM_ON_VERDICT=sh .mam/on-verdict.sh")).unwrap());
+    let run = |session: &str| {
+        h.apply(td.mam()).args(["notify", "test"]).env("MAM_ON_VERDICT", &cmd).env("MAM_HERDR_SESSION", session).run()
+    };
+    let r = run(&h.session);
+    assert_eq!(r.rc(), 0, "{}{}", r.stdout(), r.stderr());
+    // A session with no server: herdr refuses, the hook fails, and the line says so.
+    let r = run("mam-test-none");
+    assert_eq!(r.rc(), 1, "{}", r.stdout());
+    assert!(r.stdout().contains("hook failed (exit 1)"), "{}", r.stdout());
 }

@@ -143,7 +143,10 @@ fn over_200_jobs_each_verdict_once_within_its_window_and_the_timeout_holds() {
     let out = bg.stdout();
     assert_eq!(rc, 13, "{out}\n{}", bg.stderr());
     let took = ended.duration_since(t0);
-    assert!(took >= Duration::from_millis(9_900) && took < Duration::from_secs(11), "the timeout ended it after {took:?}");
+    assert!(
+        took >= Duration::from_millis(9_900) && took < Duration::from_secs(11),
+        "the timeout ended it after {took:?}"
+    );
     let by = lines_by_job(&out);
     assert_eq!(by.len(), 5, "{out}");
     assert!(by.values().all(|v| v.len() == 1), "each verdict once: {by:#?}");
@@ -196,11 +199,20 @@ fn any_all_json_sessions_and_exit_codes() {
     assert_eq!(lines[1]["rc"], 0);
     // b fails (an operator close, seen in its record), c goes silent: --all ends with 11.
     w.event(&c, "started", 1);
-    w.mam().args(["registry", "status", &b, "--set", "failed", "--reason", "broke down", "--no-publish"]).run().expect_rc(0);
+    w.mam()
+        .args(["registry", "status", &b, "--set", "failed", "--reason", "broke down", "--no-publish"])
+        .run()
+        .expect_rc(0);
     let (rc, _) = by_session.wait(Duration::from_secs(10));
     let out = by_session.stdout();
     assert_eq!(rc, 10, "{out}");
-    assert!(out.lines().next().unwrap().contains(&format!("JOB_ID={b} SESSION=wb VERDICT=failed STATUS=failed SOURCE=record")), "{out}");
+    assert!(
+        out.lines()
+            .next()
+            .unwrap()
+            .contains(&format!("JOB_ID={b} SESSION=wb VERDICT=failed STATUS=failed SOURCE=record")),
+        "{out}"
+    );
     assert!(out.lines().next().unwrap().ends_with("REASON='broke down'"), "{out}");
     let (rc, _) = all.wait(Duration::from_secs(10));
     let out = all.stdout();
