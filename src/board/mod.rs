@@ -278,7 +278,13 @@ impl Board {
             recorded: recorded.clone(),
             facts: facts_of(&rec, newest(latest, recorded)),
         };
-        if !terminal {
+        if terminal {
+            // A finished job keeps only what its pane may still show (memory: one entry per job).
+            e.identity = None;
+            e.latest = None;
+            e.recorded = None;
+            e.log_stamp = None;
+        } else {
             refresh_latest(&self.store.registry, id, &mut e);
         }
         self.jobs.insert(id.to_string(), e);
@@ -327,6 +333,7 @@ impl Board {
         // A pane no running session names any more is forgotten (its session's stop gave it back).
         let keys: HashSet<_> = targets.iter().map(Target::key).collect();
         self.shown.retain(|k, _| keys.contains(k));
+        self.retry_at.retain(|k, _| keys.contains(k));
         self.targets = targets;
     }
 

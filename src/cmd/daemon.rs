@@ -258,8 +258,12 @@ fn run_daemon(ctx: &mut Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure>
         Some(p) => sys::absolutize(workspace, &p),
         None => workspace.join(".mam").join("agent_sessions.json"),
     };
-    let mut board = Board::new(ctx, cfg.store.clone(), sessions, board_settings);
-    daemon::run_with(&cfg, &held, Stop::never(), &mut board, &mut log);
+    if board_settings.report || board_settings.hooks {
+        let mut board = Board::new(ctx, cfg.store.clone(), sessions, board_settings);
+        daemon::run_with(&cfg, &held, Stop::never(), &mut board, &mut log);
+    } else {
+        daemon::run(&cfg, &held, Stop::never(), &mut log);
+    }
     drop(held);
     Ok(0)
 }

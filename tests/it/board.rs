@@ -219,10 +219,13 @@ fn herdr_sidebar_shows_working_idle_then_blocked_and_the_daemon_stop_releases() 
     let mut job1 = w.delegate("sb");
     let id1 = w.running_job("sb", &[]);
     let working = format!("job {id1}: ");
+    // `herdr agent get`, as a person or a script asks herdr about the agent.
     let seen = poll(WAIT, || {
-        let (st, labels, title) = herdr_pane(h, &pane);
-        let label = labels["working"].as_str().unwrap_or("").to_string();
-        (st == "working" && label.starts_with(&working) && label.ends_with("ago (signed)")).then_some((label, title))
+        let a = h.herdr_json(&["agent", "get", "sb"])["result"]["agent"].clone();
+        let label = a["state_labels"]["working"].as_str().unwrap_or("").to_string();
+        let title = a["title"].as_str().unwrap_or("").to_string();
+        (a["agent_status"] == "working" && label.starts_with(&working) && label.ends_with("ago (signed)"))
+            .then_some((label, title))
     });
     let (label, title) =
         seen.unwrap_or_else(|| panic!("never working: {:?}\n{}", herdr_pane(h, &pane), daemon.stdout()));
