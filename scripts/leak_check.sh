@@ -2,7 +2,7 @@
 # The leak guard over a whole test run (STYLE: "no process outlives the test run"), run by test.sh
 # after each `cargo test`. Fails (exit 1, one line per leak) when, after a short grace for processes
 # that are just ending:
-#   - a `mam heartbeat run`, `mam daemon run` or `mam remote run` process is alive whose argv or cwd
+#   - a `mam heartbeat run`, `mam daemon run`, `mam remote run` or `mam notify run` process is alive whose argv or cwd
 #     lies under BASE (the run's MAM_TEST_TMP, which holds every test's `mam-it-<pid>` directory);
 #   - a tmux server on a `mam-test-*` socket is alive that was not alive before the run (the names
 #     tests give their tmux sockets; BEFORE is the file `tmux_servers` wrote before the run);
@@ -40,6 +40,7 @@ mam_leaks() {
     case " $cmd" in
       *" heartbeat run "* | *" daemon run "* | *" remote run "*) ;;
       *"nats-server -c $base/"*) ;;
+      *" heartbeat run "* | *" daemon run "* | *" remote run "* | *" notify run "*) ;;
       *) continue ;;
     esac
     cwd=$(readlink "$d/cwd" 2>/dev/null || true)

@@ -106,7 +106,8 @@ if grep -q '^lockcheck' Cargo.toml; then
   # The modules whose commands take the registry lock (records, closes, cancels); the rest (broker,
   # panes, worktrees, install, the loop's git rounds) run the same store code already covered here.
   MAM_SKIP_REAL_HERDR=1 cargo test --features lockcheck --test it -- registry:: publish:: heartbeat:: watch:: \
-    daemon:: jobs:: liveness:: delegate:: remote:: regress:: security session:: review::jobs:: agents::
+    daemon:: jobs:: liveness:: delegate:: remote:: regress:: security session:: review::jobs:: agents:: \
+    notify:: wait::
   leak_check
 fi
 step "cargo test --features fault-inject (H9, H10: heartbeat spawn and pidfile failures)"

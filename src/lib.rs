@@ -6,6 +6,7 @@
 
 pub mod agents;
 pub mod attach;
+pub mod board;
 pub mod broker;
 pub mod cli;
 pub mod clock;
@@ -21,6 +22,7 @@ pub mod install;
 pub mod joblog;
 pub mod knob;
 pub mod mqtt;
+pub mod notify;
 pub mod ops;
 pub mod pane;
 pub mod paths;
@@ -35,6 +37,7 @@ pub mod testdouble;
 pub mod text;
 pub mod trust;
 pub mod version;
+pub mod wait;
 pub mod watch;
 pub mod wire;
 pub mod worktree;

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::board::{self, Board};
 use crate::cli::{self, rc, Failure, Parsed};
 use crate::clock;
 use crate::ctx::{ChildRole, Ctx};
@@ -36,6 +37,16 @@ unavailable at start it polls events.log every --interval seconds and retries th
 It stops (rc 0) on SIGTERM/SIGINT, when DIR disappears, when monitor.lock is replaced, or after
 --idle-timeout S seconds without a message (0 = never, the default).
 
+Once a second (and exactly when a state is due) it also shows each running session's job state on
+the session's pane (issue 21): herdr's sidebar (`herdr pane report-agent --source mam`, its label
+and the pane title), tmux's pane title and border on mam's own server: working while the job's
+evidence is fresh, blocked when it is silent past its idle window or was closed for silence, idle
+when it finished, unknown while it waits for started; the message names the evidence and whether
+the state comes from a signed event or was inferred. It reports on every change and refreshes an
+open job's message at most every MAM_BOARD_REFRESH_S s (default 10; 0 = changes only); it gives
+the display back when it stops. MAM_BOARD=0 turns this off. It runs MAM_ON_VERDICT for every job
+it sees end (once per verdict: see `mam notify --help`).
+
 Subcommands:
   run      the daemon itself; log lines on stdout
   ensure   start a detached `run` (setsid, output appended to <DIR>/.mam/monitor.log) unless one
@@ -55,7 +66,8 @@ Options:
   -h, --help          print this help
 
 Env: MQTT_* (CORE 3.1); MAM_DAEMON_BROKER_RETRY_S (fallback broker retry, default 60);
-MAM_DAEMON_SWEEP_S (abandoned-job sweep period, default 10); MAM_NO_SUBSCRIBER_DAEMON.
+MAM_DAEMON_SWEEP_S (abandoned-job sweep period, default 10); MAM_NO_SUBSCRIBER_DAEMON; MAM_BOARD,
+MAM_BOARD_REFRESH_S; MAM_ON_VERDICT, MAM_ON_VERDICT_TIMEOUT_S; AGENT_SESSIONS_YAML.
 
 Exit codes: 0 ok (also every clean daemon stop), 1 runtime error, 2 usage,
 5 run: another daemon holds the workspace lock (`ERROR: daemon already running (pid N)`).
@@ -209,6 +221,7 @@ fn run_daemon(ctx: &mut Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure>
     let mqtt = MqttConfig::from_ctx(ctx)?;
     let broker_retry = secs_knob(ctx, "MAM_DAEMON_BROKER_RETRY_S", 60)?;
     let sweep_every = secs_knob(ctx, "MAM_DAEMON_SWEEP_S", 10)?;
+    let board_settings = board::settings(ctx)?;
     // Signal handlers go in before anything that can block (CORE 10.2 step 2).
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let held = match daemon::acquire(workspace) {
@@ -240,7 +253,17 @@ fn run_daemon(ctx: &mut Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure>
         text::show_path(&cfg.store.registry),
         text::show_path(&cfg.store.logs)
     ));
-    daemon::run(&cfg, &held, Stop::never(), &mut log);
+    // Issue 21: the board of the workspace's sessions and the verdict hooks.
+    let sessions = match ctx.path_var("AGENT_SESSIONS_YAML") {
+        Some(p) => sys::absolutize(workspace, &p),
+        None => workspace.join(".mam").join("agent_sessions.json"),
+    };
+    if board_settings.report || board_settings.hooks {
+        let mut board = Board::new(ctx, cfg.store.clone(), sessions, board_settings);
+        daemon::run_with(&cfg, &held, Stop::never(), &mut board, &mut log);
+    } else {
+        daemon::run(&cfg, &held, Stop::never(), &mut log);
+    }
     drop(held);
     Ok(0)
 }

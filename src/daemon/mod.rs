@@ -17,5 +17,5 @@ pub mod select;
 pub mod sweep;
 
 pub use lock::{acquire, running_pid, Acquire, MonitorLock};
-pub use run::{run, Config, Exit};
+pub use run::{run, run_with, Config, Exit, Observer};
 pub use select::select_daemons;

@@ -47,6 +47,26 @@ pub enum Exit {
     Idle,
 }
 
+/// Someone the daemon lets look at its registry now and then (issue 21: the evidence board and the
+/// verdict hooks, which the command layer wires in): `tick` when `next_tick` is reached, `stop` once
+/// when the daemon stops. Both get the daemon's log.
+pub trait Observer {
+    fn next_tick(&self) -> Instant;
+    fn tick(&mut self, log: &mut dyn FnMut(&str));
+    fn stop(&mut self, log: &mut dyn FnMut(&str));
+}
+
+/// No observer.
+pub struct Nobody;
+
+impl Observer for Nobody {
+    fn next_tick(&self) -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+    fn tick(&mut self, _log: &mut dyn FnMut(&str)) {}
+    fn stop(&mut self, _log: &mut dyn FnMut(&str)) {}
+}
+
 /// Longest sleep between checks of the stop condition while polling.
 const SLICE: Duration = Duration::from_millis(100);
 /// Presence check period (CORE 10.2 step 4).
@@ -172,6 +192,17 @@ fn forward_unsent(cfg: &Config, conn: &mut Persistent, done: &mut HashMap<String
 
 /// Runs the daemon until it exits; `lock` must be held by the caller for the whole call.
 pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&str)) -> Exit {
+    run_with(cfg, lock, stop, &mut Nobody, log)
+}
+
+/// `run` with an `Observer` ticked inside the loop.
+pub fn run_with(
+    cfg: &Config,
+    lock: &MonitorLock,
+    stop: Stop,
+    observer: &mut dyn Observer,
+    log: &mut dyn FnMut(&str),
+) -> Exit {
     let presence =
         Presence { workspace: cfg.workspace.clone(), lock: lock.path().to_path_buf(), identity: lock.identity() };
     let (p, s) = (presence.clone(), stop.clone());
@@ -183,7 +214,8 @@ pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&st
     let mut cache = TerminalCache::default();
     let mut forwarded: HashMap<String, u64> = HashMap::new();
 
-    let end = |exit: Exit, conn: &mut Persistent, log: &mut dyn FnMut(&str)| {
+    let end = |exit: Exit, conn: &mut Persistent, observer: &mut dyn Observer, log: &mut dyn FnMut(&str)| {
+        observer.stop(log);
         let what = match exit {
             Exit::Signal(0) => "stop requested; stopping".to_string(),
             Exit::Signal(sig) => format!("received {}; stopping", sys::signal_name(sig)),
@@ -211,7 +243,7 @@ pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&st
         }
         Err(e) => {
             if let Some(exit) = signalled(&stop).or_else(|| presence.check()) {
-                return end(exit, &mut conn, log);
+                return end(exit, &mut conn, observer, log);
             }
             log(&format!(
                 "broker unavailable ({e}); polling every {}s, retrying the broker every {}s",
@@ -231,12 +263,12 @@ pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&st
     let mut next_broker = now + backoff;
     loop {
         if let Some(exit) = signalled(&stop) {
-            return end(exit, &mut conn, log);
+            return end(exit, &mut conn, observer, log);
         }
         let now = Instant::now();
         if now >= next_presence {
             if let Some(exit) = presence.check() {
-                return end(exit, &mut conn, log);
+                return end(exit, &mut conn, observer, log);
             }
             next_presence = now + PRESENCE;
         }
@@ -274,11 +306,14 @@ pub fn run(cfg: &Config, lock: &MonitorLock, stop: Stop, log: &mut dyn FnMut(&st
             }
             next_sweep = Instant::now() + cfg.sweep_every;
         }
+        if Instant::now() >= observer.next_tick() {
+            observer.tick(log);
+        }
         let idle_deadline = cfg.idle_timeout.map(|d| last_message + d);
         if idle_deadline.is_some_and(|d| now >= d) {
-            return end(Exit::Idle, &mut conn, log);
+            return end(Exit::Idle, &mut conn, observer, log);
         }
-        let mut wake = next_presence.min(next_sweep);
+        let mut wake = next_presence.min(next_sweep).min(observer.next_tick());
         if let Some(d) = idle_deadline {
             wake = wake.min(d);
         }

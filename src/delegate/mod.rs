@@ -34,6 +34,7 @@ use confirm::{JobRef, JobStarted};
 use crate::clock;
 use crate::ctx::{ChildRole, Ctx};
 use crate::knob;
+use crate::notify;
 use crate::ops::{self, Close, NewJob, Timing};
 use crate::pane::{self, Knobs, ListOutcome, SksOutcome};
 use crate::paths;
@@ -266,6 +267,7 @@ pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finis
     let start = Instant::now();
     let mut d = Delegation::new(ctx, req, store, rec, start);
     let finished = d.drive(&target, diag);
+    d.notify_verdict(diag);
     Ok(finished)
 }
 
@@ -438,6 +440,16 @@ impl<'a> Delegation<'a> {
             }
             End::Started => self.finished(&self.record_status(), 0),
             End::Terminal => self.collect(remote, diag),
+        }
+    }
+
+    /// Issue 21: this attempt's verdict runs the verdict hook once (the daemon may have been
+    /// first); a hook that cannot start is a WARNING, never the job's outcome.
+    fn notify_verdict(&self, diag: &mut dyn FnMut(&str)) {
+        let Some(rec) = self.read_record().filter(|r| r.attempt() == Some(self.attempt)) else { return };
+        let started = notify::start_for_record(self.ctx, &self.store.registry, &self.store.logs, &rec, "delegate-job");
+        if let Err(e) = started {
+            diag(&format!("WARNING: job {}: {e}", self.job_id));
         }
     }
 

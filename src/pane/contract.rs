@@ -128,6 +128,19 @@ impl Status {
     }
 }
 
+/// mam's view of an agent's job for the backend's own status display (issue 21): the semantic
+/// state (`Working`, `Idle`, `Blocked` or `Unknown`), a one-line message naming the evidence and its
+/// source, the pane title, how long the display may stand unrefreshed (`None`: until replaced), and
+/// the report's sequence number (strictly increasing per pane; herdr ignores a stale one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateReport {
+    pub state: Status,
+    pub message: String,
+    pub title: String,
+    pub ttl_ms: Option<u64>,
+    pub seq: u64,
+}
+
 /// A backend failure. `NoServer` is the MAM_NO_AUTOSTART refusal of 1.3; `Usage` is bad input
 /// detected by the backend (rc 2); everything else is `Failed` (rc 1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,6 +209,22 @@ pub trait Backend {
     /// the idle handshake and relies on quiescence (A24).
     fn has_lifecycle(&self) -> bool {
         true
+    }
+    /// Shows mam's view of the agent's job on `pane` (issue 21): herdr's sidebar state and label,
+    /// tmux's pane title and border. `kind` is the agent's herdr kind. Never starts a server. The
+    /// default (the fake backend) has nothing to show it on.
+    fn report_state(&self, _pane: &str, _kind: &str, _report: &StateReport) -> PaneResult<()> {
+        Ok(())
+    }
+    /// True when a program in the pane can overwrite the title `report_state` set (tmux: OSC 2), so
+    /// a reporter re-asserts it now and then; herdr keeps its metadata title apart.
+    fn shared_title(&self) -> bool {
+        false
+    }
+    /// Gives `pane`'s status display back to the backend (herdr: `release-agent`, mam's labels
+    /// cleared; tmux: mam's title and border text cleared).
+    fn release_state(&self, _pane: &str, _kind: &str, _seq: u64) -> PaneResult<()> {
+        Ok(())
     }
 }
 

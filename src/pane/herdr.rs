@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::contract::{
     canon, is_shell, Accepted, Agent, Backend, Created, Dir, ListOutcome, PaneError, PaneInfo, PaneResult,
-    PromptOutcome, Status, Workspace,
+    PromptOutcome, StateReport, Status, Workspace,
 };
 use super::knobs::Knobs;
 use super::proc::{no_autostart, on_path, run_capture, server_env};
@@ -33,6 +33,11 @@ pub const DEFAULT_SESSION: &str = "multi-agent-mux";
 
 /// The herdr versions this backend speaks: the major.minor of herdr 0.8.
 pub const SUPPORTED: &str = "0.8";
+
+/// The `--source` of mam's agent-state reports (issue 21).
+pub const REPORT_SOURCE: &str = "mam";
+/// The deadline of one report call: a status display must never hold its reporter up.
+const REPORT_LIMIT: Duration = Duration::from_secs(5);
 
 /// What one herdr call answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -742,6 +747,50 @@ impl Backend for Herdr {
     fn close_workspace(&self, id: &str) -> PaneResult<()> {
         let args = ["workspace", "close", id];
         self.expect_ok(&args, self.query(&args)).map(|_| ())
+    }
+
+    /// `pane report-agent` (the semantic state herdr's sidebar, waits and rollups use), then `pane
+    /// report-metadata` (the same message as the state's label, and the pane title): herdr keeps a
+    /// report's message to itself, and it ignores lifecycle reports for a pane whose agent process
+    /// exited, while metadata still shows there (docs/DESIGN.md). Never bootstraps a server.
+    fn report_state(&self, pane: &str, kind: &str, r: &StateReport) -> PaneResult<()> {
+        let seq = r.seq.to_string();
+        let agent = [
+            "pane",
+            "report-agent",
+            pane,
+            "--source",
+            REPORT_SOURCE,
+            "--agent",
+            kind,
+            "--state",
+            r.state.word(),
+            "--message",
+            &r.message,
+            "--seq",
+            &seq,
+        ];
+        self.expect_ok(&agent, self.run(&agent, REPORT_LIMIT))?;
+        let label = format!("{}={}", r.state.word(), r.message);
+        let ttl = r.ttl_ms.map(|t| t.clamp(1, 86_400_000).to_string());
+        let mut meta = vec!["pane", "report-metadata", pane, "--source", REPORT_SOURCE, "--state-label", &label];
+        meta.extend(["--title", &r.title, "--seq", &seq]);
+        if let Some(t) = &ttl {
+            meta.extend(["--ttl-ms", t]);
+        }
+        self.expect_ok(&meta, self.run(&meta, REPORT_LIMIT)).map(|_| ())
+    }
+
+    fn release_state(&self, pane: &str, kind: &str, seq: u64) -> PaneResult<()> {
+        let seq = seq.to_string();
+        let release = ["pane", "release-agent", pane, "--source", REPORT_SOURCE, "--agent", kind, "--seq", &seq];
+        let released = self.expect_ok(&release, self.run(&release, REPORT_LIMIT));
+        let clear =
+            ["pane", "report-metadata", pane, "--source", REPORT_SOURCE, "--clear-title", "--clear-state-labels"];
+        let mut clear = clear.to_vec();
+        clear.extend(["--seq", &seq]);
+        let cleared = self.expect_ok(&clear, self.run(&clear, REPORT_LIMIT));
+        released.and(cleared).map(|_| ())
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::contract::{
     canon, is_shell, Accepted, Agent, Backend, Created, Dir, ListOutcome, PaneError, PaneInfo, PaneResult,
-    PromptOutcome, Status, Workspace,
+    PromptOutcome, StateReport, Status, Workspace,
 };
 use super::knobs::Knobs;
 use super::proc::{no_autostart, run_capture, server_env};
@@ -27,6 +27,11 @@ use crate::text::{one_line, shell_quote, show_path};
 
 /// Default socket name (1.1).
 pub const DEFAULT_SOCKET: &str = "mam";
+
+/// The pane border of mam's own server (issue 21): mam's `@mam_state` of the pane when it has one
+/// (red while blocked, green while working), else the pane title. An agent may retitle its pane
+/// (OSC 2) at any time; the pane option is mam's alone.
+pub const BORDER_FORMAT: &str = "#{?#{@mam_state},#{?#{m:blocked*,#{@mam_state}},#[fg=red],#{?#{m:working*,#{@mam_state}},#[fg=green],}}#[bold] #{@mam_state} #[default],#{pane_title}}";
 
 /// The tmux backend on one socket.
 pub struct Tmux {
@@ -469,6 +474,53 @@ impl Backend for Tmux {
 
     fn close_workspace(&self, id: &str) -> PaneResult<()> {
         self.ok(&["kill-session", "-t", id]).map(|_| ())
+    }
+
+    fn shared_title(&self) -> bool {
+        true
+    }
+
+    /// One tmux call: the border shows `@mam_state` (set on this server only, every time: the server
+    /// may be new), the pane gets `@mam_state` and its title. `select-pane -T` does not change the
+    /// active pane. Never starts a server.
+    fn report_state(&self, pane: &str, _kind: &str, r: &StateReport) -> PaneResult<()> {
+        if !self.server_up()? {
+            return Err(PaneError::Failed(format!("tmux server {} not running", self.socket)));
+        }
+        let text = format!("{}: {}", r.state.word(), r.message);
+        self.ok(&[
+            "set-option",
+            "-g",
+            "pane-border-status",
+            "top",
+            ";",
+            "set-option",
+            "-g",
+            "pane-border-format",
+            BORDER_FORMAT,
+            ";",
+            "set-option",
+            "-p",
+            "-t",
+            pane,
+            "@mam_state",
+            &text,
+            ";",
+            "select-pane",
+            "-t",
+            pane,
+            "-T",
+            &r.title,
+        ])
+        .map(|_| ())
+    }
+
+    fn release_state(&self, pane: &str, _kind: &str, _seq: u64) -> PaneResult<()> {
+        if !self.server_up()? {
+            return Ok(());
+        }
+        self.ok(&["set-option", "-p", "-u", "-t", pane, "@mam_state", ";", "select-pane", "-t", pane, "-T", ""])
+            .map(|_| ())
     }
 }
 

@@ -19,6 +19,7 @@ use super::prompt::{self, Change, Prompt};
 use crate::clock;
 use crate::ctx::{ChildRole, Ctx};
 use crate::diffcollect;
+use crate::notify;
 use crate::ops;
 use crate::paths;
 use crate::registry::engine::Kind;
@@ -1498,6 +1499,24 @@ impl Loop<'_> {
         }
     }
 
+    /// Issue 21: the loop's promotion or stop runs the verdict hook once (`notify`); a hook that
+    /// cannot start is a WARNING, never the loop's failure.
+    fn notify_verdict(&mut self, outcome: &str, reason: &str) {
+        let report = if outcome == "promoted" { self.reports_dir() } else { self.cp_path.clone() };
+        let v = notify::Verdict::of_loop(
+            &self.cp.loop_id,
+            &self.creator_jid,
+            &self.o.creator,
+            outcome,
+            reason,
+            Some(&report),
+        );
+        if let Err(e) = notify::start(self.ctx, &v, &notify::loop_marker(&self.dir), &self.store.logs, "loop") {
+            let l = format!("WARNING: loop: {e}");
+            self.diag(&l);
+        }
+    }
+
     /// Every exit path: in-flight jobs cancelled on a signal, trees removed, the loop job
     /// finalized, the checkpoint's outcome, the empty `review/` removed.
     fn finish(&mut self, result: Result<(), Stop>) -> Outcome {
@@ -1555,6 +1574,7 @@ impl Loop<'_> {
         self.cp.reason = reason.clone().or(msg.clone());
         self.cp.rc = Some(rc);
         self.save();
+        self.notify_verdict(outcome, reason.as_deref().or(msg.as_deref()).unwrap_or(""));
         let rounds = self.cp.review_rounds.iter().filter(|r| r.kind == "review").count();
         let mut verdicts = Vec::new();
         if let Some(last) = self.cp.review_rounds.iter().rev().find(|r| r.kind == "review") {

@@ -160,6 +160,11 @@ fn close_and_confirm(ctx: &Ctx, row: &Row, notes: &mut Notes) -> Result<(), Sess
         if let Some(cwd) = row.cwd() {
             tree.extend(pane::proc::pane_tree(&b.pane_pids(p), Path::new(cwd)));
         }
+        // Issue 21: mam's state display goes first (herdr's sidebar entry, tmux's title).
+        let kind = agents::adapter(&row.agent).and_then(|a| a.herdr_kind).unwrap_or(row.agent.as_str());
+        if let Err(e) = b.release_state(p, kind, clock::now_ms()) {
+            notes.note(format!("session {}: pane {p}: state display not released ({e})", row.name));
+        }
         if let Err(e) = b.close_pane(p) {
             notes.warn(format!("session {}: closing pane {p}: {e}", row.name));
         }

@@ -1,0 +1,504 @@
+//! The evidence board (issue 21): mam's evidence put where people look. The workspace daemon, the
+//! one process that sees every job of its registry, ticks a `Board` once a second (and exactly when
+//! a state is due to change): it reads what changed in the registry and in each open job's
+//! events.log (the last line, verified with the job's key), judges each session's job (`judge`), and
+//!
+//! - shows the state on the session's pane, through the backend (herdr's sidebar via `pane
+//!   report-agent`, tmux's pane title and border), on every state change and, while the job is
+//!   open, at most once per refresh period to age its message; gives the display back when the
+//!   daemon stops;
+//! - runs the verdict hook (`notify`) for every job it saw end.
+//!
+//! The agent's side pays nothing: no call is made by the agent, its publisher or its timer.
+//! Architecture Invariant: the board only reads the registry; every pane call runs with
+//! `MAM_NO_AUTOSTART=1` and a deadline, and a failing one is logged once and retried later, never
+//! fatal. It prints nothing: log lines go to the daemon's callback.
+
+pub mod judge;
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+
+use crate::agents;
+use crate::clock::{self, parse_ts};
+use crate::ctx::Ctx;
+use crate::daemon::sweep::idle_ms;
+use crate::daemon::Observer;
+use crate::joblog;
+use crate::notify;
+use crate::pane::{self, Backend, StateReport, Status};
+use crate::registry::is_terminal;
+use crate::registry::record::Record;
+use crate::registry::store::Store;
+use crate::session::{self, reconcile::row_target};
+use crate::text::one_line;
+use crate::watch::accept::{Acceptor, Identity, Outcome};
+use judge::{Evidence, Facts, Shown};
+
+/// The default tick.
+pub const TICK: Duration = Duration::from_secs(1);
+/// The default refresh of an open job's message (`MAM_BOARD_REFRESH_S`).
+pub const REFRESH_S: u32 = 10;
+/// A pane whose report failed is tried again after this long.
+const RETRY: Duration = Duration::from_secs(10);
+/// The whole budget of the releases when the daemon stops (`daemon stop` waits 5 s).
+const RELEASE_BUDGET: Duration = Duration::from_secs(3);
+/// How much of the end of events.log is searched for its last line.
+const LAST_LINE_SCAN: u64 = 1024 * 1024;
+
+/// What the board does.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Show states on panes (`MAM_BOARD` is not `0`).
+    pub report: bool,
+    /// Run the verdict hook (`MAM_ON_VERDICT` is set).
+    pub hooks: bool,
+    pub tick: Duration,
+    /// How often an open job's message is refreshed while its state holds; `None`: only changes.
+    pub refresh: Option<Duration>,
+}
+
+type Stamp = (SystemTime, u64);
+
+fn stamp(p: &Path) -> Option<Stamp> {
+    let m = fs::metadata(p).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+/// One job as the board last read it.
+#[derive(Debug)]
+struct Entry {
+    stamp: Option<Stamp>,
+    session: String,
+    terminal: bool,
+    identity: Option<Identity>,
+    log_stamp: Option<Stamp>,
+    /// The last events.log line, verified, of the current attempt.
+    latest: Option<Evidence>,
+    /// Evidence the record itself carries (its agent-written timestamps).
+    recorded: Option<Evidence>,
+    facts: Facts,
+}
+
+/// A session's pane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    session: String,
+    backend: String,
+    server: String,
+    pane: String,
+    kind: String,
+}
+
+impl Target {
+    fn key(&self) -> (String, String, String) {
+        (self.backend.clone(), self.server.clone(), self.pane.clone())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Reported {
+    job_id: String,
+    state: Status,
+    message: String,
+    at: Instant,
+    kind: String,
+}
+
+/// The board of one registry and sessions file.
+pub struct Board {
+    ctx: Ctx,
+    store: Store,
+    sessions: PathBuf,
+    settings: Settings,
+    started_ms: u64,
+    jobs: HashMap<String, Entry>,
+    rows_stamp: Option<Option<Stamp>>,
+    targets: Vec<Target>,
+    backends: HashMap<(String, String), Box<dyn Backend>>,
+    shown: HashMap<(String, String, String), Reported>,
+    retry_at: HashMap<(String, String, String), Instant>,
+    hooks: Vec<Child>,
+    next: Instant,
+    last_seq: u64,
+    warned_registry: bool,
+}
+
+/// The `MAM_BOARD*` knobs and whether a verdict hook is configured.
+pub fn settings(ctx: &Ctx) -> Result<Settings, crate::knob::ConfigError> {
+    let refresh = crate::knob::env_or(ctx, "MAM_BOARD_REFRESH_S", 0, REFRESH_S)?;
+    Ok(Settings {
+        report: ctx.var("MAM_BOARD").as_deref() != Some("0"),
+        hooks: notify::configured(ctx),
+        tick: TICK,
+        refresh: (refresh > 0).then(|| Duration::from_secs(refresh.into())),
+    })
+}
+
+/// The newest of the record's agent-written timestamps at or after the dispatch (a re-dispatched
+/// record keeps the previous attempt's `last_event_at`).
+fn recorded_evidence(rec: &Record, dispatched: Option<u64>) -> Option<Evidence> {
+    let at = |k: &str| rec.str(k).and_then(parse_ts);
+    let word = match rec.str("last_event") {
+        Some("progress") if rec.str("heartbeat_at") == rec.str("last_event_at") => "beat",
+        Some(w) => w,
+        None => "event",
+    };
+    [(at("claimed_at"), "started"), (at("heartbeat_at"), "beat"), (at("last_event_at"), word)]
+        .into_iter()
+        .filter_map(|(t, w)| Some((t?, w)))
+        .filter(|(t, _)| dispatched.is_none_or(|d| *t >= d))
+        .max_by_key(|(t, _)| *t)
+        .map(|(at_ms, w)| Evidence { at_ms, what: w.to_string() })
+}
+
+/// The last line of `events` when it is a signed event of `id`'s attempt: what it says and when.
+fn last_signed_line(events: &Path, id: &Identity) -> Option<Evidence> {
+    let mut out = None;
+    let _ = joblog::scan_lines_back(events, joblog::MAX_LINE, LAST_LINE_SCAN, |line| {
+        if let Outcome::Event { event, .. } = Acceptor::new(id.clone()).offer(line) {
+            let v: Value = serde_json::from_slice(line).unwrap_or(Value::Null);
+            let at = v.get("ts").and_then(Value::as_str).and_then(parse_ts);
+            let beat = v.get("heartbeat") == Some(&Value::Bool(true));
+            out = at.map(|at_ms| Evidence { at_ms, what: if beat { "beat".into() } else { event } });
+        }
+        true
+    });
+    out
+}
+
+fn facts_of(rec: &Record, last: Option<Evidence>) -> Facts {
+    Facts {
+        job_id: rec.str("job_id").unwrap_or("").to_string(),
+        status: rec.status().to_string(),
+        reason: rec.str("reason").map(str::to_string),
+        last_event: rec.str("last_event").map(str::to_string),
+        dispatched_ms: rec.str("dispatched_at").or(rec.str("created_at")).and_then(parse_ts),
+        finished_ms: rec.str("finished_at").and_then(parse_ts),
+        idle_ms: idle_ms(rec),
+        ack_ms: rec.u64("ack_timeout_sec").unwrap_or(300) * 1000,
+        last,
+    }
+}
+
+fn newest(a: Option<Evidence>, b: Option<Evidence>) -> Option<Evidence> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.at_ms > a.at_ms { b } else { a }),
+        (a, b) => a.or(b),
+    }
+}
+
+impl Board {
+    /// A board of `store` and the sessions file `sessions`. `ctx` is the daemon's (the verdict hook
+    /// and the pane backends are read from it); pane calls never start a server.
+    pub fn new(ctx: &Ctx, store: Store, sessions: PathBuf, settings: Settings) -> Board {
+        let mut ctx = ctx.clone();
+        ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
+        Board {
+            ctx,
+            store,
+            sessions,
+            settings,
+            started_ms: clock::now_ms(),
+            jobs: HashMap::new(),
+            rows_stamp: None,
+            targets: Vec::new(),
+            backends: HashMap::new(),
+            shown: HashMap::new(),
+            retry_at: HashMap::new(),
+            hooks: Vec::new(),
+            next: Instant::now(),
+            last_seq: 0,
+            warned_registry: false,
+        }
+    }
+
+    /// A strictly increasing report sequence: wall-clock milliseconds, so a restarted daemon's
+    /// reports are never older than its predecessor's.
+    fn seq(&mut self) -> u64 {
+        self.last_seq = clock::now_ms().max(self.last_seq + 1);
+        self.last_seq
+    }
+
+    /// Reads what changed in the registry; runs the verdict hook for jobs that ended.
+    fn scan(&mut self, log: &mut dyn FnMut(&str)) {
+        let ids = match self.store.job_ids() {
+            Ok(ids) => ids,
+            Err(e) => {
+                if !self.warned_registry {
+                    self.warned_registry = true;
+                    log(&format!("board: {e}"));
+                }
+                return;
+            }
+        };
+        let mut seen = HashSet::with_capacity(ids.len());
+        for id in ids {
+            let st = stamp(&self.store.record_path(&id));
+            let unchanged = self.jobs.get(&id).is_some_and(|e| st.is_some() && e.stamp == st);
+            if !unchanged {
+                self.read_job(&id, st, log);
+            }
+            if let Some(e) = self.jobs.get_mut(&id) {
+                if !e.terminal {
+                    refresh_latest(&self.store.registry, &id, e);
+                }
+            }
+            seen.insert(id);
+        }
+        self.jobs.retain(|id, _| seen.contains(id));
+    }
+
+    fn read_job(&mut self, id: &str, st: Option<Stamp>, log: &mut dyn FnMut(&str)) {
+        let Ok(Some(rec)) = self.store.read(id) else { return };
+        let was_open = self.jobs.get(id).map(|e| !e.terminal);
+        let terminal = is_terminal(rec.status());
+        let identity = crate::daemon::mirror::identity(&rec);
+        let dispatched = rec.str("dispatched_at").or(rec.str("created_at")).and_then(parse_ts);
+        let recorded = recorded_evidence(&rec, dispatched);
+        let (log_stamp, latest) = match self.jobs.remove(id) {
+            // Same attempt: what was read of events.log stands.
+            Some(old) if old.identity.as_ref().map(|i| i.attempt) == identity.as_ref().map(|i| i.attempt) => {
+                (old.log_stamp, old.latest)
+            }
+            _ => (None, None),
+        };
+        let mut e = Entry {
+            stamp: st,
+            session: rec.str("agent_session").unwrap_or("").to_string(),
+            terminal,
+            identity,
+            log_stamp,
+            latest: latest.clone(),
+            recorded: recorded.clone(),
+            facts: facts_of(&rec, newest(latest, recorded)),
+        };
+        if terminal {
+            // A finished job keeps only what its pane may still show (memory: one entry per job).
+            e.identity = None;
+            e.latest = None;
+            e.recorded = None;
+            e.log_stamp = None;
+        } else {
+            refresh_latest(&self.store.registry, id, &mut e);
+        }
+        self.jobs.insert(id.to_string(), e);
+        let ended = match was_open {
+            Some(open) => open && terminal,
+            None => terminal && rec.str("finished_at").and_then(parse_ts).is_some_and(|t| t >= self.started_ms),
+        };
+        if ended && self.settings.hooks {
+            match notify::start_for_record(&self.ctx, &self.store.registry, &self.store.logs, &rec, "daemon") {
+                Ok(Some(child)) => {
+                    log(&format!("job {id}: verdict {} hook started (pid {})", rec.status(), child.id()));
+                    self.hooks.push(child);
+                }
+                Ok(None) => {}
+                Err(err) => log(&format!("job {id}: verdict hook not run: {err}")),
+            }
+        }
+    }
+
+    /// The running sessions with a local pane, reread when the sessions file changed.
+    fn load_targets(&mut self, log: &mut dyn FnMut(&str)) {
+        let st = stamp(&self.sessions);
+        if self.rows_stamp == Some(st) {
+            return;
+        }
+        self.rows_stamp = Some(st);
+        let doc = match session::load(&self.sessions) {
+            Ok(d) => d,
+            Err(e) => {
+                log(&format!("board: {e}"));
+                return;
+            }
+        };
+        let mut targets = Vec::new();
+        for row in doc.herdr_sessions.iter().filter(|r| r.running() && !r.remote()) {
+            let (Some(pane), Some((backend, server))) = (row.pane_id(), row_target(&self.ctx, row)) else { continue };
+            let kind = agents::adapter(&row.agent).and_then(|a| a.herdr_kind).unwrap_or(row.agent.as_str());
+            targets.push(Target {
+                session: row.name.clone(),
+                backend,
+                server,
+                pane: pane.to_string(),
+                kind: kind.to_string(),
+            });
+        }
+        // A pane no running session names any more is forgotten (its session's stop gave it back).
+        let keys: HashSet<_> = targets.iter().map(Target::key).collect();
+        self.shown.retain(|k, _| keys.contains(k));
+        self.retry_at.retain(|k, _| keys.contains(k));
+        self.targets = targets;
+    }
+
+    fn backend(&mut self, t: &Target) -> Option<&dyn Backend> {
+        let key = (t.backend.clone(), t.server.clone());
+        if !self.backends.contains_key(&key) {
+            let b = pane::open_named(&self.ctx, &t.backend, Some(&t.server)).ok()?;
+            self.backends.insert(key.clone(), b);
+        }
+        self.backends.get(&key).map(|b| b.as_ref())
+    }
+
+    /// Shows each session's state where it changed (or its message is due a refresh); returns the
+    /// earliest instant a shown state changes by itself.
+    fn report(&mut self, now_ms: u64, log: &mut dyn FnMut(&str)) -> Option<u64> {
+        let mut due_at: Option<u64> = None;
+        for t in self.targets.clone() {
+            let Some(f) = judge::pick(self.jobs.values().filter(|e| e.session == t.session).map(|e| &e.facts)) else {
+                continue;
+            };
+            let job_id = f.job_id.clone();
+            let s = judge::judge(f, now_ms);
+            if let Some(u) = s.until_ms {
+                due_at = Some(due_at.map_or(u, |d| d.min(u)));
+            }
+            let key = t.key();
+            let changed = match self.shown.get(&key) {
+                None => true,
+                Some(r) => r.job_id != job_id || r.state != s.state || (!s.open && r.message != s.message),
+            };
+            // An open job's message ages; a title the pane's program may overwrite (tmux) is
+            // asserted again, whatever the state.
+            let shared = self.backend(&t).is_some_and(|b| b.shared_title());
+            let refresh = !changed
+                && self.shown.get(&key).is_some_and(|r| {
+                    (shared || (s.open && r.message != s.message))
+                        && self.settings.refresh.is_some_and(|p| r.at.elapsed() >= p)
+                });
+            if !(changed || refresh) || self.retry_at.get(&key).is_some_and(|at| Instant::now() < *at) {
+                continue;
+            }
+            self.send(&t, &job_id, &s, changed, log);
+        }
+        due_at
+    }
+
+    fn send(&mut self, t: &Target, job_id: &str, s: &Shown, changed: bool, log: &mut dyn FnMut(&str)) {
+        let ttl = self.settings.refresh.filter(|_| s.open).map(|p| (p * 3).as_millis() as u64);
+        let seq = self.seq();
+        let r = StateReport { state: s.state, message: s.message.clone(), title: judge::title(s), ttl_ms: ttl, seq };
+        let key = t.key();
+        let result = match self.backend(t) {
+            Some(b) => b.report_state(&t.pane, &t.kind, &r),
+            None => Err(pane::PaneError::Failed(format!("unknown pane backend '{}'", one_line(&t.backend)))),
+        };
+        match result {
+            Ok(()) => {
+                if changed || self.retry_at.contains_key(&key) {
+                    log(&format!("board: session {} pane {}: {}: {}", t.session, t.pane, s.state.word(), s.message));
+                }
+                self.retry_at.remove(&key);
+                let at = Instant::now();
+                let rep = Reported {
+                    job_id: job_id.into(),
+                    state: s.state,
+                    message: s.message.clone(),
+                    at,
+                    kind: t.kind.clone(),
+                };
+                self.shown.insert(key, rep);
+            }
+            Err(e) => {
+                if !self.retry_at.contains_key(&key) {
+                    log(&format!(
+                        "board: session {} pane {}: not shown ({e}); retrying every {} s",
+                        t.session,
+                        t.pane,
+                        RETRY.as_secs()
+                    ));
+                }
+                self.retry_at.insert(key, Instant::now() + RETRY);
+            }
+        }
+    }
+
+    /// Reaps the hook supervisors that ended.
+    fn reap(&mut self) {
+        self.hooks.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
+    }
+}
+
+/// Rereads the last events.log line of an open job when the file changed.
+fn refresh_latest(registry: &Path, id: &str, e: &mut Entry) {
+    let path = joblog::events_log_path(registry, id);
+    let st = stamp(&path);
+    if st == e.log_stamp {
+        return;
+    }
+    e.log_stamp = st;
+    let Some(ident) = &e.identity else { return };
+    if let Some(ev) = last_signed_line(&path, ident) {
+        if e.latest.as_ref().is_none_or(|l| ev.at_ms >= l.at_ms) {
+            e.latest = Some(ev);
+        }
+    }
+    e.facts.last = newest(e.latest.clone(), e.recorded.clone());
+}
+
+impl Observer for Board {
+    fn next_tick(&self) -> Instant {
+        self.next
+    }
+
+    fn tick(&mut self, log: &mut dyn FnMut(&str)) {
+        self.reap();
+        self.scan(log);
+        let mut next = Instant::now() + self.settings.tick;
+        if self.settings.report {
+            self.load_targets(log);
+            let now = clock::now_ms();
+            if let Some(at) = self.report(now, log) {
+                // A state due before the next tick is judged right then.
+                next = next.min(Instant::now() + Duration::from_millis(at.saturating_sub(now) + 1));
+            }
+        }
+        self.next = next;
+    }
+
+    fn stop(&mut self, log: &mut dyn FnMut(&str)) {
+        let until = Instant::now() + RELEASE_BUDGET;
+        let shown: Vec<_> = self.shown.drain().collect();
+        for ((backend, server, pane), r) in shown {
+            if Instant::now() >= until {
+                log(&format!("board: pane {pane} not released (out of time)"));
+                continue;
+            }
+            let t = Target { session: String::new(), backend, server, pane: pane.clone(), kind: r.kind.clone() };
+            let seq = self.seq();
+            if let Some(b) = self.backend(&t) {
+                if let Err(e) = b.release_state(&pane, &r.kind, seq) {
+                    log(&format!("board: pane {pane} not released ({e})"));
+                }
+            }
+        }
+        self.reap();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn recorded_evidence_is_the_newest_agent_timestamp_of_this_dispatch() {
+        let ts = clock::format_ts;
+        let rec = Record::new(
+            json!({"claimed_at": ts(1_000), "heartbeat_at": ts(5_000), "last_event_at": ts(5_000),
+                   "last_event": "progress"})
+            .as_object()
+            .unwrap()
+            .clone(),
+        );
+        assert_eq!(recorded_evidence(&rec, Some(500)), Some(Evidence { at_ms: 5_000, what: "beat".into() }));
+        // A re-dispatch after all of it: nothing of the old attempt counts.
+        assert_eq!(recorded_evidence(&rec, Some(6_000)), None);
+    }
+}
