@@ -8,22 +8,19 @@
 //! never prints a token.
 
 use std::ffi::OsString;
-use std::fs::{self, File};
-use std::io::{Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
 use crate::ctx::Ctx;
-use crate::daemon::sweep::last_evidence_ms;
 use crate::paths;
-use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::sys;
 use crate::text;
+use crate::view::jobs::{age, rows, Row};
 
 pub const USAGE: &str = "
 Usage: mam jobs [--registry-dir D] [--json] [--follow]
@@ -75,43 +72,6 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     Ok(Parsed::Run(a))
 }
 
-/// One line of the table.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
-    pub job_id: String,
-    pub status: String,
-    pub attempt: Option<u64>,
-    pub session: String,
-    pub created_at: String,
-    pub evidence_ms: Option<u64>,
-    pub heartbeat_ms: Option<u64>,
-    /// The claim (else the registration) time.
-    pub started_ms: Option<u64>,
-    pub finished_ms: Option<u64>,
-    /// The idle window (`sweep::idle_ms`).
-    pub idle_ms: u64,
-}
-
-impl Row {
-    fn finished(&self) -> bool {
-        crate::registry::is_terminal(&self.status)
-    }
-
-    /// How long a live job has been silent: `Some(ms since the last evidence)` when it is not
-    /// finished, not pending, and that is longer than its idle window.
-    pub fn silent_ms(&self, now_ms: u64) -> Option<u64> {
-        if self.finished() || self.status == "pending" {
-            return None;
-        }
-        let since = now_ms.saturating_sub(self.evidence_ms.or(self.started_ms)?);
-        (since > self.idle_ms).then_some(since)
-    }
-
-    fn elapsed_ms(&self, now_ms: u64) -> Option<u64> {
-        Some(self.finished_ms.unwrap_or(now_ms).saturating_sub(self.started_ms?))
-    }
-}
-
 /// `HH:MM:SS` when `ms` is on the UTC day of `now_ms`, else `YYYY-MM-DD`.
 fn clock_cell(ms: Option<u64>, now_ms: u64) -> String {
     let Some(ms) = ms else { return "-".into() };
@@ -120,131 +80,6 @@ fn clock_cell(ms: Option<u64>, now_ms: u64) -> String {
         ts[11..19].to_string()
     } else {
         ts[..10].to_string()
-    }
-}
-
-/// The row of one record; `registry` is where its events.log lives.
-pub fn row(rec: &Record, registry: &Path) -> Row {
-    let id = rec.str("job_id").unwrap_or("").to_string();
-    let events = registry.join(&id).join("events.log");
-    // One stat: most records of a large registry have no events.log, so nothing more is opened.
-    let events_mtime = fs::metadata(&events)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64);
-    let heartbeat_ms = rec
-        .str("heartbeat_at")
-        .and_then(clock::parse_ts)
-        .or_else(|| events_mtime.and_then(|_| last_heartbeat_line_ms(&events)));
-    let ts = |k: &str| rec.str(k).and_then(clock::parse_ts);
-    Row {
-        evidence_ms: last_evidence_ms(rec, events_mtime),
-        heartbeat_ms,
-        started_ms: ts("claimed_at").or_else(|| ts("created_at")),
-        finished_ms: ts("finished_at"),
-        idle_ms: crate::daemon::sweep::idle_ms(rec),
-        status: rec.status().to_string(),
-        attempt: rec.attempt(),
-        session: rec.str("agent_session").unwrap_or("").to_string(),
-        created_at: rec.str("created_at").unwrap_or("").to_string(),
-        job_id: id,
-    }
-}
-
-/// The `ts` of the last events.log line with `"heartbeat":true`, looking at the last 64 KiB only.
-fn last_heartbeat_line_ms(path: &Path) -> Option<u64> {
-    const TAIL: u64 = 64 * 1024;
-    let mut f = File::open(path).ok()?;
-    let len = f.metadata().ok()?.len();
-    let start = len.saturating_sub(TAIL);
-    f.seek(SeekFrom::Start(start)).ok()?;
-    let mut buf = Vec::with_capacity((len - start) as usize);
-    f.read_to_end(&mut buf).ok()?;
-    let needle = b"\"heartbeat\":true";
-    buf.split(|&b| b == b'\n').rev().filter(|l| l.windows(needle.len()).any(|w| w == needle)).find_map(|l| {
-        let v: Value = serde_json::from_slice(l).ok()?;
-        (v.get("heartbeat") == Some(&Value::Bool(true))).then(|| v.get("ts")?.as_str().and_then(clock::parse_ts))?
-    })
-}
-
-/// The fields the table shows, parsed without building the whole record (10,000 records are read on
-/// every `--follow` redraw). `None` when the bytes are not a JSON object.
-fn slim(bytes: &[u8]) -> Option<Record> {
-    #[derive(serde::Deserialize)]
-    struct Slim {
-        job_id: Option<Value>,
-        status: Option<Value>,
-        attempt: Option<Value>,
-        agent_session: Option<Value>,
-        created_at: Option<Value>,
-        last_event_at: Option<Value>,
-        heartbeat_at: Option<Value>,
-        claimed_at: Option<Value>,
-        updated_at: Option<Value>,
-        dispatched_at: Option<Value>,
-        finished_at: Option<Value>,
-        heartbeat_sec: Option<Value>,
-        heartbeat_misses: Option<Value>,
-        idle_timeout_sec: Option<Value>,
-    }
-    // serde also fills a struct from an array: only an object is a record.
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return None;
-    }
-    let s: Slim = serde_json::from_slice(bytes).ok()?;
-    let mut m = serde_json::Map::new();
-    for (k, v) in [
-        ("job_id", s.job_id),
-        ("status", s.status),
-        ("attempt", s.attempt),
-        ("agent_session", s.agent_session),
-        ("created_at", s.created_at),
-        ("last_event_at", s.last_event_at),
-        ("heartbeat_at", s.heartbeat_at),
-        ("claimed_at", s.claimed_at),
-        ("updated_at", s.updated_at),
-        ("dispatched_at", s.dispatched_at),
-        ("finished_at", s.finished_at),
-        ("heartbeat_sec", s.heartbeat_sec),
-        ("heartbeat_misses", s.heartbeat_misses),
-        ("idle_timeout_sec", s.idle_timeout_sec),
-    ] {
-        if let Some(v) = v {
-            m.insert(k.to_string(), v);
-        }
-    }
-    Some(Record::new(m))
-}
-
-/// Every job of `store`, sorted by created_at then id. Unreadable records come back as warnings.
-pub fn rows(store: &Store) -> Result<(Vec<Row>, Vec<String>), Failure> {
-    let mut out = Vec::new();
-    let mut warnings = Vec::new();
-    for id in store.job_ids().map_err(Failure::runtime)? {
-        let path = store.record_path(&id);
-        match fs::read(&path) {
-            Ok(bytes) => match slim(&bytes) {
-                Some(r) => out.push(row(&r, &store.registry)),
-                None => warnings.push(format!("WARNING: {}: not a valid job record; skipped", text::show_path(&path))),
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // removed since the listing
-            Err(e) => warnings.push(format!("WARNING: {}: cannot read record ({e}); skipped", text::show_path(&path))),
-        }
-    }
-    out.sort_by(|a, b| (&a.created_at, &a.job_id).cmp(&(&b.created_at, &b.job_id)));
-    Ok((out, warnings))
-}
-
-/// `45s`, `3m07s`, `2h05m`, `3d04h`; `-` for none.
-pub fn age(then_ms: Option<u64>, now_ms: u64) -> String {
-    let Some(t) = then_ms else { return "-".into() };
-    let s = now_ms.saturating_sub(t) / 1000;
-    match s {
-        0..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
-        3600..=86_399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
     }
 }
 
@@ -320,18 +155,16 @@ pub fn to_json(rows: &[Row], now_ms: u64) -> Value {
     )
 }
 
-pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
-    let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
-        return Ok(0);
-    };
-    cli::load_env(ctx)?;
-    let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
+/// The registry `mam jobs` (and `mam ui`) reads: `--registry-dir`, else MAM_JOBS_DIR, else the
+/// control root's. One that does not exist is an error, except the default one of a control root
+/// whose .mam/ exists (nothing registered yet).
+pub fn registry(ctx: &Ctx, flag: Option<&std::path::Path>) -> Result<Store, Failure> {
+    let resolved = paths::resolve(ctx, flag)?;
     let store = Store::from_resolved(&resolved);
     // The default registry of a control root that exists is merely empty so far; any other
     // registry that does not exist is a wrong path (another root, a typo), not an empty table.
-    let fresh_default = a.registry_dir.is_none()
-        && ctx.path_var("MAM_JOBS_DIR").is_none()
-        && resolved.control_root.join(".mam").is_dir();
+    let fresh_default =
+        flag.is_none() && ctx.path_var("MAM_JOBS_DIR").is_none() && resolved.control_root.join(".mam").is_dir();
     if !store.registry.is_dir() && !fresh_default {
         return Err(Failure::runtime(format!(
             "jobs: no registry at {} (nothing registered there yet, or another control root: see `mam paths`; \
@@ -339,11 +172,20 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             text::show_path(&store.registry)
         )));
     }
+    Ok(store)
+}
+
+pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
+    let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
+        return Ok(0);
+    };
+    cli::load_env(ctx)?;
+    let store = registry(ctx, a.registry_dir.as_deref())?;
     if a.follow {
         sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     }
     loop {
-        let (rows, warnings) = rows(&store)?;
+        let (rows, warnings) = rows(&store).map_err(Failure::runtime)?;
         let now = clock::now_ms();
         if a.json {
             let v = to_json(&rows, now);
@@ -382,25 +224,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slim_reads_objects_only() {
-        assert!(slim(b"[1,2,3,4,5,6,7,8,9,10]").is_none());
-        assert!(slim(b"{").is_none());
-        let r = slim(br#" {"job_id":"a","status":"running","attempt":2,"x":{"deep":[1]}}"#).unwrap();
-        assert_eq!((r.str("job_id"), r.status(), r.attempt()), (Some("a"), "running", Some(2)));
-        assert!(r.get("x").is_none());
-    }
-
-    #[test]
-    fn ages() {
-        assert_eq!(age(None, 10), "-");
-        assert_eq!(age(Some(1_000), 46_999), "45s");
-        assert_eq!(age(Some(0), 187_000), "3m07s");
-        assert_eq!(age(Some(0), 7_500_000), "2h05m");
-        assert_eq!(age(Some(0), (3 * 86_400 + 4 * 3600) * 1000), "3d04h");
-        assert_eq!(age(Some(5_000), 1_000), "0s", "a future timestamp is not negative");
-    }
-
-    #[test]
     fn table_is_aligned() {
         let r = |id: &str, st: &str| Row {
             job_id: id.into(),
@@ -413,6 +236,9 @@ mod tests {
             started_ms: Some(0),
             finished_ms: (st == "completed").then_some(3_000),
             idle_ms: 120_000,
+            job_type: "task".into(),
+            reason: None,
+            report_path: None,
         };
         let t = table(&[r("a", "running"), r("bbbbbbbbbb", "completed")], 5_000);
         assert_eq!(
@@ -437,6 +263,9 @@ mod tests {
             started_ms: Some(0),
             finished_ms: None,
             idle_ms: 120_000,
+            job_type: "task".into(),
+            reason: None,
+            report_path: None,
         };
         assert_eq!(r.silent_ms(120_000), None, "inside the window");
         assert_eq!(r.silent_ms(302_000), Some(302_000));

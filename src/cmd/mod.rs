@@ -28,5 +28,6 @@ pub mod status;
 pub mod stop;
 pub mod sub;
 pub mod test_double;
+pub mod ui;
 pub mod watch;
 pub mod worktree;

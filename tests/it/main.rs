@@ -35,6 +35,7 @@ mod session;
 mod sign;
 mod spec;
 mod tidy;
+mod ui;
 mod userpath;
 mod watch;
 mod worktree;
