@@ -923,10 +923,19 @@ pub fn write_all_fd(fd: RawFd, mut bytes: &[u8]) -> io::Result<()> {
         let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
         if n < 0 {
             let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                // A terminal someone left non-blocking: wait (at most 2 s) until it takes more.
+                io::ErrorKind::WouldBlock => {
+                    let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+                    // SAFETY: `p` is one valid pollfd.
+                    if unsafe { libc::poll(&mut p, 1, 2_000) } <= 0 {
+                        return Err(e);
+                    }
+                    continue;
+                }
+                _ => return Err(e),
             }
-            return Err(e);
         }
         bytes = &bytes[n as usize..];
     }

@@ -27,8 +27,10 @@ struct Tmux {
 impl Tmux {
     fn new(td: &TestDir, what: &str) -> Tmux {
         let sock = format!("mam-test-{what}-{}", rand_hex(4));
-        let conf = td
-            .write(&format!("{what}.tmux.conf"), "set -g status off\nset -g escape-time 0\nset -g history-limit 5000\n");
+        let conf = td.write(
+            &format!("{what}.tmux.conf"),
+            "set -g status off\nset -g escape-time 0\nset -g history-limit 5000\n",
+        );
         Tmux { sock, conf }
     }
 
@@ -517,4 +519,98 @@ fn ui_prints_the_plain_table_when_stdout_is_not_a_terminal() {
     assert!(!out.contains("\x1b[?1049h"), "no alternate screen on a pipe");
     bg.signal(libc::SIGTERM);
     assert_eq!(bg.wait(Duration::from_secs(3)).0, 0);
+}
+
+/// Issue 22: `r` shows the job's report, `l` its events.log and follows it as it grows, `s` asks
+/// first and then cancels the job (`mam registry status --set cancelled`) or stops the session
+/// (`mam stop`): the records and the pane change only through those commands.
+#[test]
+fn ui_report_events_and_stop_keys() {
+    let Some(mut w) = World::new("ui-keys") else { return };
+    w.session("w1");
+    let report = w.path("report.md");
+    fs::write(&report, "All done: the task was read and answered.\nSecond line.\n").unwrap();
+    let job = w.job("w1", &["--report-path", &report.display().to_string()]);
+    w.agent(Kind::Claim, &job);
+    let rec = read_record(&w.td, &job);
+    append_events_log(&w.td, &job, &signed_event(&rec, "started", 1, false));
+    let (t, pane) = w.screen(100, 24, "", true);
+    wait_screen(&t, &pane, "the session idle and its job", Duration::from_secs(10), |s| {
+        s.contains(&format!("{job} running")) && s.contains(" idle ")
+    });
+    // The session row is selected: its newest job's report.
+    t.keys(&pane, &["r"]);
+    let s = wait_screen(&t, &pane, "the report", Duration::from_secs(5), |s| s.contains("All done: the task"));
+    assert!(s.starts_with(&format!("report of job {job} (running): {}", report.display())), "{s}");
+    assert!(s.contains("Second line.") && s.contains("q back"), "{s}");
+    t.keys(&pane, &["q", "j", "l"]);
+    let s = wait_screen(&t, &pane, "the events", Duration::from_secs(5), |s| s.contains("a1 #1 started"));
+    assert!(s.contains("following"), "{s}");
+    append_events_log(&w.td, &job, &signed_event(&rec, "progress", 2, true));
+    wait_screen(&t, &pane, "the new event", Duration::from_secs(5), |s| s.contains("a1 #2 progress heartbeat"));
+    t.keys(&pane, &["Escape"]);
+    wait_screen(&t, &pane, "the list", Duration::from_secs(5), |s| s.contains(&format!("> {job}")));
+    // s on the job: asked, refused with n, then done with y.
+    t.keys(&pane, &["s"]);
+    let s = wait_screen(&t, &pane, "the question", Duration::from_secs(5), |s| s.contains("[y/N]"));
+    assert!(s.contains(&format!("Cancel job {job}?")), "{s}");
+    t.keys(&pane, &["n"]);
+    wait_screen(&t, &pane, "not stopped", Duration::from_secs(5), |s| s.contains("not stopped"));
+    assert_eq!(read_record(&w.td, &job)["status"], "running", "n changes nothing");
+    t.keys(&pane, &["s", "y"]);
+    let s = wait_screen(&t, &pane, "the job cancelled", Duration::from_secs(15), |s| {
+        s.contains(&format!("`mam registry status {job} --set cancelled` (exit 0)"))
+    });
+    assert!(s.contains(&format!("{job} running -> cancelled")), "{s}");
+    let rec = read_record(&w.td, &job);
+    assert_eq!((rec["status"].as_str(), rec["reason"].as_str()), (Some("cancelled"), Some("cancelled in mam ui")));
+    // s on the session: mam stop.
+    t.keys(&pane, &["k", "s"]);
+    let s = wait_screen(&t, &pane, "the question", Duration::from_secs(5), |s| s.contains("[y/N]"));
+    assert!(s.contains("Stop session w1?"), "{s}");
+    t.keys(&pane, &["y"]);
+    let s = wait_screen(&t, &pane, "the session stopped", Duration::from_secs(20), |s| {
+        s.contains("`mam stop w1` (exit 0): SESSION=w1 STATUS=stopped")
+    });
+    wait_screen(&t, &pane, "its row stopped", Duration::from_secs(5), |s| {
+        s.lines().any(|l| l.starts_with("> w1") && l.contains("stopped"))
+    });
+    let _ = s;
+    t.keys(&pane, &["q"]);
+    wait_until("the screen quits", Duration::from_secs(5), || w.path("ui.rc").exists());
+}
+
+/// Issue 22: on herdr, Enter from a plain terminal attaches to the agent (`herdr agent attach`, the
+/// real herdr in a private world) and ctrl+b q comes back to the same place.
+#[test]
+fn ui_enter_attaches_to_a_herdr_agent_and_comes_back() {
+    let Some(mut w) = World::new("ui-herdr") else { return };
+    let Some(home) = HerdrHome::new(&w.td) else { return };
+    home.link("claude", &mam_bin());
+    for (k, v) in home.env() {
+        w.set(&k, &v.to_string_lossy());
+    }
+    w.set("MAM_PANE_BACKEND", "herdr");
+    w.set("MAM_STARTUP_DIALOG_SETTLE_MS", "1000");
+    w.mam(["pane", "server-start"]).run().expect_rc(0);
+    let r = w.mam(["create", "claude", "--no-onboard", "--name", "w1", "--", "test-double", "agent"]).run();
+    r.expect_rc(0);
+    let (t, pane) = w.screen(100, 30, "", false);
+    let before = wait_screen(&t, &pane, "the herdr session listed", Duration::from_secs(15), |s| {
+        s.lines().any(|l| l.starts_with("> w1") && l.contains("herdr:"))
+    });
+    t.keys(&pane, &["Enter"]);
+    // herdr's client draws the agent's pane (the fake claude's banner and input line) here.
+    wait_screen(&t, &pane, "the agent's pane in the terminal", Duration::from_secs(10), |s| {
+        !s.contains("> w1") && s.contains("fake agent ready") && s.contains("? for shortcuts")
+    });
+    t.keys(&pane, &["C-b", "q"]);
+    let after = wait_screen(&t, &pane, "the screen back", Duration::from_secs(10), |s| s.contains("back from w1"));
+    let upto = |s: &str| s.lines().take_while(|l| !l.starts_with("> ")).map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(upto(&after), upto(&before), "before:\n{before}\nafter:\n{after}");
+    t.keys(&pane, &["q"]);
+    wait_until("the screen quits", Duration::from_secs(5), || w.path("ui.rc").exists());
+    w.mam(["stop", "w1"]).run().expect_rc(0);
+    drop(t);
+    drop(home);
 }
