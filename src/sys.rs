@@ -950,3 +950,212 @@ mod tests {
         assert!(kill(std::process::id() as i32, libc::SIGCONT).is_ok());
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Terminals (`mam ui`, issue 22): the termios mode, the window size, raw reads and writes on a
+// descriptor (no std buffer between a key and poll(2)), and signals delivered through a self-pipe.
+
+/// A terminal's mode as tcgetattr(3) reads it; restore it with `set_term_mode`.
+#[derive(Clone, Copy)]
+pub struct TermMode(libc::termios);
+
+impl std::fmt::Debug for TermMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TermMode(lflag {:#x})", self.0.c_lflag)
+    }
+}
+
+impl TermMode {
+    /// This mode made raw (cfmakeraw(3)): no echo, no line editing, no signal keys, no output
+    /// processing; a read returns after one byte.
+    pub fn raw(&self) -> TermMode {
+        let mut t = self.0;
+        // SAFETY: `t` is a valid termios copied from tcgetattr; cfmakeraw only edits its flags.
+        unsafe { libc::cfmakeraw(&mut t) };
+        t.c_cc[libc::VMIN] = 1;
+        t.c_cc[libc::VTIME] = 0;
+        TermMode(t)
+    }
+}
+
+/// True when `fd` is a terminal.
+pub fn is_tty(fd: RawFd) -> bool {
+    // SAFETY: isatty takes a descriptor number only.
+    unsafe { libc::isatty(fd) == 1 }
+}
+
+/// The terminal mode of `fd` (tcgetattr).
+pub fn term_mode(fd: RawFd) -> io::Result<TermMode> {
+    // SAFETY: a zeroed termios is a valid buffer that tcgetattr fills in.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: `t` is a valid, writable termios.
+    if unsafe { libc::tcgetattr(fd, &mut t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(TermMode(t))
+}
+
+/// Sets the terminal mode of `fd` once the output written so far has been sent (TCSADRAIN).
+pub fn set_term_mode(fd: RawFd, mode: &TermMode) -> io::Result<()> {
+    loop {
+        // SAFETY: `mode.0` is a termios read by tcgetattr (possibly made raw).
+        if unsafe { libc::tcsetattr(fd, libc::TCSADRAIN, &mode.0) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The window size of the terminal `fd`: (columns, rows).
+pub fn window_size(fd: RawFd) -> io::Result<(u16, u16)> {
+    // SAFETY: a zeroed winsize is a valid buffer for TIOCGWINSZ.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one winsize into the pointed-to buffer.
+    if unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((ws.ws_col, ws.ws_row))
+}
+
+/// One read(2) from `fd` (after poll said it is readable, so it does not block).
+pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is valid for `buf.len()` writable bytes.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Writes all of `bytes` to `fd` with write(2), taking no lock (a panic hook may run while the
+/// panicking thread holds std's stdout lock).
+pub fn write_all_fd(fd: RawFd, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: `bytes` is valid for `bytes.len()` readable bytes.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                // A terminal someone left non-blocking: wait (at most 2 s) until it takes more.
+                io::ErrorKind::WouldBlock => {
+                    let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+                    // SAFETY: `p` is one valid pollfd.
+                    if unsafe { libc::poll(&mut p, 1, 2_000) } <= 0 {
+                        return Err(e);
+                    }
+                    continue;
+                }
+                _ => return Err(e),
+            }
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
+}
+
+/// The write end of the signal pipe (-1: none installed).
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn pipe_signal(sig: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let b = sig as u8;
+        // SAFETY: write(2) is async-signal-safe; the pipe is non-blocking, so a full pipe drops the
+        // byte (the reader is behind by then and wakes anyway). errno is saved and restored.
+        unsafe {
+            let saved = *libc::__errno_location();
+            libc::write(fd, (&b as *const u8).cast(), 1);
+            *libc::__errno_location() = saved;
+        }
+    }
+}
+
+/// Signals delivered as bytes on a pipe (the self-pipe trick), so a loop blocked in `Epoll::wait`
+/// wakes for them. One per process; dropping it puts the default handlers back.
+pub struct SignalPipe {
+    read: File,
+    write: File,
+    sigs: Vec<i32>,
+}
+
+impl SignalPipe {
+    /// A non-blocking pipe and, for each of `sigs`, a handler that writes the signal number to it.
+    pub fn install(sigs: &[i32]) -> io::Result<SignalPipe> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors were just returned by pipe2 and nothing else owns them.
+        let (read, write) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        SIGNAL_PIPE.store(write.as_raw_fd(), Ordering::SeqCst);
+        let pipe = SignalPipe { read, write, sigs: sigs.to_vec() };
+        for &sig in sigs {
+            // SAFETY: a zeroed sigaction is a valid start; the handler only calls write(2) on a
+            // descriptor that stays open while it is installed (Drop restores SIG_DFL first).
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = pipe_signal as *const () as libc::sighandler_t;
+                libc::sigemptyset(&mut sa.sa_mask);
+                sa.sa_flags = libc::SA_RESTART;
+                if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+        }
+        Ok(pipe)
+    }
+
+    /// The signals received since the last call, in order.
+    pub fn drain(&self) -> Vec<i32> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 64];
+        while let Ok(n) = read_fd(self.read.as_raw_fd(), &mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend(buf[..n].iter().map(|&b| b as i32));
+            if n < buf.len() {
+                break;
+            }
+        }
+        out
+    }
+}
+
+impl AsRawFd for SignalPipe {
+    fn as_raw_fd(&self) -> RawFd {
+        self.read.as_raw_fd()
+    }
+}
+
+impl Drop for SignalPipe {
+    fn drop(&mut self) {
+        for &sig in &self.sigs {
+            // SAFETY: restoring the default disposition has no memory preconditions.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+        SIGNAL_PIPE.store(-1, Ordering::SeqCst);
+        let _ = &self.write; // closed with the struct, after the handlers are gone
+    }
+}
+
+/// utime + stime of `pid` and of its waited-for children, in clock ticks (`/proc/<pid>/stat` fields
+/// 14-17), and the ticks per second (`sysconf(_SC_CLK_TCK)`).
+pub fn proc_cpu_ticks(pid: i32) -> io::Result<(u64, u64, u64)> {
+    let f = proc_stat_fields(pid)?;
+    let n = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok()).ok_or_else(bad_stat);
+    // SAFETY: sysconf has no memory preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    // Fields 14-17 are at 11-14 here (the list starts at field 3, the state).
+    Ok((n(11)? + n(12)?, n(13)? + n(14)?, hz))
+}

@@ -79,24 +79,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             text::show_path(&resolved.sessions)
         )));
     };
-    if row.remote() {
-        return Err(Failure::usage(format!("attach: session {} runs on a remote runner: no pane here", row.name)));
-    }
-    if !row.running() {
-        return Err(Failure::usage(format!(
-            "attach: session {} is {}, not running; start it again with `mam resume {}`",
-            row.name,
-            if row.status.is_empty() { "not started" } else { &row.status },
-            row.name
-        )));
-    }
-    let (backend, server) = session::reconcile::row_target(ctx, row)
-        .ok_or_else(|| Failure::runtime(format!("attach: cannot tell which pane server session {} is on", row.name)))?;
-    let pane = row
-        .pane_id()
-        .ok_or_else(|| Failure::runtime(format!("attach: session {} has no pane recorded", row.name)))?
-        .to_string();
-    let target = Target { name: row.name.clone(), backend, server, pane };
+    let target = target(ctx, row)?;
     let here = Here::from_vars(ctx.var("TMUX").as_deref(), ctx.var("HERDR_ENV").as_deref());
     let plan = attach::plan(&target, &here).map_err(|e| Failure::usage(format!("attach: {e}")))?;
     if a.print {
@@ -121,7 +104,31 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     Ok(0)
 }
 
-fn command(ctx: &Ctx, s: &Step) -> Command {
+/// Where session `row` is: its backend, server and pane (usage errors for a remote or stopped row,
+/// runtime errors when its server or pane is not known). Also `mam ui`'s Enter.
+pub fn target(ctx: &Ctx, row: &session::Row) -> Result<Target, Failure> {
+    if row.remote() {
+        return Err(Failure::usage(format!("attach: session {} runs on a remote runner: no pane here", row.name)));
+    }
+    if !row.running() {
+        return Err(Failure::usage(format!(
+            "attach: session {} is {}, not running; start it again with `mam resume {}`",
+            row.name,
+            if row.status.is_empty() { "not started" } else { &row.status },
+            row.name
+        )));
+    }
+    let (backend, server) = session::reconcile::row_target(ctx, row)
+        .ok_or_else(|| Failure::runtime(format!("attach: cannot tell which pane server session {} is on", row.name)))?;
+    let pane = row
+        .pane_id()
+        .ok_or_else(|| Failure::runtime(format!("attach: session {} has no pane recorded", row.name)))?
+        .to_string();
+    Ok(Target { name: row.name.clone(), backend, server, pane })
+}
+
+/// The command of one step: the agent-role environment (no secret), the caller's cwd.
+pub fn command(ctx: &Ctx, s: &Step) -> Command {
     let mut c = Command::new(&s.argv[0]);
     c.args(&s.argv[1..]).env_clear().envs(ctx.child_env_for(ChildRole::Agent));
     for (k, v) in &s.env {
@@ -131,7 +138,8 @@ fn command(ctx: &Ctx, s: &Step) -> Command {
     c
 }
 
-fn run_step(ctx: &Ctx, s: &Step) -> Result<(), Failure> {
+/// Runs one step that returns at once (within 20 s), its output captured.
+pub fn run_step(ctx: &Ctx, s: &Step) -> Result<(), Failure> {
     let mut c = command(ctx, s);
     let out = crate::pane::proc::run_capture(&mut c, Duration::from_secs(20), &s.argv.join(" "))
         .map_err(|e| Failure::runtime(format!("attach: {e}")))?;

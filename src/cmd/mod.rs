@@ -30,5 +30,6 @@ pub mod stop;
 pub mod sub;
 pub mod test_double;
 pub mod wait;
+pub mod ui;
 pub mod watch;
 pub mod worktree;

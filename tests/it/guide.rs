@@ -5,6 +5,10 @@
 //! removed, and the stop. `sh guide-interactive` lines run the way a script can: `mam attach NAME`
 //! with `--print`, `mam jobs --follow` for two seconds and then SIGINT. The script runs under
 //! `set -euo pipefail`, so a block edited to a wrong command fails the test.
+//! where a fake agent named `claude` stands in for the real one, on a private tmux server and the
+//! embedded broker on a free port. `sh guide-interactive` lines run the way a script can:
+//! `mam attach NAME` with `--print`, `mam jobs --follow` for two seconds and then SIGINT, `mam ui`
+//! as one 80x24 screen (`--snapshot`).
 
 use std::fs;
 use std::path::Path;
@@ -41,6 +45,8 @@ fn script(md: &str, port: u16) -> String {
                 s.push_str(&format!("{cmd} --print\n"));
             } else if tag == "sh guide-interactive" && cmd == "mam jobs --follow" {
                 s.push_str("timeout --preserve-status -s INT 2 mam jobs --follow >/dev/null\n");
+            } else if tag == "sh guide-interactive" && cmd == "mam ui" {
+                s.push_str("mam ui --snapshot 80x24\n");
             } else if tag == "sh guide-interactive" {
                 panic!("an interactive line the test cannot run: {line}");
             } else {
@@ -201,6 +207,8 @@ fn the_guide_runs_with_the_fake_agent() {
     assert!(out.contains("Hello.") && out.contains("Hello again."), "the report is read: {out}");
     assert!(out.contains(&format!("tmux -L {sock} attach-session -t ")), "{out}");
     assert!(out.contains("NAME\tAGENT\t"), "mam status: {out}");
+    assert!(out.contains("mam ui  1 session  ") && out.contains("JOBS     STATUS"), "mam ui: {out}");
+    assert!(out.lines().any(|l| l.starts_with("> worker ") && l.contains("claude")), "mam ui: {out}");
     // The job's subscriber reached the broker with the workspace's credentials (no re-probing).
     assert!(!r.stderr().contains("subscriber exited"), "{}", r.stderr());
     // Both loops promoted; the reviewer's reports carry identity sidecars.

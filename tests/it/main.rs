@@ -38,6 +38,7 @@ mod session;
 mod sign;
 mod spec;
 mod tidy;
+mod ui;
 mod userpath;
 mod wait;
 mod watch;
