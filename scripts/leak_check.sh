@@ -38,9 +38,8 @@ mam_leaks() {
     # A zombie has an empty cmdline and is skipped with the unreadable ones.
     cmd=$({ tr '\0' ' ' <"$d/cmdline"; } 2>/dev/null) || continue
     case " $cmd" in
-      *" heartbeat run "* | *" daemon run "* | *" remote run "*) ;;
-      *"nats-server -c $base/"*) ;;
       *" heartbeat run "* | *" daemon run "* | *" remote run "* | *" notify run "*) ;;
+      *"nats-server -c $base/"*) ;;
       *) continue ;;
     esac
     cwd=$(readlink "$d/cwd" 2>/dev/null || true)

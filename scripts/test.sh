@@ -34,9 +34,8 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1 MAM_REQUIRE_LSOF=1 MAM_REQUIRE_PYTHON3=1
-export MAM_REQUIRE_NATS=1
 export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1 MAM_REQUIRE_LSOF=1 MAM_REQUIRE_PYTHON3=1 MAM_REQUIRE_PAHO=1
+export MAM_REQUIRE_NATS=1
 
 # The real herdr (issue 11): HERDR_BIN (a path) or `herdr` on PATH, exported absolute for the tests.
 # Not installable from a package, so it is required only when MAM_REQUIRE_HERDR=1 (.ci/run sets it).

@@ -11,7 +11,6 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -23,12 +22,8 @@ use crate::daemon::sweep::last_evidence_ms;
 use crate::paths;
 use crate::registry::record::Record;
 use crate::registry::store::{Store, StoreError};
-use crate::ctx::Ctx;
-use crate::paths;
-use crate::registry::store::Store;
 use crate::sys;
 use crate::text;
-use crate::view::jobs::{age, rows, Row};
 
 pub const USAGE: &str = "
 Usage: mam jobs [--registry-dir D] [--json] [--follow]
@@ -322,10 +317,6 @@ fn cells(r: &Row, now_ms: u64) -> [String; 8] {
 /// the column widths, one for the lines; no cell is kept between them.
 pub fn write_table(rows: &[Row], now_ms: u64, out: &mut impl std::io::Write) -> std::io::Result<()> {
     let mut width = HEADER.map(str::len);
-/// The table as text (header plus one line per row, columns padded).
-pub fn table(rows: &[Row], now_ms: u64) -> String {
-    let mut cells: Vec<[String; 8]> =
-        vec![["JOB", "STATUS", "ATTEMPT", "SESSION", "ELAPSED", "FINISHED", "EVIDENCE", "HEARTBEAT"].map(String::from)];
     for r in rows {
         for (w, s) in width.iter_mut().zip(&cells(r, now_ms)) {
             *w = (*w).max(s.chars().count());
@@ -392,9 +383,7 @@ pub fn write_json(rows: &[Row], now_ms: u64, pretty: bool, out: &mut impl std::i
     }
 }
 
-/// The registry `mam jobs` (and `mam ui`) reads: `--registry-dir`, else MAM_JOBS_DIR, else the
-/// control root's. One that does not exist is an error, except the default one of a control root
-/// whose .mam/ exists (nothing registered yet).
+/// The registry `mam jobs` (and `mam ui`) reads: `--registry-dir`, else the resolved default.
 pub fn registry(ctx: &Ctx, flag: Option<&std::path::Path>) -> Result<Store, Failure> {
     let resolved = paths::resolve(ctx, flag)?;
     let store = Store::from_resolved(&resolved);
@@ -423,7 +412,6 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     }
     loop {
         let (rows, warnings) = rows(&store, a.json)?;
-        let (rows, warnings) = rows(&store).map_err(Failure::runtime)?;
         let now = clock::now_ms();
         let mut out = OutBuf::new(ctx);
         if a.json {
@@ -507,9 +495,6 @@ mod tests {
             finished_ms: (st == "completed").then_some(3_000).into(),
             idle_ms: 120_000,
             ..Row::new(id, st, "w", "")
-            job_type: "task".into(),
-            reason: None,
-            report_path: None,
         };
         let t = table(&[r("a", "running"), r("bbbbbbbbbb", "completed")], 5_000);
         assert_eq!(
@@ -529,9 +514,6 @@ mod tests {
             started_ms: Some(0).into(),
             idle_ms: 120_000,
             ..Row::new("a", "running", "w", "")
-            job_type: "task".into(),
-            reason: None,
-            report_path: None,
         };
         assert_eq!(r.silent_ms(120_000), None, "inside the window");
         assert_eq!(r.silent_ms(302_000), Some(302_000));

@@ -29,7 +29,7 @@ pub mod status;
 pub mod stop;
 pub mod sub;
 pub mod test_double;
-pub mod wait;
 pub mod ui;
+pub mod wait;
 pub mod watch;
 pub mod worktree;

@@ -253,7 +253,7 @@ pub fn run(
             match c.recv(wake) {
                 Ok(Some(m)) => {
                     let Some((id, _)) = parse_topic(&root, &m.topic) else { continue };
-                    let Some(&i) = index.get(id) else { continue };
+                    let Some(&i) = index.get(id.as_str()) else { continue };
                     let slot = &mut slots[i];
                     if let Some(f) = slot.t.offer(&m.payload, Source::Wire, clock::now_ms()) {
                         let f = enrich(store, slot, f);

@@ -3,12 +3,9 @@
 //! the round's identity, passes) stand in for the real ones, on a private tmux server and the embedded
 //! broker on a free port: a delegation, a review loop, a worktree prepared, reviewed, listed and
 //! removed, and the stop. `sh guide-interactive` lines run the way a script can: `mam attach NAME`
-//! with `--print`, `mam jobs --follow` for two seconds and then SIGINT. The script runs under
-//! `set -euo pipefail`, so a block edited to a wrong command fails the test.
-//! where a fake agent named `claude` stands in for the real one, on a private tmux server and the
-//! embedded broker on a free port. `sh guide-interactive` lines run the way a script can:
-//! `mam attach NAME` with `--print`, `mam jobs --follow` for two seconds and then SIGINT, `mam ui`
-//! as one 80x24 screen (`--snapshot`).
+//! with `--print`, `mam jobs --follow` for two seconds and then SIGINT, `mam ui` as one 80x24 screen
+//! (`--snapshot`). The script runs under `set -euo pipefail`, so a block edited to a wrong command
+//! fails the test.
 
 use std::fs;
 use std::path::Path;
