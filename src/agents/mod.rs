@@ -132,7 +132,10 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::CodexRollout,
         resume_args: &["resume"],
         layout: Layout::Unsupported,
-        ready_lines: &["Ask Codex to do anything"],
+        // The input line with its full footer: the screen codex flashes before its init shows the
+        // login chooser has "› Ask Codex to do anything" and "? for shortcuts" but not "← for agents"
+        // (on a loaded machine the flash outlasted the 1.5 s hold).
+        ready_lines: &["← for agents"],
         ready_hold_ms: 1500,
         dialogs: &[
             Dialog { screen: "Sign in another way", keys: &["3"] },
