@@ -86,6 +86,9 @@ pub struct Adapter {
     pub ready_hold_ms: u64,
     /// Start-up dialogs in the order they appear, each with the keys that pass it.
     pub dialogs: &'static [Dialog],
+    /// Screen text the CLI shows while it acts on an answer (gemini restarts itself after its trust
+    /// dialog, which stays on screen meanwhile): below a dialog's text, the dialog is not answered again.
+    pub startup_busy: &'static [&'static str],
     /// Screen text that means the agent is busy (a model call, also one stuck in its network retry).
     pub working_marks: &'static [&'static str],
 }
@@ -114,6 +117,7 @@ pub const ADAPTERS: &[Adapter] = &[
         layout: Layout::Claude,
         ready_lines: &["? for shortcuts"],
         ready_hold_ms: 0,
+        startup_busy: &[],
         dialogs: &[
             Dialog { screen: "Yes, I trust this folder", keys: &["enter"] },
             Dialog { screen: "Detected a custom API key", keys: &["1"] },
@@ -132,8 +136,12 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::CodexRollout,
         resume_args: &["resume"],
         layout: Layout::Unsupported,
-        ready_lines: &["Ask Codex to do anything"],
+        // The input line with its full footer: the screen codex flashes before its init shows the
+        // login chooser has "› Ask Codex to do anything" and "? for shortcuts" but not "← for agents"
+        // (on a loaded machine the flash outlasted the 1.5 s hold).
+        ready_lines: &["← for agents"],
         ready_hold_ms: 1500,
+        startup_busy: &[],
         dialogs: &[
             Dialog { screen: "Sign in another way", keys: &["3"] },
             Dialog { screen: "Use an OpenAI API key", keys: &["enter"] },
@@ -155,6 +163,7 @@ pub const ADAPTERS: &[Adapter] = &[
         layout: Layout::Unsupported,
         ready_lines: &["Type your message or @path/to/file"],
         ready_hold_ms: 0,
+        startup_busy: &["is restarting to apply the trust changes"],
         dialogs: &[
             Dialog { screen: "Do you trust the files in this folder?", keys: &["enter"] },
             Dialog { screen: "Use Gemini API Key", keys: &["enter"] },
@@ -175,6 +184,7 @@ pub const ADAPTERS: &[Adapter] = &[
         layout: Layout::Unsupported,
         ready_lines: &["Type your message or @path/to/file"],
         ready_hold_ms: 0,
+        startup_busy: &[],
         dialogs: &[],
         working_marks: &["esc to cancel"],
     },
@@ -191,6 +201,7 @@ pub const ADAPTERS: &[Adapter] = &[
         layout: Layout::Unsupported,
         ready_lines: &["Ask me anything..."],
         ready_hold_ms: 0,
+        startup_busy: &[],
         dialogs: &[],
         working_marks: &[],
     },
@@ -210,6 +221,7 @@ pub const ADAPTERS: &[Adapter] = &[
         // columns wide, herdr's headless one) gives way to "esc interrupt" while it works.
         ready_lines: &["ctrl+p commands", "agents  commands"],
         ready_hold_ms: 0,
+        startup_busy: &[],
         dialogs: &[],
         // "[retrying in 2s attempt #2]", or "[retrying attempt #2]" in a narrow pane.
         working_marks: &["esc interrupt", "[retrying"],
@@ -227,6 +239,7 @@ pub const ADAPTERS: &[Adapter] = &[
         layout: Layout::Agy,
         ready_lines: &[],
         ready_hold_ms: 0,
+        startup_busy: &[],
         dialogs: &[],
         working_marks: &[],
     },
@@ -243,6 +256,7 @@ pub const ADAPTERS: &[Adapter] = &[
         layout: Layout::Unsupported,
         ready_lines: &[],
         ready_hold_ms: 0,
+        startup_busy: &[],
         dialogs: &[],
         working_marks: &[],
     },
@@ -314,6 +328,12 @@ impl Adapter {
     pub fn dialog_on(&self, screen: &str) -> Option<&'static Dialog> {
         let input_at = self.ready_lines.iter().filter_map(|l| screen.rfind(l)).max();
         self.dialogs.iter().rev().find(|d| screen.rfind(d.screen).is_some_and(|at| input_at.is_none_or(|i| at > i)))
+    }
+
+    /// True when `screen` shows, below dialog `d`'s text, that the CLI is still acting on an answer.
+    pub fn busy_after(&self, screen: &str, d: &Dialog) -> bool {
+        let at = screen.rfind(d.screen).unwrap_or(0);
+        self.startup_busy.iter().any(|b| screen.rfind(b).is_some_and(|b| b > at))
     }
 
     /// True when `screen` shows the CLI's own input line and no dialog.

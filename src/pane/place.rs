@@ -217,6 +217,8 @@ pub fn screen_step(
     max: u32,
 ) -> ScreenStep {
     let prompted = match ad.dialog_on(screen) {
+        // The CLI is acting on the answer (gemini restarting after its trust dialog): wait for it.
+        Some(d) if ad.busy_after(screen, d) => return ScreenStep::Wait,
         Some(d) => Prompted::Dialog(d),
         None if blocked => Prompted::Blocked,
         None if ad.ready_on(screen) => return ScreenStep::Ready,
@@ -224,9 +226,8 @@ pub fn screen_step(
     };
     // A kind's own dialogs may be answered three times each (codex shows four in a row, and on a loaded
     // machine a key sent while a dialog is still drawing can be lost: seen with codex's
-    // 'Detected OPENAI_API_KEY'; gemini restarts after its trust dialog, which stays on screen until
-    // the new process draws, and a loaded run used all of twice three answers before its key box
-    // passed); a status the table cannot explain, at most MAM_STARTUP_DIALOG_MAX times.
+    // 'Detected OPENAI_API_KEY'); a status the table cannot explain, at most MAM_STARTUP_DIALOG_MAX
+    // times.
     let limit = match prompted {
         Prompted::Dialog(_) => max.max(DIALOG_TRIES * ad.dialogs.len() as u32),
         Prompted::Blocked => max,
@@ -468,6 +469,12 @@ mod tests {
         // The same dialog again before it had time to react: no second key.
         assert_eq!(screen_step(c, trust, false, Some((d, false)), 1, 3), ScreenStep::Wait);
         assert_eq!(screen_step(c, trust, false, Some((d, true)), 1, 3), ScreenStep::Answer(d));
+        // gemini restarting after its trust dialog: the dialog, still on screen, is not answered again.
+        let g = agents::adapter("gemini").unwrap();
+        let restarting = "│ ● 1. Trust folder (ws) │\n Do you trust the files in this folder?\n Gemini CLI is restarting to apply the trust changes...\n";
+        assert_eq!(screen_step(g, restarting, false, None, 1, 3), ScreenStep::Wait);
+        let g_trust = " Do you trust the files in this folder?\n ● 1. Trust folder (ws)\n";
+        assert!(matches!(screen_step(g, g_trust, false, None, 0, 3), ScreenStep::Answer(_)));
         // Each of the kind's dialogs may be answered three times (a key lost on a loaded machine).
         let limit = 3u32.max(DIALOG_TRIES * c.dialogs.len() as u32);
         assert_eq!(screen_step(c, trust, false, Some((d, true)), limit - 1, 3), ScreenStep::Answer(d));
