@@ -4,10 +4,8 @@
 //! It also keeps the connections' timers (connect deadline, keepalive, a queue that does not move)
 //! and the backpressure rule: a publisher whose message finds a subscriber's queue full reads
 //! nothing more until that queue has room, and a queue that stays full for `OVERFLOW_GRACE`
-//! disconnects its client. QoS 0 copies to a subscriber that is getting a trickle of small writes
-//! are held for at most 1 ms to go out in one write (`cork`). Routing decisions come from `route`
-//! (candidates from the state's subscription index); this file locks the state, asks `route`, then
-//! encodes and queues what it decided.
+//! disconnects its client. Routing decisions come from `route`; this file locks the state, asks
+//! `route`, then encodes and queues what it decided.
 //!
 //! It is driven by one thread (`server`'s loop) and never blocks: no socket call waits, and no
 //! socket is written under the state lock. It never accepts connections or spawns threads.
@@ -34,13 +32,6 @@ const READ_CHUNK: usize = 64 * 1024;
 const KEEP_READ_BUFFER: usize = 16 * 1024;
 /// Bytes gathered from a queue before one write call.
 const WRITE_BATCH: usize = 64 * 1024;
-/// Write coalescing for a trickle: routed QoS 0 messages for a connection whose last write was smaller
-/// than `CORK_SMALL` and less than `CORK_DELAY` ago are held until `CORK_BYTES` are queued or
-/// `CORK_DELAY` has passed. A lone message (nothing written for `CORK_DELAY`) goes at once, and
-/// a reply to the connection's own packet (CONNACK, PUBACK, SUBACK, ...) is never held.
-const CORK_DELAY: Duration = Duration::from_millis(1);
-const CORK_SMALL: usize = 512;
-const CORK_BYTES: usize = 8 * 1024;
 /// A queue with bytes to write that makes no progress this long gives up on its client.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a full outbound queue may stay full (nothing written from it) before its client is
@@ -91,15 +82,6 @@ struct Conn {
     woff: usize,
     /// When the queue last moved (bytes written, or it became non-empty or full).
     moved: Instant,
-    /// When bytes were last written, and how many that write took (the cork's trickle test).
-    last_write: Instant,
-    last_write_len: usize,
-    /// Bytes in `out`.
-    out_bytes: usize,
-    /// A reply to this connection's own packet is queued: no corking until it is written.
-    urgent: bool,
-    /// Routed messages held back since then to go out in one write (`CORK_DELAY`).
-    corked_since: Option<Instant>,
     /// No CONNECT (before it) or nothing received (after it) by then closes the connection.
     read_deadline: Option<Instant>,
     keep_alive: u16,
@@ -165,19 +147,6 @@ impl Conn {
         [self.read_deadline, write, pause].into_iter().flatten().min()
     }
 
-    /// `cork` for this connection now.
-    fn corks(&self, now: Instant) -> bool {
-        self.phase == Phase::Connected
-            && self.woff == self.wbuf.len()
-            && cork(Cork {
-                urgent: self.urgent,
-                since_write: now.saturating_duration_since(self.last_write),
-                last_write_len: self.last_write_len,
-                held_for: self.corked_since.map(|t| now.saturating_duration_since(t)),
-                queued: self.out_bytes,
-            })
-    }
-
     fn wanted_interest(&self) -> u32 {
         let read = matches!(self.phase, Phase::New | Phase::Connected) && self.paused_on.is_empty();
         (if read { EPOLL_IN } else { 0 }) | (if self.pending_write() { EPOLL_OUT } else { 0 })
@@ -202,9 +171,6 @@ pub(super) struct Table {
     scratch: Vec<u8>,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
     dirty: Vec<u64>,
-    /// Connections whose routed messages are held for a bigger write (a subset of those with
-    /// `corked_since`).
-    corked: Vec<u64>,
     paused: Vec<u64>,
     stalled: Vec<u64>,
     ending: Vec<u64>,
@@ -221,7 +187,6 @@ impl Table {
             scratch: Vec::new(),
             timers: BinaryHeap::new(),
             dirty: Vec::new(),
-            corked: Vec::new(),
             paused: Vec::new(),
             stalled: Vec::new(),
             ending: Vec::new(),
@@ -236,11 +201,9 @@ impl Table {
         &self.epoll
     }
 
-    /// The wait until the earliest connection timer or held write (None: neither).
+    /// The wait until the earliest connection timer (None: no timer).
     pub(super) fn next_timeout(&self, now: Instant) -> Option<Duration> {
-        let cork = self.corked.iter().filter_map(|id| self.conns.get(id)?.corked_since).min().map(|t| t + CORK_DELAY);
-        let timer = self.timers.peek().map(|Reverse((t, _))| *t);
-        [timer, cork].into_iter().flatten().min().map(|t| t.saturating_duration_since(now))
+        self.timers.peek().map(|Reverse((t, _))| t.saturating_duration_since(now))
     }
 
     /// Takes one accepted connection (counted in `active` by the caller).
@@ -260,11 +223,6 @@ impl Table {
             wbuf: Vec::new(),
             woff: 0,
             moved: now,
-            last_write: now,
-            last_write_len: usize::MAX,
-            out_bytes: 0,
-            urgent: false,
-            corked_since: None,
             read_deadline: Some(now + self.shared.cfg.connect_timeout),
             keep_alive: 0,
             timer_at: None,
@@ -905,12 +863,7 @@ impl Table {
         }
         let mut full = Vec::new();
         for (to, out) in sends {
-            // QoS 0 copies may be corked; a QoS 1/2 one is not: its subscriber's acknowledgements
-            // pace the publisher (`ACK_WINDOW`), and holding it slowed QoS 1 by 12%.
-            let urgent = !matches!(out, Out::Shared(_));
-            if self.enqueue(to, out, urgent) {
-                full.push(to);
-            }
+            full.extend(self.push_full(to, out));
         }
         windowed.retain(|t| self.conns.get(t).is_some_and(|c| !c.window_waived));
         Ok(Routed { full, windowed, refused_retain })
@@ -926,19 +879,11 @@ impl Table {
     /// Queues `out` for connection `to` (dropped when it is gone or closing); true when its queue
     /// is past `queue_limit` even after a write was tried.
     fn push(&mut self, to: u64, out: Out) -> bool {
-        self.enqueue(to, out, true)
-    }
-
-    /// `push`; `urgent` for everything but a QoS 0 message routed from a publisher (which may be
-    /// corked).
-    fn enqueue(&mut self, to: u64, out: Out, urgent: bool) -> bool {
         let limit = self.shared.cfg.queue_limit;
         let Some(c) = self.conns.get_mut(&to) else { return false };
         if !c.pending_write() {
             c.moved = Instant::now();
         }
-        c.urgent |= urgent;
-        c.out_bytes += out.bytes().len();
         c.out.push_back(out);
         if !c.dirty {
             c.dirty = true;
@@ -970,13 +915,10 @@ impl Table {
                 }
                 while c.wbuf.len() < WRITE_BATCH {
                     let Some(o) = c.out.pop_front() else { break };
-                    c.out_bytes -= o.bytes().len();
                     c.wbuf.extend_from_slice(o.bytes());
                 }
                 if c.wbuf.is_empty() {
                     c.wbuf = Vec::new();
-                    c.urgent = false;
-                    c.corked_since = None;
                     break;
                 }
             }
@@ -988,8 +930,6 @@ impl Table {
                 Ok(n) => {
                     c.woff += n;
                     c.moved = Instant::now();
-                    c.last_write = c.moved;
-                    c.last_write_len = n;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -1004,7 +944,6 @@ impl Table {
         }
         if let Some(why) = failed {
             c.out.clear();
-            c.out_bytes = 0;
             c.wbuf = Vec::new();
             c.woff = 0;
             if c.phase != Phase::Ending {
@@ -1015,24 +954,12 @@ impl Table {
         self.update_interest(id);
     }
 
-    /// Writes every connection with something queued, except routed messages to a trickling
-    /// subscriber, which wait for more (`CORK_DELAY`) in `corked`.
     fn flush_dirty(&mut self) {
-        let now = Instant::now();
-        let mut ids = std::mem::take(&mut self.dirty);
-        ids.append(&mut self.corked);
-        for id in ids {
-            let Some(c) = self.conns.get_mut(&id) else { continue };
-            if c.corks(now) {
-                c.corked_since.get_or_insert(now);
-                if !self.corked.contains(&id) {
-                    self.corked.push(id);
-                }
-                continue;
+        for id in std::mem::take(&mut self.dirty) {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.dirty = false;
+                self.flush(id);
             }
-            c.corked_since = None;
-            c.dirty = false;
-            self.flush(id);
         }
     }
 
@@ -1216,31 +1143,6 @@ fn retain_refusal(c: &mut Conn, t: &str, routed: &Routed) -> Option<String> {
     )))
 }
 
-/// What the cork decision looks at for one connected client with no partial write pending.
-#[derive(Debug, Clone, Copy)]
-struct Cork {
-    /// A reply to its own packet (or a QoS 1/2 message) is queued.
-    urgent: bool,
-    /// Time since its last write, and that write's size.
-    since_write: Duration,
-    last_write_len: usize,
-    /// How long its queue has been held already (None: not held).
-    held_for: Option<Duration>,
-    /// Bytes queued.
-    queued: usize,
-}
-
-/// Hold a client's queue back for a bigger write: only QoS 0 copies queued, less than
-/// `CORK_BYTES` of them, its last write small (`CORK_SMALL`) and recent (`CORK_DELAY`), and held
-/// for less than `CORK_DELAY` so far. A lone message, a reply and a full batch go at once.
-fn cork(c: Cork) -> bool {
-    !c.urgent
-        && c.queued < CORK_BYTES
-        && c.last_write_len < CORK_SMALL
-        && c.since_write < CORK_DELAY
-        && c.held_for.is_none_or(|h| h < CORK_DELAY)
-}
-
 fn keepalive_limit(keep_alive: u16) -> Duration {
     Duration::from_millis(u64::from(keep_alive) * 1500)
 }
@@ -1262,23 +1164,4 @@ fn session_full_text(lim: &session::Limits) -> String {
 
 fn overflow_msg(limit: usize) -> String {
     format!("WARNING: outbound queue full ({limit} messages) for {} s; disconnecting", OVERFLOW_GRACE.as_secs())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const TRICKLE: Cork =
-        Cork { urgent: false, since_write: Duration::from_micros(200), last_write_len: 80, held_for: None, queued: 80 };
-
-    #[test]
-    fn a_trickle_of_qos0_copies_is_corked_and_everything_else_goes_at_once() {
-        assert!(cork(TRICKLE), "small, recent, nothing urgent: held");
-        assert!(cork(Cork { held_for: Some(Duration::from_micros(900)), ..TRICKLE }), "still within the delay");
-        assert!(!cork(Cork { held_for: Some(CORK_DELAY), ..TRICKLE }), "held for the delay: written");
-        assert!(!cork(Cork { urgent: true, ..TRICKLE }), "a reply or a QoS 1/2 message is never held");
-        assert!(!cork(Cork { since_write: CORK_DELAY, ..TRICKLE }), "a lone message (nothing written lately) goes");
-        assert!(!cork(Cork { last_write_len: CORK_SMALL, ..TRICKLE }), "after a big write the batches are big already");
-        assert!(!cork(Cork { queued: CORK_BYTES, ..TRICKLE }), "a full batch goes");
-    }
 }
