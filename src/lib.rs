@@ -6,6 +6,7 @@
 
 pub mod agents;
 pub mod attach;
+pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod clock;

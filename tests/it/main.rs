@@ -6,6 +6,7 @@ mod support;
 
 mod agents;
 mod agents_real;
+mod bench;
 mod broker;
 mod cli;
 mod daemon;
