@@ -7,6 +7,7 @@
 pub mod agents;
 pub mod attach;
 pub mod board;
+pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod clock;

@@ -52,7 +52,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("install", "install mam (binary, shims, skills, .gitignore block) into a repository", true),
     ("update", "update an installed (or legacy) repository, keeping local edits and state", true),
     ("remove", "take mam out of a repository; local edits kept aside, state kept", true),
-    ("bench", "benchmarks against the anchors of docs/PERFORMANCE.md (loop-round)", true),
+    ("bench", "the performance table against its anchors on this machine (also loop-round)", true),
 ];
 
 /// The entry points that load the env file before refusing as not yet available (CORE 1.3), so an

@@ -783,12 +783,39 @@ pub fn proc_cwd(pid: i32) -> io::Result<PathBuf> {
 
 /// Resident set size of `pid` in KiB (`VmRSS` of /proc/<pid>/status), for benchmarks.
 pub fn proc_rss_kib(pid: i32) -> io::Result<u64> {
+    proc_status_kib(pid, "VmRSS")
+}
+
+/// A KiB field of /proc/<pid>/status (`VmRSS`, `VmHWM`, `RssAnon`, `RssFile`), for benchmarks.
+pub fn proc_status_kib(pid: i32, key: &str) -> io::Result<u64> {
     let text = fs::read_to_string(format!("/proc/{pid}/status"))?;
     text.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|n| n.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no VmRSS in /proc status"))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no {key} in /proc/{pid}/status")))
+}
+
+/// Waits for the child `pid` (wait4) and returns its exit code (128 + the signal when killed) and
+/// its peak resident set in KiB (`ru_maxrss`, for `mam bench`). Linux counts in `ru_maxrss` the
+/// resident set the child had before its exec too, that is the spawner's: the caller knows its own.
+pub fn wait_rusage(pid: i32) -> io::Result<(i32, u64)> {
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `status` and `ru` are valid writable locations for the duration of the call.
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if rc == pid {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+    Ok((code, ru.ru_maxrss.max(0) as u64))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,12 +1,19 @@
-//! `mam bench` (docs/PERFORMANCE.md): benchmarks that time library paths from inside the process,
-//! where a whole-process timing would measure something else. `loop-round` runs the review loop's
-//! own steps of one pinned round (everything but the agents) through the code `mam loop` runs.
-//! It never changes the repository's index, status or refs (the snapshots are ref-less commits).
+//! `mam bench` (issue 20, docs/PERFORMANCE.md): the comparisons of the performance table, run on
+//! this machine with their anchors measured in the same run (`mosquitto_pub -q 1`, `/bin/true`,
+//! an idle `sleep`, mosquitto itself), printed as a table and as sentences, or as JSON; and
+//! `loop-round`, which times the review loop's own steps of one pinned round (everything but the
+//! agents) through the code `mam loop` runs, never changing the repository's index, status or refs
+//! (the snapshots are ref-less commits). The measuring parts are `crate::bench`.
 
 use std::ffi::OsString;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
+use crate::bench::load;
+use crate::bench::measure::{self, Guard};
+use crate::bench::{fixture, Machine, Qty, Report, Row};
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
 use crate::ctx::Ctx;
@@ -15,16 +22,45 @@ use crate::knob;
 use crate::paths;
 use crate::review::checkpoint::{self, Checkpoint, JobRow, ReviewerRow, Round, RoundIdentity};
 use crate::review::evidence::{self, Verdict};
-use crate::review::git::{self, Guard, Repo};
+use crate::review::git::{self, Guard as DiffGuard, Repo};
 use crate::review::prompt;
 use crate::sys;
 use crate::text::show_path;
 
 pub const USAGE: &str = "
-Usage: mam bench loop-round --repo PATH --base REF [--reps N]
+Usage: mam bench [--quick] [--json] [--sizes N,N,...] [--runs N]
+       mam bench loop-round --repo PATH --base REF [--reps N]
 
-Times the review loop's own work in one pinned review round with one local reviewer and tree
-isolation, N times (default 15), through the library code `mam loop` runs, in the loop's order:
+With no benchmark named, runs the comparisons of docs/PERFORMANCE.md on this machine, each against
+an anchor measured in the same run, alternating the two (the order swapped every round) and taking
+medians; the machine's load (/proc/loadavg) is printed at the start and the end:
+  mam publish --event progress (engine, record, events.log, signed event, retained state, audit)
+                           against mosquitto_pub -q 1 of the same payload to the same broker
+  mam pub -q 1             against mosquitto_pub -q 1
+  mam --version            against /bin/true
+  the heartbeat timer's resident set (VmRSS; its own memory is RssAnon) against an idle `sleep`
+  the binary's size
+  mam registry list, mam jobs and mam status over registries of each size (default 1000, 10000,
+  100000; --quick 1000, 10000): median wall time and peak resident set
+  the embedded broker against mosquitto: QoS 1 throughput and publish-to-delivery latency (one
+  publisher, one subscriber, 64-byte messages, 100 unacknowledged at most), resident set with
+  idle clients connected
+The broker for the publish rows is mosquitto when it is installed (looked up on PATH and in the sbin
+directories), else `mam broker`; rows whose anchor is not installed say so and are not measured.
+Every file is written under a fresh directory in TMPDIR (the 100,000-record registry takes about
+450 MB) and removed at the end. Children get a clean environment (PATH, HOME, TMPDIR; no env file).
+A full run takes a few minutes; --quick about 20 s.
+
+Options:
+  --quick        fewer runs, smaller registries and message counts
+  --json         one JSON object: command, version, machine (cores, kernel, load), rows (id,
+                 measure, now, anchor, ratio, target, pass, note)
+  --sizes LIST   the registry sizes, comma separated (each at least 1)
+  --runs N       the alternating runs of every process comparison (default 500 for --version,
+                 50 for publish, 100 for pub, 3-5 per registry size; --quick fewer)
+
+loop-round: times the review loop's own work in one pinned review round with one local reviewer and
+tree isolation, N times (default 15), through the library code `mam loop` runs, in the loop's order:
   pin         the snapshot (refusal checks, temporary index, add -A, write-tree, commit-tree)
   guard       the empty-change guard (git diff --quiet <base> <snapshot>)
   tree        git worktree add --detach of the snapshot under TMPDIR (the review tree)
@@ -38,25 +74,47 @@ isolation, N times (default 15), through the library code `mam loop` runs, in th
 No agent, broker, registry record or delegate-job is involved. The control plane is resolved as by
 every command (run with WORKSPACE_ROOT=<repo> for a loop whose control root is the source); its
 paths are left out as the loop leaves them out. The change since <base> must not be empty.
-
 Stdout: one line per repetition,
   rep=<i> total_ms=<t> pin=<ms> guard=<ms> tree=<ms> diff=<ms> prompt=<ms> judge=<ms> ...
 then `median_ms=<m> reps=<n>`.
 
-Exit codes: 0 ok, 1 a step failed (the line names it), 2 usage.
+Exit codes: 0 ok (also when targets are not met: the table says which), 1 a step failed (the line
+names it), 2 usage.
 ";
 
 #[derive(Debug)]
-struct Args {
-    repo: PathBuf,
-    base: String,
-    reps: u32,
+enum Args {
+    Table(TableArgs),
+    LoopRound { repo: PathBuf, base: String, reps: u32 },
+}
+
+#[derive(Debug, Default)]
+struct TableArgs {
+    quick: bool,
+    json: bool,
+    sizes: Option<Vec<usize>>,
+    runs: Option<usize>,
+}
+
+fn sizes_arg(v: &str) -> Result<Vec<usize>, Failure> {
+    let bad = || Failure::usage(format!("--sizes: expected sizes like 1000,10000, got '{}'", crate::text::one_line(v)));
+    let sizes: Vec<usize> = v
+        .split(',')
+        .map(|x| x.trim().parse::<usize>().ok().filter(|&n| n > 0))
+        .collect::<Option<_>>()
+        .ok_or_else(bad)?;
+    if sizes.is_empty() {
+        return Err(bad());
+    }
+    Ok(sizes)
 }
 
 fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     use lexopt::prelude::*;
     let mut p = lexopt::Parser::from_args(args);
     let (mut which, mut repo, mut base, mut reps) = (None, None, None, 15);
+    let mut t = TableArgs::default();
+    let mut table_flag = None;
     while let Some(arg) = p.next()? {
         match arg {
             Short('h') | Long("help") => return Ok(Parsed::Help),
@@ -64,16 +122,39 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Long("repo") => repo = Some(PathBuf::from(p.value()?)),
             Long("base") => base = Some(cli::utf8("--base", p.value()?)?),
             Long("reps") => reps = knob::flag("--reps", &p.value()?, 1)?,
+            Long("quick") => {
+                t.quick = true;
+                table_flag = Some("--quick");
+            }
+            Long("json") => {
+                t.json = true;
+                table_flag = Some("--json");
+            }
+            Long("sizes") => {
+                t.sizes = Some(sizes_arg(&cli::utf8("--sizes", p.value()?)?)?);
+                table_flag = Some("--sizes");
+            }
+            Long("runs") => {
+                t.runs = Some(knob::flag("--runs", &p.value()?, 1)? as usize);
+                table_flag = Some("--runs");
+            }
             _ => return Err(arg.unexpected().into()),
         }
     }
     match (which.as_deref(), repo, base) {
-        (Some("loop-round"), Some(repo), Some(base)) if !base.is_empty() => Ok(Parsed::Run(Args { repo, base, reps })),
-        (Some("loop-round") | None, _, _) => {
+        (None, None, None) => Ok(Parsed::Run(Args::Table(t))),
+        (None, _, _) => Err(Failure::usage("bench: --repo and --base belong to loop-round (see mam bench --help)")),
+        (Some("loop-round"), _, _) if table_flag.is_some() => {
+            Err(Failure::usage(format!("bench loop-round: unexpected option {}", table_flag.unwrap_or_default())))
+        }
+        (Some("loop-round"), Some(repo), Some(base)) if !base.is_empty() => {
+            Ok(Parsed::Run(Args::LoopRound { repo, base, reps }))
+        }
+        (Some("loop-round"), _, _) => {
             Err(Failure::usage("bench: give loop-round --repo PATH --base REF (see mam bench --help)"))
         }
         (Some(other), _, _) => Err(Failure::usage(format!(
-            "bench: unknown benchmark '{}' (expected loop-round)",
+            "bench: unknown benchmark '{}' (expected loop-round, or none for the table)",
             crate::text::one_line(other)
         ))),
     }
@@ -84,9 +165,16 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
-    let bench = Bench::new(ctx, &a)?;
+    match a {
+        Args::Table(t) => table(ctx, &t),
+        Args::LoopRound { repo, base, reps } => loop_round(ctx, &repo, &base, reps),
+    }
+}
+
+fn loop_round(ctx: &Ctx, repo: &Path, base: &str, reps: u32) -> Result<i32, Failure> {
+    let bench = Bench::new(ctx, repo, base)?;
     let mut totals = Vec::new();
-    for rep in 1..=a.reps {
+    for rep in 1..=reps {
         let steps = bench.round(rep)?;
         let total: f64 = steps.iter().map(|(_, ms)| ms).sum();
         let mut line = format!("rep={rep} total_ms={total:.1}");
@@ -98,9 +186,577 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     }
     totals.sort_by(f64::total_cmp);
     let median = totals[totals.len() / 2];
-    ctx.say(&format!("median_ms={median:.1} reps={}", a.reps));
+    ctx.say(&format!("median_ms={median:.1} reps={reps}"));
     Ok(0)
 }
+
+// ---------------------------------------------------------------------------------------------
+// The table
+
+/// How many runs and how large, for a full run or `--quick`.
+#[derive(Debug, Clone)]
+struct Plan {
+    quick: bool,
+    version_runs: usize,
+    publish_runs: usize,
+    pub_runs: usize,
+    sizes: Vec<usize>,
+    registry_runs: Option<usize>,
+    timer_wait: Duration,
+    messages: usize,
+    broker_rounds: usize,
+    idle_clients: usize,
+}
+
+impl Plan {
+    fn new(t: &TableArgs) -> Plan {
+        let mut p = if t.quick {
+            Plan {
+                quick: true,
+                version_runs: 100,
+                publish_runs: 10,
+                pub_runs: 20,
+                sizes: vec![1000, 10_000],
+                registry_runs: Some(3),
+                timer_wait: Duration::from_millis(2500),
+                messages: 2000,
+                broker_rounds: 1,
+                idle_clients: 100,
+            }
+        } else {
+            Plan {
+                quick: false,
+                version_runs: 500,
+                publish_runs: 50,
+                pub_runs: 100,
+                sizes: vec![1000, 10_000, 100_000],
+                registry_runs: None,
+                timer_wait: Duration::from_secs(5),
+                messages: 20_000,
+                broker_rounds: 3,
+                idle_clients: 1000,
+            }
+        };
+        if let Some(s) = &t.sizes {
+            p.sizes = s.clone();
+        }
+        if let Some(n) = t.runs {
+            (p.version_runs, p.publish_runs, p.pub_runs, p.registry_runs) = (n, n, n, Some(n));
+        }
+        p
+    }
+
+    fn registry_runs(&self, n: usize) -> usize {
+        self.registry_runs.unwrap_or(if n >= 100_000 { 3 } else { 5 })
+    }
+}
+
+fn fail(step: &str, detail: impl std::fmt::Display) -> Failure {
+    Failure::runtime(format!("bench: {step}: {detail}"))
+}
+
+/// What the rows share: this binary, the temp directory, the children's environment, the tools.
+struct Env {
+    exe: PathBuf,
+    dir: TempDir,
+    base_env: Vec<(String, String)>,
+    mosquitto: Option<PathBuf>,
+    mosquitto_pub: Option<PathBuf>,
+    true_bin: PathBuf,
+    sleep_bin: Option<PathBuf>,
+}
+
+impl Env {
+    /// `program args` with the clean environment, in the temp directory, output on /dev/null.
+    fn cmd(&self, program: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new(program);
+        c.args(args)
+            .env_clear()
+            .envs(self.base_env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&self.dir.path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    }
+
+    fn mam(&self, args: &[&str]) -> Command {
+        self.cmd(&self.exe, args)
+    }
+
+    /// Runs a set-up command that must succeed; returns its stdout.
+    fn setup(&self, mut c: Command) -> Result<String, Failure> {
+        let out = c.stdout(Stdio::piped()).stderr(Stdio::piped()).output().map_err(|e| fail(&measure::shown(&c), e))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            return Err(fail(&measure::shown(&c), err.lines().next().unwrap_or("failed")));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// An executable named `name` on PATH or in the sbin directories (mosquitto lives in /usr/sbin).
+fn find_program(ctx: &Ctx, name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = ctx.var("PATH").unwrap_or_default();
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+fn free_port() -> Result<u16, Failure> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| fail("a free port", e))?;
+    l.local_addr().map(|a| a.port()).map_err(|e| fail("a free port", e))
+}
+
+/// A broker child listening on 127.0.0.1:`port`.
+struct Broker {
+    guard: Guard,
+    port: u16,
+}
+
+impl Broker {
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Mam,
+    Mosquitto,
+}
+
+fn start_broker(env: &Env, kind: Kind) -> Result<Broker, Failure> {
+    let port = free_port()?;
+    let ps = port.to_string();
+    let mut c = match kind {
+        Kind::Mam => env.mam(&["broker", "--allow-anonymous", "--port", &ps, "--max-connections", "20000"]),
+        Kind::Mosquitto => {
+            let conf = env.dir.path.join(format!("mosquitto-{port}.conf"));
+            // max_queued_messages 0: with its default (1000) mosquitto drops QoS 1 messages for a
+            // subscriber that falls behind the publisher, and the run would never complete.
+            let mut text = format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_connections -1\n\
+                 max_queued_messages 0\nlog_type none\n"
+            );
+            if sys::geteuid() == 0 {
+                text.push_str("user root\n");
+            }
+            sys::write_file(&conf, text.as_bytes()).map_err(|e| fail("mosquitto.conf", e))?;
+            let prog = env.mosquitto.clone().unwrap_or_default();
+            env.cmd(&prog, &["-c", &conf.to_string_lossy()])
+        }
+    };
+    let guard = Guard(sys::spawn(&mut c).map_err(|e| fail(&measure::shown(&c), e))?);
+    let b = Broker { guard, port };
+    let addr = b.addr();
+    if !measure::wait_until(Duration::from_secs(10), || TcpStream::connect(addr).is_ok()) {
+        return Err(fail(&measure::shown(&c), format!("nothing listening on {addr} after 10 s")));
+    }
+    Ok(b)
+}
+
+fn table(ctx: &mut Ctx, t: &TableArgs) -> Result<i32, Failure> {
+    let plan = Plan::new(t);
+    let exe = std::env::current_exe().map_err(|e| fail("this binary", e))?;
+    let dir = TempDir::create(ctx, "mam-bench").map_err(|e| fail("temp directory", show_path(&e.path)))?;
+    let path = ctx.var("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    let dir_s = dir.path.display().to_string();
+    let base_env = vec![
+        ("PATH".to_string(), path),
+        ("HOME".to_string(), ctx.var("HOME").unwrap_or_else(|| dir_s.clone())),
+        ("TMPDIR".to_string(), dir_s.clone()),
+        ("LANG".to_string(), "C".to_string()),
+        // No env file: the user's settings must not change what is measured.
+        ("MAM_ENV_FILE".to_string(), format!("{dir_s}/no.env")),
+        ("MAM_NO_SUBSCRIBER_DAEMON".to_string(), "1".to_string()),
+    ];
+    let env = Env {
+        exe,
+        base_env,
+        mosquitto: find_program(ctx, "mosquitto"),
+        mosquitto_pub: find_program(ctx, "mosquitto_pub"),
+        true_bin: find_program(ctx, "true").unwrap_or_else(|| PathBuf::from("/bin/true")),
+        sleep_bin: find_program(ctx, "sleep"),
+        dir,
+    };
+    let mosquitto_version = env.mosquitto.as_ref().and_then(|m| {
+        let out = Command::new(m).arg("-h").stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
+        String::from_utf8_lossy(&out.stdout).lines().next().map(|l| crate::text::one_line(l.trim()))
+    });
+    let mut report = Report {
+        command: format!("mam bench{}", if plan.quick { " --quick" } else { "" }),
+        version: crate::version::long(),
+        machine: Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+            load_start: measure::loadavg(),
+            load_end: None,
+            tmp: dir_s,
+            mosquitto: mosquitto_version,
+        },
+        rows: Vec::new(),
+    };
+    let rows = &mut report.rows;
+    rows.push(binary_row(&env)?);
+    rows.push(version_row(&env, &plan)?);
+    {
+        // One broker for the publish rows and the timer: mosquitto when installed.
+        let broker = start_broker(&env, if env.mosquitto.is_some() { Kind::Mosquitto } else { Kind::Mam })?;
+        rows.extend(publish_rows(&env, &plan, &broker)?);
+    }
+    for &n in &plan.sizes {
+        rows.extend(registry_rows(&env, &plan, n)?);
+    }
+    rows.extend(growth_row(rows, &plan.sizes));
+    match broker_rows(&env, &plan) {
+        Ok(b) => rows.extend(b),
+        // A generator or broker failure leaves the rest of the table standing.
+        Err(f) => rows.extend(BROKER_ROWS.iter().map(|(id, m)| Row::skipped(*id, *m, "-", f.line.clone()))),
+    }
+    report.machine.load_end = measure::loadavg();
+    if t.json {
+        ctx.say(&serde_json::to_string_pretty(&report.json()).unwrap_or_default());
+    } else {
+        ctx.say_raw(report.text().as_bytes());
+    }
+    Ok(0)
+}
+
+fn binary_row(env: &Env) -> Result<Row, Failure> {
+    let len = std::fs::metadata(&env.exe).map_err(|e| fail("this binary", e))?.len();
+    let mut r = Row::new("binary_size", "release binary size");
+    r.now = Some(Qty::bytes(len));
+    r.target = "<= 2.00 MB".into();
+    r.pass = Some(len <= 2_000_000);
+    r.note = format!("{} bytes", len);
+    if cfg!(debug_assertions) {
+        r.note.push_str("; this is a debug build, the target is for a release build");
+        r.pass = None;
+    }
+    Ok(r)
+}
+
+/// A row comparing two medians: `ratio = now / anchor`, met when `<= max`.
+fn ratio_row(id: &str, measure: &str, now: f64, anchor_what: &str, anchor: f64, max: f64, runs: usize) -> Row {
+    let ratio = now / anchor.max(1e-9);
+    Row {
+        now: Some(Qty::ms(now)),
+        anchor: Some((anchor_what.into(), Qty::ms(anchor))),
+        ratio: Some(ratio),
+        target: format!("<= {max:.1}"),
+        pass: Some(ratio <= max),
+        note: format!("wall time, medians of {runs} alternating runs"),
+        ..Row::new(id, measure)
+    }
+}
+
+fn version_row(env: &Env, plan: &Plan) -> Result<Row, Failure> {
+    let (mut a, mut b) = (env.mam(&["--version"]), env.cmd(&env.true_bin, &[]));
+    let s = measure::alternate(plan.version_runs, &mut [&mut a, &mut b]).map_err(|e| fail("--version", e))?;
+    let true_s = env.true_bin.display().to_string();
+    Ok(ratio_row(
+        "version",
+        &format!("mam --version / {true_s}"),
+        measure::median_ms(&s[0]),
+        &true_s,
+        measure::median_ms(&s[1]),
+        1.3,
+        plan.version_runs,
+    ))
+}
+
+/// `mam publish` and `mam pub` against `mosquitto_pub -q 1`, and the heartbeat timer's memory.
+fn publish_rows(env: &Env, plan: &Plan, broker: &Broker) -> Result<Vec<Row>, Failure> {
+    let port = broker.port.to_string();
+    let reg = env.dir.path.join("publish").join("jobs");
+    let reg_s = reg.display().to_string();
+    let with_broker = |mut c: Command| {
+        c.env("MQTT_BROKER", "127.0.0.1").env("MQTT_PORT", &port);
+        c
+    };
+    env.setup(with_broker(env.mam(&[
+        "registry",
+        "register",
+        "--registry-dir",
+        &reg_s,
+        "--session",
+        "bench",
+        "--job-id",
+        "bench",
+    ])))?;
+    env.setup(with_broker(env.mam(&["publish", "--registry-dir", &reg_s, "--job-id", "bench", "--event", "started"])))?;
+    let events = reg.join("bench").join("events.log");
+    let first = std::fs::read_to_string(&events).map_err(|e| fail("events.log", e))?;
+    // A payload the size of a signed event, so both sides move the same bytes.
+    let payload = first.lines().next().unwrap_or("{}").to_string();
+    let mut rows = Vec::new();
+    const PUBLISH: &str = "mam publish --event progress / mosquitto_pub -q 1";
+    const PUB: &str = "mam pub -q 1 / mosquitto_pub -q 1";
+    match &env.mosquitto_pub {
+        None => {
+            rows.push(Row::skipped("publish", PUBLISH, "<= 1.0", "mosquitto_pub is not installed"));
+            rows.push(Row::skipped("pub", PUB, "<= 0.6", "mosquitto_pub is not installed"));
+        }
+        Some(mp) => {
+            let anchor = |topic: &str, msg: &str| {
+                env.cmd(mp, &["-h", "127.0.0.1", "-p", &port, "-q", "1", "-t", topic, "-m", msg])
+            };
+            let mut a = with_broker(env.mam(&[
+                "publish",
+                "--registry-dir",
+                &reg_s,
+                "--job-id",
+                "bench",
+                "--event",
+                "progress",
+            ]));
+            let mut b = anchor("mam/jobs/bench/events", &payload);
+            let s = measure::alternate(plan.publish_runs, &mut [&mut a, &mut b]).map_err(|e| fail("publish", e))?;
+            let mut r = ratio_row(
+                "publish",
+                PUBLISH,
+                measure::median_ms(&s[0]),
+                "mosquitto_pub -q 1",
+                measure::median_ms(&s[1]),
+                1.0,
+                plan.publish_runs,
+            );
+            r.note.push_str(&format!("; registry under {}", show_path(&env.dir.path)));
+            rows.push(r);
+            let mut a =
+                env.mam(&["pub", "-h", "127.0.0.1", "-p", &port, "-q", "1", "-t", "mam-bench/pub", "-m", "hello"]);
+            let mut b = anchor("mam-bench/pub", "hello");
+            let s = measure::alternate(plan.pub_runs, &mut [&mut a, &mut b]).map_err(|e| fail("pub", e))?;
+            rows.push(ratio_row(
+                "pub",
+                PUB,
+                measure::median_ms(&s[0]),
+                "mosquitto_pub -q 1",
+                measure::median_ms(&s[1]),
+                0.6,
+                plan.pub_runs,
+            ));
+        }
+    }
+    rows.push(timer_row(env, plan, &reg_s, &with_broker)?);
+    Ok(rows)
+}
+
+fn timer_row(env: &Env, plan: &Plan, reg: &str, with_broker: &dyn Fn(Command) -> Command) -> Result<Row, Failure> {
+    const MEASURE: &str = "heartbeat timer resident set";
+    let out = env.setup(with_broker(env.mam(&[
+        "heartbeat",
+        "start",
+        "--registry-dir",
+        reg,
+        "--job-id",
+        "bench",
+        "--interval",
+        "1",
+        "--watch-pid",
+        "0",
+    ])))?;
+    let pid: i32 = out.trim().parse().map_err(|_| fail("heartbeat start", format!("no pid in '{}'", out.trim())))?;
+    sys::sleep(plan.timer_wait);
+    let rss = sys::proc_rss_kib(pid);
+    let anon = sys::proc_status_kib(pid, "RssAnon").unwrap_or(0);
+    let stopped = env.setup(with_broker(env.mam(&["heartbeat", "stop", "--registry-dir", reg, "--job-id", "bench"])));
+    let rss = rss.map_err(|e| fail("the timer's VmRSS", e))?;
+    stopped?;
+    let mut r = Row::new("timer_rss", MEASURE);
+    r.now = Some(Qty::kib(rss));
+    r.target = "<= 2.0 MiB".into();
+    r.pass = Some(rss <= 2048);
+    r.note = format!(
+        "VmRSS after {:.1} s at 1 beat/s; its own memory (RssAnon) {} KiB, the rest shared file pages (mam's code, libc)",
+        plan.timer_wait.as_secs_f64(),
+        anon
+    );
+    if let Some(sleep) = &env.sleep_bin {
+        let mut c = env.cmd(sleep, &["3600"]);
+        let g = Guard(sys::spawn(&mut c).map_err(|e| fail("sleep", e))?);
+        // Past its exec: the image is sleep's once /proc shows its name.
+        measure::wait_until(Duration::from_secs(2), || {
+            std::fs::read_to_string(format!("/proc/{}/comm", g.pid())).is_ok_and(|c| c.trim() == "sleep")
+        });
+        sys::sleep(Duration::from_millis(50));
+        if let Ok(s) = sys::proc_rss_kib(g.pid()) {
+            r.anchor = Some(("an idle sleep".into(), Qty::kib(s)));
+            r.ratio = Some(rss as f64 / s.max(1) as f64);
+        }
+    }
+    Ok(r)
+}
+
+/// `registry list`, `jobs` and `status` over a registry of `n` records: time and memory rows.
+fn registry_rows(env: &Env, plan: &Plan, n: usize) -> Result<Vec<Row>, Failure> {
+    let ws = env.dir.path.join(format!("registry-{n}"));
+    sys::create_dir_all(&ws).map_err(|e| fail("registry fixture", e))?;
+    fixture::workspace(&ws, n, clock::now_ms()).map_err(|e| fail("registry fixture", e))?;
+    let runs = plan.registry_runs(n);
+    let panes = ws.join("panes");
+    let prep = |mut c: Command| {
+        c.current_dir(&ws).env("MAM_PANE_BACKEND", "fake").env("MAM_FAKE_PANES_DIR", &panes);
+        c
+    };
+    let mut list = prep(env.mam(&["registry", "list"]));
+    let mut jobs = prep(env.mam(&["jobs"]));
+    let mut status = prep(env.mam(&["status"]));
+    let mut floor = prep(env.cmd(&env.true_bin, &[]));
+    // `mam status` exits 3 when a server's state is unknown; the fake backend has none to ask.
+    let s = measure::alternate(runs, &mut [&mut list, &mut jobs, &mut status, &mut floor])
+        .map_err(|e| fail(&format!("registry of {n}"), e))?;
+    let floor_kib = measure::max_rss_kib(&s[3]);
+    let big = n >= 100_000;
+    let mut rows = Vec::new();
+    for (i, (name, id, time_max, rss_max)) in [
+        ("mam registry list", "registry_list", None, Some(64)),
+        ("mam jobs", "jobs", big.then_some(1000.0), big.then_some(32)),
+        ("mam status", "status", None, None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ms = measure::median_ms(&s[i]);
+        let mut t = Row::new(format!("{id}_{n}_time"), format!("{name}, {n} records: wall time"));
+        t.now = Some(Qty::ms(ms));
+        t.note = format!("{:.1} us per record, median of {runs}", ms * 1e3 / n as f64);
+        if let Some(max) = time_max {
+            t.target = format!("<= {:.0} ms", max);
+            t.pass = Some(ms <= max);
+        }
+        let kib = measure::max_rss_kib(&s[i]);
+        let mut m = Row::new(format!("{id}_{n}_rss"), format!("{name}, {n} records: peak resident set"));
+        m.now = Some(Qty::kib(kib));
+        m.note = format!("ru_maxrss; a process started here begins at {:.1} MiB", floor_kib as f64 / 1024.0);
+        if let Some(max) = rss_max {
+            m.target = format!("<= {max} MiB");
+            m.pass = Some(kib <= max * 1024);
+        }
+        if id == "jobs" && !big {
+            t.note.push_str("; the 1 s target is for 100,000 records");
+            m.note.push_str("; the 32 MiB target is for 100,000 records");
+        }
+        rows.push(t);
+        rows.push(m);
+    }
+    // Removed now rather than with the temp directory: 100,000 records hold 450 MB of disk.
+    let _ = std::fs::remove_dir_all(&ws);
+    Ok(rows)
+}
+
+/// Linear time: `registry list`'s time per record at the largest size against the next smaller.
+fn growth_row(rows: &[Row], sizes: &[usize]) -> Option<Row> {
+    let mut sorted = sizes.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let (&big, &small) = (sorted.last()?, sorted.get(sorted.len().checked_sub(2)?)?);
+    let per = |n: usize| {
+        let id = format!("registry_list_{n}_time");
+        rows.iter().find(|r| r.id == id).and_then(|r| r.now).map(|q| q.value / n as f64)
+    };
+    let (b, s) = (per(big)?, per(small)?);
+    let mut r =
+        Row::new("registry_list_growth", format!("mam registry list: time per record, {big} vs {small} records"));
+    r.now = Some(Qty::us(b * 1e3));
+    r.anchor = Some((format!("at {small}"), Qty::us(s * 1e3)));
+    r.ratio = Some(b / s);
+    r.target = "<= 1.5 (linear)".into();
+    r.pass = Some(b / s <= 1.5);
+    r.note = "the ratio of the two, 1.0 for a cost that grows in proportion".into();
+    Some(r)
+}
+
+/// The broker rows' ids and measures, for when they could not be taken.
+const BROKER_ROWS: [(&str, &str); 4] = [
+    ("broker_throughput", "embedded broker: QoS 1 throughput"),
+    ("broker_p50", "embedded broker: QoS 1 latency p50"),
+    ("broker_p99", "embedded broker: QoS 1 latency p99"),
+    ("broker_rss_idle", "embedded broker: resident set with idle clients"),
+];
+
+/// The embedded broker against mosquitto: delivery at QoS 1 and idle memory.
+fn broker_rows(env: &Env, plan: &Plan) -> Result<Vec<Row>, Failure> {
+    let limit = Duration::from_secs(30);
+    let kinds: &[Kind] = if env.mosquitto.is_some() { &[Kind::Mam, Kind::Mosquitto] } else { &[Kind::Mam] };
+    let mut deliveries: [Vec<load::Delivery>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..plan.broker_rounds {
+        let order: Vec<&Kind> = if round % 2 == 0 { kinds.iter().collect() } else { kinds.iter().rev().collect() };
+        for &k in order {
+            let b = start_broker(env, k)?;
+            let d =
+                load::delivery(b.addr(), 1, plan.messages, limit).map_err(|e| fail(&format!("{k:?} delivery"), e))?;
+            deliveries[k as usize].push(d);
+            drop(b);
+        }
+    }
+    let _ = sys::raise_nofile_limit();
+    let mut idle = [None, None];
+    for &k in kinds {
+        let b = start_broker(env, k)?;
+        let clients = load::idle_clients(b.addr(), plan.idle_clients, limit)
+            .map_err(|e| fail(&format!("{k:?} idle clients"), e))?;
+        // Settled: read twice 200 ms apart, keep the later.
+        sys::sleep(Duration::from_millis(200));
+        idle[k as usize] = sys::proc_rss_kib(b.guard.pid()).ok();
+        drop(clients);
+    }
+    let med = |k: usize, f: fn(&load::Delivery) -> f64| measure::median(deliveries[k].iter().map(f).collect());
+    let have_anchor = env.mosquitto.is_some();
+    let anchor_note = if have_anchor { String::new() } else { "; mosquitto is not installed: no anchor".to_string() };
+    let what = format!(
+        "{} QoS 1 messages of {} bytes, medians of {} run(s)",
+        plan.messages,
+        load::PAYLOAD,
+        plan.broker_rounds
+    );
+    let mut rows = Vec::new();
+    for (id, measure, f, unit, higher_is_better) in [
+        (
+            "broker_throughput",
+            "embedded broker: QoS 1 throughput",
+            (|d: &load::Delivery| d.per_s) as fn(&load::Delivery) -> f64,
+            Qty::per_s as fn(f64) -> Qty,
+            true,
+        ),
+        ("broker_p50", "embedded broker: QoS 1 latency p50", |d: &load::Delivery| d.p50_ms, Qty::ms, false),
+        ("broker_p99", "embedded broker: QoS 1 latency p99", |d: &load::Delivery| d.p99_ms, Qty::ms, false),
+    ] {
+        let mut r = Row::new(id, measure);
+        let now = med(0, f);
+        r.now = Some(unit(now));
+        r.note = format!("{what}{anchor_note}");
+        if have_anchor {
+            let a = med(1, f);
+            let ratio = now / a.max(1e-9);
+            r.anchor = Some(("mosquitto".into(), unit(a)));
+            r.ratio = Some(ratio);
+            r.target = if higher_is_better { ">= 0.7".into() } else { "<= 1.0".into() };
+            r.pass = Some(if higher_is_better { ratio >= 0.7 } else { ratio <= 1.0 });
+        }
+        rows.push(r);
+    }
+    let mut r =
+        Row::new("broker_rss_idle", format!("embedded broker: resident set with {} idle clients", plan.idle_clients));
+    r.now = idle[0].map(Qty::kib);
+    r.note = format!("each client connected and subscribed; VmRSS{anchor_note}");
+    if let (Some(m), Some(q)) = (idle[0], idle[1]) {
+        r.anchor = Some(("mosquitto".into(), Qty::kib(q)));
+        r.ratio = Some(m as f64 / q.max(1) as f64);
+        r.target = "<= 1.0".into();
+        r.pass = Some(m <= q);
+    }
+    rows.push(r);
+    Ok(rows)
+}
+
+// ---------------------------------------------------------------------------------------------
+// loop-round
 
 /// What every repetition shares: the repository, the base, the control plane left out, the
 /// binary whose diff-collect runs, the loop dir (a temp dir), and the checkpoint of a loop that
@@ -121,14 +777,10 @@ struct Bench<'a> {
     cp: Checkpoint,
 }
 
-fn fail(step: &str, detail: impl std::fmt::Display) -> Failure {
-    Failure::runtime(format!("bench loop-round: {step}: {detail}"))
-}
-
 impl<'a> Bench<'a> {
-    fn new(ctx: &'a Ctx, a: &Args) -> Result<Bench<'a>, Failure> {
-        let root = git::toplevel(ctx, &a.repo).map_err(|e| fail("repo", e))?;
-        let base = git::resolve_commit(ctx, &root, &a.base).map_err(|e| fail("base", e))?;
+    fn new(ctx: &'a Ctx, repo: &Path, base_ref: &str) -> Result<Bench<'a>, Failure> {
+        let root = git::toplevel(ctx, repo).map_err(|e| fail("repo", e))?;
+        let base = git::resolve_commit(ctx, &root, base_ref).map_err(|e| fail("base", e))?;
         let r = paths::resolve_unchecked(ctx, None);
         // As `mam loop` leaves them out (review::run).
         let mut exclude = vec![r.control_root.join(".mam"), r.registry.clone(), r.logs.clone()];
@@ -149,7 +801,7 @@ impl<'a> Bench<'a> {
             source_root: root.display().to_string(),
             registry: r.registry.display().to_string(),
             base: Some(base.clone()),
-            base_origin: Some(format!("--base {}", a.base)),
+            base_origin: Some(format!("--base {base_ref}")),
             creator: "creator".into(),
             creator_jid: "j-bench-creator".into(),
             reviewers: vec!["reviewer".into()],
@@ -194,9 +846,9 @@ impl<'a> Bench<'a> {
         let snap = repo.pin(ctx, &cp.loop_id).map_err(|e| fail("pin", e))?;
         laps.lap("pin");
         match repo.guard(ctx, &self.base, &snap.commit) {
-            Guard::Changes => {}
-            Guard::Empty => return Err(fail("guard", "nothing changed since the base")),
-            Guard::Undeterminable(why) => return Err(fail("guard", why)),
+            DiffGuard::Changes => {}
+            DiffGuard::Empty => return Err(fail("guard", "nothing changed since the base")),
+            DiffGuard::Undeterminable(why) => return Err(fail("guard", why)),
         }
         laps.lap("guard");
         let tmp = ctx.path_var("TMPDIR").unwrap_or_else(|| PathBuf::from("/tmp"));

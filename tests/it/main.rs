@@ -7,6 +7,7 @@ mod support;
 mod agents;
 mod agents_real;
 mod board;
+mod bench;
 mod broker;
 mod cli;
 mod daemon;
