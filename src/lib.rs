@@ -6,8 +6,8 @@
 
 pub mod agents;
 pub mod attach;
-pub mod board;
 pub mod bench;
+pub mod board;
 pub mod broker;
 pub mod cli;
 pub mod clock;

@@ -6,8 +6,8 @@ mod support;
 
 mod agents;
 mod agents_real;
-mod board;
 mod bench;
+mod board;
 mod broker;
 mod cli;
 mod daemon;
