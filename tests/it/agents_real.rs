@@ -156,19 +156,28 @@ impl W {
     }
 
     /// The agent's screen (tmux: visible; herdr: `source`, `recent` includes its scrollback).
+    /// A read that failed or came back blank (a herdr call at load 14 did) is asked again, for up to 5 s.
     fn read(&self, name: &str, source: &str) -> String {
         let pane = self.row(name)["pane"]["id"].as_str().unwrap().to_string();
-        match (&self.tmux, &self.real) {
+        let once = || match (&self.tmux, &self.real) {
             (Some(s), _) => {
                 let out = std::process::Command::new("tmux")
                     .args(["-u", "-L", s, "capture-pane", "-p", "-J", "-t", &pane])
                     .output()
                     .unwrap();
-                String::from_utf8_lossy(&out.stdout).into_owned()
+                (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
             }
-            (None, Some(h)) => h.herdr(&["pane", "read", &pane, "--source", source]).stdout(),
+            (None, Some(h)) => {
+                let r = h.herdr(&["pane", "read", &pane, "--source", source]);
+                (r.rc() == 0, r.stdout())
+            }
             _ => unreachable!(),
-        }
+        };
+        poll(Duration::from_secs(5), || {
+            let (ok, text) = once();
+            (ok && !text.trim().is_empty()).then_some(text)
+        })
+        .unwrap_or_else(|| once().1)
     }
 
     /// herdr's own status of agent `name` (`agent get`: `agent_status`), as the herdr backend reads it.
