@@ -199,6 +199,11 @@ pub trait Backend {
     fn pane_pids(&self, _pane: &str) -> Vec<i32> {
         Vec::new()
     }
+    /// The pane's recent text without soft wraps, whatever runs in it (an agent that exited left its
+    /// last words there), or `None` when the backend has no terminal or cannot read it.
+    fn read_pane(&self, _pane: &str) -> Option<String> {
+        None
+    }
     /// True when `read_detection` is the agent's terminal screen, so start-up dialogs and the ready
     /// line can be read from it (A58). The fake backend has no terminal: its agent reports a dialog
     /// through its status (1.8), and start-up follows the status rule of 1.5 step 7.

@@ -734,6 +734,10 @@ impl Backend for Herdr {
         self.mutate(&["pane", "send-keys", &pane, keys], Duration::from_secs(30)).map(|_| ())
     }
 
+    fn read_pane(&self, pane: &str) -> Option<String> {
+        self.read_text(&["pane", "read", pane, "--source", "recent-unwrapped", "--lines", "20"]).ok()
+    }
+
     fn pane_pids(&self, pane: &str) -> Vec<i32> {
         let Reply::Ok(v) = self.query(&["pane", "process-info", "--pane", pane]) else { return Vec::new() };
         process_info_pids(&v)

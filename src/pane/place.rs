@@ -170,7 +170,19 @@ pub fn place_and_start(b: &dyn Backend, req: &PlaceRequest, knobs: &Knobs) -> Re
     }
     b.start_agent(&req.name, &req.kind, &placed.pane, &req.args).map_err(fail)?;
     match agents::adapter_of_started(&req.kind).filter(|a| a.has_ready_line() && b.shows_screen()) {
-        Some(ad) => pass_startup_screens(b, &req.name, ad, knobs).map_err(fail)?,
+        // An agent that exited is named with what it left in its pane (the last screen read before
+        // it went may predate its error: herdr reads an agent only while it runs).
+        Some(ad) => {
+            pass_startup_screens(b, &req.name, ad, knobs).map_err(|e| match (e, b.read_pane(&placed.pane)) {
+                (PaneError::Exited(_), Some(text)) => fail(PaneError::Exited(format!(
+                    "agent {} ({}) exited during start; last screen lines: {}",
+                    req.name,
+                    ad.kind,
+                    crate::text::screen_tail(&text, 5)
+                ))),
+                (e, _) => fail(e),
+            })?
+        }
         None => clear_startup_dialogs(b, &req.name, knobs).map_err(fail)?,
     }
     Ok(placed)

@@ -464,6 +464,10 @@ impl Backend for Tmux {
         self.ok(&["send-keys", "-t", &pane, key]).map(|_| ())
     }
 
+    fn read_pane(&self, pane: &str) -> Option<String> {
+        self.ok(&["capture-pane", "-p", "-J", "-t", pane]).ok()
+    }
+
     fn pane_pids(&self, pane: &str) -> Vec<i32> {
         self.pane_row(pane).map(|p| vec![p.pid]).unwrap_or_default()
     }
