@@ -81,7 +81,8 @@ impl W {
         let mut env: Vec<(String, OsString)> = vec![
             ("MQTT_PORT".into(), broker.port().to_string().into()),
             ("MAM_DISPATCH_SECRET".into(), rand_hex(16).into()),
-            ("MAM_AGENT_START_TIMEOUT_MS".into(), "60000".into()),
+            // opencode on a loaded 2-core machine takes up to about 55 s to its input line: room for it.
+            ("MAM_AGENT_START_TIMEOUT_MS".into(), "120000".into()),
             ("MAM_SKS_POLL_MS".into(), "100".into()),
             ("MAM_SKS_QUIESCE_GAP_MS".into(), "300".into()),
             ("MAM_SKS_QUIESCE_S".into(), "1".into()),
@@ -252,7 +253,7 @@ fn life(backend: Backend, kind: &str) {
     let t0 = Instant::now();
     // 1. create: the dialogs pass (claude: trust, API key; codex: login chooser, API key, trust;
     // gemini: trust, auth, key box) and ready is the CLI's own input line.
-    let r = w.mam(["create", kind, "--name", "r1", "--no-onboard"]).run_within(Duration::from_secs(80));
+    let r = w.mam(["create", kind, "--name", "r1", "--no-onboard"]).run_within(Duration::from_secs(140));
     r.expect_rc(0);
     let created = t0.elapsed();
     let screen = w.screen("r1");
@@ -388,7 +389,7 @@ fn life(backend: Backend, kind: &str) {
     }
 
     // 4. resume passes the id in the CLI's own form.
-    let r = w.mam(["resume", "r1"]).run_within(Duration::from_secs(100));
+    let r = w.mam(["resume", "r1"]).run_within(Duration::from_secs(140));
     r.expect_rc(0);
     let argv = cli_argv(&w.home, kind).unwrap_or_else(|| panic!("no resumed {kind}: {:?}", agent_procs(&w.home)));
     let args = cli_args(&argv, kind);
