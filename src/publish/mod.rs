@@ -31,6 +31,7 @@ use crate::registry::engine::{Authority, Kind, Request as EngineRequest};
 use crate::registry::record::Record;
 use crate::registry::store::{Decided, Store, StoreError};
 use crate::text::show_path;
+use crate::trace;
 
 use crate::wire::{self, EventFields, Job, Progress, Settings};
 
@@ -185,10 +186,14 @@ pub fn send_one_shot(settings: &Settings, store: &Store, shot: &Shot<'_>, diag: 
     let result = with_retry(&settings.policy(budget), &stop, &mut *diag, |_attempt| {
         progress.attempts += 1;
         let r = (|| {
+            let t = Instant::now();
             let mut c = Client::connect(cfg, Role::Pub, &stop)?;
+            trace::span("connect", t);
             let state: Option<&dyn Fn() -> wire::StateCheck> = if with_state { Some(&recheck) } else { None };
             wire::send_event_then_state(&mut c, event, &mut progress, state, &|| true)?;
+            let t = Instant::now();
             c.disconnect();
+            trace::span("disconnect", t);
             Ok(())
         })();
         if let Err(e) = &r {
@@ -318,7 +323,9 @@ fn publish_inner(
     if n > max_data {
         return Err(PublishError::Record(format!("job {}: data of {n} bytes is more than {max_data}", req.job_id)));
     }
+    let t = Instant::now();
     let rec = store.read_existing(&req.job_id)?;
+    trace::span("read", t);
     let events = events_log_path(&store.registry, &req.job_id);
     if req.event.is_terminal() {
         terminal(store, settings, req, &rec, &events, diag)
@@ -336,8 +343,10 @@ fn non_terminal(
     diag: &mut dyn FnMut(String),
     on_recorded: Option<OnRecorded<'_>>,
 ) -> Result<Outcome, PublishError> {
+    let t = Instant::now();
     let l3 = inflight_shared(&store.registry, &req.job_id)?;
     prepare_events_log(events)?;
+    trace::span("lock", t);
     let kind = if req.event == Event::Started { Kind::Claim } else { Kind::Progress };
     let mut r = agent_request(kind, rec, req, settings);
     r.alloc_seq = true;
@@ -462,7 +471,9 @@ fn send_and_audit(
         budget,
     };
     let report = send_one_shot(settings, store, &shot, diag);
+    let t = Instant::now();
     audit_published(store, job, req.event.name(), seq, &report, diag);
+    trace::span("published", t);
     report
 }
 
@@ -480,16 +491,22 @@ fn emit(
     diag: &mut dyn FnMut(String),
     on_recorded: Option<OnRecorded<'_>>,
 ) -> Result<Outcome, PublishError> {
+    let t = Instant::now();
     let job = Job::from_record(rec).map_err(PublishError::Record)?;
     let ts = clock::format_ts(now);
     let fields =
         EventFields { event: req.event.name(), seq, ts: &ts, heartbeat: false, message: &req.message, data: &req.data };
     let bytes = job.event_bytes(&fields).map_err(|e| PublishError::Record(format!("cannot sign the event: {e}")))?;
+    trace::span("sign", t);
+    let t = Instant::now();
     append_event(events, &bytes)?;
+    trace::span("events.log", t);
     if let Some(hook) = on_recorded {
+        let t = Instant::now();
         for line in hook(rec) {
             diag(line);
         }
+        trace::span("hook", t);
     }
     let report = send_and_audit(store, settings, req, rec, &job, seq, &bytes, budget, diag);
     Ok(Outcome::Published { seq, report })

@@ -15,6 +15,7 @@ use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use super::audit;
 pub use super::engine::Decided;
@@ -24,6 +25,7 @@ use crate::clock;
 use crate::paths::Resolved;
 use crate::sys::{self, Flock, LockMode};
 use crate::text::show_path;
+use crate::trace;
 
 /// A registry and its audit-log root (both absolute, from `paths::resolve`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,6 +257,7 @@ impl Store {
             }
         };
 
+        let t = Instant::now();
         let (before, decision) = {
             let lock_path = self.registry.join(".registry.lock");
             let _l1 = Flock::lock_path(&lock_path, LockMode::Exclusive)
@@ -272,6 +275,7 @@ impl Store {
             (before, decision)
             // L1 released here.
         };
+        trace::span("record", t);
 
         let decision = match decision {
             Decision::Applied(a) => Decided::Applied(a),
@@ -287,6 +291,7 @@ impl Store {
             Decided::Applied(a) => Some(audit::mirror_of(&a.record)),
             _ => None,
         };
+        let t = Instant::now();
         if let Some(l) = &audit_lock {
             if let Err(e) = l.flush(&entries, mirror.as_ref()) {
                 audit_error =
@@ -294,6 +299,7 @@ impl Store {
             }
         }
         drop(audit_lock);
+        trace::span("audit", t);
         if let Decided::Applied(_) = decision {
             clean_stale_temps(&self.registry, &format!("{}.json", req.job_id));
             clean_stale_temps(&audit::job_dir(&self.logs, &req.job_id), "status.json");

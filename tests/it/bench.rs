@@ -80,3 +80,45 @@ fn bench_usage_errors() {
         assert!(r.stderr().contains(needle), "{args:?}: {}", r.stderr());
     }
 }
+
+/// `mam bench publish`: every step of a traced `mam publish` is reported, and the trace shows the
+/// durability order: the record written and the event appended to events.log before the event's
+/// PUBLISH starts.
+#[test]
+fn bench_publish_breakdown_has_the_steps_in_durable_order() {
+    let td = TestDir::new("bench-publish");
+    let r = td
+        .mam()
+        .env("TMPDIR", td.path(""))
+        .args(["bench", "publish", "--runs", "3", "--json"])
+        .run_within(Duration::from_secs(60));
+    let v: Value = serde_json::from_str(&r.expect_rc(0).stdout()).unwrap_or_else(|e| panic!("{e}: {}", r.stdout()));
+    let steps = v["steps"].as_array().unwrap();
+    let get = |name: &str| {
+        let s = steps.iter().find(|s| s["step"] == name).unwrap_or_else(|| panic!("no step {name}: {v}"));
+        (s["start_ms"].as_f64().unwrap(), s["ms"].as_f64().unwrap())
+    };
+    for name in [
+        "parse",
+        "read",
+        "lock",
+        "record",
+        "audit",
+        "sign",
+        "events.log",
+        "connect",
+        "event",
+        "recheck",
+        "state",
+        "published",
+        "print",
+    ] {
+        get(name);
+    }
+    let (log_start, log_len) = get("events.log");
+    let (rec_start, rec_len) = get("record");
+    let (event_start, _) = get("event");
+    assert!(rec_start + rec_len <= log_start + 1e-3, "record after events.log: {v}");
+    assert!(log_start + log_len <= event_start + 1e-3, "the event went out before events.log had it: {v}");
+    assert!(v["wall_ms"].as_f64().unwrap() >= v["traced_ms"].as_f64().unwrap());
+}
