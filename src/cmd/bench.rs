@@ -37,6 +37,7 @@ an anchor measured in the same run, alternating the two (the order swapped every
 medians; the machine's load (/proc/loadavg) is printed at the start and the end:
   mam publish --event progress (engine, record, events.log, signed event, retained state, audit)
                            against mosquitto_pub -q 1 of the same payload to the same broker
+                           (and again with the registry on tmpfs, for the record: no fsync cost)
   mam pub -q 1             against mosquitto_pub -q 1
   mam --version            against /bin/true
   the heartbeat timer's resident set (VmRSS; its own memory is RssAnon) against an idle `sleep`
@@ -499,11 +500,11 @@ fn version_row(env: &Env, plan: &Plan) -> Result<Row, Failure> {
     ))
 }
 
-/// A registered, started job `bench` in `<tmp>/publish/jobs` on `broker`: the registry path and a
+/// A registered, started job `bench` in `<base>/publish/jobs` on `broker`: the registry path and a
 /// payload the size of its signed events (its events.log's first line).
-fn publish_job(env: &Env, broker: &Broker) -> Result<(String, String), Failure> {
+fn publish_job(env: &Env, broker: &Broker, base: &Path) -> Result<(String, String), Failure> {
     let port = broker.port.to_string();
-    let reg = env.dir.path.join("publish").join("jobs");
+    let reg = base.join("publish").join("jobs");
     let reg_s = reg.display().to_string();
     let with_broker = |mut c: Command| {
         c.env("MQTT_BROKER", "127.0.0.1").env("MQTT_PORT", &port);
@@ -529,7 +530,7 @@ fn publish_job(env: &Env, broker: &Broker) -> Result<(String, String), Failure> 
 /// `mam publish` and `mam pub` against `mosquitto_pub -q 1`, and the heartbeat timer's memory.
 fn publish_rows(env: &Env, plan: &Plan, broker: &Broker) -> Result<Vec<Row>, Failure> {
     let port = broker.port.to_string();
-    let (reg_s, payload) = publish_job(env, broker)?;
+    let (reg_s, payload) = publish_job(env, broker, &env.dir.path)?;
     let with_broker = |mut c: Command| {
         c.env("MQTT_BROKER", "127.0.0.1").env("MQTT_PORT", &port);
         c
@@ -537,9 +538,11 @@ fn publish_rows(env: &Env, plan: &Plan, broker: &Broker) -> Result<Vec<Row>, Fai
     let mut rows = Vec::new();
     const PUBLISH: &str = "mam publish --event progress / mosquitto_pub -q 1";
     const PUB: &str = "mam pub -q 1 / mosquitto_pub -q 1";
+    const PUBLISH_TMPFS: &str = TMPFS_PUBLISH;
     match &env.mosquitto_pub {
         None => {
             rows.push(Row::skipped("publish", PUBLISH, "<= 1.0", "mosquitto_pub is not installed"));
+            rows.push(Row::skipped("publish_tmpfs", PUBLISH_TMPFS, "-", "mosquitto_pub is not installed"));
             rows.push(Row::skipped("pub", PUB, "<= 0.6", "mosquitto_pub is not installed"));
         }
         Some(mp) => {
@@ -568,6 +571,7 @@ fn publish_rows(env: &Env, plan: &Plan, broker: &Broker) -> Result<Vec<Row>, Fai
             );
             r.note.push_str(&format!("; registry under {}", show_path(&env.dir.path)));
             rows.push(r);
+            rows.push(tmpfs_publish_row(env, plan, broker, &anchor)?);
             let mut a =
                 env.mam(&["pub", "-h", "127.0.0.1", "-p", &port, "-q", "1", "-t", "mam-bench/pub", "-m", "hello"]);
             let mut b = anchor("mam-bench/pub", "hello");
@@ -585,6 +589,39 @@ fn publish_rows(env: &Env, plan: &Plan, broker: &Broker) -> Result<Vec<Row>, Fai
     }
     rows.push(timer_row(env, plan, &reg_s, &with_broker)?);
     Ok(rows)
+}
+
+const TMPFS_PUBLISH: &str = "the same with the registry on tmpfs (fsync costs nothing there)";
+
+/// The publish row again with the registry in /dev/shm: what the comparison is without the disk
+/// (the record's and status.json's fsyncs), for the record (no target).
+fn tmpfs_publish_row(
+    env: &Env,
+    plan: &Plan,
+    broker: &Broker,
+    anchor: &dyn Fn(&str, &str) -> Command,
+) -> Result<Row, Failure> {
+    const MEASURE: &str = TMPFS_PUBLISH;
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return Ok(Row::skipped("publish_tmpfs", MEASURE, "-", "no /dev/shm"));
+    }
+    let name = sys::random_hex(8).map_err(|e| fail("tmpfs directory", e))?;
+    let dir = TempDir { path: shm.join(format!("mam-bench-{name}")) };
+    sys::create_dir_all(&dir.path).map_err(|e| fail("tmpfs directory", e))?;
+    let (reg, payload) = publish_job(env, broker, &dir.path)?;
+    let port = broker.port.to_string();
+    let mut a = env.mam(&["publish", "--registry-dir", &reg, "--job-id", "bench", "--event", "progress"]);
+    a.env("MQTT_BROKER", "127.0.0.1").env("MQTT_PORT", &port);
+    let mut b = anchor("mam/jobs/bench/events", &payload);
+    let s = measure::alternate(plan.publish_runs, &mut [&mut a, &mut b]).map_err(|e| fail("publish on tmpfs", e))?;
+    let (now, anc) = (measure::median_ms(&s[0]), measure::median_ms(&s[1]));
+    let mut r = Row::new("publish_tmpfs", MEASURE);
+    r.now = Some(Qty::ms(now));
+    r.anchor = Some(("mosquitto_pub -q 1".into(), Qty::ms(anc)));
+    r.ratio = Some(now / anc.max(1e-9));
+    r.note = format!("wall time, medians of {} alternating runs; registry under /dev/shm", plan.publish_runs);
+    Ok(r)
 }
 
 fn timer_row(env: &Env, plan: &Plan, reg: &str, with_broker: &dyn Fn(Command) -> Command) -> Result<Row, Failure> {
@@ -802,7 +839,7 @@ fn publish_breakdown(ctx: &Ctx, runs: usize, json: bool) -> Result<i32, Failure>
     let env = make_env(ctx)?;
     let load_start = measure::loadavg();
     let broker = start_broker(&env, if env.mosquitto.is_some() { Kind::Mosquitto } else { Kind::Mam })?;
-    let (reg, payload) = publish_job(&env, &broker)?;
+    let (reg, payload) = publish_job(&env, &broker, &env.dir.path)?;
     let port = broker.port.to_string();
     let mut publish = env.mam(&["publish", "--registry-dir", &reg, "--job-id", "bench", "--event", "progress"]);
     publish.env("MQTT_BROKER", "127.0.0.1").env("MQTT_PORT", &port).env("MAM_TRACE", "1").stderr(Stdio::piped());
