@@ -36,6 +36,7 @@ pub mod sign;
 pub mod sys;
 pub mod testdouble;
 pub mod text;
+pub mod trace;
 pub mod trust;
 pub mod ui;
 pub mod version;

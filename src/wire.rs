@@ -20,6 +20,7 @@ use crate::registry::is_terminal;
 use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::sign::{self, CanonError};
+use crate::trace;
 
 /// What a job's payloads are signed for: the identity of one attempt and its key.
 #[derive(Clone)]
@@ -199,7 +200,9 @@ pub fn send_event_then_state(
 ) -> Result<(), MqttError> {
     if let Some(ev) = event {
         if !progress.event_acked {
+            let t = std::time::Instant::now();
             c.publish(ev)?;
+            trace::span("event", t);
             progress.event_acked = true;
         }
     }
@@ -209,7 +212,10 @@ pub fn send_event_then_state(
     if progress.state_sent {
         return Ok(());
     }
-    match state() {
+    let t = std::time::Instant::now();
+    let check = state();
+    trace::span("recheck", t);
+    match check {
         StateCheck::Skip(why) => {
             progress.state_skipped = Some(why);
             Ok(())
@@ -219,7 +225,9 @@ pub fn send_event_then_state(
                 return Err(MqttError::Stopped);
             }
             progress.state_skipped = None;
+            let t = std::time::Instant::now();
             c.publish(&msg)?;
+            trace::span("state", t);
             progress.state_sent = true;
             Ok(())
         }

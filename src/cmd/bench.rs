@@ -29,6 +29,7 @@ use crate::text::show_path;
 
 pub const USAGE: &str = "
 Usage: mam bench [--quick] [--json] [--sizes N,N,...] [--runs N]
+       mam bench publish [--runs N] [--json]
        mam bench loop-round --repo PATH --base REF [--reps N]
 
 With no benchmark named, runs the comparisons of docs/PERFORMANCE.md on this machine, each against
@@ -36,6 +37,7 @@ an anchor measured in the same run, alternating the two (the order swapped every
 medians; the machine's load (/proc/loadavg) is printed at the start and the end:
   mam publish --event progress (engine, record, events.log, signed event, retained state, audit)
                            against mosquitto_pub -q 1 of the same payload to the same broker
+                           (and again with the registry on tmpfs, for the record: no fsync cost)
   mam pub -q 1             against mosquitto_pub -q 1
   mam --version            against /bin/true
   the heartbeat timer's resident set (VmRSS; its own memory is RssAnon) against an idle `sleep`
@@ -58,6 +60,20 @@ Options:
   --sizes LIST   the registry sizes, comma separated (each at least 1)
   --runs N       the alternating runs of every process comparison (default 500 for --version,
                  50 for publish, 100 for pub, 3-5 per registry size; --quick fewer)
+
+publish: where `mam publish --event progress` spends its time. Runs it N times (default 50) with
+MAM_TRACE=1, alternating with mosquitto_pub -q 1 of the same payload to the same broker, and prints
+per step the median start and length (ms from the command's start, after the process is loaded):
+  parse      arguments, env file, paths, broker settings    read     the record, before any lock
+  lock       L3 (shared) and events.log opened              record   L1, decision, record write,
+  audit      audit.jsonl and status.json (their fsyncs)              its fsync and the directory's
+  sign       the signed event                               events.log  the line appended
+  connect    TCP, CONNECT, CONNACK                          event    PUBLISH to its PUBACK
+  recheck    the record read again for the state            state    the retained state to PUBACK
+  disconnect DISCONNECT and close                           published  the audit entry after the wire
+  print      the result line
+then the whole process (wall) against mosquitto_pub, and what lies outside the steps (exec, the
+dynamic loader, exit). Steps that overlap show it in their start times.
 
 loop-round: times the review loop's own work in one pinned review round with one local reviewer and
 tree isolation, N times (default 15), through the library code `mam loop` runs, in the loop's order:
@@ -85,6 +101,7 @@ names it), 2 usage.
 #[derive(Debug)]
 enum Args {
     Table(TableArgs),
+    Publish { runs: usize, json: bool },
     LoopRound { repo: PathBuf, base: String, reps: u32 },
 }
 
@@ -143,6 +160,12 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     }
     match (which.as_deref(), repo, base) {
         (None, None, None) => Ok(Parsed::Run(Args::Table(t))),
+        (Some("publish"), None, None) if !t.quick && t.sizes.is_none() => {
+            Ok(Parsed::Run(Args::Publish { runs: t.runs.unwrap_or(50), json: t.json }))
+        }
+        (Some("publish"), _, _) => {
+            Err(Failure::usage("bench publish: takes --runs and --json only (see mam bench --help)"))
+        }
         (None, _, _) => Err(Failure::usage("bench: --repo and --base belong to loop-round (see mam bench --help)")),
         (Some("loop-round"), _, _) if table_flag.is_some() => {
             Err(Failure::usage(format!("bench loop-round: unexpected option {}", table_flag.unwrap_or_default())))
@@ -154,7 +177,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Err(Failure::usage("bench: give loop-round --repo PATH --base REF (see mam bench --help)"))
         }
         (Some(other), _, _) => Err(Failure::usage(format!(
-            "bench: unknown benchmark '{}' (expected loop-round, or none for the table)",
+            "bench: unknown benchmark '{}' (expected publish or loop-round, or none for the table)",
             crate::text::one_line(other)
         ))),
     }
@@ -167,6 +190,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     cli::load_env(ctx)?;
     match a {
         Args::Table(t) => table(ctx, &t),
+        Args::Publish { runs, json } => publish_breakdown(ctx, runs, json),
         Args::LoopRound { repo, base, reps } => loop_round(ctx, &repo, &base, reps),
     }
 }
@@ -360,8 +384,8 @@ fn start_broker(env: &Env, kind: Kind) -> Result<Broker, Failure> {
     Ok(b)
 }
 
-fn table(ctx: &mut Ctx, t: &TableArgs) -> Result<i32, Failure> {
-    let plan = Plan::new(t);
+/// The temp directory, the children's clean environment and the tools found.
+fn make_env(ctx: &Ctx) -> Result<Env, Failure> {
     let exe = std::env::current_exe().map_err(|e| fail("this binary", e))?;
     let dir = TempDir::create(ctx, "mam-bench").map_err(|e| fail("temp directory", show_path(&e.path)))?;
     let path = ctx.var("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
@@ -375,7 +399,7 @@ fn table(ctx: &mut Ctx, t: &TableArgs) -> Result<i32, Failure> {
         ("MAM_ENV_FILE".to_string(), format!("{dir_s}/no.env")),
         ("MAM_NO_SUBSCRIBER_DAEMON".to_string(), "1".to_string()),
     ];
-    let env = Env {
+    Ok(Env {
         exe,
         base_env,
         mosquitto: find_program(ctx, "mosquitto"),
@@ -383,7 +407,13 @@ fn table(ctx: &mut Ctx, t: &TableArgs) -> Result<i32, Failure> {
         true_bin: find_program(ctx, "true").unwrap_or_else(|| PathBuf::from("/bin/true")),
         sleep_bin: find_program(ctx, "sleep"),
         dir,
-    };
+    })
+}
+
+fn table(ctx: &mut Ctx, t: &TableArgs) -> Result<i32, Failure> {
+    let plan = Plan::new(t);
+    let env = make_env(ctx)?;
+    let dir_s = env.dir.path.display().to_string();
     let mosquitto_version = env.mosquitto.as_ref().and_then(|m| {
         let out = Command::new(m).arg("-h").stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
         String::from_utf8_lossy(&out.stdout).lines().next().map(|l| crate::text::one_line(l.trim()))
@@ -470,10 +500,11 @@ fn version_row(env: &Env, plan: &Plan) -> Result<Row, Failure> {
     ))
 }
 
-/// `mam publish` and `mam pub` against `mosquitto_pub -q 1`, and the heartbeat timer's memory.
-fn publish_rows(env: &Env, plan: &Plan, broker: &Broker) -> Result<Vec<Row>, Failure> {
+/// A registered, started job `bench` in `<base>/publish/jobs` on `broker`: the registry path and a
+/// payload the size of its signed events (its events.log's first line).
+fn publish_job(env: &Env, broker: &Broker, base: &Path) -> Result<(String, String), Failure> {
     let port = broker.port.to_string();
-    let reg = env.dir.path.join("publish").join("jobs");
+    let reg = base.join("publish").join("jobs");
     let reg_s = reg.display().to_string();
     let with_broker = |mut c: Command| {
         c.env("MQTT_BROKER", "127.0.0.1").env("MQTT_PORT", &port);
@@ -493,13 +524,25 @@ fn publish_rows(env: &Env, plan: &Plan, broker: &Broker) -> Result<Vec<Row>, Fai
     let events = reg.join("bench").join("events.log");
     let first = std::fs::read_to_string(&events).map_err(|e| fail("events.log", e))?;
     // A payload the size of a signed event, so both sides move the same bytes.
-    let payload = first.lines().next().unwrap_or("{}").to_string();
+    Ok((reg_s, first.lines().next().unwrap_or("{}").to_string()))
+}
+
+/// `mam publish` and `mam pub` against `mosquitto_pub -q 1`, and the heartbeat timer's memory.
+fn publish_rows(env: &Env, plan: &Plan, broker: &Broker) -> Result<Vec<Row>, Failure> {
+    let port = broker.port.to_string();
+    let (reg_s, payload) = publish_job(env, broker, &env.dir.path)?;
+    let with_broker = |mut c: Command| {
+        c.env("MQTT_BROKER", "127.0.0.1").env("MQTT_PORT", &port);
+        c
+    };
     let mut rows = Vec::new();
     const PUBLISH: &str = "mam publish --event progress / mosquitto_pub -q 1";
     const PUB: &str = "mam pub -q 1 / mosquitto_pub -q 1";
+    const PUBLISH_TMPFS: &str = TMPFS_PUBLISH;
     match &env.mosquitto_pub {
         None => {
             rows.push(Row::skipped("publish", PUBLISH, "<= 1.0", "mosquitto_pub is not installed"));
+            rows.push(Row::skipped("publish_tmpfs", PUBLISH_TMPFS, "-", "mosquitto_pub is not installed"));
             rows.push(Row::skipped("pub", PUB, "<= 0.6", "mosquitto_pub is not installed"));
         }
         Some(mp) => {
@@ -528,6 +571,7 @@ fn publish_rows(env: &Env, plan: &Plan, broker: &Broker) -> Result<Vec<Row>, Fai
             );
             r.note.push_str(&format!("; registry under {}", show_path(&env.dir.path)));
             rows.push(r);
+            rows.push(tmpfs_publish_row(env, plan, broker, &anchor)?);
             let mut a =
                 env.mam(&["pub", "-h", "127.0.0.1", "-p", &port, "-q", "1", "-t", "mam-bench/pub", "-m", "hello"]);
             let mut b = anchor("mam-bench/pub", "hello");
@@ -545,6 +589,39 @@ fn publish_rows(env: &Env, plan: &Plan, broker: &Broker) -> Result<Vec<Row>, Fai
     }
     rows.push(timer_row(env, plan, &reg_s, &with_broker)?);
     Ok(rows)
+}
+
+const TMPFS_PUBLISH: &str = "the same with the registry on tmpfs (fsync costs nothing there)";
+
+/// The publish row again with the registry in /dev/shm: what the comparison is without the disk
+/// (the record's and status.json's fsyncs), for the record (no target).
+fn tmpfs_publish_row(
+    env: &Env,
+    plan: &Plan,
+    broker: &Broker,
+    anchor: &dyn Fn(&str, &str) -> Command,
+) -> Result<Row, Failure> {
+    const MEASURE: &str = TMPFS_PUBLISH;
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return Ok(Row::skipped("publish_tmpfs", MEASURE, "-", "no /dev/shm"));
+    }
+    let name = sys::random_hex(8).map_err(|e| fail("tmpfs directory", e))?;
+    let dir = TempDir { path: shm.join(format!("mam-bench-{name}")) };
+    sys::create_dir_all(&dir.path).map_err(|e| fail("tmpfs directory", e))?;
+    let (reg, payload) = publish_job(env, broker, &dir.path)?;
+    let port = broker.port.to_string();
+    let mut a = env.mam(&["publish", "--registry-dir", &reg, "--job-id", "bench", "--event", "progress"]);
+    a.env("MQTT_BROKER", "127.0.0.1").env("MQTT_PORT", &port);
+    let mut b = anchor("mam/jobs/bench/events", &payload);
+    let s = measure::alternate(plan.publish_runs, &mut [&mut a, &mut b]).map_err(|e| fail("publish on tmpfs", e))?;
+    let (now, anc) = (measure::median_ms(&s[0]), measure::median_ms(&s[1]));
+    let mut r = Row::new("publish_tmpfs", MEASURE);
+    r.now = Some(Qty::ms(now));
+    r.anchor = Some(("mosquitto_pub -q 1".into(), Qty::ms(anc)));
+    r.ratio = Some(now / anc.max(1e-9));
+    r.note = format!("wall time, medians of {} alternating runs; registry under /dev/shm", plan.publish_runs);
+    Ok(r)
 }
 
 fn timer_row(env: &Env, plan: &Plan, reg: &str, with_broker: &dyn Fn(Command) -> Command) -> Result<Row, Failure> {
@@ -753,6 +830,120 @@ fn broker_rows(env: &Env, plan: &Plan) -> Result<Vec<Row>, Failure> {
     }
     rows.push(r);
     Ok(rows)
+}
+
+// ---------------------------------------------------------------------------------------------
+// publish: the breakdown
+
+fn publish_breakdown(ctx: &Ctx, runs: usize, json: bool) -> Result<i32, Failure> {
+    let env = make_env(ctx)?;
+    let load_start = measure::loadavg();
+    let broker = start_broker(&env, if env.mosquitto.is_some() { Kind::Mosquitto } else { Kind::Mam })?;
+    let (reg, payload) = publish_job(&env, &broker, &env.dir.path)?;
+    let port = broker.port.to_string();
+    let mut publish = env.mam(&["publish", "--registry-dir", &reg, "--job-id", "bench", "--event", "progress"]);
+    publish.env("MQTT_BROKER", "127.0.0.1").env("MQTT_PORT", &port).env("MAM_TRACE", "1").stderr(Stdio::piped());
+    let mut anchor = env.mosquitto_pub.as_ref().map(|mp| {
+        env.cmd(mp, &["-h", "127.0.0.1", "-p", &port, "-q", "1", "-t", "mam/jobs/bench/events", "-m", &payload])
+    });
+    let (mut walls, mut anchors) = (Vec::new(), Vec::new());
+    // Per step: the starts and lengths seen, in the order the steps first appeared.
+    let mut steps: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    let mut ends = Vec::new();
+    for round in 0..runs {
+        let one = |c: &mut Command| -> Result<(f64, String), Failure> {
+            let t = Instant::now();
+            let mut child = sys::spawn(c).map_err(|e| fail(&measure::shown(c), e))?;
+            let mut err = String::new();
+            if let Some(mut s) = child.stderr.take() {
+                use std::io::Read;
+                let _ = s.read_to_string(&mut err);
+            }
+            let (code, _) = sys::wait_rusage(child.id() as i32).map_err(|e| fail(&measure::shown(c), e))?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            if code != 0 {
+                return Err(fail(
+                    &measure::shown(c),
+                    format!("exited with {code}: {}", err.lines().next().unwrap_or("")),
+                ));
+            }
+            Ok((ms, err))
+        };
+        let mut run_anchor = |walls: &mut Vec<f64>| -> Result<(), Failure> {
+            if let Some(a) = anchor.as_mut() {
+                walls.push(one(a)?.0);
+            }
+            Ok(())
+        };
+        if round % 2 == 1 {
+            run_anchor(&mut anchors)?;
+        }
+        let (ms, err) = one(&mut publish)?;
+        walls.push(ms);
+        let spans = err.lines().find_map(crate::trace::parse).ok_or_else(|| fail("publish", "no mam-trace line"))?;
+        ends.push(spans.iter().map(|(_, s, l)| s + l).fold(0.0, f64::max));
+        for (name, start, len) in spans {
+            match steps.iter_mut().find(|(n, _, _)| *n == name) {
+                Some((_, s, l)) => {
+                    s.push(start);
+                    l.push(len);
+                }
+                None => steps.push((name, vec![start], vec![len])),
+            }
+        }
+        if round % 2 == 0 {
+            run_anchor(&mut anchors)?;
+        }
+    }
+    drop(broker);
+    let wall = measure::median(walls);
+    let inside = measure::median(ends);
+    let anchor = (!anchors.is_empty()).then(|| measure::median(anchors));
+    let load_end = measure::loadavg();
+    let rows: Vec<(String, f64, f64)> =
+        steps.into_iter().map(|(n, s, l)| (n, measure::median(s), measure::median(l))).collect();
+    if json {
+        let v = serde_json::json!({
+            "command": "mam bench publish",
+            "runs": runs,
+            "load_start": load_start,
+            "load_end": load_end,
+            "broker": if env.mosquitto.is_some() { "mosquitto" } else { "mam broker" },
+            "steps": rows.iter().map(|(n, s, l)| serde_json::json!({"step": n, "start_ms": s, "ms": l})).collect::<Vec<_>>(),
+            "traced_ms": inside,
+            "wall_ms": wall,
+            "outside_ms": wall - inside,
+            "mosquitto_pub_ms": anchor,
+        });
+        ctx.say(&serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(0);
+    }
+    let load = |l: Option<[f64; 3]>| l.map_or("unknown".into(), |[a, b, c]| format!("{a:.2} {b:.2} {c:.2}"));
+    let broker_name = if env.mosquitto.is_some() { "mosquitto" } else { "mam broker" };
+    let mut out = format!(
+        "mam bench publish: {runs} runs of `mam publish --event progress` (MAM_TRACE=1) to {broker_name}, \
+         registry under {}; load {} at the start, {} at the end\n\n{:<12} {:>9} {:>9}\n",
+        show_path(&env.dir.path),
+        load(load_start),
+        load(load_end),
+        "step",
+        "start ms",
+        "ms"
+    );
+    for (n, s, l) in &rows {
+        out.push_str(&format!("{n:<12} {s:>9.3} {l:>9.3}\n"));
+    }
+    out.push_str(&format!(
+        "\nwhole process {wall:.3} ms (median): {inside:.3} ms in the steps above, {:.3} ms outside them \
+         (exec, loading, exit)\n",
+        wall - inside
+    ));
+    match anchor {
+        Some(a) => out.push_str(&format!("mosquitto_pub -q 1 {a:.3} ms: ratio {:.2}\n", wall / a)),
+        None => out.push_str("mosquitto_pub is not installed: no anchor\n"),
+    }
+    ctx.say_raw(out.as_bytes());
+    Ok(0)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 //! It never writes a record or a log itself and never prints the auth_token or a password.
 
 use std::ffi::OsString;
+use std::time::Instant;
 
 use serde_json::{Map, Value};
 
@@ -19,6 +20,7 @@ use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::sign;
 use crate::text;
+use crate::trace;
 use crate::wire::Settings;
 
 pub const USAGE: &str = "
@@ -50,7 +52,8 @@ Options:
   -h, --help             print this help
 
 Env: MQTT_* (CORE 3.1), MAM_PUBLISH_BUDGET_S (20: wire budget of a non-terminal publish),
-MAM_HEARTBEAT_DRAIN_S (1: how long a stopped timer may take), MAM_ENGINE_CAS.
+MAM_HEARTBEAT_DRAIN_S (1: how long a stopped timer may take), MAM_ENGINE_CAS; MAM_TRACE=1 adds
+one stderr line `mam-trace: <step>=<start ms>+<ms> ...` of where the time went (`mam bench publish`).
 
 Output: `published <event> seq=<n> job=<id>`; a repeat prints `already <status>; nothing new to
 publish`.
@@ -206,10 +209,22 @@ fn parse_data(raw: OsString) -> Result<Data, Failure> {
 
 /// Entry point.
 pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
+    let t = Instant::now();
     let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
         return Ok(0);
     };
     cli::load_env(ctx)?;
+    if ctx.var("MAM_TRACE").as_deref() == Some("1") {
+        trace::enable_at(t);
+    }
+    let rc = publish_cmd(ctx, a, t);
+    if trace::on() {
+        ctx.diag(&trace::line(&trace::take()));
+    }
+    rc
+}
+
+fn publish_cmd(ctx: &Ctx, a: Args, t: Instant) -> Result<i32, Failure> {
     for (path, t) in &a.data_notes {
         ctx.diag(&format!(
             "NOTE: publish: --data: {path} = {t} is not an integer; sent as the string \"{t}\" (signed payloads carry integers only)"
@@ -218,6 +233,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
     let store = Store::from_resolved(&resolved);
     let settings = Settings::for_registry(ctx, Some(&store.registry))?;
+    trace::span("parse", t);
     let id = a.req.job_id.clone();
     let event = a.req.event.name();
     let mut diag = |line: String| ctx.diag(&line);
@@ -235,6 +251,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         None => Vec::new(),
     };
     let outcome = publish::publish(&store, &settings, &a.req, &mut diag, Some(&mut hook)).map_err(Failure::runtime)?;
+    let t = Instant::now();
     if let Some(f) = &arm_failure {
         ctx.diag(&f.line);
     }
@@ -248,6 +265,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             if wire != 0 {
                 rc = wire;
             }
+            trace::span("print", t);
             !armed_early
         }
         Outcome::Repeat { status, resent } => {

@@ -10,6 +10,7 @@
 //! This module never prints: warnings go to the caller's `diag` callback, results are values.
 
 pub mod close;
+pub mod overlap;
 
 use std::fmt;
 use std::io;
@@ -32,8 +33,10 @@ use crate::registry::engine::{Authority, Kind, Request as EngineRequest};
 use crate::registry::record::Record;
 use crate::registry::store::{Decided, Store, StoreError};
 use crate::text::show_path;
+use crate::trace;
 
 use crate::wire::{self, EventFields, Job, Progress, Settings};
+use overlap::{PendingAudit, Preconnect};
 
 /// `--message` limit (CORE 6.1).
 pub const MAX_MESSAGE: usize = 4096;
@@ -174,6 +177,18 @@ pub struct Shot<'a> {
 /// retries of CORE 3.3 inside the budget (A8). Event bytes are the same on every attempt; an event
 /// the broker acknowledged is not sent again, and the state is rebuilt before every send.
 pub fn send_one_shot(settings: &Settings, store: &Store, shot: &Shot<'_>, diag: &mut dyn FnMut(String)) -> WireReport {
+    send_one_shot_with(settings, store, shot, diag, None)
+}
+
+/// `send_one_shot` whose first attempt takes the connection `pre` opened (or its error), if any.
+fn send_one_shot_with(
+    settings: &Settings,
+    store: &Store,
+    shot: &Shot<'_>,
+    diag: &mut dyn FnMut(String),
+    pre: Option<Preconnect>,
+) -> WireReport {
+    let mut pre = pre;
     let Shot { cfg, job, event, last_event, seq, with_state, budget } = shot.clone();
     let deadline = budget.map(|b| Instant::now() + b);
     let stop = match deadline {
@@ -189,12 +204,22 @@ pub fn send_one_shot(settings: &Settings, store: &Store, shot: &Shot<'_>, diag: 
     let result = with_retry(&settings.policy(budget), &stop, &mut *diag, |_attempt| {
         progress.attempts += 1;
         let r = (|| {
-            let mut c = Client::connect(cfg, Role::Pub, &stop)?;
+            let mut c = match pre.take().and_then(|p| p.take(&cfg.addr())) {
+                Some(opened) => opened?,
+                None => {
+                    let t = Instant::now();
+                    let c = Client::connect(cfg, Role::Pub, &stop)?;
+                    trace::span("connect", t);
+                    c
+                }
+            };
             let earlier = forward::unsent(store, job, seq, clock::now_ms());
             forward::send(store, job, &mut c, &earlier, false, &mut replayed, &mut |w| notes.push(w))?;
             let state: Option<&dyn Fn() -> wire::StateCheck> = if with_state { Some(&recheck) } else { None };
             wire::send_event_then_state(&mut c, event, &mut progress, state, &|| true)?;
+            let t = Instant::now();
             c.disconnect();
+            trace::span("disconnect", t);
             Ok(())
         })();
         if let Err(e) = &r {
@@ -330,7 +355,9 @@ fn publish_inner(
     if n > max_data {
         return Err(PublishError::Record(format!("job {}: data of {n} bytes is more than {max_data}", req.job_id)));
     }
+    let t = Instant::now();
     let rec = store.read_existing(&req.job_id)?;
+    trace::span("read", t);
     let events = events_log_path(&store.registry, &req.job_id);
     if req.event.is_terminal() {
         terminal(store, settings, req, &rec, &events, diag)
@@ -348,18 +375,48 @@ fn non_terminal(
     diag: &mut dyn FnMut(String),
     on_recorded: Option<OnRecorded<'_>>,
 ) -> Result<Outcome, PublishError> {
+    let t = Instant::now();
     let l3 = inflight_shared(&store.registry, &req.job_id)?;
     prepare_events_log(events)?;
+    trace::span("lock", t);
     let kind = if req.event == Event::Started { Kind::Claim } else { Kind::Progress };
     let mut r = agent_request(kind, rec, req, settings);
     r.alloc_seq = true;
     let now = clock::now_ms();
-    let (decision, before) = apply(store, &r, now, diag)?;
+    // Issue 20: the broker connection opens while the record and events.log are written, and the
+    // audit half of the transaction finishes while the event goes out (`overlap`).
+    let pre = Preconnect::start(&settings.mqtt_for(rec).0, settings.budget);
+    let (out, flush) = store.apply_deferred(&r, now)?;
+    if let Some(w) = &out.audit_error {
+        diag(format!("WARNING: {w}"));
+    }
+    let (decision, before) = (out.decision, out.before);
+    let flush = match decision {
+        Decided::Applied(_) => Some(PendingAudit::start(flush)),
+        _ => {
+            if let Some(w) = flush.flush() {
+                diag(format!("WARNING: {w}"));
+            }
+            None
+        }
+    };
     match decision {
         Decided::Applied(a) => {
             let seq = a.seq.ok_or_else(|| PublishError::Record("engine allocated no seq".into()))?;
-            let out =
-                emit(store, settings, req, &a.record, events, seq, now, Some(settings.budget), diag, on_recorded)?;
+            let wire = Overlap { pre, audit: flush };
+            let out = emit(
+                store,
+                settings,
+                req,
+                &a.record,
+                events,
+                seq,
+                now,
+                Some(settings.budget),
+                diag,
+                on_recorded,
+                wire,
+            )?;
             drop(l3);
             Ok(out)
         }
@@ -433,7 +490,7 @@ fn terminal(
     let out = match decision {
         Decided::Applied(a) => {
             let seq = a.seq.ok_or_else(|| PublishError::Record("engine allocated no seq".into()))?;
-            emit(store, settings, req, &a.record, events, seq, now, None, diag, None)
+            emit(store, settings, req, &a.record, events, seq, now, None, diag, None, Overlap::default())
         }
         Decided::Idempotent { status } => {
             let before = before_or_read(before, store, &req.job_id)?;
@@ -458,6 +515,7 @@ fn send_and_audit(
     bytes: &[u8],
     budget: Option<Duration>,
     diag: &mut dyn FnMut(String),
+    overlap: Overlap,
 ) -> WireReport {
     let (cfg, warning) = settings.mqtt_for(rec);
     if let Some(w) = warning {
@@ -473,8 +531,14 @@ fn send_and_audit(
         with_state: !req.no_state,
         budget,
     };
-    let report = send_one_shot(settings, store, &shot, diag);
+    let report = send_one_shot_with(settings, store, &shot, diag, overlap.pre);
+    // The transition's entries are in audit.jsonl before the `published` one.
+    if let Some(w) = overlap.audit.and_then(PendingAudit::finish) {
+        diag(format!("WARNING: {w}"));
+    }
+    let t = Instant::now();
     audit_published(store, job, req.event.name(), seq, &report, diag);
+    trace::span("published", t);
     report
 }
 
@@ -491,20 +555,35 @@ fn emit(
     budget: Option<Duration>,
     diag: &mut dyn FnMut(String),
     on_recorded: Option<OnRecorded<'_>>,
+    overlap: Overlap,
 ) -> Result<Outcome, PublishError> {
+    let t = Instant::now();
     let job = Job::from_record(rec).map_err(PublishError::Record)?;
     let ts = clock::format_ts(now);
     let fields =
         EventFields { event: req.event.name(), seq, ts: &ts, heartbeat: false, message: &req.message, data: &req.data };
     let bytes = job.event_bytes(&fields).map_err(|e| PublishError::Record(format!("cannot sign the event: {e}")))?;
+    trace::span("sign", t);
+    let t = Instant::now();
     append_event(events, &bytes)?;
+    trace::span("events.log", t);
     if let Some(hook) = on_recorded {
+        let t = Instant::now();
         for line in hook(rec) {
             diag(line);
         }
+        trace::span("hook", t);
     }
-    let report = send_and_audit(store, settings, req, rec, &job, seq, &bytes, budget, diag);
+    let report = send_and_audit(store, settings, req, rec, &job, seq, &bytes, budget, diag, overlap);
     Ok(Outcome::Published { seq, report })
+}
+
+/// What `emit` may find already under way (`overlap`): a connection for its first attempt, the
+/// transition's audit flush to wait for before the `published` entry.
+#[derive(Debug, Default)]
+struct Overlap {
+    pre: Option<Preconnect>,
+    audit: Option<PendingAudit>,
 }
 
 /// How much of the end of audit.jsonl `audit_confirms` reads at most: the entry of a repeat's seq
@@ -548,7 +627,7 @@ fn repeat(
     if audit_confirms(&store.logs, &job.job_id, seq) {
         return Ok(Outcome::Repeat { status, resent: None });
     }
-    let report = send_and_audit(store, settings, req, rec, &job, seq, &bytes, budget, diag);
+    let report = send_and_audit(store, settings, req, rec, &job, seq, &bytes, budget, diag, Overlap::default());
     Ok(Outcome::Repeat { status, resent: Some((seq, report)) })
 }
 

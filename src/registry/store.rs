@@ -15,6 +15,7 @@ use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use super::audit;
 pub use super::engine::Decided;
@@ -24,6 +25,7 @@ use crate::clock;
 use crate::paths::Resolved;
 use crate::sys::{self, Flock, LockMode};
 use crate::text::show_path;
+use crate::trace;
 
 /// A registry and its audit-log root (both absolute, from `paths::resolve`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,6 +230,18 @@ impl Store {
 
     /// One engine transaction (CORE 5.4) for `req` at `now_ms`.
     pub fn apply(&self, req: &Request, now_ms: u64) -> Result<Outcome, StoreError> {
+        let (mut out, audit) = self.apply_deferred(req, now_ms)?;
+        if let Some(e) = audit.flush() {
+            out.audit_error = Some(e);
+        }
+        Ok(out)
+    }
+
+    /// `apply` up to the durable record write: the decision is made and the record written (and
+    /// fsynced) under L1; the audit entries and status.json are left to `AuditFlush::flush`, which
+    /// still holds L5, so whatever the caller does meanwhile (`mam publish` sends its event, issue
+    /// 20) no other audit line of this job can come before them.
+    pub fn apply_deferred(&self, req: &Request, now_ms: u64) -> Result<(Outcome, AuditFlush), StoreError> {
         if let Some(msg) = engine::precheck_static(req) {
             return Err(StoreError::Invalid(msg));
         }
@@ -255,6 +269,7 @@ impl Store {
             }
         };
 
+        let t = Instant::now();
         let (before, decision) = {
             let lock_path = self.registry.join(".registry.lock");
             let _l1 = Flock::lock_path(&lock_path, LockMode::Exclusive)
@@ -272,6 +287,7 @@ impl Store {
             (before, decision)
             // L1 released here.
         };
+        trace::span("record", t);
 
         let decision = match decision {
             Decision::Applied(a) => Decided::Applied(a),
@@ -287,18 +303,50 @@ impl Store {
             Decided::Applied(a) => Some(audit::mirror_of(&a.record)),
             _ => None,
         };
-        if let Some(l) = &audit_lock {
-            if let Err(e) = l.flush(&entries, mirror.as_ref()) {
-                audit_error =
-                    Some(format!("{}: audit not written ({e})", show_path(&audit::job_dir(&self.logs, &req.job_id))));
+        let flush = AuditFlush {
+            lock: audit_lock,
+            entries,
+            mirror,
+            applied: matches!(decision, Decided::Applied(_)),
+            registry: self.registry.clone(),
+            logs: self.logs.clone(),
+            job_id: req.job_id.clone(),
+        };
+        Ok((Outcome { decision, before, audit_error }, flush))
+    }
+}
+
+/// The audit half of one transaction (CORE 5.5), held under the job's L5 until `flush`.
+#[derive(Debug)]
+pub struct AuditFlush {
+    lock: Option<audit::AuditLock>,
+    entries: Vec<serde_json::Value>,
+    mirror: Option<serde_json::Value>,
+    applied: bool,
+    registry: PathBuf,
+    logs: PathBuf,
+    job_id: String,
+}
+
+impl AuditFlush {
+    /// Appends the entries, writes status.json, releases L5, removes a dead writer's temp files;
+    /// returns the warning when the audit could not be written (the record write stands).
+    pub fn flush(self) -> Option<String> {
+        let t = Instant::now();
+        let mut err = None;
+        if let Some(l) = &self.lock {
+            if let Err(e) = l.flush(&self.entries, self.mirror.as_ref()) {
+                err =
+                    Some(format!("{}: audit not written ({e})", show_path(&audit::job_dir(&self.logs, &self.job_id))));
             }
         }
-        drop(audit_lock);
-        if let Decided::Applied(_) = decision {
-            clean_stale_temps(&self.registry, &format!("{}.json", req.job_id));
-            clean_stale_temps(&audit::job_dir(&self.logs, &req.job_id), "status.json");
+        drop(self.lock);
+        trace::span("audit", t);
+        if self.applied {
+            clean_stale_temps(&self.registry, &format!("{}.json", self.job_id));
+            clean_stale_temps(&audit::job_dir(&self.logs, &self.job_id), "status.json");
         }
-        Ok(Outcome { decision, before, audit_error })
+        err
     }
 }
 
