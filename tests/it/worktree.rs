@@ -1116,6 +1116,7 @@ fn a_running_loop_on_the_worktree_is_loop_active() {
 
 /// `bin/claude` in `dir`: the fake agent as `claude`, its script the first argument (a pane
 /// inherits its server's environment, not the creator's, so the script travels in argv).
+#[cfg(feature = "test-hooks")]
 fn fake_claude_in(dir: &Path) {
     fs::create_dir_all(dir).unwrap();
     let claude = dir.join("claude");
@@ -1131,14 +1132,17 @@ fn fake_claude_in(dir: &Path) {
 }
 
 /// Kills a private tmux server (and removes its socket file) on drop.
+#[cfg(feature = "test-hooks")]
 struct TmuxServer(String);
 
+#[cfg(feature = "test-hooks")]
 impl Drop for TmuxServer {
     fn drop(&mut self) {
         kill_tmux(&self.0);
     }
 }
 
+#[cfg(feature = "test-hooks")]
 fn tmux_panes(sock: &str) -> Vec<String> {
     let out = Command::new("tmux").args(["-L", sock, "list-panes", "-a", "-F", "#{pane_id}"]).output().unwrap();
     String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
