@@ -218,8 +218,9 @@ pub const ADAPTERS: &[Adapter] = &[
         layout: Layout::Unsupported,
         // Its footer: "Ask anything…" is only the placeholder of a new session's input (a resumed
         // one shows none); the footer's "ctrl+p commands" ("agents  commands" in a pane about 50
-        // columns wide, herdr's headless one) gives way to "esc interrupt" while it works.
-        ready_lines: &["ctrl+p commands", "agents  commands"],
+        // columns wide, herdr's headless one, with as many blanks as the cwd beside it leaves:
+        // ready lines match any run of blanks) gives way to "esc interrupt" while it works.
+        ready_lines: &["ctrl+p commands", "agents commands"],
         ready_hold_ms: 0,
         startup_busy: &[],
         dialogs: &[],
@@ -326,7 +327,7 @@ impl Adapter {
     /// already passed, not one that waits: while a dialog waits, no CLI draws its input line below it
     /// (gemini redraws its UI under the remains of its auth box after the key box closes).
     pub fn dialog_on(&self, screen: &str) -> Option<&'static Dialog> {
-        let input_at = self.ready_lines.iter().filter_map(|l| screen.rfind(l)).max();
+        let input_at = self.input_line_at(screen);
         self.dialogs.iter().rev().find(|d| screen.rfind(d.screen).is_some_and(|at| input_at.is_none_or(|i| at > i)))
     }
 
@@ -336,9 +337,14 @@ impl Adapter {
         self.startup_busy.iter().any(|b| screen.rfind(b).is_some_and(|b| b > at))
     }
 
+    /// Where the last of the CLI's input lines starts in `screen`, if it shows one.
+    pub fn input_line_at(&self, screen: &str) -> Option<usize> {
+        self.ready_lines.iter().filter_map(|l| rfind_blanks(screen, l)).max()
+    }
+
     /// True when `screen` shows the CLI's own input line and no dialog.
     pub fn ready_on(&self, screen: &str) -> bool {
-        self.ready_lines.iter().any(|l| screen.contains(l)) && self.dialog_on(screen).is_none()
+        self.input_line_at(screen).is_some() && self.dialog_on(screen).is_none()
     }
 
     /// True when the table knows the CLI's input line (start-up then waits for it, A58).
@@ -367,6 +373,28 @@ impl Adapter {
         }
         None
     }
+}
+
+/// Where `needle` last starts in `screen`, a blank of `needle` matching any run of one or more blanks
+/// (a footer's columns are padded to the pane's width, and what sits beside them varies).
+fn rfind_blanks(screen: &str, needle: &str) -> Option<usize> {
+    let mut words = needle.split(' ').filter(|w| !w.is_empty());
+    let first = words.next()?;
+    let rest: Vec<&str> = words.collect();
+    screen.rmatch_indices(first).map(|(at, _)| at).find(|&at| {
+        let mut tail = &screen[at + first.len()..];
+        rest.iter().all(|w| {
+            let gap = tail.len() - tail.trim_start_matches(' ').len();
+            tail = &tail[gap..];
+            match tail.strip_prefix(w) {
+                Some(t) if gap > 0 => {
+                    tail = t;
+                    true
+                }
+                _ => false,
+            }
+        })
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -448,6 +476,21 @@ mod tests {
 
     fn argv(s: &[&str]) -> Vec<Vec<u8>> {
         s.iter().map(|a| a.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn ready_lines_match_any_run_of_blanks() {
+        let oc = adapter("opencode").unwrap();
+        // herdr's narrow pane, the footer's columns beside a wrapped cwd (seen on a resume).
+        let screen = "┃  Build · Claude Sonnet 4.6\n/tmp/mam-ittab      ctrl+p\n12435/ws-agents   commands\n0/ws";
+        assert!(oc.ready_on(screen));
+        assert!(oc.ready_on("x\nagents  commands\n"));
+        assert!(oc.ready_on("tab  ctrl+p commands"));
+        assert!(!oc.ready_on("agentscommands"), "a blank needs at least one blank");
+        assert!(!oc.ready_on("agents\ncommands"), "not across lines");
+        assert_eq!(rfind_blanks("a b xa  b", "a b"), Some(5));
+        assert_eq!(rfind_blanks("ab", "a b"), None);
+        assert_eq!(rfind_blanks("", "a"), None);
     }
 
     #[test]

@@ -11,7 +11,6 @@ use super::contract::{valid_name, Backend, Dir, PaneError, PaneInfo, PaneResult,
 use super::knobs::Knobs;
 use crate::agents::{self, Adapter, Dialog};
 use crate::sys;
-use crate::text::one_line;
 
 /// Where a new agent goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -332,11 +331,11 @@ pub fn pass_startup_screens(b: &dyn Backend, name: &str, ad: &'static Adapter, k
         if Instant::now() >= deadline {
             return Err(PaneError::Failed(format!(
                 "agent {name} ({}) not ready within {} ms: its input line {} never showed \
-                 (MAM_AGENT_START_TIMEOUT_MS); last screen line: {}",
+                 (MAM_AGENT_START_TIMEOUT_MS); last screen lines: {}",
                 ad.kind,
                 knobs.start_timeout_ms,
                 ad.ready_text(),
-                last_line(&screen)
+                crate::text::screen_tail(&screen, 5)
             )));
         }
         sys::sleep(Duration::from_millis(100));
@@ -348,11 +347,6 @@ const DIALOG_TRIES: u32 = 3;
 
 /// How often start-up looks for an agent that exited, and how long it must stay gone.
 const EXIT_CHECK: Duration = Duration::from_millis(400);
-
-/// The last non-blank line of a screen, for a diagnostic.
-fn last_line(screen: &str) -> String {
-    one_line(screen.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("(blank)"))
-}
 
 /// Undoes what a placement created: the workspace when this attempt created it, else the split pane;
 /// a reused pane is left as it was found. Sessions' verified rollback (ORCH 2.3) starts here.
