@@ -614,3 +614,49 @@ fn ui_enter_attaches_to_a_herdr_agent_and_comes_back() {
     drop(t);
     drop(home);
 }
+
+/// Issue 22: inside a herdr pane, Enter focuses the agent's pane (`herdr agent focus`, the real
+/// herdr in a private world) and `mam ui` goes on in its own pane.
+#[test]
+fn ui_enter_inside_herdr_focuses_the_agents_pane() {
+    let Some(mut w) = World::new("ui-herdr-focus") else { return };
+    let Some(home) = HerdrHome::new(&w.td) else { return };
+    home.link("claude", &mam_bin());
+    for (k, v) in home.env() {
+        w.set(&k, &v.to_string_lossy());
+    }
+    w.set("MAM_PANE_BACKEND", "herdr");
+    w.set("MAM_STARTUP_DIALOG_SETTLE_MS", "1000");
+    w.mam(["pane", "server-start"]).run().expect_rc(0);
+    let r = w.mam(["create", "claude", "--no-onboard", "--name", "w1", "--", "test-double", "agent"]).run();
+    r.expect_rc(0);
+    let agent = r.stdout().split_whitespace().find_map(|x| x.strip_prefix("PANE=")).unwrap().to_string();
+    let focused = || {
+        let v = home.herdr_json(&["pane", "layout", "--pane", &agent]);
+        v["result"]["layout"]["focused_pane_id"].as_str().unwrap_or_default().to_string()
+    };
+    // The person's pane beside the agent's, focused, running `mam ui`.
+    let ws = w.td.ws().display().to_string();
+    let split = home.herdr_json(&["pane", "split", &agent, "--direction", "down", "--cwd", &ws, "--focus"]);
+    let ui = split["result"]["pane"]["pane_id"].as_str().unwrap_or_else(|| panic!("no pane: {split}")).to_string();
+    assert_eq!(focused(), ui);
+    let script = w.screen_script("", false);
+    home.herdr(&["pane", "run", &ui, &script.display().to_string()]).expect_rc(0);
+    let read = || home.herdr(&["pane", "read", &ui, "--source", "visible"]).stdout();
+    let mut last = String::new();
+    let listed = poll(Duration::from_secs(15), || {
+        last = read();
+        last.lines().any(|l| l.starts_with("> w1") && l.contains("herdr:")).then_some(())
+    });
+    assert!(listed.is_some(), "the session never listed:\n{last}");
+    home.herdr(&["pane", "send-keys", &ui, "enter"]).expect_rc(0);
+    wait_until("herdr focuses the agent's pane", Duration::from_secs(10), || focused() == agent);
+    // The screen is still there (nothing took its terminal) and still answers keys.
+    assert!(!w.path("ui.rc").exists(), "mam ui ended");
+    assert!(read().lines().any(|l| l.starts_with("> w1")), "{}", read());
+    home.herdr(&["pane", "send-keys", &ui, "q"]).expect_rc(0);
+    wait_until("the screen quits", Duration::from_secs(5), || w.path("ui.rc").exists());
+    assert_eq!(fs::read_to_string(w.path("ui.rc")).unwrap().trim(), "0");
+    w.mam(["stop", "w1"]).run().expect_rc(0);
+    drop(home);
+}
