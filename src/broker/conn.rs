@@ -592,13 +592,7 @@ impl Table {
                 self.shared.log(line);
             }
         }
-        let mut full = false;
-        for o in out {
-            full |= self.push(id, o);
-        }
-        if full {
-            self.pause(id, vec![id]);
-        }
+        self.reply_all(id, out);
         Ok(())
     }
 
@@ -735,13 +729,7 @@ impl Table {
         }
         // The SUBACK and the retained replay go in order, ahead of any later live message (one
         // thread queues both); a replay larger than the queue holds this client's input.
-        let mut full = false;
-        for o in out {
-            full |= self.push(id, o);
-        }
-        if full {
-            self.pause(id, vec![id]);
-        }
+        self.reply_all(id, out);
         Ok(())
     }
 
@@ -768,6 +756,17 @@ impl Table {
     fn reply(&mut self, id: u64, bytes: Vec<u8>) {
         let full = self.push_full(id, Out::Owned(bytes));
         self.pause(id, full.into_iter().collect());
+    }
+
+    /// `reply` with several packets, queued in order.
+    fn reply_all(&mut self, id: u64, out: Vec<Out>) {
+        let mut full = false;
+        for o in out {
+            full |= self.push(id, o);
+        }
+        if full {
+            self.pause(id, vec![id]);
+        }
     }
 
     /// Stores and forwards one PUBLISH (`route::route` decides, this queues). `Err` when the
