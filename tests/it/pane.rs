@@ -127,13 +127,6 @@ fn ws_v(id: &str, label: &str, cwd: &str, n: usize) -> Value {
            "panes": panes})
 }
 
-fn kv(out: &str, key: &str) -> String {
-    out.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {out:?}"))
-        .to_string()
-}
-
 const DENIED: &[&str] = &[
     "CLAUDECODE",
     "CLAUDE_CODE_CHILD_SESSION",

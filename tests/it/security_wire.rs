@@ -61,7 +61,7 @@ fn i5_a_delegation_gives_no_secret_to_the_agent_and_the_dispatch_secret_to_no_ch
         .env("MAM_FAKE_AGENT_SCRIPT", &script)
         .run();
     r.expect_rc(0);
-    let pane = r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string();
+    let pane = kv(&r.stdout(), "PANE");
     let agent: i32 =
         fs::read_to_string(td.path("panes/panes").join(&pane).join("pid")).unwrap().trim().parse().unwrap();
     struct Reap(i32, PathBuf);

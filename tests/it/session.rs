@@ -330,13 +330,6 @@ impl S {
     }
 }
 
-fn kv(out: &str, key: &str) -> String {
-    out.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {out:?}"))
-        .to_string()
-}
-
 /// `--env` values of one argv.
 fn env_flags(argv: &[String]) -> Vec<String> {
     argv.windows(2).filter(|w| w[0] == "--env").map(|w| w[1].clone()).collect()

@@ -326,6 +326,25 @@ pub fn os(s: &str) -> OsString {
     OsString::from(s)
 }
 
+/// The value of the first `KEY=VALUE` word of `out` (`SESSION=`, `PANE=` lines of `mam create`).
+pub fn kv(out: &str, key: &str) -> String {
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in {out:?}"))
+        .to_string()
+}
+
+/// `<mam> create claude --name S --no-onboard -- SCRIPT test-double agent`: the fake agent (A18)
+/// playing `script`, done within 60 s; the pane id it prints.
+pub fn create_scripted(mam: Cmd, session: &str, script: &Path) -> String {
+    let r = mam
+        .args(["create", "claude", "--name", session, "--no-onboard", "--"])
+        .args([script.as_os_str(), "test-double".as_ref(), "agent".as_ref()])
+        .run_within(Duration::from_secs(60));
+    r.expect_rc(0);
+    kv(&r.stdout(), "PANE")
+}
+
 /// Compares two strings and prints a line diff on mismatch.
 macro_rules! eqnice {
     ($want:expr, $got:expr) => {{

@@ -144,8 +144,7 @@ impl World {
         }
         let r = self.mam(["create", "claude", "--no-onboard", "--name", name, "--", "test-double", "agent"]).run();
         r.expect_rc(0);
-        let out = r.stdout();
-        out.split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string()
+        kv(&r.stdout(), "PANE")
     }
 
     fn store(&self) -> Store {
