@@ -882,10 +882,7 @@ fn tmux_pane_back_at_its_shell_is_refused() {
     }
     let mut h = H::offline("dj_tmux");
     let sock = format!("mam-dj-{}", rand_hex(6));
-    let bin = h.td.path("bin");
-    fs::create_dir_all(&bin).unwrap();
-    std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let (_, path) = claude_is_mam(&h.td);
     h.env.retain(|(k, _)| k != "MAM_PANE_BACKEND");
     h.env.extend([
         ("MAM_PANE_BACKEND".to_string(), OsString::from("tmux")),

@@ -74,11 +74,8 @@ impl S {
             return None;
         }
         let td = TestDir::new(name);
-        let bin = td.path("bin");
-        fs::create_dir_all(&bin).unwrap();
         // The agent executable `claude` is the mam binary (A18); AGENT_ARGS make it the fake agent.
-        std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
-        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let (bin, path) = claude_is_mam(&td);
         let mut env: Vec<(String, OsString)> = vec![
             ("PATH".into(), path.into()),
             ("MAM_AGENT_START_TIMEOUT_MS".into(), "20000".into()),

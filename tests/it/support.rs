@@ -334,6 +334,16 @@ pub fn kv(out: &str, key: &str) -> String {
         .to_string()
 }
 
+/// `<td>/bin/claude`, a link to the mam binary (A18: with `test-double agent` in its arguments it
+/// is the fake agent): that directory and a PATH that has it first.
+pub fn claude_is_mam(td: &TestDir) -> (PathBuf, String) {
+    let bin = td.path("bin");
+    fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    (bin, path)
+}
+
 /// `<mam> create claude --name S --no-onboard -- SCRIPT test-double agent`: the fake agent (A18)
 /// playing `script`, done within 60 s; the pane id it prints.
 pub fn create_scripted(mam: Cmd, session: &str, script: &Path) -> String {

@@ -89,11 +89,8 @@ impl World {
             return None;
         }
         let td = TestDir::new(name);
-        let bin = td.path("bin");
-        fs::create_dir_all(&bin).unwrap();
         // The fake agent as `claude` (A18): the mam binary, `-- test-double agent` in its arguments.
-        std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
-        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let (_, path) = claude_is_mam(&td);
         let env = vec![
             ("PATH".to_string(), path),
             ("HOME".to_string(), td.path("home").display().to_string()),
