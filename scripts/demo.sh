@@ -143,12 +143,7 @@ unset AGENT_SESSIONS_YAML MAM_JOBS_DIR DELEGATE_JOB_LOGS_DIR MQTT_BROKER MQTT_HO
     MQTT_PASSWORD MQTT_CA_FILE MQTT_TOPIC_ROOT TMUX
 
 # --- the broker --------------------------------------------------------------------------------------
-"$mam" broker --port 0 >"$tmp/out/broker.out" 2>"$tmp/out/broker.err" &
-broker_pid=$!
-for _ in $(seq 100); do grep -q 'listening on' "$tmp/out/broker.out" && break; sleep 0.05; done
-port=$(sed -n 's/^mam broker listening on .*:\([0-9][0-9]*\)$/\1/p' "$tmp/out/broker.out")
-[ -n "$port" ] || die "the broker did not start: $(cat "$tmp/out/broker.err")"
-export MQTT_PORT=$port
+start_broker
 say "embedded broker on 127.0.0.1:$port; control root $ws; $BACKEND server $sock"
 
 # --- the agents --------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #   4. else `cargo build --release` (once: the next run reuses it).
 # A binary older than the sources may not be what they say, so it is passed over, with a line naming
 # a source newer than it (docs/DESIGN.md, "The user's path").
+# `start_broker` starts the demo's embedded broker (needs $mam, $tmp/out and `die`).
 
 # The first source newer than $1 (nothing when $1 is newer than all of them).
 newer_source() {
@@ -50,4 +51,15 @@ pick_mam() { # demo name
     fi
     [ -x "$mam" ] || { echo "ERROR: $who: no mam binary at $mam" >&2; exit 1; }
     mam=$(cd "$(dirname "$mam")" && pwd)/$(basename "$mam")
+}
+
+# `$mam broker --port 0` in the background: its pid in $broker_pid, its output in
+# $tmp/out/broker.{out,err}; $port and the exported MQTT_PORT are the port it listens on (else `die`).
+start_broker() {
+    "$mam" broker --port 0 >"$tmp/out/broker.out" 2>"$tmp/out/broker.err" &
+    broker_pid=$!
+    for _ in $(seq 100); do grep -q 'listening on' "$tmp/out/broker.out" && break; sleep 0.05; done
+    port=$(sed -n 's/^mam broker listening on .*:\([0-9][0-9]*\)$/\1/p' "$tmp/out/broker.out")
+    [ -n "$port" ] || die "the broker did not start: $(cat "$tmp/out/broker.err")"
+    export MQTT_PORT=$port
 }

@@ -95,12 +95,7 @@ printf 'Make greet.sh greet the user by name: `greet.sh NAME` prints `hello NAME
 say "repository $ws at $(git -C "$ws" rev-parse --short HEAD) (the base); task: $(cat "$tmp/task.md")"
 
 # --- the broker ---------------------------------------------------------------------------------------
-"$mam" broker --port 0 >"$tmp/out/broker.out" 2>"$tmp/out/broker.err" &
-broker_pid=$!
-for _ in $(seq 100); do grep -q 'listening on' "$tmp/out/broker.out" && break; sleep 0.05; done
-port=$(sed -n 's/^mam broker listening on .*:\([0-9][0-9]*\)$/\1/p' "$tmp/out/broker.out")
-[ -n "$port" ] || die "the broker did not start: $(cat "$tmp/out/broker.err")"
-export MQTT_PORT=$port
+start_broker
 say "embedded broker on 127.0.0.1:$port; tmux server $sock"
 
 # --- the agents: the fake agent as `claude`, its script the first argument ---------------------------

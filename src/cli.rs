@@ -228,8 +228,39 @@ pub fn load_env(ctx: &mut Ctx) -> Result<(), Failure> {
     }
 }
 
+/// The subcommand `v` names among `subs` (its name, its value); else a usage error naming `cmd`
+/// and listing the names in their order.
+pub fn subcommand<S: Copy>(cmd: &str, v: &std::ffi::OsStr, subs: &[(&str, S)]) -> Result<S, Failure> {
+    if let Some(&(_, s)) = subs.iter().find(|(name, _)| v.to_str() == Some(name)) {
+        return Ok(s);
+    }
+    let names: Vec<&str> = subs.iter().map(|(name, _)| *name).collect();
+    let expected = match names.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    Err(Failure::usage(format!("{cmd}: unknown subcommand '{}' (expected {expected})", one_line(&v.to_string_lossy()))))
+}
+
 /// A value as a `String`, or a usage error naming the flag.
 pub fn utf8(flag: &str, v: OsString) -> Result<String, Failure> {
     v.into_string()
         .map_err(|v| Failure::usage(format!("{flag}: value is not UTF-8: {}", one_line(&v.to_string_lossy()))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subcommands_are_named_or_listed() {
+        let subs = [("run", 1), ("ensure", 2), ("status", 3)];
+        assert_eq!(subcommand("daemon", "ensure".as_ref(), &subs).unwrap(), 2);
+        let e = subcommand("daemon", "bogus\n".as_ref(), &subs).unwrap_err();
+        assert_eq!(e.rc, rc::USAGE);
+        assert_eq!(e.line, "ERROR: daemon: unknown subcommand 'bogus\\n' (expected run, ensure or status)");
+        let e = subcommand("x", "y".as_ref(), &[("test", 0), ("run", 1)]).unwrap_err();
+        assert!(e.line.ends_with("(expected test or run)"), "{}", e.line);
+    }
 }

@@ -592,13 +592,7 @@ impl Table {
                 self.shared.log(line);
             }
         }
-        let mut full = false;
-        for o in out {
-            full |= self.push(id, o);
-        }
-        if full {
-            self.pause(id, vec![id]);
-        }
+        self.reply_all(id, out);
         Ok(())
     }
 
@@ -639,14 +633,7 @@ impl Table {
                 self.pause(id, full);
                 Ok(())
             }
-            Packet::Puback(pid) => {
-                let pending = self.with_session(id, |s| {
-                    s.puback(pid);
-                    s.pending()
-                });
-                self.acked(id, pending.ok_or(None)?);
-                Ok(())
-            }
+            Packet::Puback(pid) => self.acked(id, |s| s.puback(pid)),
             Packet::Pubrec(pid) => {
                 if let Some(rel) = self.with_session(id, |s| s.pubrec(pid)).ok_or(None)? {
                     self.reply(id, encode(&rel));
@@ -658,14 +645,7 @@ impl Table {
                 self.reply(id, codec::pubcomp(pid));
                 Ok(())
             }
-            Packet::Pubcomp(pid) => {
-                let pending = self.with_session(id, |s| {
-                    s.pubcomp(pid);
-                    s.pending()
-                });
-                self.acked(id, pending.ok_or(None)?);
-                Ok(())
-            }
+            Packet::Pubcomp(pid) => self.acked(id, |s| s.pubcomp(pid)),
             Packet::Subscribe { pid, filters } => self.subscribe(id, pid, &filters),
             Packet::Unsubscribe { pid, filters } => {
                 self.unsubscribe(id, &filters).ok_or(None)?;
@@ -749,6 +729,37 @@ impl Table {
         }
         // The SUBACK and the retained replay go in order, ahead of any later live message (one
         // thread queues both); a replay larger than the queue holds this client's input.
+        self.reply_all(id, out);
+        Ok(())
+    }
+
+    /// A subscriber's acknowledgement that ends a QoS 1/2 delivery (PUBACK, PUBCOMP): `ack` takes
+    /// it off connection `id`'s session; once no more than `ACK_WINDOW` messages are unacknowledged,
+    /// its window holds publishers back again. `Err(None)` when another connection took the client
+    /// id.
+    fn acked(&mut self, id: u64, ack: impl FnOnce(&mut Session)) -> Result<(), End> {
+        let pending = self
+            .with_session(id, |s| {
+                ack(s);
+                s.pending()
+            })
+            .ok_or(None)?;
+        if let Some(c) = self.conns.get_mut(&id) {
+            if pending <= ACK_WINDOW {
+                c.window_waived = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues a reply to connection `id`'s own packet; a full queue holds its input.
+    fn reply(&mut self, id: u64, bytes: Vec<u8>) {
+        let full = self.push_full(id, Out::Owned(bytes));
+        self.pause(id, full.into_iter().collect());
+    }
+
+    /// `reply` with several packets, queued in order.
+    fn reply_all(&mut self, id: u64, out: Vec<Out>) {
         let mut full = false;
         for o in out {
             full |= self.push(id, o);
@@ -756,22 +767,6 @@ impl Table {
         if full {
             self.pause(id, vec![id]);
         }
-        Ok(())
-    }
-
-    /// Subscriber `id` has `pending` QoS 1/2 messages unacknowledged after an acknowledgement.
-    fn acked(&mut self, id: u64, pending: usize) {
-        if let Some(c) = self.conns.get_mut(&id) {
-            if pending <= ACK_WINDOW {
-                c.window_waived = false;
-            }
-        }
-    }
-
-    /// Queues a reply to connection `id`'s own packet; a full queue holds its input.
-    fn reply(&mut self, id: u64, bytes: Vec<u8>) {
-        let full = self.push_full(id, Out::Owned(bytes));
-        self.pause(id, full.into_iter().collect());
     }
 
     /// Stores and forwards one PUBLISH (`route::route` decides, this queues). `Err` when the

@@ -101,18 +101,8 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     while let Some(arg) = p.next()? {
         match arg {
             Value(v) if sub.is_none() => {
-                sub = Some(match v.to_str() {
-                    Some("run") => Sub::Run,
-                    Some("ensure") => Sub::Ensure,
-                    Some("status") => Sub::Status,
-                    Some("stop") => Sub::Stop,
-                    _ => {
-                        return Err(Failure::usage(format!(
-                            "daemon: unknown subcommand '{}' (expected run, ensure, status or stop)",
-                            text::one_line(&v.to_string_lossy())
-                        )))
-                    }
-                })
+                let subs = [("run", Sub::Run), ("ensure", Sub::Ensure), ("status", Sub::Status), ("stop", Sub::Stop)];
+                sub = Some(cli::subcommand("daemon", &v, &subs)?)
             }
             Long("workspace") => {
                 a.workspace = Some(nonempty("--workspace", p.value()?)?);

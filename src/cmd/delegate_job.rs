@@ -103,25 +103,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Long("ack-timeout") => a.ack = Some(knob::flag("--ack-timeout", &p.value()?, 1)?),
             Long("idle-timeout") => a.idle = Some(knob::flag("--idle-timeout", &p.value()?, 0)?),
             Long("registry-dir") => a.registry_dir = Some(PathBuf::from(p.value()?)),
-            Long("type") => {
-                let v = cli::utf8("--type", p.value()?)?;
-                if !crate::registry::TYPES.contains(&v.as_str()) {
-                    return Err(Failure::usage(format!(
-                        "--type: invalid type '{}' (expected task, loop or discuss)",
-                        text::one_line(&v)
-                    )));
-                }
-                a.job_type = Some(v);
-            }
+            Long("type") => a.job_type = Some(super::registry::type_arg(cli::utf8("--type", p.value()?)?)?),
             Long("orchestrator") => {
-                let v = cli::utf8("--orchestrator", p.value()?)?;
-                if v.is_empty() || v.len() > 128 || !v.bytes().all(|b| b.is_ascii_graphic()) {
-                    return Err(Failure::usage(format!(
-                        "--orchestrator: invalid value '{}' (expected 1-128 printable ASCII characters)",
-                        text::one_line(&v)
-                    )));
-                }
-                a.orchestrator = Some(v);
+                a.orchestrator = Some(super::registry::orchestrator_arg(cli::utf8("--orchestrator", p.value()?)?)?)
             }
             Long("context-file") => a.context_file = Some(PathBuf::from(p.value()?)),
             Long("job-id") => a.job_id = Some(job_id_flag("--job-id", p.value()?)?),

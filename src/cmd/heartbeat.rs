@@ -92,18 +92,8 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         let flag: &'static str = match arg {
             Short('h') | Long("help") => return Ok(Parsed::Help),
             Value(v) if sub.is_none() => {
-                sub = Some(match v.to_str() {
-                    Some("start") => Sub::Start,
-                    Some("stop") => Sub::Stop,
-                    Some("status") => Sub::Status,
-                    Some("run") => Sub::Run,
-                    _ => {
-                        return Err(Failure::usage(format!(
-                            "heartbeat: unknown subcommand '{}' (expected start, stop, status or run)",
-                            text::one_line(&v.to_string_lossy())
-                        )))
-                    }
-                });
+                let subs = [("start", Sub::Start), ("stop", Sub::Stop), ("status", Sub::Status), ("run", Sub::Run)];
+                sub = Some(cli::subcommand("heartbeat", &v, &subs)?);
                 continue;
             }
             Long("job-id") => {

@@ -71,16 +71,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     while let Some(arg) = p.next()? {
         match arg {
             Value(v) if sub.is_none() => {
-                sub = Some(match v.to_str() {
-                    Some("run") => Sub::Run,
-                    Some("test") => Sub::Test,
-                    _ => {
-                        return Err(Failure::usage(format!(
-                            "notify: unknown subcommand '{}' (expected test or run)",
-                            text::one_line(&v.to_string_lossy())
-                        )))
-                    }
-                })
+                sub = Some(cli::subcommand("notify", &v, &[("test", Sub::Test), ("run", Sub::Run)])?)
             }
             Long("job-id") => {
                 let v = cli::utf8("--job-id", p.value()?)?;

@@ -119,6 +119,28 @@ fn job_id_arg(flag: &str, v: &str) -> Result<String, Failure> {
     }
 }
 
+/// The value of `--type` (`registry register`/`submit`, `delegate-job`): one of `registry::TYPES`.
+pub(crate) fn type_arg(v: String) -> Result<String, Failure> {
+    if !registry::TYPES.contains(&v.as_str()) {
+        return Err(Failure::usage(format!(
+            "--type: invalid type '{}' (expected task, loop or discuss)",
+            text::one_line(&v)
+        )));
+    }
+    Ok(v)
+}
+
+/// The value of `--orchestrator`: 1-128 printable ASCII characters.
+pub(crate) fn orchestrator_arg(v: String) -> Result<String, Failure> {
+    if v.is_empty() || v.len() > 128 || !v.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Failure::usage(format!(
+            "--orchestrator: invalid value '{}' (expected 1-128 printable ASCII characters)",
+            text::one_line(&v)
+        )));
+    }
+    Ok(v)
+}
+
 fn allowed(sub: &str) -> Option<&'static [&'static str]> {
     const NEW_JOB: &[&str] = &[
         "--session",
@@ -195,14 +217,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 "--job-id"
             }
             Long("type") => {
-                let v = cli::utf8("--type", p.value()?)?;
-                if !registry::TYPES.contains(&v.as_str()) {
-                    return Err(Failure::usage(format!(
-                        "--type: invalid type '{}' (expected task, loop or discuss)",
-                        text::one_line(&v)
-                    )));
-                }
-                r.job.job_type = Some(v);
+                r.job.job_type = Some(type_arg(cli::utf8("--type", p.value()?)?)?);
                 "--type"
             }
             Long("transport") => {
@@ -253,13 +268,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 "--parent"
             }
             Long("orchestrator") => {
-                let v = cli::utf8("--orchestrator", p.value()?)?;
-                if v.is_empty() || v.len() > 128 || !v.bytes().all(|b| b.is_ascii_graphic()) {
-                    return Err(Failure::usage(format!(
-                        "--orchestrator: invalid value '{}' (expected 1-128 printable ASCII characters)",
-                        text::one_line(&v)
-                    )));
-                }
+                let v = orchestrator_arg(cli::utf8("--orchestrator", p.value()?)?)?;
                 r.job.orchestrator = Some(v);
                 "--orchestrator"
             }
@@ -780,6 +789,22 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
         parse_args(args.iter().map(OsString::from).collect())
+    }
+
+    /// `registry register`/`submit` and `delegate-job` share these two checks and their lines.
+    #[test]
+    fn type_and_orchestrator_values() {
+        assert_eq!(type_arg("loop".into()).unwrap(), "loop");
+        assert_eq!(
+            type_arg("big\njob".into()).unwrap_err().line,
+            "ERROR: --type: invalid type 'big\\njob' (expected task, loop or discuss)"
+        );
+        assert_eq!(orchestrator_arg("ses_abc123".into()).unwrap(), "ses_abc123");
+        for bad in ["", "two words", &"x".repeat(129)] {
+            let e = orchestrator_arg(bad.into()).unwrap_err();
+            assert!(e.line.ends_with("(expected 1-128 printable ASCII characters)") && e.rc == 2, "{bad:?}");
+        }
+        assert!(orchestrator_arg("x".repeat(128)).is_ok());
     }
 
     #[test]

@@ -244,7 +244,8 @@ impl State {
         match item {
             Item::Session(n) => Some(n.clone()),
             Item::Job(id) => {
-                self.world.jobs.iter().find(|j| &j.job_id == id).map(|j| j.session.clone()).filter(|s| !s.is_empty())
+                let job = self.world.jobs.iter().find(|j| j.job_id() == id)?;
+                Some(job.session()).filter(|s| !s.is_empty()).map(str::to_string)
             }
             Item::Loop(id) => self.world.loops.iter().find(|l| &l.id == id).map(|l| l.creator.clone()),
         }
@@ -469,22 +470,21 @@ fn report(st: &State, app: &mut App, item: &Item, now: u64) {
         app.say("no job here to show the report of", now + SAY_MS);
         return;
     };
-    let Some(row) = st.world.jobs.iter().find(|j| j.job_id == id) else {
+    let Some(row) = st.world.jobs.iter().find(|j| j.job_id() == id) else {
         app.say(format!("job {id} is not in this registry"), now + SAY_MS);
         return;
     };
-    let Some(path) = row.report_path.clone() else {
+    let Some(path) = row.report_path().map(PathBuf::from) else {
         app.say(format!("job {id} has no report path"), now + SAY_MS);
         return;
     };
-    let path = PathBuf::from(path);
     if !path.is_file() {
         app.say(format!("job {id}: no report yet at {}", text::show_path(&path)), now + SAY_MS);
         return;
     }
     match pages::report_lines(&path) {
         Ok(lines) => {
-            let title = format!("report of job {id} ({}): {}", row.status, text::show_path(&path));
+            let title = format!("report of job {id} ({}): {}", row.status(), text::show_path(&path));
             app.mode = Mode::View(Pager::new(title, lines, None));
         }
         Err(e) => app.say(e, now + SAY_MS),
@@ -519,9 +519,9 @@ fn ask_stop(st: &State, app: &mut App, item: &Item, now: u64) {
                 format!("Stop session {n}? (`mam stop {n}`: its open jobs are cancelled, its pane closed)"),
             );
         }
-        Item::Job(id) => match st.world.jobs.iter().find(|j| &j.job_id == id) {
+        Item::Job(id) => match st.world.jobs.iter().find(|j| j.job_id() == id) {
             Some(j) if j.finished() => {
-                app.say(format!("job {id} is {} already", j.status), now + SAY_MS);
+                app.say(format!("job {id} is {} already", j.status()), now + SAY_MS);
             }
             Some(_) => app.confirm(
                 StopWhat::Job(id.clone()),

@@ -30,6 +30,19 @@ pub struct CreateArgs {
     pub agent_args: Vec<String>,
 }
 
+/// A fresh start's argv after the program: the user's arguments, then the adapter's start arguments
+/// with a new conversation id where the CLI lets mam choose it (ORCH 6.1); and that id.
+pub fn fresh_start(ad: &agents::Adapter, user_args: &[String]) -> Result<(Vec<String>, Option<String>), SessionError> {
+    let chosen = if ad.chooses_id() {
+        Some(agents::new_uuid().map_err(|e| SessionError::Failed(format!("random: {e}")))?)
+    } else {
+        None
+    };
+    let mut args = user_args.to_vec();
+    args.extend(ad.start_with(chosen.as_deref()));
+    Ok((args, chosen))
+}
+
 /// Maps a failed placement to the session error: bad input the backend found before touching any
 /// pane is rc 2; everything else, and anything after a rollback (2.3: "exit 1 either way"), rc 1.
 pub fn place_error(b: &dyn Backend, f: &PlaceFailure, name: &str, cwd: &Path) -> SessionError {
@@ -98,13 +111,7 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
     // CLI lets mam choose it, ORCH 6.1). A missing executable fails here, before any pane exists.
     let b = pane::open(ctx, None)?;
     check_startable(ctx, b.name(), ad)?;
-    let chosen = if ad.chooses_id() {
-        Some(agents::new_uuid().map_err(|e| SessionError::Failed(format!("random: {e}")))?)
-    } else {
-        None
-    };
-    let mut args = a.agent_args.clone();
-    args.extend(ad.start_with(chosen.as_deref()));
+    let (args, chosen) = fresh_start(ad, &a.agent_args)?;
     let started_ms = clock::now_ms();
     let req = PlaceRequest {
         name: name.clone(),

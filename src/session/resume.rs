@@ -6,14 +6,13 @@
 
 use std::path::PathBuf;
 
-use super::create::place_error;
+use super::create::{fresh_start, place_error};
 use super::reconcile::row_target;
 use super::{
     adapter_of, backend_kind, caller_binding, check_startable, command_line, ensure_daemon, forward_env,
     learn_conversation, load, rollback_text, same_dir, update, verified_rollback, Notes, PaneRef, SessionError,
     BINDING_VARS,
 };
-use crate::agents;
 use crate::clock;
 use crate::ctx::Ctx;
 use crate::pane::{self, Knobs, ListOutcome, PlaceRequest};
@@ -146,17 +145,7 @@ pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String
     let b = pane::open_named(ctx, &backend, Some(&server))?;
     check_startable(ctx, b.name(), ad)?;
     let recorded = row.conversation_id.clone().filter(|c| !c.is_empty());
-    // A fresh start: the user's arguments and the start arguments, with a new id where mam chooses it.
-    let fresh = || -> Result<(Vec<String>, Option<String>), SessionError> {
-        let chosen = if ad.chooses_id() {
-            Some(agents::new_uuid().map_err(|e| SessionError::Failed(format!("random: {e}")))?)
-        } else {
-            None
-        };
-        let mut args = row.agent_args.clone();
-        args.extend(ad.start_with(chosen.as_deref()));
-        Ok((args, chosen))
-    };
+    let fresh = || fresh_start(ad, &row.agent_args);
     let resuming = recorded.as_deref().filter(|c| !ad.resume_with(c).is_empty());
     let (args, mut conversation) = match resuming {
         Some(c) => {

@@ -174,7 +174,7 @@ impl Shown<'_> {
         if i < s {
             Item::Session(self.sessions[i].name.clone())
         } else if i < s + j {
-            Item::Job(self.jobs[i - s].job_id.clone())
+            Item::Job(self.jobs[i - s].job_id().to_string())
         } else {
             Item::Loop(self.loops[i - s - j].id.clone())
         }
@@ -185,7 +185,7 @@ impl Shown<'_> {
         let (s, j) = (self.sessions.len(), self.jobs.len());
         match item {
             Item::Session(n) => self.sessions.iter().position(|x| &x.name == n),
-            Item::Job(id) => self.jobs.iter().position(|x| &x.job_id == id).map(|p| p + s),
+            Item::Job(id) => self.jobs.iter().position(|x| x.job_id() == id).map(|p| p + s),
             Item::Loop(id) => self.loops.iter().position(|x| &x.id == id).map(|p| p + s + j),
         }
     }
@@ -206,9 +206,7 @@ pub fn shown<'a>(world: &'a World, filter: &str) -> Shown<'a> {
         jobs: world
             .jobs
             .iter()
-            .filter(|j| {
-                matches(filter, &[&j.job_id, &j.status, &j.session, &j.job_type, j.reason.as_deref().unwrap_or("")])
-            })
+            .filter(|j| matches(filter, &[j.job_id(), j.status(), j.session(), j.job_type(), j.reason().unwrap_or("")]))
             .collect(),
         loops: world.loops.iter().filter(|l| matches(filter, &[&l.id, &l.state, &l.phase, &l.creator])).collect(),
     }

@@ -141,10 +141,10 @@ fn evidence_cell(r: &Row, now: u64) -> (String, Style) {
     if r.finished() {
         return ("-".into(), Style::DIM);
     }
-    if r.status == "pending" {
+    if r.status() == "pending" {
         return ("-".into(), Style::PLAIN); // not handed to an agent yet: no window runs
     }
-    let Some(ev) = r.evidence_ms.or(r.started_ms) else { return ("-".into(), Style::PLAIN) };
+    let Some(ev) = r.evidence_ms.get().or(r.started_ms.get()) else { return ("-".into(), Style::PLAIN) };
     let since = now.saturating_sub(ev);
     let frac = if r.idle_ms == 0 { 1.0 } else { since as f64 / r.idle_ms as f64 };
     let filled = ((frac * BAR as f64).ceil() as usize).min(BAR);
@@ -171,21 +171,21 @@ fn job_cells(r: &Row, now: u64) -> (Vec<(String, Style)>, Style) {
     };
     let verdict = match silent {
         Some(ms) => (format!("SILENT {}", secs(ms)), Style { bold: true, fg: Some(RED), ..Style::PLAIN }),
-        None if r.finished() => (r.reason.clone().unwrap_or_else(|| "-".into()), base),
-        None if r.status == "pending" => ("queued".into(), base),
+        None if r.finished() => (r.reason().unwrap_or("-").to_string(), base),
+        None if r.status() == "pending" => ("queued".into(), base),
         None => ("alive".into(), Style::fg(GREEN)),
     };
     let (hb, elapsed) = if r.finished() {
         ("-".to_string(), r.elapsed_ms(now).map_or("-".into(), secs))
     } else {
-        (age(r.heartbeat_ms, now), r.elapsed_ms(now).map_or("-".into(), secs))
+        (age(r.heartbeat_ms.get(), now), r.elapsed_ms(now).map_or("-".into(), secs))
     };
     let (ev, ev_style) = evidence_cell(r, now);
-    let session = if r.session.is_empty() { "-".to_string() } else { r.session.clone() };
+    let session = if r.session().is_empty() { "-" } else { r.session() };
     let cells = vec![
-        (r.job_id.clone(), base),
-        (r.status.clone(), base),
-        (session, base),
+        (r.job_id().to_string(), base),
+        (r.status().to_string(), base),
+        (session.to_string(), base),
         (elapsed, base),
         (ev, if r.finished() { base } else { ev_style }),
         (hb, base),
@@ -582,21 +582,15 @@ mod tests {
     use std::path::PathBuf;
 
     fn job(id: &str, status: &str, ev: Option<u64>, idle: u64) -> Row {
-        Row {
-            job_id: id.into(),
-            status: status.into(),
-            attempt: Some(1),
-            session: "worker-ok".into(),
-            created_at: id.into(),
-            evidence_ms: ev,
-            heartbeat_ms: ev,
-            started_ms: Some(0),
-            finished_ms: crate::registry::is_terminal(status).then_some(3_000),
-            idle_ms: idle,
-            job_type: "task".into(),
-            reason: (status == "deadline_timeout").then(|| "unresponsive".into()),
-            report_path: None,
-        }
+        let reason = (status == "deadline_timeout").then_some("unresponsive");
+        let mut r = Row::new(id, status, "worker-ok", id).with_details("task", reason, None);
+        r.attempt = Some(1);
+        r.evidence_ms = ev.into();
+        r.heartbeat_ms = ev.into();
+        r.started_ms = Some(0).into();
+        r.finished_ms = crate::registry::is_terminal(status).then_some(3_000).into();
+        r.idle_ms = idle;
+        r
     }
 
     fn world(n_jobs: usize) -> World {

@@ -17,6 +17,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use crate::registry::record::Record;
 use crate::registry::store::Store;
 use crate::review::admin;
 use crate::review::checkpoint::Checkpoint;
@@ -151,7 +152,7 @@ impl Jobs {
             if grew || full {
                 j.heartbeat = sig.and_then(|_| jobs::last_heartbeat_line_ms(&j.events_path));
             }
-            let row = jobs::row_with(&j.rec, sig.map(|s| s.mtime_ms()), j.heartbeat);
+            let row = jobs::row(&j.rec, true, || sig.map(|s| s.mtime_ms()), || j.heartbeat);
             if row != j.row {
                 j.row = row;
                 changed = true;
@@ -180,12 +181,12 @@ impl Jobs {
             if sig.is_some() && self.jobs.get(id).is_some_and(|j| j.record == sig) {
                 continue;
             }
-            match fs::read(&path).ok().and_then(|b| jobs::slim(&b)) {
+            match fs::read(&path).ok().and_then(|b| Record::parse_only(&b, jobs::UI_FIELDS).ok()) {
                 Some(rec) => {
                     let events = self.store.registry.join(id).join("events.log");
                     let esig = Sig::of(&events);
                     let heartbeat = esig.and_then(|_| jobs::last_heartbeat_line_ms(&events));
-                    let row = jobs::row_with(&rec, esig.map(|s| s.mtime_ms()), heartbeat);
+                    let row = jobs::row(&rec, true, || esig.map(|s| s.mtime_ms()), || heartbeat);
                     let job =
                         Job { record: sig, events: esig, events_path: events, looked_ms: now_ms, rec, heartbeat, row };
                     self.jobs.insert(id.clone(), job);

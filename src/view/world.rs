@@ -95,8 +95,10 @@ pub fn order_jobs(rows: &mut [Row]) {
     rows.sort_by(|a, b| match (a.finished(), b.finished()) {
         (false, true) => std::cmp::Ordering::Less,
         (true, false) => std::cmp::Ordering::Greater,
-        (false, false) => (&a.created_at, &a.job_id).cmp(&(&b.created_at, &b.job_id)),
-        (true, true) => (b.finished_ms, &b.created_at, &b.job_id).cmp(&(a.finished_ms, &a.created_at, &a.job_id)),
+        (false, false) => (a.created_at(), a.job_id()).cmp(&(b.created_at(), b.job_id())),
+        (true, true) => {
+            (b.finished_ms.get(), b.created_at(), b.job_id()).cmp(&(a.finished_ms.get(), a.created_at(), a.job_id()))
+        }
     });
 }
 
@@ -147,8 +149,8 @@ pub fn sessions(
                     },
                 }
             };
-            let mine: Vec<&Row> = jobs.iter().filter(|j| j.session == r.name).collect();
-            let key = |j: &&&Row| (j.created_at.clone(), j.job_id.clone());
+            let mine: Vec<&Row> = jobs.iter().filter(|j| j.session() == r.name).collect();
+            let key = |j: &&&Row| (j.created_at().to_string(), j.job_id().to_string());
             let open = mine.iter().filter(|j| !j.finished()).max_by_key(key).copied();
             let last = mine.iter().max_by_key(key).copied();
             SessionView {
@@ -158,8 +160,8 @@ pub fn sessions(
                 server,
                 pane: r.pane_id().unwrap_or("-").to_string(),
                 state,
-                job: open.map(|j| (j.job_id.clone(), j.status.clone(), j.started_ms)),
-                last_job: last.map(|j| j.job_id.clone()),
+                job: open.map(|j| (j.job_id().to_string(), j.status().to_string(), j.started_ms.get())),
+                last_job: last.map(|j| j.job_id().to_string()),
             }
         })
         .collect()
@@ -213,21 +215,12 @@ mod tests {
     use crate::session::Row as SRow;
 
     fn job(id: &str, session: &str, status: &str, created: &str, finished: Option<u64>) -> Row {
-        Row {
-            job_id: id.into(),
-            status: status.into(),
-            attempt: Some(1),
-            session: session.into(),
-            created_at: created.into(),
-            evidence_ms: None,
-            heartbeat_ms: None,
-            started_ms: Some(0),
-            finished_ms: finished,
-            idle_ms: 1000,
-            job_type: "task".into(),
-            reason: None,
-            report_path: None,
-        }
+        let mut r = Row::new(id, status, session, created);
+        r.attempt = Some(1);
+        r.started_ms = Some(0).into();
+        r.finished_ms = finished.into();
+        r.idle_ms = 1000;
+        r
     }
 
     #[test]
@@ -239,7 +232,7 @@ mod tests {
             job("d", "w", "pending", "0", None),
         ];
         order_jobs(&mut v);
-        let ids: Vec<&str> = v.iter().map(|r| r.job_id.as_str()).collect();
+        let ids: Vec<&str> = v.iter().map(|r| r.job_id()).collect();
         assert_eq!(ids, ["d", "b", "c", "a"]);
     }
 

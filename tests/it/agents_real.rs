@@ -222,13 +222,6 @@ fn cli_args(argv: &[String], kind: &str) -> Vec<String> {
     argv.get(at + 1..).unwrap_or_default().to_vec()
 }
 
-fn kv(stdout: &str, key: &str) -> String {
-    stdout
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")).map(str::to_string))
-        .unwrap_or_else(|| panic!("no {key}= in {stdout:?}"))
-}
-
 /// What herdr's own status of a kind is while its model call fails (observed; the verdict is mam's
 /// either way: `agent_blocked`, since the CLI never ran the brief).
 fn herdr_says_during_retry(kind: &str) -> &'static [&'static str] {

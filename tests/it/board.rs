@@ -140,13 +140,7 @@ impl World {
     /// `mam create claude --name S --no-onboard -- SCRIPT test-double agent`; the pane.
     fn create(&self, session: &str, script: &str) -> String {
         let sp = self.td.write(&format!("{session}.script"), script);
-        let r = self
-            .mam()
-            .args(["create", "claude", "--name", session, "--no-onboard", "--"])
-            .args([sp.as_os_str(), "test-double".as_ref(), "agent".as_ref()])
-            .run_within(Duration::from_secs(60));
-        r.expect_rc(0);
-        r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).expect("PANE=").to_string()
+        create_scripted(self.mam(), session, &sp)
     }
 
     fn daemon(&self) -> Background {

@@ -201,13 +201,7 @@ impl H {
             // the herdr server).
             let vars: String = env.iter().map(|(k, v)| format!("{k}='{v}'\n")).collect();
             self.td.write(&format!("{session}.script.env"), vars);
-            let r = self
-                .mam()
-                .args(["create", "claude", "--name", session, "--no-onboard", "--"])
-                .args([sp.as_os_str(), "test-double".as_ref(), "agent".as_ref()])
-                .run_within(Duration::from_secs(60));
-            r.expect_rc(0);
-            return r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string();
+            return create_scripted(self.mam(), session, &sp);
         }
         let mut c = self
             .mam()
@@ -218,7 +212,7 @@ impl H {
         }
         let r = c.run();
         r.expect_rc(0);
-        let pane = r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string();
+        let pane = kv(&r.stdout(), "PANE");
         let pid: i32 = fs::read_to_string(self.pane_dir(&pane).join("pid")).unwrap().trim().parse().unwrap();
         self.agents.borrow_mut().push(pid);
         pane
@@ -888,10 +882,7 @@ fn tmux_pane_back_at_its_shell_is_refused() {
     }
     let mut h = H::offline("dj_tmux");
     let sock = format!("mam-dj-{}", rand_hex(6));
-    let bin = h.td.path("bin");
-    fs::create_dir_all(&bin).unwrap();
-    std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let (_, path) = claude_is_mam(&h.td);
     h.env.retain(|(k, _)| k != "MAM_PANE_BACKEND");
     h.env.extend([
         ("MAM_PANE_BACKEND".to_string(), OsString::from("tmux")),
@@ -1106,7 +1097,7 @@ fn create_onboards_and_returns_once_started() {
         .env("MAM_ACK_TIMEOUT_S", "10")
         .run();
     r.expect_rc(0);
-    let pane = r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string();
+    let pane = kv(&r.stdout(), "PANE");
     h.agents.borrow_mut().push(h.agent_pid(&pane));
     let job = r.stdout().lines().find_map(|l| l.strip_prefix("ONBOARD_JOB=")).unwrap().to_string();
     // create returned at `started`; the job runs on and completes on its own.

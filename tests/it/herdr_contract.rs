@@ -47,11 +47,9 @@ struct ContractHerdr {
 impl ContractHerdr {
     fn new(side: Side, name: &str, real: Option<&Path>) -> ContractHerdr {
         let td = TestDir::new(name);
-        let bin = td.path("bin");
-        fs::create_dir_all(&bin).unwrap();
         fs::create_dir_all(td.path("proj")).unwrap();
         // The agent kind `claude` is the mam binary; `claude test-double agent` is the fake agent.
-        std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
+        let (bin, path) = claude_is_mam(&td);
         let home = td.path("h");
         let config = home.join(".config");
         let run = td.path("run");
@@ -73,7 +71,6 @@ impl ContractHerdr {
             }
         };
         let s = |p: &Path| p.to_string_lossy().into_owned();
-        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
         let mut env = vec![
             ("PATH".to_string(), path),
             ("HOME".into(), s(&home)),

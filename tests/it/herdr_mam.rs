@@ -80,13 +80,7 @@ impl W {
     /// `mam create claude --name S --no-onboard -- SCRIPT test-double agent`; the pane.
     fn create(&self, session: &str, script: &str) -> String {
         let sp = self.script(session, script);
-        let r = self
-            .mam()
-            .args(["create", "claude", "--name", session, "--no-onboard", "--"])
-            .args([sp.as_os_str(), "test-double".as_ref(), "agent".as_ref()])
-            .run_within(Duration::from_secs(60));
-        r.expect_rc(0);
-        kv(&r.stdout(), "PANE")
+        create_scripted(self.mam(), session, &sp)
     }
 
     /// Pane id -> (x, y) of every pane of `workspace`, from `herdr pane layout`.
@@ -130,13 +124,6 @@ impl Drop for W {
             }
         }
     }
-}
-
-fn kv(out: &str, key: &str) -> String {
-    out.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {out:?}"))
-        .to_string()
 }
 
 /// The columns of a layout, left to right, each the panes' ids top to bottom.

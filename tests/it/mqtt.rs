@@ -687,13 +687,8 @@ fn b4_embedded_drop_connections_fails_once_then_reconnects() {
 #[test]
 fn k1_mam_pub_and_sub_against_mam_broker_process() {
     let td = TestDir::new("k1p");
-    let mut broker = td.mam().args(["broker", "--port", "0"]).cmd;
-    let mut broker = broker.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(broker.stdout.take().unwrap()), &mut line).unwrap();
-    let port: u16 = line.trim().rsplit(':').next().unwrap().parse().unwrap_or_else(|_| panic!("{line}"));
-    let broker = ChildGuard(broker);
-    let ps = port.to_string();
+    let broker = crate::broker::BrokerProc::start(&td, &[]);
+    let ps = broker.port();
     td.mam().args(["pub", "-t", "k1/r", "-m", "kept", "-r", "-q", "1"]).env("MQTT_PORT", &ps).run().expect_rc(0);
     let r = td.mam().args(["sub", "-t", "k1/#", "-v", "-C", "1", "-W", "10"]).env("MQTT_PORT", &ps).run();
     r.expect_rc(0);

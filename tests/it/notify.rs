@@ -90,7 +90,7 @@ impl World {
             .env("MAM_FAKE_AGENT_SCRIPT", &sp)
             .run();
         r.expect_rc(0);
-        let pane = r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string();
+        let pane = kv(&r.stdout(), "PANE");
         let pid = fs::read_to_string(self.td.path("panes/panes").join(&pane).join("pid")).unwrap();
         self.agents.borrow_mut().push(pid.trim().parse().unwrap());
     }

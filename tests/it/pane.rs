@@ -127,13 +127,6 @@ fn ws_v(id: &str, label: &str, cwd: &str, n: usize) -> Value {
            "panes": panes})
 }
 
-fn kv(out: &str, key: &str) -> String {
-    out.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {out:?}"))
-        .to_string()
-}
-
 const DENIED: &[&str] = &[
     "CLAUDECODE",
     "CLAUDE_CODE_CHILD_SESSION",
@@ -572,11 +565,8 @@ impl Harness {
 
     fn new(backend: &'static str, name: &str) -> Harness {
         let td = TestDir::new(name);
-        let bin = td.path("bin");
-        fs::create_dir_all(&bin).unwrap();
         // The agent executable `claude` is the mam binary (argv[0] = claude, A18).
-        std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
-        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let (_, path) = claude_is_mam(&td);
         let mut env = vec![
             ("PATH".to_string(), path),
             ("MAM_PANE_BACKEND".to_string(), backend.to_string()),

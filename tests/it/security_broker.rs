@@ -6,87 +6,24 @@
 //! real mosquitto configured the same way (`allow_anonymous false` and a password file).
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::broker::{connect_bytes, Got, Next, Raw};
+use crate::broker::{connect_bytes, run_tool, BrokerProc, Got, Next, Raw};
 use crate::support::*;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-/// A `mam broker --port 0` child run in the test's control root: killed and reaped on drop.
-struct MamBroker {
-    child: Child,
-    addr: SocketAddr,
-    /// Every stdout line after the listening line (`credentials in <path>`).
-    stdout: Arc<Mutex<Vec<String>>>,
-    stderr: Arc<Mutex<Vec<String>>>,
+fn rss_kib(b: &BrokerProc) -> u64 {
+    mam::sys::proc_rss_kib(b.pid()).unwrap()
 }
 
-impl MamBroker {
-    fn start(td: &TestDir, extra: &[&str]) -> MamBroker {
-        let mut cmd = td.mam().args(["broker", "--port", "0"]).args(extra).cmd;
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        let (stdout, stderr) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
-        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-        let (o, e) = (stdout.clone(), stderr.clone());
-        std::thread::spawn(move || {
-            BufReader::new(out).lines().map_while(Result::ok).for_each(|l| o.lock().unwrap().push(l))
-        });
-        std::thread::spawn(move || {
-            BufReader::new(err).lines().map_while(Result::ok).for_each(|l| e.lock().unwrap().push(l))
-        });
-        let line = poll(WAIT, || stdout.lock().unwrap().first().cloned());
-        let Some(line) = line else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("no listening line; stderr: {:?}", stderr.lock().unwrap());
-        };
-        let addr = line.strip_prefix("mam broker listening on ").unwrap_or_else(|| panic!("{line:?}"));
-        MamBroker { addr: addr.parse().unwrap(), child, stdout, stderr }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn port(&self) -> u16 {
-        self.addr.port()
-    }
-
-    fn log(&self) -> String {
-        self.stderr.lock().unwrap().join("\n")
-    }
-
-    fn wait_log(&self, needle: &str) {
-        wait_until(&format!("broker log line with {needle:?}"), WAIT, || self.log().contains(needle));
-    }
-
-    fn rss_kib(&self) -> u64 {
-        mam::sys::proc_rss_kib(self.pid()).unwrap()
-    }
-
-    fn fds(&self) -> usize {
-        fs::read_dir(format!("/proc/{}/fd", self.pid())).map(|d| d.count()).unwrap_or(0)
-    }
-
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for MamBroker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn fds(b: &BrokerProc) -> usize {
+    fs::read_dir(format!("/proc/{}/fd", b.pid())).map(|d| d.count()).unwrap_or(0)
 }
 
 /// The workspace's generated credentials, as every mam client of `td` reads them.
@@ -141,20 +78,14 @@ fn mosquitto_with_password(td: &TestDir, user: &str, pass: &str) -> Mosquitto {
     Mosquitto::start(td, move |port| format!("listener {port} 127.0.0.1\nallow_anonymous false\npassword_file {pw}\n"))
 }
 
-fn run_tool(cmd: &mut Command) -> std::process::Output {
-    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    wait_exit(&format!("{cmd:?}"), &mut child, Duration::from_secs(10));
-    child.wait_with_output().unwrap()
-}
-
 #[test]
 fn i4_anonymous_and_wrong_password_clients_are_refused_and_cannot_read_or_delete_a_retained_brief() {
     let td = TestDir::new("i4-anon");
-    let b = MamBroker::start(&td, &[]);
+    let b = BrokerProc::start(&td, &[]);
     let creds = workspace_creds(&td);
-    assert_eq!(creds.port, b.port(), "the file names the bound port");
+    assert_eq!(creds.port, b.addr.port(), "the file names the bound port");
     let cred_path = mam::mqtt::cred::path(&td.ws());
-    assert_eq!(b.stdout.lock().unwrap().get(1).cloned(), Some(format!("credentials in {}", cred_path.display())));
+    assert_eq!(b.stdout().get(1).cloned(), Some(format!("credentials in {}", cred_path.display())));
     assert_eq!(fs::metadata(&cred_path).unwrap().permissions().mode() & 0o777, 0o600);
     let pass = creds.password.expose().to_string();
 
@@ -180,7 +111,7 @@ fn i4_anonymous_and_wrong_password_clients_are_refused_and_cannot_read_or_delete
     if have_tool("mosquitto_sub", "MAM_REQUIRE_MOSQUITTO") {
         // A third-party client without -u/-P gets nothing; with the credential file as its options
         // file (CORE 11.1, docs/SECURITY.md) it reads the brief, the password never in its argv.
-        let port = b.port().to_string();
+        let port = b.port();
         let topic = "mam/jobs/third/dispatch/1";
         td.mam()
             .args(["pub", "-t", topic, "-m", "brief-3", "-r", "-q", "1"])
@@ -203,7 +134,7 @@ fn i4_anonymous_and_wrong_password_clients_are_refused_and_cannot_read_or_delete
         eqnice!(got.join("\n"), outsider_scenario(m.addr(), &creds.username, &pass).join("\n"));
     }
     // The password is in no log line and not on the broker's command line.
-    assert!(!b.log().contains(&pass));
+    assert!(!b.log().join("\n").contains(&pass));
     let cmdline = fs::read(format!("/proc/{}/cmdline", b.pid())).unwrap();
     assert!(!String::from_utf8_lossy(&cmdline).contains(&pass));
 }
@@ -211,8 +142,8 @@ fn i4_anonymous_and_wrong_password_clients_are_refused_and_cannot_read_or_delete
 #[test]
 fn i4_mam_clients_of_the_workspace_connect_with_no_configuration_and_ignore_a_file_they_cannot_trust() {
     let td = TestDir::new("i4-clients");
-    let b = MamBroker::start(&td, &[]);
-    let port = b.port().to_string();
+    let b = BrokerProc::start(&td, &[]);
+    let port = b.port();
     let pass = workspace_creds(&td).password.expose().to_string();
     td.mam().args(["pub", "-t", "c/r", "-m", "kept", "-r", "-q", "1"]).env("MQTT_PORT", &port).run().expect_rc(0);
     let r = td.mam().args(["sub", "-t", "c/#", "-v", "-C", "1", "-W", "10"]).env("MQTT_PORT", &port).run();
@@ -227,10 +158,10 @@ fn i4_mam_clients_of_the_workspace_connect_with_no_configuration_and_ignore_a_fi
     // A restart keeps the credentials (live timers and daemons hold them), on the new port.
     let creds_before = workspace_creds(&td);
     drop(b);
-    let b = MamBroker::start(&td, &[]);
+    let b = BrokerProc::start(&td, &[]);
     let after = workspace_creds(&td);
-    assert_eq!((after.password.expose(), after.port), (creds_before.password.expose(), b.port()));
-    let port = b.port().to_string();
+    assert_eq!((after.password.expose(), after.port), (creds_before.password.expose(), b.addr.port()));
+    let port = b.port();
     td.mam().args(["pub", "-t", "c/x", "-m", "1", "-q", "1"]).env("MQTT_PORT", &port).run().expect_rc(0);
     // A credential file readable by others is not trusted: one warning naming it, no password sent.
     let file = mam::mqtt::cred::path(&td.ws());
@@ -253,9 +184,9 @@ fn i4_mam_clients_of_the_workspace_connect_with_no_configuration_and_ignore_a_fi
 #[test]
 fn i4_the_connection_cap_holds_and_an_authorised_client_gets_in_after_the_flood() {
     let td = TestDir::new("i4-conns");
-    let mut b = MamBroker::start(&td, &["--max-connections", "16"]);
+    let mut b = BrokerProc::start(&td, &["--max-connections", "16"]);
     let creds = workspace_creds(&td);
-    let fds_before = b.fds();
+    let fds_before = fds(&b);
     // The attack: far more connections than the cap, held open and silent.
     let mut flood: Vec<TcpStream> = (0..400).filter_map(|_| TcpStream::connect_timeout(&b.addr, WAIT).ok()).collect();
     assert!(flood.len() >= 390, "the kernel accepted {} connections", flood.len());
@@ -278,7 +209,7 @@ fn i4_the_connection_cap_holds_and_an_authorised_client_gets_in_after_the_flood(
     }
     assert!(open <= 16, "{open} flood connections still open");
     assert!(b.alive(), "the broker survived the flood");
-    let fds = b.fds();
+    let fds = fds(&b);
     assert!(fds <= fds_before + 16 * mam::broker::FDS_PER_CONNECTION + 8, "{fds} descriptors (before: {fds_before})");
     // The flood ends; an authorised client gets in and is served.
     flood.clear();
@@ -299,7 +230,7 @@ fn i4_the_connection_cap_holds_and_an_authorised_client_gets_in_after_the_flood(
 #[test]
 fn i4_subscriptions_per_client_are_capped() {
     let td = TestDir::new("i4-subs");
-    let b = MamBroker::start(&td, &["--allow-anonymous", "--max-subscriptions", "8"]);
+    let b = BrokerProc::start(&td, &["--allow-anonymous", "--max-subscriptions", "8"]);
     let mut c = Raw::connect(b.addr, "many-subs");
     let filters: Vec<String> = (0..12).map(|i| format!("s/{i}")).collect();
     let f: Vec<(&str, u8)> = filters.iter().map(|f| (f.as_str(), 1)).collect();
@@ -314,19 +245,19 @@ fn i4_subscriptions_per_client_are_capped() {
 fn i4_the_retained_cap_holds_and_the_broker_rss_stays_bounded() {
     let td = TestDir::new("i4-retained");
     let cap = 16 * 1024 * 1024;
-    let b = MamBroker::start(&td, &["--allow-anonymous", "--max-retained-bytes", &cap.to_string()]);
-    let rss_before = b.rss_kib();
+    let b = BrokerProc::start(&td, &["--allow-anonymous", "--max-retained-bytes", &cap.to_string()]);
+    let rss_before = rss_kib(&b);
     // The attack: 96 retained messages of (almost) 1 MiB on distinct topics.
     let mut c = Raw::connect(b.addr, "flooder");
     let payload = vec![b'x'; 1024 * 1024 - 64];
     for i in 0..96 {
         c.publish(&format!("flood/{i:03}"), &payload, 1, true);
     }
-    let rss_after = b.rss_kib();
+    let rss_after = rss_kib(&b);
     let grew_mib = rss_after.saturating_sub(rss_before) / 1024;
     assert!(grew_mib < 48, "RSS grew by {grew_mib} MiB ({rss_before} -> {rss_after} KiB) for a 16 MiB cap");
     b.wait_log("not stored: ");
-    let log = b.log();
+    let log = b.log().join("\n");
     assert_eq!(log.matches("not stored").count(), 1, "logged once per connection:\n{log}");
     // A late subscriber gets what fitted, nothing more.
     let mut s = Raw::connect(b.addr, "late");
@@ -349,7 +280,7 @@ fn i4_the_retained_cap_holds_and_the_broker_rss_stays_bounded() {
 
     // The per-message cap: a larger retained message reaches current subscribers, is not kept.
     let td2 = TestDir::new("i4-retained-msg");
-    let b2 = MamBroker::start(&td2, &["--allow-anonymous", "--max-retained-message", "1000"]);
+    let b2 = BrokerProc::start(&td2, &["--allow-anonymous", "--max-retained-message", "1000"]);
     let mut live = Raw::connect(b2.addr, "live");
     live.subscribe(&[("big/#", 0)]);
     let mut p = Raw::connect(b2.addr, "pub");
@@ -367,8 +298,8 @@ fn i4_the_retained_cap_holds_and_the_broker_rss_stays_bounded() {
 #[test]
 fn i4_a_forged_retained_state_does_not_change_what_watch_the_daemon_and_jobs_report() {
     let td = TestDir::new("i4-forged");
-    let b = MamBroker::start(&td, &[]);
-    let env = vec![("MQTT_PORT", b.port().to_string()), ("MQTT_TOPIC_ROOT", format!("t{}", rand_hex(4)))];
+    let b = BrokerProc::start(&td, &[]);
+    let env = vec![("MQTT_PORT", b.port()), ("MQTT_TOPIC_ROOT", format!("t{}", rand_hex(4)))];
     let with_env = |mut c: Cmd| {
         for (k, v) in &env {
             c = c.env(k, v);
@@ -443,8 +374,8 @@ fn i4_a_forged_retained_state_does_not_change_what_watch_the_daemon_and_jobs_rep
 #[test]
 fn i4_an_agents_publish_line_from_anywhere_reaches_the_default_broker() {
     let td = TestDir::new("i4-agent-line");
-    let b = MamBroker::start(&td, &[]);
-    let port = b.port().to_string();
+    let b = BrokerProc::start(&td, &[]);
+    let port = b.port();
     let id = "a1b2c3d4";
     td.mam()
         .args(["registry", "register", "--session", "w1", "--job-id", id])

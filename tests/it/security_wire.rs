@@ -61,7 +61,7 @@ fn i5_a_delegation_gives_no_secret_to_the_agent_and_the_dispatch_secret_to_no_ch
         .env("MAM_FAKE_AGENT_SCRIPT", &script)
         .run();
     r.expect_rc(0);
-    let pane = r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string();
+    let pane = kv(&r.stdout(), "PANE");
     let agent: i32 =
         fs::read_to_string(td.path("panes/panes").join(&pane).join("pid")).unwrap().trim().parse().unwrap();
     struct Reap(i32, PathBuf);
@@ -120,9 +120,7 @@ fn i5_a_tmux_pane_and_its_server_hold_no_secret() {
         return;
     }
     let td = TestDir::new("sw_tmux");
-    let bin = td.path("bin");
-    fs::create_dir_all(&bin).unwrap();
-    std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
+    let (_, path) = claude_is_mam(&td);
     let sock = format!("mam-test-{}", rand_hex(6));
     struct Kill(String);
     impl Drop for Kill {
@@ -142,7 +140,6 @@ fn i5_a_tmux_pane_and_its_server_hold_no_secret() {
     fs::create_dir_all(&proj).unwrap();
     let (pw, ds) = (format!("pw{}", rand_hex(8)), format!("ds{}", rand_hex(8)));
     td.write("agent.script", "work_s=30\n");
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     td.mam()
         .args(["pane", "new-session", "--agent", "claude", "--name", "a0", "--cwd", proj.to_str().unwrap()])
         .args(["--", "test-double", "agent"])

@@ -74,11 +74,8 @@ impl S {
             return None;
         }
         let td = TestDir::new(name);
-        let bin = td.path("bin");
-        fs::create_dir_all(&bin).unwrap();
         // The agent executable `claude` is the mam binary (A18); AGENT_ARGS make it the fake agent.
-        std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
-        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let (bin, path) = claude_is_mam(&td);
         let mut env: Vec<(String, OsString)> = vec![
             ("PATH".into(), path.into()),
             ("MAM_AGENT_START_TIMEOUT_MS".into(), "20000".into()),
@@ -328,13 +325,6 @@ impl S {
     fn job_status(&self, reg: &Path, id: &str) -> Value {
         serde_json::from_slice(&fs::read(reg.join(format!("{id}.json"))).unwrap()).unwrap()
     }
-}
-
-fn kv(out: &str, key: &str) -> String {
-    out.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {out:?}"))
-        .to_string()
 }
 
 /// `--env` values of one argv.

@@ -326,6 +326,35 @@ pub fn os(s: &str) -> OsString {
     OsString::from(s)
 }
 
+/// The value of the first `KEY=VALUE` word of `out` (`SESSION=`, `PANE=` lines of `mam create`).
+pub fn kv(out: &str, key: &str) -> String {
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in {out:?}"))
+        .to_string()
+}
+
+/// `<td>/bin/claude`, a link to the mam binary (A18: with `test-double agent` in its arguments it
+/// is the fake agent): that directory and a PATH that has it first.
+pub fn claude_is_mam(td: &TestDir) -> (PathBuf, String) {
+    let bin = td.path("bin");
+    fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    (bin, path)
+}
+
+/// `<mam> create claude --name S --no-onboard -- SCRIPT test-double agent`: the fake agent (A18)
+/// playing `script`, done within 60 s; the pane id it prints.
+pub fn create_scripted(mam: Cmd, session: &str, script: &Path) -> String {
+    let r = mam
+        .args(["create", "claude", "--name", session, "--no-onboard", "--"])
+        .args([script.as_os_str(), "test-double".as_ref(), "agent".as_ref()])
+        .run_within(Duration::from_secs(60));
+    r.expect_rc(0);
+    kv(&r.stdout(), "PANE")
+}
+
 /// Compares two strings and prints a line diff on mismatch.
 macro_rules! eqnice {
     ($want:expr, $got:expr) => {{

@@ -89,11 +89,8 @@ impl World {
             return None;
         }
         let td = TestDir::new(name);
-        let bin = td.path("bin");
-        fs::create_dir_all(&bin).unwrap();
         // The fake agent as `claude` (A18): the mam binary, `-- test-double agent` in its arguments.
-        std::os::unix::fs::symlink(mam_bin(), bin.join("claude")).unwrap();
-        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let (_, path) = claude_is_mam(&td);
         let env = vec![
             ("PATH".to_string(), path),
             ("HOME".to_string(), td.path("home").display().to_string()),
@@ -144,8 +141,7 @@ impl World {
         }
         let r = self.mam(["create", "claude", "--no-onboard", "--name", name, "--", "test-double", "agent"]).run();
         r.expect_rc(0);
-        let out = r.stdout();
-        out.split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string()
+        kv(&r.stdout(), "PANE")
     }
 
     fn store(&self) -> Store {

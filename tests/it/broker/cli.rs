@@ -18,20 +18,8 @@ fn k1_mosquitto_clients_against_mam_broker() {
         assert!(out.status.success(), "mosquitto_pub: {}", String::from_utf8_lossy(&out.stderr));
     }
     // A subscriber on `+` and `#` filters: gets the retained ones, then a live one.
-    let mut sub = Command::new("mosquitto_sub")
-        .args(["-p", &port, "-q", "1", "-v", "-t", "k1/+/x", "-t", "k1/b/#", "-C", "4", "-W", "10"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = sub.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
+    let (mut sub, rx) =
+        sub_lines(&["-p", &port, "-q", "1", "-v", "-t", "k1/+/x", "-t", "k1/b/#", "-C", "4", "-W", "10"]);
     let mut lines: Vec<String> = (0..3).map(|_| rx.recv_timeout(WAIT).expect("retained line")).collect();
     lines.sort();
     assert_eq!(lines, vec!["k1/a/x ax", "k1/b/x bx", "k1/b/y by"]);

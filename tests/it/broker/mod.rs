@@ -8,13 +8,13 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mam::broker::{self, BrokerConfig, BrokerHandle};
 use mqttrs::{QoS, SubscribeReturnCodes};
 
-use crate::support::{anonymous, exit_within, have_tool, rand_hex, wait_exit, wait_until, Mosquitto, TestDir};
+use crate::support::{anonymous, exit_within, have_tool, poll, rand_hex, wait_exit, wait_until, Mosquitto, TestDir};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -83,14 +83,26 @@ pub(crate) fn connect_bytes(
     user: Option<&str>,
     pass: Option<&[u8]>,
 ) -> Vec<u8> {
+    connect_packet(id, keep_alive, clean, None, user, pass)
+}
+
+fn connect_packet(
+    client_id: &str,
+    keep_alive: u16,
+    clean_session: bool,
+    last_will: Option<mqttrs::LastWill>,
+    username: Option<&str>,
+    password: Option<&[u8]>,
+) -> Vec<u8> {
+    let protocol = mqttrs::Protocol::MQTT311;
     encode(&mqttrs::Packet::Connect(mqttrs::Connect {
-        protocol: mqttrs::Protocol::MQTT311,
+        protocol,
         keep_alive,
-        client_id: id,
-        clean_session: clean,
-        last_will: None,
-        username: user,
-        password: pass,
+        client_id,
+        clean_session,
+        last_will,
+        username,
+        password,
     }))
 }
 
@@ -348,15 +360,8 @@ pub(crate) fn connect_will(
     qos: u8,
     retain: bool,
 ) -> Vec<u8> {
-    encode(&mqttrs::Packet::Connect(mqttrs::Connect {
-        protocol: mqttrs::Protocol::MQTT311,
-        keep_alive,
-        client_id: id,
-        clean_session: clean,
-        last_will: Some(mqttrs::LastWill { topic, message: msg, qos: qos_of(qos), retain }),
-        username: None,
-        password: None,
-    }))
+    let will = mqttrs::LastWill { topic, message: msg, qos: qos_of(qos), retain };
+    connect_packet(id, keep_alive, clean, Some(will), None, None)
 }
 
 fn header_len(buf: &[u8]) -> (usize, usize) {
@@ -409,7 +414,7 @@ fn until_sentinel(c: &mut Raw, sentinel: &str) -> Vec<String> {
 }
 
 /// Runs a client tool to its end (10 s at most) and returns its output.
-fn run_tool(cmd: &mut Command) -> std::process::Output {
+pub(crate) fn run_tool(cmd: &mut Command) -> std::process::Output {
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     wait_exit(&format!("{cmd:?}"), &mut child, Duration::from_secs(10));
     child.wait_with_output().unwrap()
@@ -453,46 +458,54 @@ fn wait_line(rx: &mpsc::Receiver<String>, needle: &str) {
 pub(crate) struct BrokerProc {
     child: Child,
     pub(crate) addr: SocketAddr,
-    stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Every stdout line: the listening line, then `credentials in <path>` when it made them.
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<Vec<String>>>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
+
+/// How long `BrokerProc` waits for its listening line and for a log line (a loaded machine).
+const PROC_WAIT: Duration = Duration::from_secs(10);
 
 impl BrokerProc {
     pub(crate) fn start(td: &TestDir, extra: &[&str]) -> BrokerProc {
         let mut cmd = td.mam().args(["broker", "--port", "0"]).args(extra).cmd;
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
+        let (stdout, stderr) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let (o, e) = (stdout.clone(), stderr.clone());
         std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(l)) = lines.next() {
-                let _ = tx.send(l);
-            }
-            for _ in lines {}
+            BufReader::new(out).lines().map_while(Result::ok).for_each(|l| o.lock().unwrap().push(l))
         });
-        let stderr = child.stderr.take().unwrap();
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let l2 = log.clone();
         let reader = std::thread::spawn(move || {
-            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
-                l2.lock().unwrap().push(l);
-            }
+            BufReader::new(err).lines().map_while(Result::ok).for_each(|l| e.lock().unwrap().push(l))
         });
-        let line = match rx.recv_timeout(WAIT) {
-            Ok(l) => l,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("no listening line; stderr: {:?}", log.lock().unwrap());
-            }
+        let Some(line) = poll(PROC_WAIT, || stdout.lock().unwrap().first().cloned()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no listening line; stderr: {:?}", stderr.lock().unwrap());
         };
         let addr = line.strip_prefix("mam broker listening on ").unwrap_or_else(|| panic!("{line:?}"));
-        BrokerProc { child, addr: addr.parse().unwrap(), stderr: log, reader: Some(reader) }
+        BrokerProc { child, addr: addr.parse().unwrap(), stdout, stderr, reader: Some(reader) }
     }
 
     pub(crate) fn port(&self) -> String {
         self.addr.port().to_string()
+    }
+
+    pub(crate) fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Whether it still runs.
+    pub(crate) fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// The stdout lines so far.
+    pub(crate) fn stdout(&self) -> Vec<String> {
+        self.stdout.lock().unwrap().clone()
     }
 
     /// The stderr lines so far.
@@ -502,8 +515,9 @@ impl BrokerProc {
 
     /// Waits for a stderr line containing `needle` and returns it.
     pub(crate) fn wait_log(&self, needle: &str) -> String {
-        let found = crate::support::poll(WAIT, || self.log().into_iter().find(|l| l.contains(needle)));
-        found.unwrap_or_else(|| panic!("no broker log line with {needle:?} within {WAIT:?}; got {:#?}", self.log()))
+        let found = poll(PROC_WAIT, || self.log().into_iter().find(|l| l.contains(needle)));
+        found
+            .unwrap_or_else(|| panic!("no broker log line with {needle:?} within {PROC_WAIT:?}; got {:#?}", self.log()))
     }
 
     /// Sends `sig`, requires exit 0 within the default wait, returns every stderr line.

@@ -125,7 +125,7 @@ impl World {
             .env("MAM_FAKE_AGENT_SCRIPT", &sp)
             .run();
         r.expect_rc(0);
-        let pane = r.stdout().split_whitespace().find_map(|w| w.strip_prefix("PANE=")).unwrap().to_string();
+        let pane = kv(&r.stdout(), "PANE");
         let pid: i32 =
             fs::read_to_string(self.td.path("panes/panes").join(&pane).join("pid")).unwrap().trim().parse().unwrap();
         self.agents.borrow_mut().push(pid);
