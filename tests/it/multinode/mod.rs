@@ -6,6 +6,7 @@
 //!
 //! Every server is a real process killed with a real SIGKILL; every wait has a deadline.
 
+mod check;
 mod failover;
 mod forward;
 mod lists;
