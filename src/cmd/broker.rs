@@ -255,6 +255,16 @@ pub fn run(ctx: &mut Ctx, mut args: Vec<OsString>) -> Result<i32, Failure> {
         args.remove(0);
         return super::broker_check::run(ctx, args);
     }
+    if let Some(word) = args.first().and_then(|a| a.to_str()).filter(|a| !a.starts_with('-')) {
+        let hint = match text::closest(word, ["check"]) {
+            Some(c) => format!("; did you mean 'mam broker {c}'?"),
+            None => String::new(),
+        };
+        return Err(Failure::usage(format!(
+            "mam broker: unknown subcommand '{}'{hint} (see mam broker --help)",
+            text::one_line(word)
+        )));
+    }
     let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
         return Ok(0);
     };

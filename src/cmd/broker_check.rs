@@ -80,7 +80,15 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
 }
 
 pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
-    let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
+    // The unknown-flag message names the first word of the usage line; this command is two words.
+    let parsed = cli::parse_or_help(ctx, USAGE, args, parse_args).map_err(|f| Failure {
+        line: f
+            .line
+            .replace("mam broker:", "mam broker check:")
+            .replace("mam broker --help", "mam broker check --help"),
+        ..f
+    });
+    let Some(a) = parsed? else {
         return Ok(0);
     };
     cli::load_env(ctx)?;
@@ -231,7 +239,7 @@ fn summary(nodes: &[Node], w: &Window) -> String {
     let window = match w.floor_s {
         None => format!("K x N = {} x {}s = {}s; {}", w.k, w.n, w.window_s(), w.basis),
         Some(f) => format!(
-            "K x N = {} x {}s = {}s, {} the {f}s floor ({})",
+            "K x N = {} x {}s = {}s, {} the {f}s floor for {}",
             w.k,
             w.n,
             w.window_s(),
@@ -244,9 +252,9 @@ fn summary(nodes: &[Node], w: &Window) -> String {
 
 fn window_warning(w: &Window) -> String {
     format!(
-        "WARNING: broker check: K x N = {}s is shorter than the {}s this broker list needs to fail over ({}); a \
-         watcher may close a live job while a node's death is handled: raise MAM_HEARTBEAT_MISSES (or \
-         --heartbeat-misses) to at least {}",
+        "WARNING: broker check: K x N = {}s is shorter than the {}s floor to fail over for {}; a watcher may \
+         close a live job while a node's death is handled: raise MAM_HEARTBEAT_MISSES (or --heartbeat-misses) \
+         to at least {}",
         w.window_s(),
         w.floor_s.unwrap_or(0),
         w.basis,

@@ -6,7 +6,9 @@
 //! or shows (NATS's MQTT gateway refuses `.` in a topic); then the pure judgement of an idle window
 //! K x N against the failover floor of the engines found (`judge_window`, docs/CLUSTER.md).
 //!
-//! Every wait has a deadline of one connect timeout; the nodes are checked in parallel, one thread
+//! QoS 1 subscriptions are made as mam's long-lived subscribers make them (`Client::subscribe_each`:
+//! a refused filter asked again for one connect timeout), so a node passes when mam would work with
+//! it. Every wait has a deadline of one connect timeout; the nodes are checked in parallel, one thread
 //! each, joined before the carry checks. Nothing is left on a broker: the sessions are clean, the
 //! retained test message is cleared once it was taken (also when a later step fails), and a
 //! `between` stop is only looked at between steps, so an interrupt never skips the clear. Never
@@ -326,7 +328,7 @@ fn recv_match(
 fn round_trip(c: &mut Client, topic: &str, tag: &str, budget: Duration) -> Step {
     let payload = format!("mam broker check {tag} round trip");
     let run = |c: &mut Client| -> Result<Step, MqttError> {
-        c.subscribe(&[topic.to_string()], 1)?;
+        c.subscribe_each(&[topic.to_string()], 1, budget)?;
         let t = Instant::now();
         c.publish(&Message::new(topic, payload.as_bytes(), 1, false))?;
         let got = recv_match(c, t + budget, |m| m.topic == topic && m.payload == payload.as_bytes())?;
@@ -353,8 +355,8 @@ fn retained(c: &mut Client, topic: &str, tag: &str, budget: Duration) -> (Step, 
     }
     let t = Instant::now();
     let step = match c
-        .subscribe(&[topic.to_string()], 1)
-        .and_then(|_| recv_match(c, t + budget, |m| m.topic == topic && m.payload == payload.as_bytes()))
+        .subscribe_each(&[topic.to_string()], 1, budget)
+        .and_then(|_| recv_match(c, Instant::now() + budget, |m| m.topic == topic && m.payload == payload.as_bytes()))
     {
         Ok(Some(m)) if m.retain => Step::Ok(ms(t)),
         Ok(Some(_)) => Step::Failed(format!("the message on '{topic}' came back without the retain flag")),
@@ -415,13 +417,13 @@ fn carry(from: &mut Client, to: Option<&mut Client>, topic: &str, payload: &str,
         let t;
         let got = match to {
             Some(to) => {
-                to.subscribe(&filters, 1)?;
+                to.subscribe_each(&filters, 1, budget)?;
                 t = Instant::now();
                 from.publish(&Message::new(topic, payload.as_bytes(), 1, false))?;
                 recv_match(to, t + budget, |m| m.topic == topic && m.payload == payload.as_bytes())?
             }
             None => {
-                from.subscribe(&filters, 1)?;
+                from.subscribe_each(&filters, 1, budget)?;
                 t = Instant::now();
                 from.publish(&Message::new(topic, payload.as_bytes(), 1, false))?;
                 recv_match(from, t + budget, |m| m.topic == topic && m.payload == payload.as_bytes())?
@@ -448,7 +450,7 @@ pub struct Window {
     pub connect_s: u64,
     /// The floor K x N must reach, `None` with one node (nothing to fail over to).
     pub floor_s: Option<u64>,
-    /// Where the floor comes from, in words (docs/CLUSTER.md).
+    /// Whose floor it is and what it is made of, in words (docs/CLUSTER.md), after `for`.
     pub basis: String,
     /// K x N is below the floor.
     pub short: bool,
@@ -481,19 +483,18 @@ pub fn judge_window(nodes: usize, seen: &[Engine], n: u64, k: u64, connect_s: u6
     w.short = n * k < floor;
     w.basis = match worst {
         Engine::Nats => format!(
-            "what a NATS cluster needs to fail over: a stall of up to {}s when a node leading its MQTT streams dies \
-             (measured 7-10.5s), one beat ({n}s) and the connect deadline ({connect_s}s)",
+            "a NATS cluster: a stall of up to {}s when a node leading its MQTT streams dies (measured 7-10.5s), \
+             one beat ({n}s) and the connect deadline ({connect_s}s)",
             config::CLUSTER_STALL_S
         ),
         Engine::Unknown | Engine::Other(_) => format!(
-            "the most conservative floor documented, NATS's, as an engine is unknown: a stall of up to {}s, one beat \
+            "an unknown engine, so the most conservative floor documented, NATS's: a stall of up to {}s, one beat \
              ({n}s) and the connect deadline ({connect_s}s)",
             config::CLUSTER_STALL_S
         ),
-        Engine::Mosquitto(_) | Engine::Embedded(_) => format!(
-            "what bridged mosquittos need to fail over (they do not stall): one beat ({n}s) and the connect \
-             deadline ({connect_s}s)"
-        ),
+        Engine::Mosquitto(_) | Engine::Embedded(_) => {
+            format!("bridged mosquittos, which do not stall: one beat ({n}s) and the connect deadline ({connect_s}s)")
+        }
     };
     w
 }
