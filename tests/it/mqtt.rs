@@ -802,3 +802,43 @@ fn a_filter_refused_then_granted_is_asked_again_on_the_same_connection() {
     }
     assert!(t.elapsed() >= Duration::from_secs(1) && t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
 }
+
+/// Issue 19: `mam broker check` connects as every command does, TLS through the shim included: with
+/// the broker's CA the node passes (one node for the name: the shim resolves it and checks the
+/// certificate against it); with another CA it fails with the verification error, and the check
+/// says no node passed.
+#[test]
+fn broker_check_over_tls_passes_with_the_ca_and_fails_with_another() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") || !have_tool("openssl", "MAM_REQUIRE_OPENSSL") {
+        return;
+    }
+    let td = TestDir::new("chk-tls");
+    let pki = Pki::new(&td.path("pki"));
+    let ca = pki.ca("ca");
+    let wrong_ca = pki.ca("wrongca");
+    let (crt, key) = pki.server("byname", "ca", "DNS:localhost");
+    let m = Mosquitto::start(&td, |p| {
+        format!(
+            "allow_anonymous true\nlistener {p} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n",
+            ca.display(),
+            crt.display(),
+            key.display()
+        )
+    });
+    let check = |ca: &Path| {
+        td.mam()
+            .env("MQTT_TLS", "1")
+            .env("MQTT_BROKER", format!("localhost:{}", m.port))
+            .env("MQTT_CA_FILE", ca)
+            .env("MAM_MQTT_CONNECT_TIMEOUT_S", "5")
+            .args(["broker", "check"])
+            .run_within(Duration::from_secs(30))
+    };
+    let r = check(&ca);
+    assert_eq!(r.rc(), 0, "{}{}", r.stdout(), r.stderr());
+    assert!(r.stdout().starts_with(&format!("node localhost:{}\n", m.port)), "{}", r.stdout());
+    assert!(r.stdout().contains("Engine: mosquitto "), "{}", r.stdout());
+    let r = check(&wrong_ca);
+    assert_eq!(r.rc(), 3, "{}{}", r.stdout(), r.stderr());
+    assert!(r.stdout().contains("  Did not connect: ") && r.stdout().contains("verif"), "{}", r.stdout());
+}

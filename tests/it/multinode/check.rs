@@ -299,3 +299,37 @@ fn nats_broker_check_passes_every_node_and_warns_about_a_short_window() {
         assert!(retained_left(&c.nodes[i].addr(), "mam", &[]).is_empty(), "node {i}");
     }
 }
+
+/// A name is checked per address when it resolves to several (each a node of its own, named with
+/// its entry), as one node when it resolves to one. Which applies depends on the machine's
+/// `localhost`; both are asserted by what it resolves to.
+#[test]
+fn broker_check_checks_each_address_of_a_name() {
+    use std::net::ToSocketAddrs;
+    let td = TestDir::new("chk-addrs");
+    let b =
+        mam::broker::start(mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() })
+            .unwrap();
+    let port = b.addr().port();
+    let addrs: Vec<std::net::SocketAddr> = ("localhost", port).to_socket_addrs().unwrap().collect();
+    let r = td
+        .mam()
+        .env("MQTT_BROKER", format!("localhost:{port}"))
+        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "2")
+        .args(["broker", "check", "--json"])
+        .run_within(Duration::from_secs(20));
+    let v = json(&r.stdout());
+    let nodes = v["nodes"].as_array().unwrap();
+    if addrs.len() == 1 {
+        assert_eq!(r.rc(), 0, "{}", r.stdout());
+        assert_eq!((nodes.len(), nodes[0]["node"].as_str()), (1, Some(format!("localhost:{port}").as_str())));
+        assert_eq!(nodes[0]["address"], Value::Null);
+    } else {
+        assert_eq!(nodes.len(), addrs.len(), "{}", r.stdout());
+        for (n, a) in nodes.iter().zip(&addrs) {
+            assert_eq!(n["node"], format!("{a} (localhost:{port})"));
+            let listening = a.ip() == std::net::IpAddr::from([127, 0, 0, 1]);
+            assert_eq!(n["passed"], listening, "the broker listens on 127.0.0.1 only: {n}");
+        }
+    }
+}
