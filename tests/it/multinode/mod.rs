@@ -30,6 +30,9 @@ pub fn have_nats() -> bool {
     have_tool("nats-server", "MAM_REQUIRE_NATS")
 }
 
+/// A JetStream raft group of the MQTT gateway: a stream, or a consumer of it.
+pub type Group = (String, Option<String>);
+
 /// One nats-server of a cluster.
 pub struct NatsNode {
     pub name: String,
@@ -234,7 +237,7 @@ impl NatsCluster {
 
     /// Every stream and consumer of the MQTT gateway whose leader is `name`, as `(stream,
     /// consumer)` (`None` for the stream itself), and how many have no leader, read from a live node.
-    pub fn led_by(&mut self, name: &str) -> Option<(Vec<(String, Option<String>)>, usize)> {
+    pub fn led_by(&mut self, name: &str) -> Option<(Vec<Group>, usize)> {
         let http: Vec<u16> =
             self.nodes.iter_mut().filter_map(|n| if n.alive() { Some(n.http) } else { None }).collect();
         http.into_iter().find_map(|port| {
