@@ -30,7 +30,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("daemon", "the workspace subscriber daemon: run, ensure, status, stop", true),
     ("reconcile", "reconcile job records once, or run the daemon with --subscribe", true),
     ("jobs", "one table of the jobs in a registry", true),
-    ("broker", "the embedded MQTT 3.1.1 broker for one machine", true),
+    ("broker", "the embedded MQTT 3.1.1 broker for one machine; `broker check` tests a broker list", true),
     ("pub", "publish one MQTT message (like mosquitto_pub)", true),
     ("sub", "print MQTT messages arriving on a filter (like mosquitto_sub)", true),
     ("pane", "pane backends (herdr, tmux, fake): ls, new-session, send-keys-safe, status, close", true),

@@ -199,6 +199,13 @@ pub struct Subscribed<'r> {
     pub over_cap: usize,
 }
 
+/// The one `$SYS` topic the broker answers (issue 19, as mosquitto does): a subscription matching it
+/// gets `mam broker <version>` replayed as if retained, which is how `mam broker check` tells the
+/// embedded broker from others. Nothing is stored; the subscriber's own grant applies (QoS 0).
+pub const VERSION_TOPIC: &str = "$SYS/broker/version";
+/// `VERSION_TOPIC`'s payload.
+pub const VERSION_TEXT: &str = concat!("mam broker ", env!("CARGO_PKG_VERSION"));
+
 /// Adds (or re-grants: MQTT-3.8.4-3) `filters` to `session` at the requested QoS, and picks the retained messages to
 /// replay: one copy per topic even when several filters match it, at min(retained QoS, highest
 /// grant among those filters of this SUBSCRIBE). A new filter beyond `max_subs` subscriptions of
@@ -213,6 +220,7 @@ pub fn subscribe<'r>(
     let mut over_cap = 0;
     // Retained messages to deliver: topic -> granted QoS (one copy per topic, highest QoS).
     let mut deliver: BTreeMap<&str, u8> = BTreeMap::new();
+    let mut version = false;
     for &(f, q) in filters {
         if !topic::valid_filter(f) {
             codes.push(0x80);
@@ -230,6 +238,7 @@ pub fn subscribe<'r>(
             None => session.subs.push((f.to_string(), g)),
         }
         codes.push(g);
+        version |= topic::matches(f, VERSION_TOPIC);
         for (t, _) in retained.iter().filter(|(t, _)| topic::matches(f, t)) {
             let e = deliver.entry(t.as_str()).or_insert(g);
             *e = (*e).max(g);
@@ -237,8 +246,14 @@ pub fn subscribe<'r>(
     }
     let mut replay = Vec::with_capacity(deliver.len());
     for (t, g) in deliver {
+        if t == VERSION_TOPIC {
+            continue; // the broker's own answer below, whatever a client stored there
+        }
         let r = &retained[t];
         replay.push(Replay { topic: t, payload: &r.payload, qos: r.qos.min(g) });
+    }
+    if version {
+        replay.push(Replay { topic: VERSION_TOPIC, payload: VERSION_TEXT.as_bytes(), qos: 0 });
     }
     Subscribed { codes, replay, over_cap }
 }
@@ -368,6 +383,24 @@ mod tests {
         assert_eq!(s.subs.len(), 3);
         s.unsubscribe(&["a", "zzz"]);
         assert_eq!(s.subs, vec![("b".to_string(), 1), ("c".to_string(), 2)]);
+    }
+
+    /// Issue 19: `$SYS/broker/version` names the embedded broker, as mosquitto's names mosquitto,
+    /// whatever a client retained there, and `#` does not reach it ($-topics need a $ filter).
+    #[test]
+    fn a_subscription_to_sys_broker_version_gets_the_brokers_own_version() {
+        let st = store(&[(VERSION_TOPIC, b"forged", 1)]);
+        let mut s = Session::default();
+        for f in [VERSION_TOPIC, "$SYS/broker/+", "$SYS/#"] {
+            let r = subscribe(&mut s, &st, 100, &[(f, 1)]);
+            let got: Vec<(&str, &[u8], u8)> = r.replay.iter().map(|p| (p.topic, p.payload, p.qos)).collect();
+            assert_eq!(got, vec![(VERSION_TOPIC, VERSION_TEXT.as_bytes(), 0)], "{f}");
+        }
+        assert!(VERSION_TEXT.starts_with("mam broker ") && VERSION_TEXT.ends_with(env!("CARGO_PKG_VERSION")));
+        assert!(subscribe(&mut Session::default(), &st, 100, &[("#", 1)]).replay.is_empty());
+        // Refused over the cap: nothing replayed.
+        let mut full = session(&[("x", 0)]);
+        assert!(subscribe(&mut full, &st, 1, &[(VERSION_TOPIC, 0)]).replay.is_empty());
     }
 
     #[test]

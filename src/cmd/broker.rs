@@ -6,6 +6,8 @@
 //! credential file with the bound port, prints the listening line and the credential file's path,
 //! and runs until SIGTERM or SIGINT (the broker's shutdown writes the state file).
 //!
+//! `mam broker check` goes to `cmd::broker_check`.
+//!
 //! Broker log lines go to stderr, one line each. It never holds the password anywhere but the
 //! broker config and the 0600 credential file; it never prints it.
 
@@ -29,6 +31,8 @@ Usage: mam broker [--bind ADDR] [--port N] [--allow-remote]
                   [--max-connections N] [--max-subscriptions N] [--max-retained-bytes BYTES]
                   [--max-retained-message BYTES] [--max-sessions N]
                   [--no-persist | --persist-interval SECS] [--max-state-bytes BYTES]
+
+       mam broker check [--heartbeat N] [--heartbeat-misses K] [--json]   (see its --help)
 
 Runs the embedded MQTT 3.1.1 broker (CORE 11) until SIGTERM or SIGINT. Prints
 `mam broker listening on <addr>:<port>` on stdout when ready, then `credentials in <path>`
@@ -56,7 +60,8 @@ and mosquitto_sub, paho, mam's own):
     not yours, open to group or others, over --max-state-bytes, truncated or damaged) is moved
     to broker.state.bad with a WARNING, and the broker starts without it.
 Not supported: MQTT 3.1 and 5 (CONNACK 0x01); TLS and websockets (put a proxy in front);
-bridges and clusters; per-topic ACLs (one username for every client); $SYS topics; QoS 0
+bridges and clusters; per-topic ACLs (one username for every client); $SYS topics but
+$SYS/broker/version (`mam broker <version>`, replayed as if retained, as mosquitto does); QoS 0
 messages for absent clients (not queued, as mosquitto's default); retransmission on a live
 connection (3.1.1 resends on reconnect only); two brokers on one state file (a second broker in
 the same control root keeps its state in memory only, with a WARNING).
@@ -244,7 +249,22 @@ fn fit_descriptor_limit(ctx: &Ctx, max: usize) -> usize {
     room
 }
 
-pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
+pub fn run(ctx: &mut Ctx, mut args: Vec<OsString>) -> Result<i32, Failure> {
+    // `mam broker check` is the one subcommand; everything else is the broker's own flags.
+    if args.first().is_some_and(|a| a == "check") {
+        args.remove(0);
+        return super::broker_check::run(ctx, args);
+    }
+    if let Some(word) = args.first().and_then(|a| a.to_str()).filter(|a| !a.starts_with('-')) {
+        let hint = match text::closest(word, ["check"]) {
+            Some(c) => format!("; did you mean 'mam broker {c}'?"),
+            None => String::new(),
+        };
+        return Err(Failure::usage(format!(
+            "mam broker: unknown subcommand '{}'{hint} (see mam broker --help)",
+            text::one_line(word)
+        )));
+    }
     let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
         return Ok(0);
     };

@@ -4,6 +4,7 @@ pub mod agents;
 pub mod attach;
 pub mod bench;
 pub mod broker;
+pub mod broker_check;
 pub mod create;
 pub mod daemon;
 pub mod delegate_job;

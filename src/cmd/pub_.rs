@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
 use crate::knob;
-use crate::mqtt::config::Endpoint;
+use crate::mqtt::config::{parse_broker_list, Endpoint};
 use crate::mqtt::{self, codec, Client, Message, MqttConfig, MqttError, RetryPolicy, Role, Stop};
 use crate::text;
 
@@ -32,8 +32,9 @@ Options:
   -n, --null-message     an empty payload
   -q, --qos 0|1          quality of service (default 0); 1 waits for the broker's PUBACK
   -r, --retain           ask the broker to retain the message
-  -h, --host HOST        one broker, not MQTT_BROKER's list (like mosquitto_pub; help is --help)
-  -p, --port PORT        broker port instead of MQTT_PORT
+  -h, --host HOSTS       the brokers instead of MQTT_BROKER: one host (like mosquitto_pub) or a
+                         list in MQTT_BROKER's grammar, host[:port],... (help is --help)
+  -p, --port PORT        the port of a -h entry without one, else of every broker (MQTT_PORT)
   -L, --url URL          mqtt://[USER@]HOST[:PORT]/TOPIC: host, port, user and topic at once
   -u, --username USER    user name instead of MQTT_USERNAME
   -i, --id ID            client id (default a random mam-pub-... id)
@@ -234,7 +235,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Short('n') | Long("null-message") => set_payload(&mut payload, Payload::Message(Vec::new()))?,
             Short('q') | Long("qos") => qos = parse_qos(&p.value()?)?,
             Short('r') | Long("retain") => retain = true,
-            Short('h') | Long("host") => host = Some(cli::utf8("-h", p.value()?)?).filter(|h| !h.is_empty()),
+            Short('h') | Long("host") => host = hosts("-h", cli::utf8("-h", p.value()?)?)?,
             Short('p') | Long("port") => port = Some(parse_port(&p.value()?)?),
             Long("help") => return Ok(Parsed::Help),
             other => {
@@ -257,15 +258,35 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     Ok(Parsed::Run(Args { topic, payload, qos, retain, host, port, mosq }))
 }
 
+/// `-h`'s value: empty is none; else a broker list in `MQTT_BROKER`'s grammar (issue 19: one host,
+/// mosquitto's meaning, is a list of one), checked here, resolved against the ports in `target`.
+pub(crate) fn hosts(flag: &str, v: String) -> Result<Option<String>, Failure> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    match parse_broker_list(&v, 1883) {
+        Ok(_) => Ok(Some(v)),
+        Err(why) => Err(Failure::usage(format!(
+            "{flag}: '{}' is not a broker list (expected host[:port],...; {why})",
+            text::one_line(&v)
+        ))),
+    }
+}
+
 /// The configuration for an explicit `-h`/`-p`: the environment's, retargeted, with the password
-/// withheld when the broker differs (CORE 3.1's broker-block rule).
+/// withheld when the brokers differ (CORE 3.1's broker-block rule, per entry).
 pub(crate) fn target(ctx: &Ctx, env: MqttConfig, host: Option<String>, port: Option<u16>) -> MqttConfig {
     if host.is_none() && port.is_none() {
         return env;
     }
-    // `-h` names one broker (mosquitto's meaning); `-p` alone re-ports every broker of the list.
+    // `-h` names the brokers (an entry without a port takes `-p`, else the environment's first
+    // broker's port); `-p` alone re-ports every broker of the list.
     let list: Vec<Endpoint> = match host {
-        Some(h) => vec![Endpoint::new(h, port.unwrap_or(env.first().port))],
+        Some(h) => {
+            let default = port.unwrap_or(env.first().port);
+            // `-h` was checked while parsing; a `-L` host that is no list stays one name, as before.
+            parse_broker_list(&h, default).unwrap_or_else(|_| vec![Endpoint::new(h, default)])
+        }
         None => env.brokers.iter().map(|e| Endpoint::new(e.host.clone(), port.unwrap_or(e.port))).collect(),
     };
     let block = env.broker_block().with_list(&list);
@@ -360,6 +381,11 @@ mod tests {
         assert_eq!((a.topic.as_str(), a.qos, a.retain), ("a/b", 1, true));
         assert_eq!(a.payload, Payload::Message(b"hi".to_vec()));
         assert_eq!((a.host.as_deref(), a.port), (Some("h"), Some(1999)));
+        // Issue 19: -h takes MQTT_BROKER's list grammar, and refuses what it refuses.
+        let Parsed::Run(a) = parse(&["-t", "a", "-m", "x", "-h", "a:1,b"]).unwrap() else { panic!() };
+        assert_eq!(a.host.as_deref(), Some("a:1,b"));
+        let e = parse(&["-t", "a", "-m", "x", "-h", "a,,b"]).unwrap_err();
+        assert_eq!(e.line, "ERROR: -h: 'a,,b' is not a broker list (expected host[:port],...; entry 2 is empty)");
         assert!(matches!(parse(&["--help"]).unwrap(), Parsed::Help));
         for bad in [
             &["-t", "a"][..],

@@ -23,14 +23,15 @@ Options:
   -C, --count COUNT      exit 0 after COUNT messages
   -W, --timeout SECONDS  exit 27 when SECONDS pass (counted from start) before COUNT messages
   -q, --qos 0|1          requested subscription QoS (default 1, CORE 3.2)
-  -h, --host HOST        one broker, not MQTT_BROKER's list (like mosquitto_sub; help is --help)
-  -p, --port PORT        broker port instead of MQTT_PORT
+  -h, --host HOSTS       the brokers instead of MQTT_BROKER: one host (like mosquitto_sub) or a
+                         list in MQTT_BROKER's grammar, host[:port],... (help is --help)
+  -p, --port PORT        the port of a -h entry without one, else of every broker (MQTT_PORT)
   -L, --url URL          mqtt://[USER@]HOST[:PORT]/FILTER: host, port, user and filter at once
   -u, --username USER    user name instead of MQTT_USERNAME
   -i, --id ID            client id (default a random mam-sub-... id)
   -I, --id-prefix P      client id P followed by random hex
   -F, --format FORMAT    print each message as FORMAT: %t topic, %p payload, %l payload length,
-                         %q qos, %r retain (0/1), %% a percent sign; \n and \t escapes
+                         %q qos, %r retain (0/1), %% a percent sign; \\n and \\t escapes
   -N                     no newline after each message
   -R                     skip retained messages (stale ones, as mosquitto_sub -R)
   -d, --debug            say on stderr what is received from where
@@ -92,7 +93,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Short('C') | Long("count") => a.count = Some(knob::flag("-C", &p.value()?, 1)?),
             Short('W') | Long("timeout") => a.timeout = Some(knob::flag("-W", &p.value()?, 1)?),
             Short('q') | Long("qos") => a.qos = parse_qos(&p.value()?)?,
-            Short('h') | Long("host") => a.host = Some(cli::utf8("-h", p.value()?)?).filter(|h| !h.is_empty()),
+            Short('h') | Long("host") => a.host = super::pub_::hosts("-h", cli::utf8("-h", p.value()?)?)?,
             Short('p') | Long("port") => a.port = Some(parse_port(&p.value()?)?),
             Short('F') | Long("format") => a.format = Some(cli::utf8("-F", p.value()?)?),
             Short('N') => a.no_newline = true,

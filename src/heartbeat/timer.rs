@@ -541,6 +541,10 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, settings: &Settings, store: &Sto
     let mut serviced = Instant::now();
     // The connection count and beat seq of the last look for unsent events (`None`: never looked).
     let mut looked: Option<(u32, u64)> = None;
+    // The last look found events still in flight (a publish of another process, no audit entry
+    // yet): the next beats look again until they are confirmed, failed or orphaned. Without this,
+    // an event whose publish failed after the look was never sent while the connection stayed up.
+    let mut waiting = false;
     let mut broker: Option<String> = None;
     let mut delivered = false;
     loop {
@@ -588,9 +592,11 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, settings: &Settings, store: &Sto
             |w| log(&w),
             |_| {
                 progress.attempts += 1;
-                // Look when the connection is (or will be) new, or someone else took seqs since.
-                let look =
-                    !conn.is_connected() || looked.is_none_or(|(n, seq)| n != conn.connects() || beat.seq != seq + 1);
+                // Look when the connection is (or will be) new, someone else took seqs since, or the
+                // last look found an event still in flight.
+                let look = !conn.is_connected()
+                    || waiting
+                    || looked.is_none_or(|(n, seq)| n != conn.connects() || beat.seq != seq + 1);
                 conn.with_client(|c| {
                     let fresh = c.addr().to_string();
                     if broker.as_deref() != Some(fresh.as_str()) {
@@ -599,8 +605,9 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, settings: &Settings, store: &Sto
                         delivered = false;
                     }
                     if look {
-                        let earlier = forward::unsent(store, job, beat.seq, clock::now_ms());
-                        forward::send(store, job, c, &earlier, false, &mut replayed, &mut |w| notes.push(w))?;
+                        let found = forward::look(store, job, beat.seq, clock::now_ms());
+                        waiting = found.waiting > 0;
+                        forward::send(store, job, c, &found.unsent, false, &mut replayed, &mut |w| notes.push(w))?;
                     }
                     wire::send_event_then_state(c, Some(&beat.msg), &mut progress, Some(&recheck), &proceed)?;
                     // The first beat a broker acknowledged: when a failover completed (issue 19).

@@ -17,6 +17,14 @@ use super::transport::Transport;
 /// Longest single blocking read, so stop flags are honoured (CORE 3.2).
 pub const READ_SLICE: Duration = Duration::from_millis(200);
 
+/// How long `subscribe_each` waits before asking again for a refused filter.
+pub const REFUSED_PAUSE: Duration = Duration::from_millis(500);
+
+/// After a reconnect, a filter the broker granted before is asked again for this many connect
+/// timeouts (a first subscription for one): a refusal now is a cluster's failover, not a rule.
+/// NATS 2.9 keeps a crashed node in new consumers' groups for tens of seconds (docs/CLUSTER.md).
+pub const RESUBSCRIBE_PATIENCE: u32 = 3;
+
 /// A connected MQTT session.
 pub struct Client {
     t: Transport,
@@ -337,6 +345,33 @@ impl Client {
         }
     }
 
+    /// `subscribe` for a long-lived subscriber (issue 19): one SUBSCRIBE per filter, each with its
+    /// own acknowledgement budget, and a filter refused (0x80) asked again on this connection,
+    /// `REFUSED_PAUSE` apart, until `patience` has passed since it was first asked. NATS 2.9's MQTT
+    /// gateway refuses a QoS 1 filter whose JetStream consumer it could not make within its own
+    /// 4 s (while a peer of the cluster is dead, half of them), yet goes on making it; the same
+    /// session asking again gets it, where a new connection would start over with new consumers.
+    /// Deliveries arriving meanwhile are queued, not lost. The error is the last refusal.
+    pub fn subscribe_each(&mut self, filters: &[String], qos: u8, patience: Duration) -> Result<Vec<u8>, MqttError> {
+        let mut granted = Vec::with_capacity(filters.len());
+        for f in filters {
+            let until = Instant::now() + patience;
+            loop {
+                match self.subscribe(std::slice::from_ref(f), qos) {
+                    Ok(g) => {
+                        granted.extend(g);
+                        break;
+                    }
+                    Err(MqttError::SubackRefused { .. }) if Instant::now() + REFUSED_PAUSE < until => {
+                        self.service(Instant::now() + REFUSED_PAUSE)?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(granted)
+    }
+
     /// The next incoming publish before `deadline` (`None` when it passes); serves keepalive.
     pub fn recv(&mut self, deadline: Instant) -> Result<Option<Incoming>, MqttError> {
         loop {
@@ -471,7 +506,7 @@ impl Persistent {
             self.current = i;
             self.next_first = i;
             for (filters, qos) in &self.subscriptions {
-                if let Err(e) = c.subscribe(filters, *qos) {
+                if let Err(e) = c.subscribe_each(filters, *qos, self.cfg.connect_timeout * RESUBSCRIBE_PATIENCE) {
                     self.lost();
                     return Err(e);
                 }
@@ -508,10 +543,12 @@ impl Persistent {
         self.with_client(|c| c.publish_raw(msgs))
     }
 
-    /// Subscribes on the kept connection (connecting if needed) and remembers the filters, so every
-    /// later reconnect subscribes again before it is used.
+    /// Subscribes on the kept connection (connecting if needed; `Client::subscribe_each`, patient
+    /// for one connect timeout per filter) and remembers the filters, so every later reconnect
+    /// subscribes again before it is used.
     pub fn subscribe(&mut self, filters: &[String], qos: u8) -> Result<Vec<u8>, MqttError> {
-        let granted = self.with_client(|c| c.subscribe(filters, qos))?;
+        let patience = self.cfg.connect_timeout;
+        let granted = self.with_client(|c| c.subscribe_each(filters, qos, patience))?;
         self.subscriptions.push((filters.to_vec(), qos));
         Ok(granted)
     }

@@ -546,6 +546,8 @@ pub enum Role {
     Dmn,
     Rmt,
     Dsp,
+    /// `mam broker check` (issue 19).
+    Chk,
 }
 
 impl Role {
@@ -557,6 +559,7 @@ impl Role {
             Role::Dmn => "dmn",
             Role::Rmt => "rmt",
             Role::Dsp => "dsp",
+            Role::Chk => "chk",
         }
     }
 }
@@ -783,7 +786,7 @@ mod tests {
     #[test]
     fn b9_client_ids_unique_and_short() {
         let mut seen = std::collections::HashSet::new();
-        for role in [Role::Pub, Role::Hb, Role::Sub, Role::Dmn, Role::Rmt, Role::Dsp] {
+        for role in [Role::Pub, Role::Hb, Role::Sub, Role::Dmn, Role::Rmt, Role::Dsp, Role::Chk] {
             for _ in 0..100 {
                 let id = client_id(role).unwrap();
                 assert!(id.len() <= MAX_CLIENT_ID, "{id}");

@@ -5,7 +5,8 @@
 //! one connection (connect, publish, subscribe, receive, keepalive, close) plus the persistent
 //! connection of CORE 3.5; `retry` is `with_retry` and the retryable classification of CORE 3.3;
 //! `error` and `stop` are the types every part shares; `cred` is the embedded broker's credential
-//! file (written by `mam broker`, read by `config`). This file only declares and re-exports.
+//! file (written by `mam broker`, read by `config`); `check` is `mam broker check`'s measurements over
+//! `client`. This file only declares and re-exports.
 //!
 //! This module never prints and never reads the process environment: warnings and notes are
 //! returned as values, configuration comes from a `Ctx`. The one exception is the warning about an
@@ -13,6 +14,7 @@
 //! process (every command reads its configuration through `from_ctx`, so no caller is missed). No
 //! message it builds contains a password.
 
+pub mod check;
 pub mod client;
 pub mod codec;
 pub mod config;

@@ -134,8 +134,8 @@ impl Transport {
 /// The addresses of `ep` before `deadline`. An IP literal needs no lookup; a name is looked up on a
 /// helper thread, because getaddrinfo has no timeout. A lookup still running at the deadline is
 /// left to finish on its own (it holds nothing but its thread) and the connect fails in the
-/// `resolve` phase.
-fn resolve(ep: &Endpoint, deadline: Instant) -> Result<Vec<SocketAddr>, MqttError> {
+/// `resolve` phase. Public for `mam broker check`, which checks each address of a name.
+pub fn resolve(ep: &Endpoint, deadline: Instant) -> Result<Vec<SocketAddr>, MqttError> {
     let addr = ep.addr();
     if let Ok(ip) = ep.host.parse::<std::net::IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, ep.port)]);

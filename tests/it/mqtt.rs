@@ -695,3 +695,145 @@ fn k1_mam_pub_and_sub_against_mam_broker_process() {
     assert_eq!(r.stdout(), "k1/r kept\n");
     drop(broker);
 }
+
+/// A scripted broker for `subscribe_each`: CONNACK 0 to every CONNECT, SUBACK 0x80 to the first
+/// `refusals` SUBSCRIBEs and QoS 1 to the rest; counts connections and SUBSCRIBEs. Joined on drop.
+struct Refuser {
+    port: u16,
+    conns: Arc<std::sync::atomic::AtomicUsize>,
+    subscribes: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Refuser {
+    fn start(refusals: usize) -> Refuser {
+        use std::io::Write;
+        let (listener, port) = loopback_listener();
+        listener.set_nonblocking(true).unwrap();
+        let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let subscribes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c2, s2, st2) = (conns.clone(), subscribes.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !st2.load(Ordering::SeqCst) {
+                let Ok((mut s, _)) = listener.accept() else {
+                    // The fake's own accept loop, until the drop: this paces it, it awaits nothing.
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                c2.fetch_add(1, Ordering::SeqCst);
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                let mut buf = Vec::new();
+                'conn: while !st2.load(Ordering::SeqCst) {
+                    let mut chunk = [0u8; 1024];
+                    match s.read(&mut chunk) {
+                        Ok(0) => break,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        Err(_) => continue,
+                    }
+                    // Whole packets: type byte, remaining length (one byte suffices here), body.
+                    while buf.len() >= 2 && buf.len() >= 2 + buf[1] as usize {
+                        let (kind, body) = (buf[0] & 0xf0, buf[2..2 + buf[1] as usize].to_vec());
+                        buf.drain(..2 + body.len());
+                        let reply = match kind {
+                            0x10 => vec![0x20, 2, 0, 0],
+                            0x80 => {
+                                let n = s2.fetch_add(1, Ordering::SeqCst);
+                                let (mut i, mut codes) = (2, Vec::new());
+                                while i + 2 <= body.len() {
+                                    i += 2 + usize::from(u16::from_be_bytes([body[i], body[i + 1]])) + 1;
+                                    codes.push(if n < refusals { 0x80 } else { 1 });
+                                }
+                                [vec![0x90, 2 + codes.len() as u8, body[0], body[1]], codes].concat()
+                            }
+                            0xc0 => vec![0xd0, 0],
+                            _ => break 'conn, // DISCONNECT
+                        };
+                        if s.write_all(&reply).is_err() {
+                            break 'conn;
+                        }
+                    }
+                }
+            }
+        });
+        Refuser { port, conns, subscribes, stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Refuser {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Issue 19: a long-lived subscriber's filter refused (SUBACK 0x80) and granted when asked again
+/// on the same connection, as NATS 2.9 does while a crashed peer is still part of new consumers'
+/// groups, is subscribed without a new connection, each filter in its own SUBSCRIBE; a filter
+/// that stays refused fails once its patience (one connect timeout) is spent.
+#[test]
+fn a_filter_refused_then_granted_is_asked_again_on_the_same_connection() {
+    let cfg = |port: u16| {
+        let vars = [("MQTT_BROKER", format!("127.0.0.1:{port}")), ("MAM_MQTT_CONNECT_TIMEOUT_S", "2".into())];
+        MqttConfig::from_ctx(&Ctx::with_env(vars, Path::new("/"))).unwrap()
+    };
+    let r = Refuser::start(2);
+    let mut p = Persistent::new(cfg(r.port), Role::Sub, Stop::never());
+    let granted = p.subscribe(&["a/b".to_string(), "c/d".to_string()], 1).expect("granted the third time");
+    assert_eq!(granted, [1, 1]);
+    assert_eq!(r.conns.load(Ordering::SeqCst), 1, "one connection");
+    assert_eq!(r.subscribes.load(Ordering::SeqCst), 4, "a/b asked three times, c/d once");
+    p.drop_connection();
+    let never = Refuser::start(usize::MAX);
+    let mut p = Persistent::new(cfg(never.port), Role::Sub, Stop::never());
+    let t = Instant::now();
+    match p.subscribe(&["a/b".to_string()], 1) {
+        Err(MqttError::SubackRefused { filter }) => assert_eq!(filter, "a/b"),
+        other => panic!("expected the refusal, got {other:?}"),
+    }
+    assert!(t.elapsed() >= Duration::from_secs(1) && t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+}
+
+/// Issue 19: `mam broker check` connects as every command does, TLS through the shim included: with
+/// the broker's CA the node passes (one node for the name: the shim resolves it and checks the
+/// certificate against it); with another CA it fails with the verification error, and the check
+/// says no node passed.
+#[test]
+fn broker_check_over_tls_passes_with_the_ca_and_fails_with_another() {
+    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") || !have_tool("openssl", "MAM_REQUIRE_OPENSSL") {
+        return;
+    }
+    let td = TestDir::new("chk-tls");
+    let pki = Pki::new(&td.path("pki"));
+    let ca = pki.ca("ca");
+    let wrong_ca = pki.ca("wrongca");
+    let (crt, key) = pki.server("byname", "ca", "DNS:localhost");
+    let m = Mosquitto::start(&td, |p| {
+        format!(
+            "allow_anonymous true\nlistener {p} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n",
+            ca.display(),
+            crt.display(),
+            key.display()
+        )
+    });
+    let check = |ca: &Path| {
+        td.mam()
+            .env("MQTT_TLS", "1")
+            .env("MQTT_BROKER", format!("localhost:{}", m.port))
+            .env("MQTT_CA_FILE", ca)
+            .env("MAM_MQTT_CONNECT_TIMEOUT_S", "5")
+            .args(["broker", "check"])
+            .run_within(Duration::from_secs(30))
+    };
+    let r = check(&ca);
+    assert_eq!(r.rc(), 0, "{}{}", r.stdout(), r.stderr());
+    assert!(r.stdout().starts_with(&format!("node localhost:{}\n", m.port)), "{}", r.stdout());
+    assert!(r.stdout().contains("Engine: mosquitto "), "{}", r.stdout());
+    let r = check(&wrong_ca);
+    assert_eq!(r.rc(), 3, "{}{}", r.stdout(), r.stderr());
+    assert!(r.stdout().contains("  Did not connect: ") && r.stdout().contains("verif"), "{}", r.stdout());
+}

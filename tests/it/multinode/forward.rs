@@ -133,3 +133,56 @@ fn watch_of_a_job_whose_terminal_is_on_disk_needs_no_broker() {
     assert!(r.stdout().ends_with("result completed\n"), "{}", r.stdout());
     assert!(!r.stderr().contains("connect"), "no connect was tried: {}", r.stderr());
 }
+
+/// An event a one-shot publish could not send while the broker was up (it stalled the publisher's
+/// CONNACK at that moment; the timer's connection stayed up) is sent by the timer's next beat over
+/// its live connection: the timer sees that seqs were taken since its last beat and looks, without
+/// any reconnect to prompt it.
+#[test]
+fn the_timers_live_connection_replays_an_event_a_publish_failed_to_send_while_the_broker_was_up() {
+    let b = mam::broker::start(mam::broker::BrokerConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        record: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let agent = Machine::new("mn-fwd3", format!("127.0.0.1:{}", b.addr().port()));
+    let id = agent.register(1, 60);
+    let _timers = TimerGuard(id.clone());
+    agent.publish(&id, "started", &["--heartbeat", "1", "--watch-pid", "0"]).expect_rc(0);
+    wait_until("the timer's first beat", Duration::from_secs(10), || {
+        agent.hb_log(&id).contains("delivered through broker")
+    });
+    // From now on the broker answers no one-shot publisher (the timer's connection is already up).
+    b.stall_connack("mam-pub-");
+    agent
+        .mam()
+        .env("MAM_PUBLISH_BUDGET_S", "2")
+        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "1")
+        .args(["publish", "--job-id", &id, "--event", "progress", "--message", "while the broker was busy"])
+        .run()
+        .expect_rc(3);
+    let missed = non_beats(&agent, &id).last().unwrap().0;
+    let failed =
+        agent.audit(&id).iter().any(|e| e["kind"] == "published" && e["seq"] == missed && e["published"] == false);
+    assert!(failed, "the publish audited its failure: {:?}", agent.audit(&id));
+    wait_until("the timer to send the missed event", Duration::from_secs(10), || confirmed(&agent, &id, missed) == 1);
+    // On the wire once, as the events.log line, through the timer's one connection.
+    let line = agent.events(&id).into_iter().find(|e| e["seq"] == missed).unwrap();
+    let on_wire: Vec<serde_json::Value> = b
+        .received()
+        .into_iter()
+        .filter(|(t, _, _)| t.ends_with("/events"))
+        .filter_map(|(_, p, _)| serde_json::from_slice(&p).ok())
+        .filter(|v: &serde_json::Value| v["seq"] == missed)
+        .collect();
+    assert_eq!(on_wire, [line], "sent once, as recorded");
+    let timers = b.connects().iter().filter(|c| c.starts_with("mam-hb-")).count();
+    assert_eq!(timers, 1, "no reconnect prompted the replay: {:?}", b.connects());
+    let hb = agent.hb_log(&id);
+    assert!(hb.contains(&format!("sent earlier event(s) the wire had missed: seq [{missed}]")), "{hb}");
+    let replayed = agent.audit(&id).iter().filter(|e| e["seq"] == missed && e["replayed"] == true).count();
+    assert_eq!(replayed, 1);
+    b.release_connack("mam-pub-");
+    agent.publish(&id, "completed", &[]).expect_rc(0);
+}

@@ -224,3 +224,51 @@ fn a_short_window_on_a_list_of_several_brokers_is_warned_about() {
     let long = td.mam().env("MQTT_BROKER", "a:1,b:2").args(["registry", "register", "--session", "w1"]).run();
     assert_eq!(long.stderr(), "", "K x N = 120 s is above the floor");
 }
+
+/// `mam pub -h` and `mam sub -h` take a broker list in `MQTT_BROKER`'s grammar (a single host, as
+/// mosquitto's `-h`, is a list of one); `-p` is the port of an entry without one. Before issue 19's
+/// fix `-h` named one host, so a list was looked up as one name and failed to resolve (rc 3).
+#[test]
+fn pub_and_sub_take_a_broker_list_after_h_like_mqtt_broker() {
+    let td = TestDir::new("mn-hlist");
+    let Some(m) = mosquitto(&td) else { return };
+    let dead = free_port();
+    let list = format!("127.0.0.1:{dead},127.0.0.1:{}", m.port);
+    let sub = MosqSub::start(m.port, "hlist/#");
+    // The environment names a dead broker: -h alone decides.
+    let mam = || td.mam().env("MQTT_BROKER", format!("127.0.0.1:{dead}")).env("MAM_MQTT_CONNECT_TIMEOUT_S", "4");
+    let r = mam()
+        .args(["pub", "-h", &list, "-t", "hlist/a", "-m", "via a list", "-q", "1"])
+        .run_within(Duration::from_secs(20));
+    r.expect_rc(0);
+    assert!(r.stderr().is_empty(), "one attempt: {}", r.stderr());
+    // An entry without a port takes -p.
+    let no_port = format!("127.0.0.1:{dead},localhost");
+    let port = m.port.to_string();
+    mam()
+        .args(["pub", "-h", &no_port, "-p", &port, "-t", "hlist/b", "-m", "via -p", "-q", "1"])
+        .run_within(Duration::from_secs(20))
+        .expect_rc(0);
+    crate::support::wait_until("both messages", Duration::from_secs(5), || sub.messages("hlist/").len() == 2);
+    assert_eq!(
+        sub.messages("hlist/"),
+        [("hlist/a".to_string(), "via a list".to_string()), ("hlist/b".to_string(), "via -p".to_string())]
+    );
+    // mam sub -h takes the same list.
+    mam().args(["pub", "-h", &list, "-t", "hlist/r", "-m", "kept", "-r", "-q", "1"]).run().expect_rc(0);
+    let r =
+        mam().args(["sub", "-h", &list, "-t", "hlist/r", "-C", "1", "-W", "10"]).run_within(Duration::from_secs(20));
+    r.expect_rc(0);
+    assert_eq!(r.stdout(), "kept\n");
+    mam().args(["pub", "-h", &list, "-t", "hlist/r", "-n", "-r", "-q", "1"]).run().expect_rc(0);
+    // A bad list is refused like MQTT_BROKER's, in one line, before any connect.
+    for cmd in ["pub", "sub"] {
+        let r = td.mam().args([cmd, "-h", "a,,b", "-t", "x"]).run();
+        r.expect_rc(2);
+        assert_eq!(
+            r.stderr(),
+            "ERROR: -h: 'a,,b' is not a broker list (expected host[:port],...; entry 2 is empty)\n",
+            "{cmd}"
+        );
+    }
+}

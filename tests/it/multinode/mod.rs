@@ -6,6 +6,7 @@
 //!
 //! Every server is a real process killed with a real SIGKILL; every wait has a deadline.
 
+mod check;
 mod failover;
 mod forward;
 mod lists;
@@ -29,11 +30,16 @@ pub fn have_nats() -> bool {
     have_tool("nats-server", "MAM_REQUIRE_NATS")
 }
 
+/// A JetStream raft group of the MQTT gateway: a stream, or a consumer of it.
+pub type Group = (String, Option<String>);
+
 /// One nats-server of a cluster.
 pub struct NatsNode {
     pub name: String,
     pub mqtt: u16,
     pub http: u16,
+    /// The core NATS client port (the JetStream API: stepdown requests).
+    pub client: u16,
     conf: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -135,7 +141,7 @@ impl NatsCluster {
             );
             let conf_path = td.write(&format!("nats-{tag}/{name}.conf"), conf);
             let log = td.path(&format!("nats-{tag}/{name}.log"));
-            let mut n = NatsNode { name, mqtt: p[3], http: p[2], conf: conf_path, log, child: None };
+            let mut n = NatsNode { name, mqtt: p[3], http: p[2], client: p[0], conf: conf_path, log, child: None };
             n.launch();
             nodes.push(n);
         }
@@ -229,6 +235,68 @@ impl NatsCluster {
         (0..3).min_by_key(|&i| cost(i)).unwrap()
     }
 
+    /// Every stream and consumer of the MQTT gateway whose leader is `name`, as `(stream,
+    /// consumer)` (`None` for the stream itself), and how many have no leader, read from a live node.
+    pub fn led_by(&mut self, name: &str) -> Option<(Vec<Group>, usize)> {
+        let http: Vec<u16> =
+            self.nodes.iter_mut().filter_map(|n| if n.alive() { Some(n.http) } else { None }).collect();
+        http.into_iter().find_map(|port| {
+            let v = serde_json::from_str::<Value>(&http_get(port, "/jsz?streams=true&consumers=true")?).ok()?;
+            let (mut led, mut leaderless) = (Vec::new(), 0);
+            for acc in v["account_details"].as_array()? {
+                for s in acc["stream_detail"].as_array().into_iter().flatten() {
+                    let stream = s["name"].as_str()?.to_string();
+                    let groups = std::iter::once((&s["cluster"], None)).chain(
+                        s["consumer_detail"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|c| (&c["cluster"], c["name"].as_str())),
+                    );
+                    for (cluster, consumer) in groups {
+                        match cluster["leader"].as_str() {
+                            Some(l) if l == name => led.push((stream.clone(), consumer.map(str::to_string))),
+                            Some(l) if !l.is_empty() => {}
+                            _ => leaderless += 1,
+                        }
+                    }
+                }
+            }
+            Some((led, leaderless))
+        })
+    }
+
+    /// Moves every stream and consumer leadership off node `i` (JetStream's leader stepdown
+    /// requests, asked of another node), until `i` leads none of them; panics when that does not
+    /// happen within 20 s. The meta group is not moved (that needs the system account): pick an
+    /// `i` that does not lead it.
+    pub fn evacuate(&mut self, i: usize) {
+        let name = self.nodes[i].name.clone();
+        let client = self.nodes[(i + 1) % 3].client;
+        let mut last = Vec::new();
+        let mut quiet_since: Option<std::time::Instant> = None;
+        let done = poll(Duration::from_secs(20), || {
+            let (led, leaderless) = self.led_by(&name)?;
+            // Done once the node leads nothing and every group has a leader, for 500 ms: a kill
+            // during the elections the stepdowns started would be a kill during a failover.
+            if led.is_empty() && leaderless == 0 {
+                let since = *quiet_since.get_or_insert_with(std::time::Instant::now);
+                return (since.elapsed() >= Duration::from_millis(500)).then_some(());
+            }
+            quiet_since = None;
+            for (stream, consumer) in &led {
+                let subject = match consumer {
+                    None => format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+                    Some(c) => format!("$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{c}"),
+                };
+                let _ = nats_request(client, &subject);
+            }
+            last = led;
+            None
+        });
+        assert!(done.is_some(), "{name} still leads {last:?}");
+    }
+
     pub fn index_of(&self, name: &str) -> usize {
         self.nodes.iter().position(|n| n.name == name).expect("a node of the cluster")
     }
@@ -245,6 +313,41 @@ pub fn mqtt_answers(addr: &str, limit: Duration) -> bool {
             true
         }
         Err(_) => false,
+    }
+}
+
+/// One request over the core NATS protocol on loopback `port` (an empty payload), its reply or
+/// `None` within 5 s: INFO, CONNECT, SUB to an inbox, PUB with that reply subject, then the MSG.
+fn nats_request(port: u16, subject: &str) -> Option<String> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut w = s.try_clone().ok()?;
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?; // INFO {...}
+    let inbox = format!("_INBOX.mam.{}", rand_hex(4));
+    write!(
+        w,
+        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"protocol\":1}}\r\nSUB {inbox} 1\r\nPUB {subject} {inbox} 0\r\n\r\n"
+    )
+    .ok()?;
+    loop {
+        line.clear();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line.starts_with("PING") {
+            w.write_all(b"PONG\r\n").ok()?;
+        } else if let Some(rest) = line.strip_prefix("MSG ") {
+            let len: usize = rest.split_whitespace().last()?.parse().ok()?;
+            let mut body = vec![0u8; len + 2];
+            r.read_exact(&mut body).ok()?;
+            body.truncate(len);
+            return String::from_utf8(body).ok();
+        } else if line.starts_with("-ERR") {
+            return None;
+        }
     }
 }
 
