@@ -73,7 +73,8 @@ order swapped every round), medians of the rounds:
     latency, the broker's CPU per message (/proc/<pid>/task/*/schedstat)
   the resident set (VmRSS) with each count of idle clients connected, each subscribed to a topic
     of its own; then delivery at QoS 0 and 1 again with the largest count still connected
-  the load generator's own CPU: its busier thread's share of one core, the largest of all runs
+  the load generator's own CPU: its busier thread's share of one core, the largest run, in the
+    mosquitto runs (target: at most 50%, so mosquitto's numbers are its own) and in mam's
 The soft RLIMIT_NOFILE is raised to the hard limit first; mosquitto, started after, inherits it.
   --rounds N     alternating rounds (default 5; --quick 1)
   --messages N   messages per delivery run (default 100000; --quick 2000)
@@ -1020,7 +1021,7 @@ fn broker_rows(env: &Env, plan: &BrokerPlan) -> Vec<Row> {
     for (n, sides) in &rss {
         rows.push(rss_row(*n, sides, plan, anchor));
     }
-    rows.push(generator_row(plain.iter().chain(&idle).map(|(_, s)| s)));
+    rows.extend(generator_rows(plain.iter().chain(&idle).map(|(_, s)| s)));
     rows
 }
 
@@ -1123,47 +1124,53 @@ fn rss_row(n: usize, sides: &Sides<u64>, plan: &BrokerPlan, anchor: bool) -> Row
     r
 }
 
-/// The load generator's own CPU over every delivery run of both brokers: its busier thread's
-/// share of one core at the most (target: well below one core, so the brokers are what is measured).
-fn generator_row<'a>(all: impl Iterator<Item = &'a Sides<Run>>) -> Row {
-    const MEASURE: &str = "load generator: its busier thread's CPU, share of one core (largest run)";
+/// The load generator's own CPU in every delivery run, one row per broker: its busier thread's
+/// share of one core at the most. The target is on the mosquitto runs: there it must stay well
+/// below a core for the anchor's numbers to be mosquitto's and not the generator's (where the
+/// generator is what bounds `mam broker`, its ratios understate it); the mam row is for the record.
+fn generator_rows<'a>(all: impl Iterator<Item = &'a Sides<Run>>) -> Vec<Row> {
     let mut runs: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     for sides in all {
         for k in [Kind::Mam, Kind::Mosquitto] {
             runs[k as usize].extend(sides[k as usize].runs.iter().copied());
         }
     }
-    let every: Vec<&Run> = runs.iter().flatten().collect();
-    if every.is_empty() {
-        return Row::skipped("broker_generator_cpu", MEASURE, "<= 50%", "no delivery run completed");
-    }
-    let max = |f: &dyn Fn(&Run) -> f64| every.iter().map(|r| f(r)).fold(0.0, f64::max);
-    let busiest = max(&|r| r.d.busiest_thread());
-    let mut r = Row::new("broker_generator_cpu", MEASURE);
-    r.now = Some(Qty::percent(busiest));
-    r.target = "<= 50%".into();
-    r.pass = Some(busiest <= 0.5);
-    let share = |k: Kind| measure::median(runs[k as usize].iter().map(Run::broker_share).collect()) * 100.0;
-    let busiest_with = |k: Kind| runs[k as usize].iter().map(|r| r.d.busiest_thread()).fold(0.0, f64::max) * 100.0;
-    r.note = format!(
-        "publisher thread up to {:.0}%, subscriber thread up to {:.0}%, both together up to {:.2} cores, \
-         over {} runs; the busier thread up to {:.0}% in the mam broker runs, {:.0}% in the mosquitto runs; \
-         the brokers' own CPU over their runs (median): mam broker {:.0}% of a core, mosquitto {:.0}%",
-        max(&|r| r.d.publisher_cpu.as_secs_f64() / r.d.wall.as_secs_f64().max(1e-9)) * 100.0,
-        max(&|r| r.d.subscriber_cpu.as_secs_f64() / r.d.wall.as_secs_f64().max(1e-9)) * 100.0,
-        max(&|r| r.d.generator_cores()),
-        every.len(),
-        busiest_with(Kind::Mam),
-        busiest_with(Kind::Mosquitto),
-        share(Kind::Mam),
-        share(Kind::Mosquitto),
-    );
-    let col = |k: Kind, f: fn(&Run) -> f64| runs[k as usize].iter().map(f).collect::<Vec<f64>>();
-    r.detail = Some(serde_json::json!({
-        "busiest_thread": {"mam": col(Kind::Mam, |r| r.d.busiest_thread()), "mosquitto": col(Kind::Mosquitto, |r| r.d.busiest_thread())},
-        "broker_share": {"mam": col(Kind::Mam, Run::broker_share), "mosquitto": col(Kind::Mosquitto, Run::broker_share)},
-    }));
-    r
+    [(Kind::Mosquitto, "broker_generator_cpu", "<= 50%"), (Kind::Mam, "broker_generator_cpu_mam", "-")]
+        .into_iter()
+        .map(|(k, id, target)| {
+            let measure = format!("load generator, {} runs: its busier thread's CPU (largest run)", k.name());
+            let runs = &runs[k as usize];
+            if runs.is_empty() {
+                return Row::skipped(id, measure, target, format!("no delivery run against {} completed", k.name()));
+            }
+            let max = |f: &dyn Fn(&Run) -> f64| runs.iter().map(f).fold(0.0, f64::max);
+            let per_core = |cpu: Duration, r: &Run| cpu.as_secs_f64() / r.d.wall.as_secs_f64().max(1e-9);
+            let busiest = max(&|r| r.d.busiest_thread());
+            let mut r = Row::new(id, measure);
+            r.now = Some(Qty::percent(busiest));
+            if target != "-" {
+                r.target = target.into();
+                r.pass = Some(busiest <= 0.5);
+            }
+            r.note = format!(
+                "share of one core over {} runs: publisher thread up to {:.0}%, subscriber thread up to {:.0}%, \
+                 both together up to {:.2} cores; the broker's own CPU in those runs: median {:.0}% of a core",
+                runs.len(),
+                max(&|r| per_core(r.d.publisher_cpu, r)) * 100.0,
+                max(&|r| per_core(r.d.subscriber_cpu, r)) * 100.0,
+                max(&|r| r.d.generator_cores()),
+                measure::median(runs.iter().map(Run::broker_share).collect()) * 100.0,
+            );
+            let col = |f: &dyn Fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+            r.detail = Some(serde_json::json!({
+                "busiest_thread": col(&|r| r.d.busiest_thread()),
+                "publisher": col(&|r| per_core(r.d.publisher_cpu, r)),
+                "subscriber": col(&|r| per_core(r.d.subscriber_cpu, r)),
+                "broker": col(&Run::broker_share),
+            }));
+            r
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
