@@ -796,6 +796,40 @@ pub fn proc_status_kib(pid: i32, key: &str) -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no {key} in /proc/{pid}/status")))
 }
 
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`, nanosecond resolution), for
+/// the load generator's own cost.
+pub fn thread_cpu_time() -> Duration {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32)
+}
+
+/// CPU time of every thread of `pid` so far, in nanoseconds: the sum of the first field of
+/// /proc/<pid>/task/*/schedstat (the scheduler's own accounting, nanoseconds, where /proc/<pid>/stat
+/// counts 10 ms ticks). A thread that ended before the call is not counted.
+pub fn proc_cpu_ns(pid: i32) -> io::Result<u64> {
+    let mut total = 0u64;
+    for e in fs::read_dir(format!("/proc/{pid}/task"))? {
+        let text = match fs::read_to_string(e?.path().join("schedstat")) {
+            Ok(t) => t,
+            // The thread ended between the listing and the read.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        total += text.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).ok_or_else(bad_stat)?;
+    }
+    Ok(total)
+}
+
+/// How many descriptors `pid` has open (the entries of /proc/<pid>/fd).
+pub fn proc_fd_count(pid: i32) -> io::Result<usize> {
+    Ok(fs::read_dir(format!("/proc/{pid}/fd"))?.count())
+}
+
 /// Waits for the child `pid` (wait4) and returns its exit code (128 + the signal when killed) and
 /// its peak resident set in KiB (`ru_maxrss`, for `mam bench`). Linux counts in `ru_maxrss` the
 /// resident set the child had before its exec too, that is the spawner's: the caller knows its own.

@@ -27,6 +27,8 @@ pub enum Unit {
     PerS,
     /// A plain ratio.
     Times,
+    /// A share (1.0 = 100%), shown in percent.
+    Percent,
 }
 
 impl Qty {
@@ -48,6 +50,9 @@ impl Qty {
     pub fn times(v: f64) -> Qty {
         Qty { value: v, unit: Unit::Times }
     }
+    pub fn percent(share: f64) -> Qty {
+        Qty { value: share, unit: Unit::Percent }
+    }
 
     fn unit_name(self) -> &'static str {
         match self.unit {
@@ -57,6 +62,7 @@ impl Qty {
             Unit::Bytes => "bytes",
             Unit::PerS => "msg/s",
             Unit::Times => "x",
+            Unit::Percent => "share",
         }
     }
 }
@@ -73,6 +79,7 @@ impl std::fmt::Display for Qty {
             Unit::Bytes => write!(f, "{:.2} MB", v / 1e6),
             Unit::PerS => write!(f, "{v:.0} msg/s"),
             Unit::Times => write!(f, "{v:.2}x"),
+            Unit::Percent => write!(f, "{:.0}%", v * 100.0),
         }
     }
 }
@@ -92,6 +99,8 @@ pub struct Row {
     pub pass: Option<bool>,
     /// Why a row was not measured, or what qualifies it.
     pub note: String,
+    /// The samples behind the row (per run, per side), for `--json` readers; None for most rows.
+    pub detail: Option<Value>,
 }
 
 impl Row {
@@ -105,6 +114,7 @@ impl Row {
             target: "-".into(),
             pass: None,
             note: String::new(),
+            detail: None,
         }
     }
 
@@ -155,6 +165,7 @@ impl Row {
             "target": self.target,
             "pass": self.pass,
             "note": self.note,
+            "detail": self.detail,
         })
     }
 }
@@ -272,5 +283,6 @@ mod tests {
         assert_eq!(s.json()["pass"], Value::Null);
         assert_eq!(Qty::bytes(3_464_648).to_string(), "3.46 MB");
         assert_eq!(Qty::kib(4028).to_string(), "3.9 MiB");
+        assert_eq!(Qty::percent(0.354).to_string(), "35%");
     }
 }

@@ -166,7 +166,9 @@ struct Routed {
 pub(super) struct Table {
     shared: Arc<Shared>,
     epoll: Epoll,
-    conns: HashMap<u64, Conn>,
+    /// Boxed: a table slot is then 16 bytes, not a whole `Conn` (360), so the table's own
+    /// capacity (up to twice its length) costs little per idle client.
+    conns: HashMap<u64, Box<Conn>>,
     next_id: u64,
     scratch: Vec<u8>,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
@@ -239,7 +241,7 @@ impl Table {
             will: None,
             graceful: false,
         };
-        self.conns.insert(id, conn);
+        self.conns.insert(id, Box::new(conn));
         self.schedule(id);
         Ok(())
     }
@@ -564,7 +566,7 @@ impl Table {
             let mut out = vec![Out::Owned(codec::connack(present, 0x00))];
             // MQTT-4.4.0-1: unacknowledged PUBLISH and PUBREL packets go again, in order.
             out.extend(client.session.resume().iter().map(|s| Out::Owned(encode(s))));
-            st.clients.insert(cid.clone(), client);
+            st.clients.insert(cid.clone(), Box::new(client));
             (old_link, out)
         };
         let keep_alive = c.keep_alive;

@@ -390,7 +390,7 @@ pub(super) fn restore(st: &mut State, snap: Snapshot, cfg: &BrokerConfig) -> Res
         for (f, _) in &session.subs {
             index.add(f, &id);
         }
-        clients.insert(id, Client { link: None, session, persistent: true });
+        clients.insert(id, Box::new(Client { link: None, session, persistent: true }));
     }
     r
 }

@@ -58,7 +58,8 @@ impl Client {
 /// Everything under the state lock.
 #[derive(Default)]
 pub(super) struct State {
-    pub(super) clients: HashMap<String, Client>,
+    /// Boxed, as the connection table's entries: a slot is 32 bytes, not 176.
+    pub(super) clients: HashMap<String, Box<Client>>,
     /// Every filter of every client in `clients`, kept in step with their sessions (subscribe, unsubscribe,
     /// `unindex_session`, the restore): who may get a topic.
     pub(super) index: SubIndex,

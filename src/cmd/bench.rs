@@ -28,7 +28,8 @@ use crate::sys;
 use crate::text::show_path;
 
 pub const USAGE: &str = "
-Usage: mam bench [--quick] [--json] [--sizes N,N,...] [--runs N]
+Usage: mam bench [--quick] [--json] [--sizes N,N,...] [--runs N] [BROKER OPTIONS]
+       mam bench broker [--quick] [--json] [BROKER OPTIONS]
        mam bench publish [--runs N] [--json]
        mam bench loop-round --repo PATH --base REF [--reps N]
 
@@ -44,9 +45,7 @@ medians; the machine's load (/proc/loadavg) is printed at the start and the end:
   the binary's size
   mam registry list, mam jobs and mam status over registries of each size (default 1000, 10000,
   100000; --quick 1000, 10000): median wall time and peak resident set
-  the embedded broker against mosquitto: QoS 1 throughput and publish-to-delivery latency (one
-  publisher, one subscriber, 64-byte messages, 100 unacknowledged at most), resident set with
-  idle clients connected
+  the embedded broker against mosquitto (the broker rows, below)
 The broker for the publish rows is mosquitto when it is installed (looked up on PATH and in the sbin
 directories), else `mam broker`; rows whose anchor is not installed say so and are not measured.
 Every file is written under a fresh directory in TMPDIR (the 100,000-record registry takes about
@@ -56,10 +55,32 @@ A full run takes a few minutes; --quick about 20 s.
 Options:
   --quick        fewer runs, smaller registries and message counts
   --json         one JSON object: command, version, machine (cores, kernel, load), rows (id,
-                 measure, now, anchor, ratio, target, pass, note)
+                 measure, now, anchor, ratio, target, pass, note, detail: the broker rows'
+                 samples per round and side)
   --sizes LIST   the registry sizes, comma separated (each at least 1)
   --runs N       the alternating runs of every process comparison (default 500 for --version,
                  50 for publish, 100 for pub, 3-5 per registry size; --quick fewer)
+
+broker: the broker rows alone. `mam broker` (its defaults, persistence on, the state file under the
+temp directory) against mosquitto (persistence off, max_inflight_messages 100 and
+max_queued_messages 0: the generator's window, and no queue limit, so neither broker drops or
+refuses what the other takes), a fresh broker for each round and side, the two alternating (the
+order swapped every round), medians of the rounds:
+  delivery at QoS 0, 1 and 2: one publisher and one subscriber (two threads of this process that
+    share no lock), 64-byte messages on one topic, one write per PUBLISH; at QoS 1 and 2 at most
+    100 messages unfinished (PUBACK; PUBREC, PUBREL, PUBCOMP), at QoS 0 as fast as the broker
+    reads them: throughput (first send to last delivery), p50 and p99 publish-to-delivery
+    latency, the broker's CPU per message (/proc/<pid>/task/*/schedstat)
+  the resident set (VmRSS) with each count of idle clients connected, each subscribed to a topic
+    of its own; then delivery at QoS 0 and 1 again with the largest count still connected
+  the load generator's own CPU: its busier thread's share of one core (median of the runs) in
+    the mosquitto runs (target: at most 50%, so mosquitto's numbers are its own) and in mam's
+The soft RLIMIT_NOFILE is raised to the hard limit first; mosquitto, started after, inherits it.
+  --rounds N     alternating rounds (default 5; --quick 1)
+  --messages N   messages per delivery run (default 100000; --quick 2000)
+  --clients LIST idle client counts, comma separated (default 1000,5000; --quick 100,500)
+  --batched      the publisher writes every PUBLISH its window lets out (at QoS 0: 100) in one
+                 write instead of one write each
 
 publish: where `mam publish --event progress` spends its time. Runs it N times (default 50) with
 MAM_TRACE=1, alternating with mosquitto_pub -q 1 of the same payload to the same broker, and prints
@@ -101,6 +122,7 @@ names it), 2 usage.
 #[derive(Debug)]
 enum Args {
     Table(TableArgs),
+    Broker(TableArgs),
     Publish { runs: usize, json: bool },
     LoopRound { repo: PathBuf, base: String, reps: u32 },
 }
@@ -111,10 +133,19 @@ struct TableArgs {
     json: bool,
     sizes: Option<Vec<usize>>,
     runs: Option<usize>,
+    rounds: Option<usize>,
+    messages: Option<usize>,
+    clients: Option<Vec<usize>>,
+    batched: bool,
 }
 
 fn sizes_arg(v: &str) -> Result<Vec<usize>, Failure> {
-    let bad = || Failure::usage(format!("--sizes: expected sizes like 1000,10000, got '{}'", crate::text::one_line(v)));
+    list_arg("--sizes", v)
+}
+
+/// A comma-separated list of counts, each at least 1.
+fn list_arg(flag: &str, v: &str) -> Result<Vec<usize>, Failure> {
+    let bad = || Failure::usage(format!("{flag}: expected counts like 1000,10000, got '{}'", crate::text::one_line(v)));
     let sizes: Vec<usize> = v
         .split(',')
         .map(|x| x.trim().parse::<usize>().ok().filter(|&n| n > 0))
@@ -155,11 +186,38 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 t.runs = Some(knob::flag("--runs", &p.value()?, 1)? as usize);
                 table_flag = Some("--runs");
             }
+            Long("rounds") => {
+                t.rounds = Some(knob::flag("--rounds", &p.value()?, 1)? as usize);
+                table_flag = Some("--rounds");
+            }
+            Long("messages") => {
+                t.messages = Some(knob::flag("--messages", &p.value()?, 1)? as usize);
+                table_flag = Some("--messages");
+            }
+            Long("clients") => {
+                let mut c = list_arg("--clients", &cli::utf8("--clients", p.value()?)?)?;
+                c.sort_unstable();
+                c.dedup();
+                t.clients = Some(c);
+                table_flag = Some("--clients");
+            }
+            Long("batched") => {
+                t.batched = true;
+                table_flag = Some("--batched");
+            }
             _ => return Err(arg.unexpected().into()),
         }
     }
+    let broker_flag = t.rounds.is_some() || t.messages.is_some() || t.clients.is_some() || t.batched;
     match (which.as_deref(), repo, base) {
         (None, None, None) => Ok(Parsed::Run(Args::Table(t))),
+        (Some("broker"), None, None) if t.sizes.is_none() && t.runs.is_none() => Ok(Parsed::Run(Args::Broker(t))),
+        (Some("broker"), _, _) => Err(Failure::usage(
+            "bench broker: takes --quick, --json, --rounds, --messages, --clients and --batched only (see mam bench --help)",
+        )),
+        (Some("publish"), _, _) if broker_flag => {
+            Err(Failure::usage("bench publish: takes --runs and --json only (see mam bench --help)"))
+        }
         (Some("publish"), None, None) if !t.quick && t.sizes.is_none() => {
             Ok(Parsed::Run(Args::Publish { runs: t.runs.unwrap_or(50), json: t.json }))
         }
@@ -177,7 +235,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Err(Failure::usage("bench: give loop-round --repo PATH --base REF (see mam bench --help)"))
         }
         (Some(other), _, _) => Err(Failure::usage(format!(
-            "bench: unknown benchmark '{}' (expected publish or loop-round, or none for the table)",
+            "bench: unknown benchmark '{}' (expected broker, publish or loop-round, or none for the table)",
             crate::text::one_line(other)
         ))),
     }
@@ -190,6 +248,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     cli::load_env(ctx)?;
     match a {
         Args::Table(t) => table(ctx, &t),
+        Args::Broker(t) => broker_table(ctx, &t),
         Args::Publish { runs, json } => publish_breakdown(ctx, runs, json),
         Args::LoopRound { repo, base, reps } => loop_round(ctx, &repo, &base, reps),
     }
@@ -227,9 +286,19 @@ struct Plan {
     sizes: Vec<usize>,
     registry_runs: Option<usize>,
     timer_wait: Duration,
+    broker: BrokerPlan,
+}
+
+/// How the broker rows run.
+#[derive(Debug, Clone)]
+struct BrokerPlan {
+    rounds: usize,
     messages: usize,
-    broker_rounds: usize,
-    idle_clients: usize,
+    /// Idle client counts whose resident set is read, ascending; the largest is also connected
+    /// during the second set of delivery runs.
+    clients: Vec<usize>,
+    /// One write per PUBLISH (the default), or each window's PUBLISHes in one (`--batched`).
+    writes: load::Writes,
 }
 
 impl Plan {
@@ -243,9 +312,12 @@ impl Plan {
                 sizes: vec![1000, 10_000],
                 registry_runs: Some(3),
                 timer_wait: Duration::from_millis(2500),
-                messages: 2000,
-                broker_rounds: 1,
-                idle_clients: 100,
+                broker: BrokerPlan {
+                    rounds: 1,
+                    messages: 2000,
+                    clients: vec![100, 500],
+                    writes: load::Writes::PerMessage,
+                },
             }
         } else {
             Plan {
@@ -256,9 +328,12 @@ impl Plan {
                 sizes: vec![1000, 10_000, 100_000],
                 registry_runs: None,
                 timer_wait: Duration::from_secs(5),
-                messages: 20_000,
-                broker_rounds: 3,
-                idle_clients: 1000,
+                broker: BrokerPlan {
+                    rounds: 5,
+                    messages: 100_000,
+                    clients: vec![1000, 5000],
+                    writes: load::Writes::PerMessage,
+                },
             }
         };
         if let Some(s) = &t.sizes {
@@ -266,6 +341,18 @@ impl Plan {
         }
         if let Some(n) = t.runs {
             (p.version_runs, p.publish_runs, p.pub_runs, p.registry_runs) = (n, n, n, Some(n));
+        }
+        if let Some(n) = t.rounds {
+            p.broker.rounds = n;
+        }
+        if let Some(n) = t.messages {
+            p.broker.messages = n;
+        }
+        if let Some(c) = &t.clients {
+            p.broker.clients = c.clone();
+        }
+        if t.batched {
+            p.broker.writes = load::Writes::Batched;
         }
         p
     }
@@ -358,14 +445,24 @@ fn start_broker(env: &Env, kind: Kind) -> Result<Broker, Failure> {
     let port = free_port()?;
     let ps = port.to_string();
     let mut c = match kind {
-        Kind::Mam => env.mam(&["broker", "--allow-anonymous", "--port", &ps, "--max-connections", "20000"]),
+        Kind::Mam => {
+            // Its defaults, persistence on: the state file (written only on a change, and these runs
+            // change nothing to save) in the temp directory, never the user's control root.
+            let mut c = env.mam(&["broker", "--allow-anonymous", "--port", &ps, "--max-connections", "20000"]);
+            c.env("WORKSPACE_ROOT", &env.dir.path);
+            c
+        }
         Kind::Mosquitto => {
             let conf = env.dir.path.join(format!("mosquitto-{port}.conf"));
             // max_queued_messages 0: with its default (1000) mosquitto drops QoS 1 messages for a
             // subscriber that falls behind the publisher, and the run would never complete.
+            // max_inflight_messages 100, the generator's window: with its default (20) it answers
+            // the 21st unfinished QoS 2 PUBLISH of a 3.1.1 client with PUBREC 0x97 (a 5.0 reason
+            // code) and closes the connection; and `mam broker` lets a subscriber hold 100 too.
             let mut text = format!(
                 "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_connections -1\n\
-                 max_queued_messages 0\nlog_type none\n"
+                 max_queued_messages 0\nmax_inflight_messages {}\nlog_type none\n",
+                load::WINDOW
             );
             if sys::geteuid() == 0 {
                 text.push_str("user root\n");
@@ -375,6 +472,8 @@ fn start_broker(env: &Env, kind: Kind) -> Result<Broker, Failure> {
             env.cmd(&prog, &["-c", &conf.to_string_lossy()])
         }
     };
+    // A bench killed mid-run (a test's deadline) must not leave its broker listening.
+    sys::set_parent_death_signal(&mut c, libc::SIGTERM);
     let guard = Guard(sys::spawn(&mut c).map_err(|e| fail(&measure::shown(&c), e))?);
     let b = Broker { guard, port };
     let addr = b.addr();
@@ -410,16 +509,15 @@ fn make_env(ctx: &Ctx) -> Result<Env, Failure> {
     })
 }
 
-fn table(ctx: &mut Ctx, t: &TableArgs) -> Result<i32, Failure> {
-    let plan = Plan::new(t);
-    let env = make_env(ctx)?;
+/// The report's head: the command, this build, the machine and its load now.
+fn new_report(env: &Env, command: &str, quick: bool) -> Report {
     let dir_s = env.dir.path.display().to_string();
     let mosquitto_version = env.mosquitto.as_ref().and_then(|m| {
         let out = Command::new(m).arg("-h").stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
         String::from_utf8_lossy(&out.stdout).lines().next().map(|l| crate::text::one_line(l.trim()))
     });
-    let mut report = Report {
-        command: format!("mam bench{}", if plan.quick { " --quick" } else { "" }),
+    Report {
+        command: format!("{command}{}", if quick { " --quick" } else { "" }),
         version: crate::version::long(),
         machine: Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -430,7 +528,32 @@ fn table(ctx: &mut Ctx, t: &TableArgs) -> Result<i32, Failure> {
             mosquitto: mosquitto_version,
         },
         rows: Vec::new(),
-    };
+    }
+}
+
+/// Prints the report as text or JSON, with the load at the end.
+fn print_report(ctx: &mut Ctx, mut report: Report, json: bool) -> Result<i32, Failure> {
+    report.machine.load_end = measure::loadavg();
+    if json {
+        ctx.say(&serde_json::to_string_pretty(&report.json()).unwrap_or_default());
+    } else {
+        ctx.say_raw(report.text().as_bytes());
+    }
+    Ok(0)
+}
+
+fn broker_table(ctx: &mut Ctx, t: &TableArgs) -> Result<i32, Failure> {
+    let plan = Plan::new(t);
+    let env = make_env(ctx)?;
+    let mut report = new_report(&env, "mam bench broker", plan.quick);
+    report.rows = broker_rows(&env, &plan.broker);
+    print_report(ctx, report, t.json)
+}
+
+fn table(ctx: &mut Ctx, t: &TableArgs) -> Result<i32, Failure> {
+    let plan = Plan::new(t);
+    let env = make_env(ctx)?;
+    let mut report = new_report(&env, "mam bench", plan.quick);
     let rows = &mut report.rows;
     rows.push(binary_row(&env)?);
     rows.push(version_row(&env, &plan)?);
@@ -443,18 +566,8 @@ fn table(ctx: &mut Ctx, t: &TableArgs) -> Result<i32, Failure> {
         rows.extend(registry_rows(&env, &plan, n)?);
     }
     rows.extend(growth_row(rows, &plan.sizes));
-    match broker_rows(&env, &plan) {
-        Ok(b) => rows.extend(b),
-        // A generator or broker failure leaves the rest of the table standing.
-        Err(f) => rows.extend(BROKER_ROWS.iter().map(|(id, m)| Row::skipped(*id, *m, "-", f.line.clone()))),
-    }
-    report.machine.load_end = measure::loadavg();
-    if t.json {
-        ctx.say(&serde_json::to_string_pretty(&report.json()).unwrap_or_default());
-    } else {
-        ctx.say_raw(report.text().as_bytes());
-    }
-    Ok(0)
+    rows.extend(broker_rows(&env, &plan.broker));
+    print_report(ctx, report, t.json)
 }
 
 fn binary_row(env: &Env) -> Result<Row, Failure> {
@@ -749,87 +862,318 @@ fn growth_row(rows: &[Row], sizes: &[usize]) -> Option<Row> {
     Some(r)
 }
 
-/// The broker rows' ids and measures, for when they could not be taken.
-const BROKER_ROWS: [(&str, &str); 4] = [
-    ("broker_throughput", "embedded broker: QoS 1 throughput"),
-    ("broker_p50", "embedded broker: QoS 1 latency p50"),
-    ("broker_p99", "embedded broker: QoS 1 latency p99"),
-    ("broker_rss_idle", "embedded broker: resident set with idle clients"),
-];
+// ---------------------------------------------------------------------------------------------
+// The broker rows
 
-/// The embedded broker against mosquitto: delivery at QoS 1 and idle memory.
-fn broker_rows(env: &Env, plan: &Plan) -> Result<Vec<Row>, Failure> {
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Mam => "mam broker",
+            Kind::Mosquitto => "mosquitto",
+        }
+    }
+}
+
+/// A delivery scenario: the QoS, and whether the idle clients are connected during it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Scenario {
+    qos: u8,
+    idle: bool,
+}
+
+/// One side's samples of one scenario or count, and its first failure.
+#[derive(Debug)]
+struct Side<T> {
+    runs: Vec<T>,
+    error: Option<String>,
+}
+
+impl<T> Default for Side<T> {
+    fn default() -> Side<T> {
+        Side { runs: Vec::new(), error: None }
+    }
+}
+
+impl<T> Side<T> {
+    fn record(&mut self, round: usize, r: Result<T, String>) {
+        match r {
+            Ok(v) => self.runs.push(v),
+            Err(e) if self.error.is_none() => self.error = Some(format!("round {}: {e}", round + 1)),
+            Err(_) => {}
+        }
+    }
+}
+
+/// A delivery run and the broker's CPU time over it.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    d: load::Delivery,
+    broker_cpu: Duration,
+}
+
+impl Run {
+    fn broker_share(&self) -> f64 {
+        self.broker_cpu.as_secs_f64() / self.d.wall.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Per side (`Kind as usize`): mam broker, then mosquitto.
+type Sides<T> = [Side<T>; 2];
+
+/// One delivery run against `b`, with the broker's CPU time (all its threads) over it.
+fn timed_delivery(b: &Broker, qos: u8, n: usize, writes: load::Writes, limit: Duration) -> Result<Run, String> {
+    let pid = b.guard.pid();
+    let cpu = || sys::proc_cpu_ns(pid).map_err(|e| format!("the broker's CPU time: {e}"));
+    let c0 = cpu()?;
+    let d = load::delivery(b.addr(), qos, n, writes, limit).map_err(|e| format!("QoS {qos} delivery: {e}"))?;
+    let c1 = cpu()?;
+    Ok(Run { d, broker_cpu: Duration::from_nanos(c1.saturating_sub(c0)) })
+}
+
+/// VmRSS of `pid` once two reads 100 ms apart agree (at most 2 s).
+fn settled_rss(pid: i32) -> Result<u64, String> {
+    let read = || sys::proc_rss_kib(pid).map_err(|e| format!("VmRSS: {e}"));
+    let end = Instant::now() + Duration::from_secs(2);
+    let mut last = read()?;
+    loop {
+        sys::sleep(Duration::from_millis(100));
+        let now = read()?;
+        if now == last || Instant::now() >= end {
+            return Ok(now);
+        }
+        last = now;
+    }
+}
+
+/// The embedded broker against mosquitto: delivery at QoS 0, 1 and 2, resident set with idle
+/// clients, delivery again beside the most idle clients, and the generator's own CPU. A broker or
+/// generator failure leaves its rows unmeasured with the reason, and the rest of the table standing.
+fn broker_rows(env: &Env, plan: &BrokerPlan) -> Vec<Row> {
     let limit = Duration::from_secs(30);
     let kinds: &[Kind] = if env.mosquitto.is_some() { &[Kind::Mam, Kind::Mosquitto] } else { &[Kind::Mam] };
-    let mut deliveries: [Vec<load::Delivery>; 2] = [Vec::new(), Vec::new()];
-    for round in 0..plan.broker_rounds {
-        let order: Vec<&Kind> = if round % 2 == 0 { kinds.iter().collect() } else { kinds.iter().rev().collect() };
-        for &k in order {
-            let b = start_broker(env, k)?;
-            let d =
-                load::delivery(b.addr(), 1, plan.messages, limit).map_err(|e| fail(&format!("{k:?} delivery"), e))?;
-            deliveries[k as usize].push(d);
+    // Each idle client holds a descriptor here and one in the broker; mosquitto, spawned after,
+    // inherits this limit (`mam broker` raises its own).
+    let nofile = sys::raise_nofile_limit().ok().flatten();
+    let fits = |n: usize| nofile.is_none_or(|l| l as usize >= n + 64);
+    let idle_n = plan.clients.last().copied().unwrap_or(0);
+    let mut plain: Vec<(Scenario, Sides<Run>)> =
+        (0..=2).map(|qos| (Scenario { qos, idle: false }, Default::default())).collect();
+    let mut idle: Vec<(Scenario, Sides<Run>)> = if idle_n > 0 {
+        (0..=1).map(|qos| (Scenario { qos, idle: true }, Default::default())).collect()
+    } else {
+        Vec::new()
+    };
+    let mut rss: Vec<(usize, Sides<u64>)> = plan.clients.iter().map(|&n| (n, Default::default())).collect();
+    for round in 0..plan.rounds {
+        let order: Vec<Kind> = if round % 2 == 0 { kinds.to_vec() } else { kinds.iter().rev().copied().collect() };
+        for &k in &order {
+            let b = start_broker(env, k).map_err(|f| f.line);
+            for (sc, sides) in plain.iter_mut() {
+                let r = b
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|b| timed_delivery(b, sc.qos, plan.messages, plan.writes, limit));
+                sides[k as usize].record(round, r);
+            }
+        }
+        if idle_n == 0 {
+            continue;
+        }
+        for &k in &order {
+            let b = start_broker(env, k).map_err(|f| f.line);
+            let mut held = Vec::new();
+            let mut connected = b.as_ref().map(|_| ()).map_err(Clone::clone);
+            for (n, sides) in rss.iter_mut() {
+                let n = *n;
+                let r = connected.clone().and_then(|()| {
+                    let b = b.as_ref().map_err(Clone::clone)?;
+                    if !fits(n) {
+                        return Err(format!(
+                            "{n} idle clients need {} descriptors here, the open-files limit is {}",
+                            n + 64,
+                            nofile.unwrap_or_default()
+                        ));
+                    }
+                    load::add_idle_clients(b.addr(), &mut held, n, limit).map_err(|e| e.to_string())?;
+                    settled_rss(b.guard.pid())
+                });
+                if let Err(e) = &r {
+                    connected = Err(e.clone());
+                }
+                sides[k as usize].record(round, r);
+            }
+            for (sc, sides) in idle.iter_mut() {
+                let r = connected.clone().and_then(|()| {
+                    let b = b.as_ref().map_err(Clone::clone)?;
+                    timed_delivery(b, sc.qos, plan.messages, plan.writes, limit)
+                });
+                sides[k as usize].record(round, r);
+            }
+            drop(held);
             drop(b);
         }
     }
-    let _ = sys::raise_nofile_limit();
-    let mut idle = [None, None];
-    for &k in kinds {
-        let b = start_broker(env, k)?;
-        let clients = load::idle_clients(b.addr(), plan.idle_clients, limit)
-            .map_err(|e| fail(&format!("{k:?} idle clients"), e))?;
-        // Settled: read twice 200 ms apart, keep the later.
-        sys::sleep(Duration::from_millis(200));
-        idle[k as usize] = sys::proc_rss_kib(b.guard.pid()).ok();
-        drop(clients);
-    }
-    let med = |k: usize, f: fn(&load::Delivery) -> f64| measure::median(deliveries[k].iter().map(f).collect());
-    let have_anchor = env.mosquitto.is_some();
-    let anchor_note = if have_anchor { String::new() } else { "; mosquitto is not installed: no anchor".to_string() };
-    let what = format!(
-        "{} QoS 1 messages of {} bytes, medians of {} run(s)",
-        plan.messages,
-        load::PAYLOAD,
-        plan.broker_rounds
-    );
+    let anchor = env.mosquitto.is_some();
     let mut rows = Vec::new();
-    for (id, measure, f, unit, higher_is_better) in [
-        (
-            "broker_throughput",
-            "embedded broker: QoS 1 throughput",
-            (|d: &load::Delivery| d.per_s) as fn(&load::Delivery) -> f64,
-            Qty::per_s as fn(f64) -> Qty,
-            true,
-        ),
-        ("broker_p50", "embedded broker: QoS 1 latency p50", |d: &load::Delivery| d.p50_ms, Qty::ms, false),
-        ("broker_p99", "embedded broker: QoS 1 latency p99", |d: &load::Delivery| d.p99_ms, Qty::ms, false),
-    ] {
-        let mut r = Row::new(id, measure);
-        let now = med(0, f);
-        r.now = Some(unit(now));
-        r.note = format!("{what}{anchor_note}");
-        if have_anchor {
-            let a = med(1, f);
-            let ratio = now / a.max(1e-9);
-            r.anchor = Some(("mosquitto".into(), unit(a)));
-            r.ratio = Some(ratio);
-            r.target = if higher_is_better { ">= 0.7".into() } else { "<= 1.0".into() };
-            r.pass = Some(if higher_is_better { ratio >= 0.7 } else { ratio <= 1.0 });
+    for (sc, sides) in plain.iter().chain(&idle) {
+        rows.extend(delivery_rows(*sc, sides, plan, anchor, idle_n));
+    }
+    for (n, sides) in &rss {
+        rows.push(rss_row(*n, sides, plan, anchor));
+    }
+    rows.extend(generator_rows(plain.iter().chain(&idle).map(|(_, s)| s)));
+    rows
+}
+
+/// What a side's failure or losses add to a row's note.
+fn side_notes<T>(sides: &Sides<T>, anchor: bool, lost: impl Fn(&T) -> Option<usize>, sent: usize) -> String {
+    let mut out = String::new();
+    for k in [Kind::Mam, Kind::Mosquitto] {
+        let s = &sides[k as usize];
+        if k == Kind::Mosquitto && !anchor {
+            out.push_str("; mosquitto is not installed: no anchor");
+            continue;
         }
-        rows.push(r);
+        for (i, l) in s.runs.iter().filter_map(&lost).enumerate().filter(|(_, l)| *l > 0) {
+            out.push_str(&format!("; {} lost {l} of {sent} (run {})", k.name(), i + 1));
+        }
+        if let Some(e) = &s.error {
+            out.push_str(&format!("; {} failed, {}", k.name(), crate::text::one_line(e)));
+        }
     }
-    let mut r =
-        Row::new("broker_rss_idle", format!("embedded broker: resident set with {} idle clients", plan.idle_clients));
-    r.now = idle[0].map(Qty::kib);
-    r.note = format!("each client connected and subscribed; VmRSS{anchor_note}");
-    if let (Some(m), Some(q)) = (idle[0], idle[1]) {
-        r.anchor = Some(("mosquitto".into(), Qty::kib(q)));
-        r.ratio = Some(m as f64 / q.max(1) as f64);
-        r.target = "<= 1.0".into();
-        r.pass = Some(m <= q);
+    out
+}
+
+/// Fills `r`'s value, anchor, ratio and verdict from the two sides' medians. `higher`: the
+/// direction of the target (`None`: no target).
+fn compare(r: &mut Row, mam: &[f64], mosq: &[f64], unit: fn(f64) -> Qty, higher: Option<bool>) {
+    r.target = match higher {
+        Some(true) => ">= 1.0".into(),
+        Some(false) => "<= 1.0".into(),
+        None => "-".into(),
+    };
+    if mam.is_empty() {
+        return;
     }
-    rows.push(r);
-    Ok(rows)
+    let now = measure::median(mam.to_vec());
+    r.now = Some(unit(now));
+    if mosq.is_empty() {
+        return;
+    }
+    let a = measure::median(mosq.to_vec());
+    let ratio = now / a.max(1e-12);
+    r.anchor = Some(("mosquitto".into(), unit(a)));
+    r.ratio = Some(ratio);
+    r.pass = higher.map(|h| if h { ratio >= 1.0 } else { ratio <= 1.0 });
+}
+
+type Metric = (&'static str, &'static str, fn(&Run) -> f64, fn(f64) -> Qty, Option<bool>);
+
+const METRICS: [Metric; 4] = [
+    ("throughput", "throughput", |r| r.d.per_s, Qty::per_s, Some(true)),
+    ("p50", "latency p50", |r| r.d.p50_ms, Qty::ms, Some(false)),
+    ("p99", "latency p99", |r| r.d.p99_ms, Qty::ms, Some(false)),
+    ("cpu", "broker CPU per message", |r| r.broker_cpu.as_secs_f64() * 1e6 / r.d.received.max(1) as f64, Qty::us, None),
+];
+
+/// A scenario's rows: throughput, p50, p99 (targets: at least mosquitto's), the broker's CPU per
+/// message (for the record).
+fn delivery_rows(sc: Scenario, sides: &Sides<Run>, plan: &BrokerPlan, anchor: bool, idle_n: usize) -> Vec<Row> {
+    let q = sc.qos;
+    let (prefix, what) = if sc.idle {
+        (format!("broker_idle_q{q}"), format!("QoS {q}, {idle_n} idle clients"))
+    } else {
+        (format!("broker_q{q}"), format!("QoS {q}"))
+    };
+    let n = plan.messages;
+    let notes = side_notes(sides, anchor, |r: &Run| Some(r.d.sent - r.d.received), n);
+    let received = |k: Kind| sides[k as usize].runs.iter().map(|r| r.d.received).collect::<Vec<_>>();
+    METRICS
+        .iter()
+        .map(|&(id, measure, f, unit, higher)| {
+            let vals = |k: Kind| sides[k as usize].runs.iter().map(f).collect::<Vec<f64>>();
+            let mut r = Row::new(format!("{prefix}_{id}"), format!("broker {what}: {measure}"));
+            compare(&mut r, &vals(Kind::Mam), &vals(Kind::Mosquitto), unit, higher);
+            r.note = format!(
+                "{n} messages of {} bytes, medians of {} alternating rounds{notes}",
+                load::PAYLOAD,
+                sides[Kind::Mam as usize].runs.len()
+            );
+            r.detail = Some(serde_json::json!({
+                "sent": n,
+                "mam": vals(Kind::Mam),
+                "mosquitto": vals(Kind::Mosquitto),
+                "received": {"mam": received(Kind::Mam), "mosquitto": received(Kind::Mosquitto)},
+            }));
+            r
+        })
+        .collect()
+}
+
+fn rss_row(n: usize, sides: &Sides<u64>, plan: &BrokerPlan, anchor: bool) -> Row {
+    let vals = |k: Kind| sides[k as usize].runs.iter().map(|&kib| kib as f64).collect::<Vec<f64>>();
+    let mut r = Row::new(format!("broker_rss_{n}"), format!("broker: resident set with {n} idle clients"));
+    compare(&mut r, &vals(Kind::Mam), &vals(Kind::Mosquitto), |kib| Qty::kib(kib as u64), Some(false));
+    r.note = format!(
+        "VmRSS, each client connected and subscribed to a topic of its own, medians of {} of {} rounds{}",
+        sides[Kind::Mam as usize].runs.len(),
+        plan.rounds,
+        side_notes(sides, anchor, |_| None, n)
+    );
+    r.detail = Some(serde_json::json!({"mam_kib": vals(Kind::Mam), "mosquitto_kib": vals(Kind::Mosquitto)}));
+    r
+}
+
+/// The load generator's own CPU in every delivery run, one row per broker: its busier thread's
+/// share of one core, the median of the runs (the largest in the note). The target is on the
+/// mosquitto runs: there it must stay well below a core for the anchor's numbers to be mosquitto's
+/// and not the generator's (where the generator is what bounds `mam broker`, its ratios understate
+/// it); the mam row is for the record.
+fn generator_rows<'a>(all: impl Iterator<Item = &'a Sides<Run>>) -> Vec<Row> {
+    let mut runs: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
+    for sides in all {
+        for k in [Kind::Mam, Kind::Mosquitto] {
+            runs[k as usize].extend(sides[k as usize].runs.iter().copied());
+        }
+    }
+    [(Kind::Mosquitto, "broker_generator_cpu", "<= 50%"), (Kind::Mam, "broker_generator_cpu_mam", "-")]
+        .into_iter()
+        .map(|(k, id, target)| {
+            let measure = format!("load generator, {} runs: its busier thread's CPU", k.name());
+            let runs = &runs[k as usize];
+            if runs.is_empty() {
+                return Row::skipped(id, measure, target, format!("no delivery run against {} completed", k.name()));
+            }
+            let max = |f: &dyn Fn(&Run) -> f64| runs.iter().map(f).fold(0.0, f64::max);
+            let per_core = |cpu: Duration, r: &Run| cpu.as_secs_f64() / r.d.wall.as_secs_f64().max(1e-9);
+            let busiest = measure::median(runs.iter().map(|r| r.d.busiest_thread()).collect());
+            let mut r = Row::new(id, measure);
+            r.now = Some(Qty::percent(busiest));
+            if target != "-" {
+                r.target = target.into();
+                r.pass = Some(busiest <= 0.5);
+            }
+            r.note = format!(
+                "share of one core, median of {} runs; the largest: the busier thread {:.0}%, the publisher \
+                 thread {:.0}%, the subscriber thread {:.0}%, both together {:.2} cores; the broker's own CPU \
+                 in those runs: median {:.0}% of a core",
+                runs.len(),
+                max(&|r| r.d.busiest_thread()) * 100.0,
+                max(&|r| per_core(r.d.publisher_cpu, r)) * 100.0,
+                max(&|r| per_core(r.d.subscriber_cpu, r)) * 100.0,
+                max(&|r| r.d.generator_cores()),
+                measure::median(runs.iter().map(Run::broker_share).collect()) * 100.0,
+            );
+            let col = |f: &dyn Fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+            r.detail = Some(serde_json::json!({
+                "busiest_thread": col(&|r| r.d.busiest_thread()),
+                "publisher": col(&|r| per_core(r.d.publisher_cpu, r)),
+                "subscriber": col(&|r| per_core(r.d.subscriber_cpu, r)),
+                "broker": col(&Run::broker_share),
+            }));
+            r
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
