@@ -240,7 +240,7 @@ pub fn delivery(addr: SocketAddr, qos: u8, n: usize, limit: Duration) -> io::Res
     sent?;
     acks?;
     let (mut lat, last) = got?;
-    lat.sort_unstable();
+    crate::sort::natural(&mut lat);
     let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1e6;
     let secs = (last - started).as_secs_f64().max(1e-9);
     Ok(Delivery { messages: n, per_s: n as f64 / secs, p50_ms: pct(0.50), p99_ms: pct(0.99) })

@@ -208,7 +208,7 @@ fn loop_round(ctx: &Ctx, repo: &Path, base: &str, reps: u32) -> Result<i32, Fail
         ctx.say(&line);
         totals.push(total);
     }
-    totals.sort_by(f64::total_cmp);
+    crate::sort::by(&mut totals, f64::total_cmp);
     let median = totals[totals.len() / 2];
     ctx.say(&format!("median_ms={median:.1} reps={reps}"));
     Ok(0)
@@ -463,7 +463,8 @@ fn binary_row(env: &Env) -> Result<Row, Failure> {
     r.now = Some(Qty::bytes(len));
     r.target = "<= 2.00 MB".into();
     r.pass = Some(len <= 2_000_000);
-    r.note = format!("{} bytes", len);
+    let linked = if cfg!(target_feature = "crt-static") { "static (libc linked in)" } else { "dynamically linked" };
+    r.note = format!("{} bytes, {linked}", len);
     if cfg!(debug_assertions) {
         r.note.push_str("; this is a debug build, the target is for a release build");
         r.pass = None;
@@ -730,7 +731,7 @@ fn registry_rows(env: &Env, plan: &Plan, n: usize) -> Result<Vec<Row>, Failure> 
 /// Linear time: `registry list`'s time per record at the largest size against the next smaller.
 fn growth_row(rows: &[Row], sizes: &[usize]) -> Option<Row> {
     let mut sorted = sizes.to_vec();
-    sorted.sort_unstable();
+    crate::sort::natural(&mut sorted);
     sorted.dedup();
     let (&big, &small) = (sorted.last()?, sorted.get(sorted.len().checked_sub(2)?)?);
     let per = |n: usize| {
