@@ -651,9 +651,10 @@ fn timer_row(env: &Env, plan: &Plan, reg: &str, with_broker: &dyn Fn(Command) ->
     r.target = "<= 2.0 MiB".into();
     r.pass = Some(rss <= 2048);
     r.note = format!(
-        "VmRSS after {:.1} s at 1 beat/s; its own memory (RssAnon) {} KiB, the rest shared file pages (mam's code, libc)",
+        "VmRSS after {:.1} s at 1 beat/s; its own memory (RssAnon) {} KiB, the rest shared file pages ({})",
         plan.timer_wait.as_secs_f64(),
-        anon
+        anon,
+        if cfg!(target_feature = "crt-static") { "mam's code, glibc's linked in" } else { "mam's code, libc" }
     );
     if let Some(sleep) = &env.sleep_bin {
         let mut c = env.cmd(sleep, &["3600"]);
