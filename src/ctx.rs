@@ -222,7 +222,7 @@ impl Ctx {
     pub fn var_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.env.keys().map(|k| k.to_string_lossy().into_owned()).collect();
         names.extend(self.overlay.keys().filter(|k| !self.env.contains_key(OsStr::new(k.as_str()))).cloned());
-        names.sort();
+        crate::sort::natural(&mut names);
         names
     }
 

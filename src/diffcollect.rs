@@ -268,7 +268,7 @@ pub(crate) fn exclude_specs(top: &Path, exclude: &[PathBuf]) -> Vec<OsString> {
             p.strip_prefix(top).ok().filter(|r| !r.as_os_str().is_empty()).map(Path::to_path_buf)
         })
         .collect();
-    rels.sort();
+    crate::sort::natural(&mut rels);
     rels.dedup();
     rels.into_iter()
         .map(|r| {

@@ -33,6 +33,7 @@ pub mod remote;
 pub mod review;
 pub mod session;
 pub mod sign;
+pub mod sort;
 pub mod sys;
 pub mod testdouble;
 pub mod text;

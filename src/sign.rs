@@ -205,7 +205,7 @@ fn write_value(out: &mut Vec<u8>, v: &Value, skip: Option<&str>) -> Result<(), C
             // encodes the length, and longer encodings start with larger lead bytes). JSON text cannot
             // hold a lone surrogate that serde_json would accept, so the two orders agree on every key.
             let mut entries: Vec<(&String, &Value)> = map.iter().filter(|(k, _)| Some(k.as_str()) != skip).collect();
-            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            crate::sort::by(&mut entries, |a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
             out.push(b'{');
             for (i, (k, val)) in entries.into_iter().enumerate() {
                 if i > 0 {

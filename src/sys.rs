@@ -949,6 +949,29 @@ pub fn process_start() {
     }
 }
 
+/// Host names are looked up in /etc/hosts and DNS only, in a build with glibc linked in statically
+/// (`cargo build-static`, docs/DESIGN.md): its libc.a has those two sources built in and would
+/// dlopen any other module `/etc/nsswitch.conf` names (mdns, myhostname, resolve, sss) from the
+/// system's glibc, which need not be the version linked in. Called once before the first lookup;
+/// a dynamic build follows nsswitch.conf and this does nothing.
+pub fn builtin_host_lookup_only() {
+    #[cfg(all(target_env = "gnu", target_feature = "crt-static"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            extern "C" {
+                // glibc, <nss.h>: replaces the nsswitch.conf line of one database.
+                fn __nss_configure_lookup(db: *const libc::c_char, service_line: *const libc::c_char) -> libc::c_int;
+            }
+            // SAFETY: both arguments are NUL-terminated literals; the call runs once, before this
+            // process's first name lookup (the Once is passed before any lookup thread starts).
+            unsafe {
+                __nss_configure_lookup(c"hosts".as_ptr(), c"files dns".as_ptr());
+            }
+        });
+    }
+}
+
 /// Makes every thread of this process allocate from one malloc arena (glibc gives each new
 /// thread its own, with its own heap pages): for a long-lived process of two threads that
 /// allocate a few KiB at a time, the heartbeat timer.

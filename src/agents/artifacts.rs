@@ -103,7 +103,7 @@ fn real_subdirs(dir: &Path) -> Vec<PathBuf> {
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| e.path())
         .collect();
-    out.sort();
+    crate::sort::natural(&mut out);
     out
 }
 
@@ -136,7 +136,7 @@ fn claude_plan(home: &Path, uuid: &str) -> Plan {
             }
         }
     }
-    last.sort();
+    crate::sort::natural(&mut last);
     Plan { root, first, last, session_pids }
 }
 
@@ -203,7 +203,7 @@ pub fn residual(layout: Layout, home: &Path, uuid: &str) -> Vec<PathBuf> {
             out.push(l);
         }
     }
-    out.sort();
+    crate::sort::natural(&mut out);
     out
 }
 

@@ -426,7 +426,7 @@ pub fn delivery(addr: SocketAddr, qos: u8, n: usize, writes: Writes, limit: Dura
     let (first, publisher_cpu) = sent?;
     let seen = got?;
     let mut lat = seen.lat;
-    lat.sort_unstable();
+    crate::sort::natural(&mut lat);
     let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1e6;
     let wall = seen.last.saturating_sub(first).max(Duration::from_nanos(1));
     Ok(Delivery {

@@ -62,7 +62,7 @@ pub fn median(mut xs: Vec<f64>) -> f64 {
     if xs.is_empty() {
         return 0.0;
     }
-    xs.sort_unstable_by(f64::total_cmp);
+    crate::sort::by(&mut xs, f64::total_cmp);
     let n = xs.len();
     if n % 2 == 1 {
         xs[n / 2]

@@ -187,7 +187,7 @@ impl BrokerHandle {
     pub fn clients(&self) -> Vec<String> {
         let st = lock(&self.shared.state);
         let mut v: Vec<String> = st.clients.iter().filter(|(_, c)| c.link.is_some()).map(|(k, _)| k.clone()).collect();
-        v.sort();
+        crate::sort::natural(&mut v);
         v
     }
 
@@ -195,7 +195,7 @@ impl BrokerHandle {
     pub fn sessions(&self) -> Vec<String> {
         let st = lock(&self.shared.state);
         let mut v: Vec<String> = st.clients.iter().filter(|(_, c)| c.link.is_none()).map(|(k, _)| k.clone()).collect();
-        v.sort();
+        crate::sort::natural(&mut v);
         v
     }
 

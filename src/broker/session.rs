@@ -299,7 +299,7 @@ impl Session {
             s.queued.push_back(m);
         }
         s.incoming = saved.incoming;
-        s.incoming.sort_unstable();
+        crate::sort::natural(&mut s.incoming);
         s.incoming.dedup();
         s
     }

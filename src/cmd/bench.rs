@@ -267,7 +267,7 @@ fn loop_round(ctx: &Ctx, repo: &Path, base: &str, reps: u32) -> Result<i32, Fail
         ctx.say(&line);
         totals.push(total);
     }
-    totals.sort_by(f64::total_cmp);
+    crate::sort::by(&mut totals, f64::total_cmp);
     let median = totals[totals.len() / 2];
     ctx.say(&format!("median_ms={median:.1} reps={reps}"));
     Ok(0)
@@ -576,7 +576,8 @@ fn binary_row(env: &Env) -> Result<Row, Failure> {
     r.now = Some(Qty::bytes(len));
     r.target = "<= 2.00 MB".into();
     r.pass = Some(len <= 2_000_000);
-    r.note = format!("{} bytes", len);
+    let linked = if cfg!(target_feature = "crt-static") { "static (libc linked in)" } else { "dynamically linked" };
+    r.note = format!("{} bytes, {linked}", len);
     if cfg!(debug_assertions) {
         r.note.push_str("; this is a debug build, the target is for a release build");
         r.pass = None;
@@ -763,9 +764,10 @@ fn timer_row(env: &Env, plan: &Plan, reg: &str, with_broker: &dyn Fn(Command) ->
     r.target = "<= 2.0 MiB".into();
     r.pass = Some(rss <= 2048);
     r.note = format!(
-        "VmRSS after {:.1} s at 1 beat/s; its own memory (RssAnon) {} KiB, the rest shared file pages (mam's code, libc)",
+        "VmRSS after {:.1} s at 1 beat/s; its own memory (RssAnon) {} KiB, the rest shared file pages ({})",
         plan.timer_wait.as_secs_f64(),
-        anon
+        anon,
+        if cfg!(target_feature = "crt-static") { "mam's code, glibc's linked in" } else { "mam's code, libc" }
     );
     if let Some(sleep) = &env.sleep_bin {
         let mut c = env.cmd(sleep, &["3600"]);
@@ -843,7 +845,7 @@ fn registry_rows(env: &Env, plan: &Plan, n: usize) -> Result<Vec<Row>, Failure> 
 /// Linear time: `registry list`'s time per record at the largest size against the next smaller.
 fn growth_row(rows: &[Row], sizes: &[usize]) -> Option<Row> {
     let mut sorted = sizes.to_vec();
-    sorted.sort_unstable();
+    crate::sort::natural(&mut sorted);
     sorted.dedup();
     let (&big, &small) = (sorted.last()?, sorted.get(sorted.len().checked_sub(2)?)?);
     let per = |n: usize| {

@@ -728,7 +728,7 @@ fn scrub(ctx: &Ctx, store: &Store, dry_run: bool) -> Result<i32, Failure> {
             Err(e) => ctx.diag(&format!("WARNING: {e}; skipped")),
         }
     }
-    selected.sort();
+    crate::sort::natural(&mut selected);
     if dry_run {
         ctx.say(&format!("would scrub {} record(s)", selected.len()));
         for id in &selected {

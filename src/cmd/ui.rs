@@ -161,7 +161,7 @@ impl State {
             };
             if targets != self.targets {
                 let mut servers: Vec<(String, String)> = targets.values().cloned().collect();
-                servers.sort();
+                crate::sort::natural(&mut servers);
                 servers.dedup();
                 new_targets = Some(servers);
                 self.targets = targets;

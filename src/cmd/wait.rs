@@ -170,7 +170,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     }
     if !a.sessions.is_empty() || a.all_open {
         let mut all = store.job_ids().map_err(Failure::runtime)?;
-        all.sort();
+        crate::sort::natural(&mut all);
         for id in all {
             if ids.contains(&id) {
                 continue;

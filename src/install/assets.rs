@@ -122,7 +122,7 @@ pub fn shipped(binary: Vec<u8>, version: &str, legacy_paths: bool) -> Vec<Asset>
             out.push(Asset { bytes: Cow::Owned(legacy::shim_text(e).into_bytes()), path, mode });
         }
     }
-    out.sort_by(|a, b| a.path.cmp(&b.path));
+    crate::sort::by(&mut out, |a, b| a.path.cmp(&b.path));
     out
 }
 

@@ -88,7 +88,7 @@ pub fn parse_hashes(text: &str) -> Result<Vec<(String, String)>, BadEntry> {
 
 /// Sorted lines, each ending in `\n`.
 pub fn render_lines(mut lines: Vec<String>) -> Vec<u8> {
-    lines.sort();
+    crate::sort::natural(&mut lines);
     lines.dedup();
     let mut out = String::new();
     for l in lines {
@@ -100,7 +100,7 @@ pub fn render_lines(mut lines: Vec<String>) -> Vec<u8> {
 
 pub fn render_hashes(entries: &[(String, String)]) -> Vec<u8> {
     let mut v: Vec<&(String, String)> = entries.iter().collect();
-    v.sort_by(|a, b| a.1.cmp(&b.1));
+    crate::sort::by(&mut v, |a, b| a.1.cmp(&b.1));
     let mut out = String::new();
     for (h, p) in v {
         out.push_str(&format!("{h}  {p}\n"));

@@ -87,7 +87,7 @@ fn dirs_of(paths: &[String]) -> Vec<String> {
 
 /// Deepest first, so children go before their parents.
 pub fn deepest_first(mut dirs: Vec<String>) -> Vec<String> {
-    dirs.sort_by(|a, b| b.matches('/').count().cmp(&a.matches('/').count()).then(b.cmp(a)));
+    crate::sort::by(&mut dirs, |a, b| b.matches('/').count().cmp(&a.matches('/').count()).then(b.cmp(a)));
     dirs
 }
 
@@ -124,7 +124,7 @@ fn manifest_of(paths: &[String]) -> Vec<String> {
     all.push(assets::HERDR_SHIM.into());
     let mut m = dirs_of(&all);
     m.extend(all);
-    m.sort();
+    crate::sort::natural(&mut m);
     m.dedup();
     m
 }

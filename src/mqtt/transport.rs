@@ -140,6 +140,7 @@ pub fn resolve(ep: &Endpoint, deadline: Instant) -> Result<Vec<SocketAddr>, Mqtt
     if let Ok(ip) = ep.host.parse::<std::net::IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, ep.port)]);
     }
+    sys::builtin_host_lookup_only();
     let lookup = |host: &str, port: u16| (host, port).to_socket_addrs().map(|a| a.collect::<Vec<_>>());
     let (tx, rx) = mpsc::channel();
     let (host, port) = (ep.host.clone(), ep.port);

@@ -90,7 +90,7 @@ impl Fake {
             .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         v.retain(|n| !n.starts_with('.'));
-        v.sort();
+        crate::sort::natural(&mut v);
         v
     }
 

@@ -197,7 +197,7 @@ fn process_info_pids(v: &Value) -> Vec<i32> {
         out.extend(list.iter().filter_map(|p| p.get("pid").and_then(Value::as_i64)).map(|p| p as i32));
     }
     out.retain(|p| *p > 1);
-    out.sort();
+    crate::sort::natural(&mut out);
     out.dedup();
     out
 }

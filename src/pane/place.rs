@@ -63,7 +63,7 @@ fn columns(panes: &[PaneInfo]) -> [Vec<&PaneInfo>; 2] {
             cols[usize::from(x != min_x)].push(p);
         }
         for c in &mut cols {
-            c.sort_by_key(|p| p.pos.map(|(_, y)| y).unwrap_or(0));
+            crate::sort::by_key(c, |p| p.pos.map(|(_, y)| y).unwrap_or(0));
         }
         return cols;
     }

@@ -68,7 +68,7 @@ pub fn tree_of(roots: &[i32]) -> Vec<Proc> {
         i += 1;
     }
     let mut out: Vec<Proc> = want.into_iter().filter(|p| !mine.contains(p)).filter_map(Proc::now).collect();
-    out.sort();
+    crate::sort::natural(&mut out);
     out.dedup();
     out
 }

@@ -187,7 +187,7 @@ impl Tmux {
                 Some((n, f[0].to_string(), f.get(1).unwrap_or(&"").to_string(), f.get(2).unwrap_or(&"").to_string()))
             })
             .collect();
-        v.sort();
+        crate::sort::natural(&mut v);
         Ok(v)
     }
 

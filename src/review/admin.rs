@@ -32,7 +32,7 @@ pub fn list(control: &Path) -> Vec<(PathBuf, Result<Checkpoint, CheckpointError>
         let cp = Checkpoint::read(&dir.join("checkpoint.json"));
         out.push((dir, cp));
     }
-    out.sort_by(|a, b| {
+    crate::sort::by(&mut out, |a, b| {
         let ka = a.1.as_ref().map(|c| c.started_at.clone()).unwrap_or_default();
         let kb = b.1.as_ref().map(|c| c.started_at.clone()).unwrap_or_default();
         ka.cmp(&kb)

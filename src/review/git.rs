@@ -529,7 +529,7 @@ fn find_nested(
         if !rel.as_os_str().is_empty() && names.iter().any(|(n, _)| n == ".git") {
             return Ok(Some(dir));
         }
-        names.sort();
+        crate::sort::natural(&mut names);
         // Reversed onto the stack so the smallest name is walked first.
         for (name, is_dir) in names.into_iter().rev() {
             let child = rel.join(&name);

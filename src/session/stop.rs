@@ -76,7 +76,7 @@ pub fn row_store(ctx: &Ctx, row: &Row) -> Store {
 /// The non-terminal jobs of type `task` addressed to `name` (2.5 step 4), in id order.
 pub fn open_task_jobs(store: &Store, name: &str) -> Result<Vec<Record>, SessionError> {
     let mut ids = store.job_ids().map_err(|e| SessionError::Failed(e.to_string()))?;
-    ids.sort();
+    crate::sort::natural(&mut ids);
     let mut out = Vec::new();
     for id in ids {
         let Ok(Some(rec)) = store.read(&id) else { continue };

@@ -69,7 +69,7 @@ fn widths(cols: &[Col], rows: &[Vec<String>], w: usize) -> Vec<usize> {
     }
     // Then drop columns in their order.
     let mut order: Vec<usize> = (0..cols.len()).filter(|&i| cols[i].drop > 0).collect();
-    order.sort_by_key(|&i| cols[i].drop);
+    crate::sort::by_key(&mut order, |&i| cols[i].drop);
     for i in order {
         if total(&want) <= avail {
             break;

@@ -298,7 +298,7 @@ impl Loops {
     /// The readable checkpoints, oldest first.
     pub fn checkpoints(&self) -> Vec<&Checkpoint> {
         let mut v: Vec<&Checkpoint> = self.dirs.values().filter_map(|(_, c)| c.as_ref()).collect();
-        v.sort_by(|a, b| (&a.started_at, &a.loop_id).cmp(&(&b.started_at, &b.loop_id)));
+        crate::sort::by(&mut v, |a, b| (&a.started_at, &a.loop_id).cmp(&(&b.started_at, &b.loop_id)));
         v
     }
 }

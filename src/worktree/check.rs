@@ -254,7 +254,7 @@ impl Look {
 
 pub fn tokens(findings: &[Finding]) -> String {
     let mut t: Vec<Token> = findings.iter().map(|f| f.token).collect();
-    t.sort();
+    crate::sort::natural(&mut t);
     t.dedup();
     if t.is_empty() {
         return "none".into();
@@ -355,7 +355,7 @@ pub fn judge(f: &Facts, allow_running: bool) -> (Vec<Finding>, Method) {
         Err(why) => add(Token::UnreachableHead, path, format!("cannot tell whether HEAD is reachable: {why}")),
         _ => {}
     }
-    out.sort_by_key(|f| f.token);
+    crate::sort::by_key(&mut out, |f| f.token);
     let method = match f.linked {
         Linked::Linked { .. } if f.submodule_state => Method::Force,
         Linked::Linked { .. } => Method::Plain,
@@ -420,7 +420,7 @@ fn sessions(ctx: &Ctx, resolved: &Resolved, real: &Path, f: &mut Facts) {
         let store = row_store(ctx, row);
         let ids = match store.job_ids() {
             Ok(mut ids) => {
-                ids.sort();
+                crate::sort::natural(&mut ids);
                 ids
             }
             Err(e) => {
@@ -459,7 +459,7 @@ fn loops(control: &Path, real: &Path) -> Vec<LoopFact> {
     let Ok(rd) = std::fs::read_dir(&root) else { return out };
     let mut locks: Vec<PathBuf> =
         rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "lock")).collect();
-    locks.sort();
+    crate::sort::natural(&mut locks);
     for lock in locks {
         if !std::fs::symlink_metadata(&lock).is_ok_and(|m| m.is_file()) {
             continue;
@@ -596,7 +596,7 @@ fn walk_modules(ctx: &Ctx, dir: &Path, deadline: Instant, out: &mut Vec<RepoFact
         return;
     };
     let mut entries: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
-    entries.sort();
+    crate::sort::natural(&mut entries);
     for p in entries {
         let Ok(m) = std::fs::symlink_metadata(&p) else { continue };
         if !m.is_dir() {
@@ -709,7 +709,7 @@ fn unreachable(
         }
     }
     commits.retain(|c| c.len() >= 40 && c.bytes().all(|b| b.is_ascii_hexdigit()) && !c.bytes().all(|b| b == b'0'));
-    commits.sort();
+    crate::sort::natural(&mut commits);
     commits.dedup();
     if commits.is_empty() {
         return Ok(Vec::new());

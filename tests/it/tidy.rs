@@ -542,3 +542,38 @@ fn the_code_map_names_every_module() {
     }
     assert!(missing.is_empty(), "docs/ARCHITECTURE.md's code map does not name: {missing:?}");
 }
+
+/// Issue 20: every std sort call site of a new element type or comparator is its own copy of
+/// std's driftsort (7-9 KB of code), so library code sorts through `crate::sort`; only the
+/// listings over a whole registry and the broker's per-message path keep std's sort inline.
+#[test]
+fn std_sorts_only_on_the_measured_hot_paths() {
+    let hot = [
+        "src/sort.rs",
+        "src/cmd/jobs.rs",
+        "src/cmd/registry.rs",
+        "src/broker/conn.rs",
+        "src/view/jobs.rs",
+        "src/view/world.rs",
+    ];
+    let mut found = Vec::new();
+    for f in rust_files(&root().join("src")) {
+        if hot.iter().any(|h| f.ends_with(h)) {
+            continue;
+        }
+        let (code, _tests) = code_of(&fs::read_to_string(&f).unwrap());
+        for line in code.lines() {
+            if [".sort(", ".sort_by(", ".sort_by_key(", ".sort_unstable", ".sort_by_cached_key("]
+                .iter()
+                .any(|s| line.contains(s))
+            {
+                found.push(format!("{}: {}", f.strip_prefix(root()).unwrap().display(), line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "std sorts outside the hot paths (use crate::sort::by, by_key or natural):\n{}",
+        found.join("\n")
+    );
+}
