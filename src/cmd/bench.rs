@@ -196,7 +196,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             }
             Long("clients") => {
                 let mut c = list_arg("--clients", &cli::utf8("--clients", p.value()?)?)?;
-                c.sort_unstable();
+                crate::sort::natural(&mut c);
                 c.dedup();
                 t.clients = Some(c);
                 table_flag = Some("--clients");

@@ -228,7 +228,7 @@ fn summary(nodes: &[Node], w: &Window) -> String {
     let passed = nodes.iter().filter(|n| n.passed()).count();
     let failed: Vec<String> = nodes.iter().filter(|n| !n.passed()).map(Node::name).collect();
     let mut kinds: Vec<&str> = nodes.iter().filter(|n| n.connect.ok()).map(|n| n.engine.kind()).collect();
-    kinds.sort_unstable();
+    crate::sort::natural(&mut kinds);
     kinds.dedup();
     let head = if failed.is_empty() {
         format!("{passed} of {} node(s) passed", nodes.len())
