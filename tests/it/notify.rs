@@ -107,6 +107,22 @@ impl World {
     }
 }
 
+/// Live `mam notify run` processes started from `td`'s control root.
+fn supervisors(td: &TestDir) -> Vec<i32> {
+    let ws = td.ws();
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmd) = fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let cwd = fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        if cmd.contains(" notify run ") && cwd.starts_with(&ws) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 fn last_kv(out: &str, key: &str) -> String {
     let l = out.lines().last().unwrap_or("");
     l.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}="))).unwrap_or("").to_string()
@@ -224,6 +240,8 @@ fn a_hook_that_hangs_fails_or_floods_is_killed_logged_and_the_verdict_stands() {
             mam::sys::proc_start_ticks(pid).map_or(true, |(_, zombie)| zombie)
         });
     }
+    // Nor is any supervisor left: each `mam notify run` ended after its line.
+    wait_until("no mam notify run left", Duration::from_secs(5), || supervisors(&w.td).is_empty());
     assert!(!daemon.exited(), "the daemon goes on:\n{}", daemon.stdout());
     let out = daemon.stdout();
     assert_eq!(out.matches("hook started").count(), 3, "{out}");
