@@ -576,12 +576,11 @@ fn ui_report_events_and_stop_keys() {
     wait_until("the screen quits", Duration::from_secs(5), || w.path("ui.rc").exists());
 }
 
-/// Issue 22: on herdr, Enter from a plain terminal attaches to the agent (`herdr agent attach`, the
-/// real herdr in a private world) and ctrl+b q comes back to the same place.
-#[test]
-fn ui_enter_attaches_to_a_herdr_agent_and_comes_back() {
-    let Some(mut w) = World::new("ui-herdr") else { return };
-    let Some(home) = HerdrHome::new(&w.td) else { return };
+/// A world on the real herdr (a private one) with the fake claude session `w1` in a pane; the
+/// world, herdr's home and the agent's pane.
+fn herdr_world(name: &str) -> Option<(World, HerdrHome, String)> {
+    let mut w = World::new(name)?;
+    let home = HerdrHome::new(&w.td)?;
     home.link("claude", &mam_bin());
     for (k, v) in home.env() {
         w.set(&k, &v.to_string_lossy());
@@ -591,6 +590,15 @@ fn ui_enter_attaches_to_a_herdr_agent_and_comes_back() {
     w.mam(["pane", "server-start"]).run().expect_rc(0);
     let r = w.mam(["create", "claude", "--no-onboard", "--name", "w1", "--", "test-double", "agent"]).run();
     r.expect_rc(0);
+    let agent = kv(&r.stdout(), "PANE");
+    Some((w, home, agent))
+}
+
+/// Issue 22: on herdr, Enter from a plain terminal attaches to the agent (`herdr agent attach`, the
+/// real herdr in a private world) and ctrl+b q comes back to the same place.
+#[test]
+fn ui_enter_attaches_to_a_herdr_agent_and_comes_back() {
+    let Some((w, home, _)) = herdr_world("ui-herdr") else { return };
     let (t, pane) = w.screen(100, 30, "", false);
     let before = wait_screen(&t, &pane, "the herdr session listed", Duration::from_secs(15), |s| {
         s.lines().any(|l| l.starts_with("> w1") && l.contains("herdr:"))
@@ -615,18 +623,7 @@ fn ui_enter_attaches_to_a_herdr_agent_and_comes_back() {
 /// herdr in a private world) and `mam ui` goes on in its own pane.
 #[test]
 fn ui_enter_inside_herdr_focuses_the_agents_pane() {
-    let Some(mut w) = World::new("ui-herdr-focus") else { return };
-    let Some(home) = HerdrHome::new(&w.td) else { return };
-    home.link("claude", &mam_bin());
-    for (k, v) in home.env() {
-        w.set(&k, &v.to_string_lossy());
-    }
-    w.set("MAM_PANE_BACKEND", "herdr");
-    w.set("MAM_STARTUP_DIALOG_SETTLE_MS", "1000");
-    w.mam(["pane", "server-start"]).run().expect_rc(0);
-    let r = w.mam(["create", "claude", "--no-onboard", "--name", "w1", "--", "test-double", "agent"]).run();
-    r.expect_rc(0);
-    let agent = r.stdout().split_whitespace().find_map(|x| x.strip_prefix("PANE=")).unwrap().to_string();
+    let Some((w, home, agent)) = herdr_world("ui-herdr-focus") else { return };
     let focused = || {
         let v = home.herdr_json(&["pane", "layout", "--pane", &agent]);
         v["result"]["layout"]["focused_pane_id"].as_str().unwrap_or_default().to_string()
