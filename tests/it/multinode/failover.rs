@@ -196,6 +196,44 @@ fn nats_leader_loss_stalls_the_cluster_for_less_than_the_documented_floor() {
     assert!(gap < CLUSTER_STALL_S * 1000, "stall {gap} ms is under the documented {CLUSTER_STALL_S} s");
 }
 
+/// A watch of `id` on `watcher` sees `started`; `kill` takes its broker away; the agent publishes
+/// `completed` meanwhile (only the retained state can bring it); the watch, back within `limit`,
+/// accepts that state. The terminal's seq and what the watch printed.
+fn watcher_away_for_the_terminal(
+    agent: &Machine,
+    watcher: &Machine,
+    id: &str,
+    kill: impl FnOnce(),
+    limit: Duration,
+) -> (u64, String) {
+    let mut watch = watcher.watch(id);
+    agent.publish(id, "started", &[]).expect_rc(0);
+    watch.wait_stdout("event=started", Duration::from_secs(10));
+    kill();
+    watch.wait_stdout("broker down", Duration::from_secs(10));
+    agent.publish(id, "completed", &[]).expect_rc(0);
+    let (rc, _) = watch.wait(limit);
+    let out = watch.stdout();
+    assert_eq!(rc, 0, "{out}{}", watch.stderr());
+    let seq = agent.record(id)["last_seq"].as_u64().unwrap();
+    let back = &out[out.find("broker up").unwrap_or_else(|| panic!("no reconnect\n{out}"))..];
+    assert!(back.contains(&format!("accepted-state seq={seq} status=completed")), "{out}");
+    (seq, out)
+}
+
+/// The agent's side holds each seq once in events.log and published each event once.
+fn each_event_once(agent: &Machine, id: &str, seq: u64) {
+    let seqs: Vec<u64> = agent.events(id).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seq).collect::<Vec<u64>>(), "events.log holds each seq once");
+    let published: Vec<u64> = agent
+        .audit(id)
+        .iter()
+        .filter(|e| e["kind"] == "published" && e["published"] == true)
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(published, [1, seq], "each event published once");
+}
+
 /// The watcher's broker dies: the watch reconnects through its list to the other broker and finds
 /// the terminal that was published meanwhile in the retained state. The NATS version is
 /// `nats_killing_the_watchers_node_...`.
@@ -207,30 +245,10 @@ fn bridged_mosquittos_killing_the_watchers_broker_the_watch_reconnects_and_recov
     let watcher = Machine::new("mn-wkill-b", br.list(false));
     let id = agent.register(1, 10);
     watcher.adopt(&agent, &id);
-    let mut watch = watcher.watch(&id);
-    agent.publish(&id, "started", &[]).expect_rc(0);
-    watch.wait_stdout("event=started", Duration::from_secs(10));
-    br.b.kill();
-    watch.wait_stdout("broker down", Duration::from_secs(10));
-    // The terminal while the watch is away: only the retained state can bring it.
-    agent.publish(&id, "completed", &[]).expect_rc(0);
-    let (rc, _) = watch.wait(Duration::from_secs(20));
-    let out = watch.stdout();
-    assert_eq!(rc, 0, "{out}{}", watch.stderr());
-    let seq = agent.record(&id)["last_seq"].as_u64().unwrap();
-    let back = &out[out.find("broker up").unwrap_or_else(|| panic!("no reconnect\n{out}"))..];
-    assert!(back.contains(&format!("accepted-state seq={seq} status=completed")), "{out}");
+    let (seq, _) = watcher_away_for_the_terminal(&agent, &watcher, &id, || br.b.kill(), Duration::from_secs(20));
     // Restart the killed broker: nothing is duplicated on the agent's side.
     br.b.launch();
-    let seqs: Vec<u64> = agent.events(&id).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, (1..=seq).collect::<Vec<u64>>(), "events.log holds each seq once");
-    let published: Vec<u64> = agent
-        .audit(&id)
-        .iter()
-        .filter(|e| e["kind"] == "published" && e["published"] == true)
-        .map(|e| e["seq"].as_u64().unwrap())
-        .collect();
-    assert_eq!(published, [1, seq], "each event published once");
+    each_event_once(&agent, &id, seq);
 }
 
 #[test]
@@ -302,22 +320,13 @@ fn nats_killing_the_watchers_node_the_watch_reconnects_and_recovers_the_terminal
     let watcher = Machine::new("mn-nwkill-c", c.list(&[victim, others[1], others[0]]));
     let id = agent.register(1, 30);
     watcher.adopt(&agent, &id);
-    let mut watch = watcher.watch(&id);
-    agent.publish(&id, "started", &[]).expect_rc(0);
-    watch.wait_stdout("event=started", Duration::from_secs(10));
-    c.evacuate(victim);
-    assert_ne!(c.meta_leader().as_ref(), Some(&c.nodes[victim].name), "the meta leader did not move to the victim");
-    c.nodes[victim].kill();
-    watch.wait_stdout("broker down", Duration::from_secs(10));
-    // The terminal while the watch is away: only the retained state can bring it.
-    agent.publish(&id, "completed", &[]).expect_rc(0);
+    let kill = || {
+        c.evacuate(victim);
+        assert_ne!(c.meta_leader().as_ref(), Some(&c.nodes[victim].name), "the meta leader did not move to the victim");
+        c.nodes[victim].kill();
+    };
     // Measured 1.6-15 s back (docs/CLUSTER.md): the cluster keeps the dead node in new consumers.
-    let (rc, _) = watch.wait(Duration::from_secs(25));
-    let out = watch.stdout();
-    assert_eq!(rc, 0, "{out}{}", watch.stderr());
-    let seq = agent.record(&id)["last_seq"].as_u64().unwrap();
-    let back = &out[out.find("broker up").unwrap_or_else(|| panic!("no reconnect\n{out}"))..];
-    assert!(back.contains(&format!("accepted-state seq={seq} status=completed")), "{out}");
+    let (seq, out) = watcher_away_for_the_terminal(&agent, &watcher, &id, kill, Duration::from_secs(25));
     // Restart the killed node: it catches up, and nothing is duplicated.
     c.nodes[victim].restart();
     c.wait_ready(victim, Duration::from_secs(30)).unwrap();
@@ -329,15 +338,7 @@ fn nats_killing_the_watchers_node_the_watch_reconnects_and_recovers_the_terminal
     r.expect_rc(0);
     let state: serde_json::Value = serde_json::from_str(r.stdout().trim()).unwrap();
     assert_eq!((state["seq"].as_u64(), state["status"].as_str()), (Some(seq), Some("completed")), "{state}");
-    let seqs: Vec<u64> = agent.events(&id).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, (1..=seq).collect::<Vec<u64>>(), "events.log holds each seq once");
-    let published: Vec<u64> = agent
-        .audit(&id)
-        .iter()
-        .filter(|e| e["kind"] == "published" && e["published"] == true)
-        .map(|e| e["seq"].as_u64().unwrap())
-        .collect();
-    assert_eq!(published, [1, seq], "each event published once");
+    each_event_once(&agent, &id, seq);
     // The watcher's machine holds the one record it adopted, nothing else.
     let mut records: Vec<String> = std::fs::read_dir(watcher.registry())
         .unwrap()
