@@ -4,8 +4,12 @@
 //! any survivor on drop.
 
 use std::fs;
+use std::io::Write;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mam::daemon::select_daemons;
@@ -775,4 +779,173 @@ fn a15_close_stops_the_jobs_timer() {
     let _ = agent.wait();
     drop(d);
     fx.finish();
+}
+
+/// A loopback proxy in front of a broker. While `down` it closes every connection at accept (a
+/// broker that is away); once `armed` it cuts the connection that sends the first PUBLISH whose
+/// topic ends with `suffix`, without forwarding that frame (a broker that closes mid-publish).
+struct CutProxy {
+    port: u16,
+    down: Arc<AtomicBool>,
+    armed: Arc<AtomicBool>,
+    cuts: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CutProxy {
+    fn start(upstream: u16, suffix: &str) -> CutProxy {
+        let (listener, port) = loopback_listener();
+        listener.set_nonblocking(true).unwrap();
+        let flags = || Arc::new(AtomicBool::new(false));
+        let (down, armed, stop) = (flags(), flags(), flags());
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let (d, a, c, s, suffix) = (down.clone(), armed.clone(), cuts.clone(), stop.clone(), suffix.to_string());
+        let thread = std::thread::spawn(move || {
+            let mut pipes = Vec::new();
+            while !s.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((client, _)) if d.load(Ordering::SeqCst) => drop(client),
+                    Ok((client, _)) => {
+                        client.set_nonblocking(false).unwrap();
+                        let server = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+                        let (c2s, s2c) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                        pipes.push(std::thread::spawn(move || copy_until_closed(s2c, c2s)));
+                        let (a, c, suffix) = (a.clone(), c.clone(), suffix.clone());
+                        pipes.push(std::thread::spawn(move || forward_frames(client, server, &a, &c, &suffix)));
+                    }
+                    // The proxy's own accept loop: this paces it, it awaits nothing.
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            for p in pipes {
+                let _ = p.join();
+            }
+        });
+        CutProxy { port, down, armed, cuts, stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Copies `from` to `to` until either side closes (then closes both).
+fn copy_until_closed(mut from: TcpStream, mut to: TcpStream) {
+    let _ = std::io::copy(&mut from, &mut to);
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// Forwards whole MQTT frames from `client` to `server`; the first PUBLISH on a topic ending with
+/// `suffix` while `armed` closes both instead.
+fn forward_frames(mut client: TcpStream, mut server: TcpStream, armed: &AtomicBool, cuts: &AtomicUsize, suffix: &str) {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        // One whole frame: a type byte, a remaining length of up to four 7-bit digits, the rest.
+        while let Some((len, body)) = frame_len(&buf) {
+            if buf.len() < body + len {
+                break;
+            }
+            let frame: Vec<u8> = buf.drain(..body + len).collect();
+            if frame[0] >> 4 == 3 {
+                let tl = usize::from(u16::from_be_bytes([frame[body], frame[body + 1]]));
+                let topic = String::from_utf8_lossy(&frame[body + 2..body + 2 + tl]).to_string();
+                if topic.ends_with(suffix) && armed.swap(false, Ordering::SeqCst) {
+                    cuts.fetch_add(1, Ordering::SeqCst);
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    let _ = server.shutdown(std::net::Shutdown::Both);
+                    return;
+                }
+            }
+            if server.write_all(&frame).is_err() {
+                return;
+            }
+        }
+        match client.read(&mut chunk) {
+            Ok(0) | Err(_) => {
+                let _ = server.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// `(remaining length, where the body starts)` of the frame at the start of `buf`, once its header
+/// is complete.
+fn frame_len(buf: &[u8]) -> Option<(usize, usize)> {
+    let mut len = 0usize;
+    for (i, b) in buf.iter().enumerate().skip(1).take(4) {
+        len |= usize::from(b & 0x7f) << (7 * (i - 1));
+        if b & 0x80 == 0 {
+            return Some((len, i + 1));
+        }
+    }
+    None
+}
+
+/// Issue 19, store and forward: the daemon's replay of events the outage left unsent is cut by the
+/// broker mid-publish; the daemon tries again at its next sweep over a new connection, and a
+/// subscriber gets each event once, in seq order, the terminal included.
+#[test]
+fn a_replay_cut_mid_publish_is_tried_again_at_the_next_sweep() {
+    if !have_tool("mosquitto_sub", "MAM_REQUIRE_MOSQUITTO") {
+        return;
+    }
+    for &t in TARGETS {
+        let Some(mut fx) = Fx::on("cutfwd", t) else { continue };
+        let proxy = CutProxy::start(fx.port(), "/events");
+        for (k, v) in fx.env.iter_mut() {
+            if *k == "MQTT_PORT" {
+                *v = proxy.port.to_string();
+            }
+        }
+        let id = fx.register(&[]);
+        let topic = format!("{}/jobs/{id}/events", fx.root());
+        let sub = MosqSub::start(fx.port(), &topic);
+        // The broker is away: each event is recorded, not sent (rc 3, CORE 6.3).
+        proxy.down.store(true, Ordering::SeqCst);
+        for event in ["started", "progress", "completed"] {
+            let publish =
+                fx.mam().env("MAM_PUBLISH_BUDGET_S", "1").args(["publish", "--job-id", &id, "--event", event]);
+            publish.run().expect_rc(3);
+        }
+        assert!(sub.messages(&topic).is_empty(), "{t:?}: {:?}", sub.messages(&topic));
+        // Back, but the first replayed event is cut off.
+        proxy.armed.store(true, Ordering::SeqCst);
+        proxy.down.store(false, Ordering::SeqCst);
+        fx.env.push(("MAM_DAEMON_SWEEP_S", "1".into()));
+        let d = fx.daemon(&[], "cutfwd");
+        d.wait_log("events the wire had missed not sent yet (", Duration::from_secs(15));
+        d.wait_log("sent 3 event(s) the wire had missed", Duration::from_secs(15));
+        assert_eq!(proxy.cuts.load(Ordering::SeqCst), 1, "{t:?}");
+        let want = ["started", "progress", "completed"];
+        wait_until("the subscriber to get the three events", Duration::from_secs(5), || {
+            sub.messages(&topic).len() >= 3
+        });
+        let got: Vec<(u64, String)> = sub
+            .messages(&topic)
+            .iter()
+            .map(|(_, p)| {
+                let v: Value = serde_json::from_str(p).unwrap();
+                (v["seq"].as_u64().unwrap(), v["event"].as_str().unwrap().to_string())
+            })
+            .collect();
+        let want: Vec<(u64, String)> = want.iter().enumerate().map(|(i, e)| (i as u64 + 1, e.to_string())).collect();
+        assert_eq!(got, want, "{t:?}:\n{}", d.text());
+        let replayed = fx.audit(&id).iter().filter(|e| e["kind"] == "published" && e["replayed"] == true).count();
+        assert_eq!(replayed, 3, "{t:?}: {:?}", fx.audit(&id));
+        d.signal(libc::SIGTERM);
+        drop(d);
+        drop(sub);
+        fx.finish();
+    }
 }

@@ -210,12 +210,20 @@ impl Raw {
             self.s.set_read_timeout(Some((deadline - now).max(Duration::from_millis(1)))).unwrap();
             let mut chunk = [0u8; 65536];
             match self.s.read(&mut chunk) {
-                Ok(0) => return Next::Closed,
+                Ok(0) => {
+                    eprintln!("the broker closed the connection (end of stream)");
+                    return Next::Closed;
+                }
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     return Next::Timeout
                 }
-                Err(_) => return Next::Closed,
+                // A signal (a read with a timeout is never restarted, signal(7)): read again.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    eprintln!("reading from the broker failed: {e}");
+                    return Next::Closed;
+                }
             }
         }
     }
