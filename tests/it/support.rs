@@ -404,6 +404,12 @@ impl Broker {
     }
 }
 
+/// The embedded broker on a free loopback port with the default settings.
+pub fn embedded() -> mam::broker::BrokerHandle {
+    mam::broker::start(mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() })
+        .unwrap()
+}
+
 pub fn start_target(t: Target, td: &TestDir) -> Option<Broker> {
     match t {
         Target::Mosquitto => {
