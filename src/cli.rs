@@ -249,6 +249,12 @@ pub fn utf8(flag: &str, v: OsString) -> Result<String, Failure> {
         .map_err(|v| Failure::usage(format!("{flag}: value is not UTF-8: {}", one_line(&v.to_string_lossy()))))
 }
 
+/// String arguments as a command's `parse_args` takes them: how the commands' unit tests call it.
+#[cfg(test)]
+pub fn argv(args: &[&str]) -> Vec<OsString> {
+    args.iter().map(OsString::from).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

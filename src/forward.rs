@@ -222,16 +222,7 @@ mod tests {
         assert_eq!(seqs(u64::MAX, t0 + 1000), Vec::<u64>::new());
         assert_eq!(seqs(u64::MAX, later), [2, 5, 6]);
         assert_eq!(seqs(6, later), [2, 5]);
-        fs::write(
-            dir.join("logs/j1/audit.jsonl"),
-            concat!(
-                r#"{"kind":"published","seq":2,"published":true}"#,
-                "\n",
-                r#"{"kind":"published","seq":6,"published":false}"#,
-                "\n",
-            ),
-        )
-        .unwrap();
+        audit::write_published_for_test(&dir.join("logs"), "j1", &[(2, true), (6, false)]);
         // A failed publish is unsent at once; a confirmed one never.
         assert_eq!(seqs(u64::MAX, t0 + 1000), [6]);
         assert_eq!(seqs(u64::MAX, later), [5, 6]);

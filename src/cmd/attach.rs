@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn args() {
-        let p = |v: &[&str]| parse_args(v.iter().map(OsString::from).collect());
+        let p = |v: &[&str]| parse_args(cli::argv(v));
         assert!(matches!(p(&["w1", "--print"]), Ok(Parsed::Run(Args { print: true, .. }))));
         assert_eq!(p(&[]).unwrap_err().rc, 2);
         assert_eq!(p(&["a", "b"]).unwrap_err().rc, 2);

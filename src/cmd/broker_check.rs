@@ -266,19 +266,16 @@ fn window_warning(w: &Window) -> String {
 mod tests {
     use super::*;
 
-    fn parse(v: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(v.iter().map(OsString::from).collect())
-    }
-
     #[test]
     fn flags() {
-        let Parsed::Run(a) = parse(&["--heartbeat", "2", "--heartbeat-misses", "3", "--json"]).unwrap() else {
+        let Parsed::Run(a) = parse_args(cli::argv(&["--heartbeat", "2", "--heartbeat-misses", "3", "--json"])).unwrap()
+        else {
             panic!()
         };
         assert_eq!((a.heartbeat, a.misses, a.json), (Some(2), Some(3), true));
-        assert!(matches!(parse(&["-h"]).unwrap(), Parsed::Help));
+        assert!(matches!(parse_args(cli::argv(&["-h"])).unwrap(), Parsed::Help));
         for bad in [&["--heartbeat", "0"][..], &["--heartbeat-misses", "x"], &["--bogus"], &["node"]] {
-            assert_eq!(parse(bad).unwrap_err().rc, 2, "{bad:?}");
+            assert_eq!(parse_args(cli::argv(bad)).unwrap_err().rc, 2, "{bad:?}");
         }
     }
 }

@@ -358,22 +358,21 @@ fn stop(ctx: &Ctx, workspace: &Path) -> Result<i32, Failure> {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(args.iter().map(OsString::from).collect())
-    }
-
     #[test]
     fn flags_per_subcommand() {
-        assert!(matches!(parse(&["run", "--workspace", "/w", "--idle-timeout", "0"]), Ok(Parsed::Run(_))));
-        assert_eq!(parse(&["run"]).unwrap_err().line, "ERROR: daemon run: --workspace is required");
+        assert!(matches!(
+            parse_args(cli::argv(&["run", "--workspace", "/w", "--idle-timeout", "0"])),
+            Ok(Parsed::Run(_))
+        ));
+        assert_eq!(parse_args(cli::argv(&["run"])).unwrap_err().line, "ERROR: daemon run: --workspace is required");
         assert_eq!(
-            parse(&["status", "--interval", "1"]).unwrap_err().line,
+            parse_args(cli::argv(&["status", "--interval", "1"])).unwrap_err().line,
             "ERROR: daemon status: --interval is not accepted here"
         );
-        assert_eq!(parse(&[]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["bogus"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["run", "--workspace", "/w", "--interval", "0"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["run", "--workspace", ""]).unwrap_err().rc, 2);
-        assert!(matches!(parse(&["ensure"]), Ok(Parsed::Run(Args { sub: Sub::Ensure, .. }))));
+        assert_eq!(parse_args(cli::argv(&[])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["bogus"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["run", "--workspace", "/w", "--interval", "0"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["run", "--workspace", ""])).unwrap_err().rc, 2);
+        assert!(matches!(parse_args(cli::argv(&["ensure"])), Ok(Parsed::Run(Args { sub: Sub::Ensure, .. }))));
     }
 }

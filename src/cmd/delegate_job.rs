@@ -219,16 +219,15 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(args.iter().map(OsString::from).collect())
-    }
-
     #[test]
     fn flags_are_validated_before_anything_runs() {
-        assert_eq!(parse(&[]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["--session", "w"]).unwrap_err().line, "ERROR: delegate-job: --brief-file is required");
+        assert_eq!(parse_args(cli::argv(&[])).unwrap_err().rc, 2);
+        assert_eq!(
+            parse_args(cli::argv(&["--session", "w"])).unwrap_err().line,
+            "ERROR: delegate-job: --brief-file is required"
+        );
         let ok = ["--session", "w", "--brief-file", "b"];
-        assert!(matches!(parse(&ok), Ok(Parsed::Run(_))));
+        assert!(matches!(parse_args(cli::argv(&ok)), Ok(Parsed::Run(_))));
         for bad in [
             &["--timeout", "-1"][..],
             &["--heartbeat", "0"],
@@ -242,11 +241,11 @@ mod tests {
         ] {
             let mut v: Vec<&str> = ok.to_vec();
             v.extend_from_slice(bad);
-            assert_eq!(parse(&v).unwrap_err().rc, 2, "{bad:?}");
+            assert_eq!(parse_args(cli::argv(&v)).unwrap_err().rc, 2, "{bad:?}");
         }
         let mut v = ok.to_vec();
         v.extend_from_slice(&["--timeout", "0", "--idle-timeout", "0", "--deadline-source", "wall-clock"]);
-        let Parsed::Run(a) = parse(&v).unwrap() else { panic!("help") };
+        let Parsed::Run(a) = parse_args(cli::argv(&v)).unwrap() else { panic!("help") };
         assert_eq!((a.timeout, a.idle, a.deadline_source), (Some(0), Some(0), DeadlineSource::WallClock));
     }
 }

@@ -256,20 +256,16 @@ fn start(ctx: &Ctx, store: &Store, settings: &Settings, a: &Args) -> Result<i32,
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(args.iter().map(OsString::from).collect())
-    }
-
     #[test]
     fn flags_per_subcommand() {
-        assert!(matches!(parse(&["status", "--job-id", "j"]), Ok(Parsed::Run(_))));
-        assert!(matches!(parse(&["stop", "--job-id", "j", "--drain", "0.5"]), Ok(Parsed::Run(_))));
-        assert_eq!(parse(&["status", "--job-id", "j", "--drain", "1"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["start"]).unwrap_err().line, "ERROR: heartbeat start: --job-id is required");
-        assert_eq!(parse(&["run", "--job-id", "j"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["start", "--job-id", "j", "--interval", "0"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["bogus"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&[]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["stop", "--job-id", "j", "--drain", "x"]).unwrap_err().rc, 2);
+        assert!(matches!(parse_args(cli::argv(&["status", "--job-id", "j"])), Ok(Parsed::Run(_))));
+        assert!(matches!(parse_args(cli::argv(&["stop", "--job-id", "j", "--drain", "0.5"])), Ok(Parsed::Run(_))));
+        assert_eq!(parse_args(cli::argv(&["status", "--job-id", "j", "--drain", "1"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["start"])).unwrap_err().line, "ERROR: heartbeat start: --job-id is required");
+        assert_eq!(parse_args(cli::argv(&["run", "--job-id", "j"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["start", "--job-id", "j", "--interval", "0"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["bogus"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&[])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["stop", "--job-id", "j", "--drain", "x"])).unwrap_err().rc, 2);
     }
 }

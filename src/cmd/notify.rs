@@ -176,18 +176,14 @@ fn test(ctx: &Ctx, a: &Args) -> Result<i32, Failure> {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(args.iter().map(OsString::from).collect())
-    }
-
     #[test]
     fn flags_per_subcommand() {
-        assert!(matches!(parse(&["test"]), Ok(Parsed::Run(Args { sub: Sub::Test, .. }))));
-        assert!(matches!(parse(&["run", "--timeout", "3", "--log", "/l"]), Ok(Parsed::Run(_))));
-        assert_eq!(parse(&["run", "--timeout", "3"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["test", "--timeout", "3"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["test", "--job-id", "a/b"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&[]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["bogus"]).unwrap_err().rc, 2);
+        assert!(matches!(parse_args(cli::argv(&["test"])), Ok(Parsed::Run(Args { sub: Sub::Test, .. }))));
+        assert!(matches!(parse_args(cli::argv(&["run", "--timeout", "3", "--log", "/l"])), Ok(Parsed::Run(_))));
+        assert_eq!(parse_args(cli::argv(&["run", "--timeout", "3"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["test", "--timeout", "3"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["test", "--job-id", "a/b"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&[])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["bogus"])).unwrap_err().rc, 2);
     }
 }

@@ -368,13 +368,10 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
 mod tests {
     use super::*;
 
-    fn parse(v: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(v.iter().map(OsString::from).collect())
-    }
-
     #[test]
     fn flags() {
-        let Parsed::Run(a) = parse(&["-t", "a/b", "-m", "hi", "-q", "1", "-r", "-h", "h", "-p", "1999"]).unwrap()
+        let Parsed::Run(a) =
+            parse_args(cli::argv(&["-t", "a/b", "-m", "hi", "-q", "1", "-r", "-h", "h", "-p", "1999"])).unwrap()
         else {
             panic!()
         };
@@ -382,11 +379,11 @@ mod tests {
         assert_eq!(a.payload, Payload::Message(b"hi".to_vec()));
         assert_eq!((a.host.as_deref(), a.port), (Some("h"), Some(1999)));
         // Issue 19: -h takes MQTT_BROKER's list grammar, and refuses what it refuses.
-        let Parsed::Run(a) = parse(&["-t", "a", "-m", "x", "-h", "a:1,b"]).unwrap() else { panic!() };
+        let Parsed::Run(a) = parse_args(cli::argv(&["-t", "a", "-m", "x", "-h", "a:1,b"])).unwrap() else { panic!() };
         assert_eq!(a.host.as_deref(), Some("a:1,b"));
-        let e = parse(&["-t", "a", "-m", "x", "-h", "a,,b"]).unwrap_err();
+        let e = parse_args(cli::argv(&["-t", "a", "-m", "x", "-h", "a,,b"])).unwrap_err();
         assert_eq!(e.line, "ERROR: -h: 'a,,b' is not a broker list (expected host[:port],...; entry 2 is empty)");
-        assert!(matches!(parse(&["--help"]).unwrap(), Parsed::Help));
+        assert!(matches!(parse_args(cli::argv(&["--help"])).unwrap(), Parsed::Help));
         for bad in [
             &["-t", "a"][..],
             &["-m", "x"],
@@ -396,31 +393,31 @@ mod tests {
             &["-t", "a", "-m", "x", "-n"],
             &["-t", "a", "-m", "x", "--bogus"],
         ] {
-            assert_eq!(parse(bad).unwrap_err().rc, 2, "{bad:?}");
+            assert_eq!(parse_args(cli::argv(bad)).unwrap_err().rc, 2, "{bad:?}");
         }
     }
 
     /// Issue 18: the mosquitto_pub flags people type are taken, or refused with what to use.
     #[test]
     fn mosquitto_flags() {
-        let Parsed::Run(a) =
-            parse(&["-L", "mqtt://bob@example.org:1999/a/b", "-m", "x", "-i", "me", "-d", "-V", "mqttv311"]).unwrap()
-        else {
-            panic!()
-        };
+        let argv = cli::argv(&["-L", "mqtt://bob@example.org:1999/a/b", "-m", "x", "-i", "me", "-d", "-V", "mqttv311"]);
+        let Parsed::Run(a) = parse_args(argv).unwrap() else { panic!() };
         assert_eq!((a.topic.as_str(), a.host.as_deref(), a.port), ("a/b", Some("example.org"), Some(1999)));
         assert_eq!((a.mosq.username.as_deref(), a.mosq.id.as_deref(), a.mosq.debug), (Some("bob"), Some("me"), true));
-        let Parsed::Run(a) = parse(&["-t", "a", "-l", "-u", "u1", "-I", "pre-"]).unwrap() else { panic!() };
+        let Parsed::Run(a) = parse_args(cli::argv(&["-t", "a", "-l", "-u", "u1", "-I", "pre-"])).unwrap() else {
+            panic!()
+        };
         assert_eq!(
             (a.payload, a.mosq.username.as_deref(), a.mosq.id_prefix.as_deref()),
             (Payload::Lines, Some("u1"), Some("pre-"))
         );
-        let e = parse(&["-t", "a", "-m", "x", "-P", "hunter2"]).unwrap_err();
+        let e = parse_args(cli::argv(&["-t", "a", "-m", "x", "-P", "hunter2"])).unwrap_err();
         assert_eq!(e.rc, 2);
         assert!(e.line.contains("set MQTT_PASSWORD") && !e.line.contains("hunter2"), "{e}");
-        let e = parse(&["-L", "mqtt://bob:hunter2@h/t", "-m", "x"]).unwrap_err();
+        let e = parse_args(cli::argv(&["-L", "mqtt://bob:hunter2@h/t", "-m", "x"])).unwrap_err();
         assert!(e.line.contains("set MQTT_PASSWORD") && !e.line.contains("hunter2"), "{e}");
-        assert!(parse(&["-t", "a", "-m", "x", "-k", "5"]).unwrap_err().line.contains("MAM_MQTT_KEEPALIVE_S"));
-        assert!(parse(&["-t", "a", "-m", "x", "-V", "mqttv5"]).unwrap_err().line.contains("3.1.1"));
+        let e = parse_args(cli::argv(&["-t", "a", "-m", "x", "-k", "5"])).unwrap_err();
+        assert!(e.line.contains("MAM_MQTT_KEEPALIVE_S"), "{e}");
+        assert!(parse_args(cli::argv(&["-t", "a", "-m", "x", "-V", "mqttv5"])).unwrap_err().line.contains("3.1.1"));
     }
 }

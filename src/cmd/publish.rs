@@ -358,17 +358,13 @@ fn arm_timer(
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(args.iter().map(OsString::from).collect())
-    }
-
     #[test]
     fn validation() {
         let base = ["--job-id", "j1", "--event"];
         let ok = |extra: &[&str]| {
             let mut v: Vec<&str> = base.to_vec();
             v.extend_from_slice(extra);
-            parse(&v)
+            parse_args(cli::argv(&v))
         };
         assert!(matches!(ok(&["started", "--heartbeat", "5", "--watch-pid", "0"]), Ok(Parsed::Run(_))));
         assert_eq!(ok(&["completed", "--heartbeat", "5"]).unwrap_err().rc, 2);
@@ -383,8 +379,8 @@ mod tests {
         assert_eq!(ok(&["progress", "--data", &big]).unwrap_err().rc, 2);
         let msg = "m".repeat(4097);
         assert_eq!(ok(&["progress", "--message", &msg]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["--event", "started"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["--job-id", "a/b", "--event", "started"]).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["--event", "started"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["--job-id", "a/b", "--event", "started"])).unwrap_err().rc, 2);
         assert_eq!(ok(&["started", "--dispatch-token", "a b"]).unwrap_err().rc, 2);
     }
 }

@@ -787,10 +787,6 @@ fn publish_cmd(ctx: &Ctx, store: &Store, id: &str) -> Result<i32, Failure> {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(args.iter().map(OsString::from).collect())
-    }
-
     /// `registry register`/`submit` and `delegate-job` share these two checks and their lines.
     #[test]
     fn type_and_orchestrator_values() {
@@ -819,28 +815,31 @@ mod tests {
 
     #[test]
     fn flags_are_checked_per_subcommand() {
-        assert!(matches!(parse(&["show", "j1"]), Ok(Parsed::Run(_))));
+        assert!(matches!(parse_args(cli::argv(&["show", "j1"])), Ok(Parsed::Run(_))));
         assert_eq!(
-            parse(&["show", "j1", "--set", "running"]).unwrap_err().line,
+            parse_args(cli::argv(&["show", "j1", "--set", "running"])).unwrap_err().line,
             "ERROR: registry show: unexpected option --set"
         );
-        assert_eq!(parse(&["register"]).unwrap_err().line, "ERROR: registry register: --session is required");
         assert_eq!(
-            parse(&["submit", "--session", "w"]).unwrap_err().line,
+            parse_args(cli::argv(&["register"])).unwrap_err().line,
+            "ERROR: registry register: --session is required"
+        );
+        assert_eq!(
+            parse_args(cli::argv(&["submit", "--session", "w"])).unwrap_err().line,
             "ERROR: registry submit: --type is required"
         );
-        assert_eq!(parse(&["bogus"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&[]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["show"]).unwrap_err().line, "ERROR: registry show: missing job id");
-        assert_eq!(parse(&["show", "a", "b"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["status", "a", "--reason", "x"]).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["bogus"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&[])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["show"])).unwrap_err().line, "ERROR: registry show: missing job id");
+        assert_eq!(parse_args(cli::argv(&["show", "a", "b"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["status", "a", "--reason", "x"])).unwrap_err().rc, 2);
         for bad in ["a/b", "..", "+", "#", "a\nb"] {
-            let e = parse(&["show", bad]).unwrap_err();
+            let e = parse_args(cli::argv(&["show", bad])).unwrap_err();
             assert_eq!(e.rc, 2, "{bad}");
             assert!(!e.line.contains('\n'));
         }
         let long = "a".repeat(200);
-        let e = parse(&["show", &long]).unwrap_err();
+        let e = parse_args(cli::argv(&["show", &long])).unwrap_err();
         assert!(e.line.len() < 200, "{}", e.line);
     }
 
@@ -848,10 +847,10 @@ mod tests {
     fn e14_timing_flags_use_the_knob_grammar() {
         for flag in ["--heartbeat-sec", "--heartbeat-misses", "--ack-timeout", "--idle-timeout", "--timeout"] {
             for bad in ["\u{2003} 30\u{2003}", "３０", "+30", "-1", "3x", ""] {
-                let e = parse(&["register", "--session", "w", flag, bad]).unwrap_err();
+                let e = parse_args(cli::argv(&["register", "--session", "w", flag, bad])).unwrap_err();
                 assert_eq!(e.rc, 2, "{flag} {bad:?}");
             }
-            assert!(matches!(parse(&["register", "--session", "w", flag, " 30 "]), Ok(Parsed::Run(_))));
+            assert!(matches!(parse_args(cli::argv(&["register", "--session", "w", flag, " 30 "])), Ok(Parsed::Run(_))));
         }
     }
 }

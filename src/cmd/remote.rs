@@ -290,19 +290,20 @@ fn serve(
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(args.iter().map(OsString::from).collect())
-    }
-
     #[test]
     fn subcommands_and_their_flags() {
-        assert_eq!(parse(&[]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["bogus"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["dispatch"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["dispatch", "--job-id", "j", "--once"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["run", "--session", "s"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["run", "--session", "s", "--exec", "true", "--timeout", "0"]).unwrap_err().rc, 2);
-        let Parsed::Run(a) = parse(&["run", "--session", "remote:box", "--exec", "true", "--once"]).unwrap() else {
+        assert_eq!(parse_args(cli::argv(&[])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["bogus"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["dispatch"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["dispatch", "--job-id", "j", "--once"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["run", "--session", "s"])).unwrap_err().rc, 2);
+        assert_eq!(
+            parse_args(cli::argv(&["run", "--session", "s", "--exec", "true", "--timeout", "0"])).unwrap_err().rc,
+            2
+        );
+        let Parsed::Run(a) =
+            parse_args(cli::argv(&["run", "--session", "remote:box", "--exec", "true", "--once"])).unwrap()
+        else {
             panic!("help")
         };
         match a.sub {

@@ -665,7 +665,7 @@ mod tests {
 
     #[test]
     fn args() {
-        let p = |v: &[&str]| parse_args(v.iter().map(OsString::from).collect());
+        let p = |v: &[&str]| parse_args(cli::argv(v));
         assert!(matches!(p(&["--snapshot", "80x24"]), Ok(Parsed::Run(Args { snapshot: Some((80, 24)), .. }))));
         assert_eq!(p(&["--snapshot", "80"]).unwrap_err().rc, 2);
         assert_eq!(p(&["--snapshot", "5x5"]).unwrap_err().rc, 2);

@@ -221,18 +221,15 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(args.iter().map(OsString::from).collect())
-    }
-
     #[test]
     fn a_selection_is_required_and_any_all_exclude_each_other() {
-        assert_eq!(parse(&[]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["--any"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["a/b"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["--all-open", "--any", "--all"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["--all-open", "--timeout", "x"]).unwrap_err().rc, 2);
-        let Parsed::Run(a) = parse(&["1abbcdef", "--session", "w1", "--any", "--timeout", "5", "--json"]).unwrap()
+        assert_eq!(parse_args(cli::argv(&[])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["--any"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["a/b"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["--all-open", "--any", "--all"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["--all-open", "--timeout", "x"])).unwrap_err().rc, 2);
+        let Parsed::Run(a) =
+            parse_args(cli::argv(&["1abbcdef", "--session", "w1", "--any", "--timeout", "5", "--json"])).unwrap()
         else {
             panic!("help")
         };

@@ -224,17 +224,14 @@ fn guard_loop(ctx: &Ctx, printed: &AtomicBool, done: &AtomicBool) {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Parsed<Args>, Failure> {
-        parse_args(args.iter().map(OsString::from).collect())
-    }
-
     #[test]
     fn flags_are_validated() {
-        assert!(parse(&[]).is_err());
-        assert_eq!(parse(&["--job-id", "a/b"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["--job-id", "j", "--ack-timeout", "0"]).unwrap_err().rc, 2);
-        assert_eq!(parse(&["--job-id", "j", "--bogus"]).unwrap_err().rc, 2);
-        let Parsed::Run(a) = parse(&["--job-id", "j", "--idle-timeout", "0", "--timeout", "0", "--remote"]).unwrap()
+        assert!(parse_args(cli::argv(&[])).is_err());
+        assert_eq!(parse_args(cli::argv(&["--job-id", "a/b"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["--job-id", "j", "--ack-timeout", "0"])).unwrap_err().rc, 2);
+        assert_eq!(parse_args(cli::argv(&["--job-id", "j", "--bogus"])).unwrap_err().rc, 2);
+        let Parsed::Run(a) =
+            parse_args(cli::argv(&["--job-id", "j", "--idle-timeout", "0", "--timeout", "0", "--remote"])).unwrap()
         else {
             panic!("help")
         };

@@ -735,16 +735,7 @@ mod tests {
         assert_eq!(latest_event_line(&ev, 1, "started").unwrap().unwrap().0, 1);
         assert!(latest_event_line(&ev, 3, "started").unwrap().is_none());
         assert!(latest_event_line(&dir.join("none"), 1, "x").unwrap().is_none());
-        fs::write(
-            dir.join("logs/j/audit.jsonl"),
-            concat!(
-                r#"{"kind":"published","seq":4,"published":false}"#,
-                "\n",
-                r#"{"kind":"published","seq":5,"published":true}"#,
-                "\n",
-            ),
-        )
-        .unwrap();
+        audit::write_published_for_test(&dir.join("logs"), "j", &[(4, false), (5, true)]);
         assert!(!audit_confirms(&dir.join("logs"), "j", 4));
         assert!(audit_confirms(&dir.join("logs"), "j", 5));
         let _ = fs::remove_dir_all(&dir);

@@ -21,6 +21,17 @@ pub fn job_dir(logs: &Path, job_id: &str) -> PathBuf {
     logs.join(job_id)
 }
 
+/// Writes `entries` (`(seq, published)`) as the whole audit.jsonl of `job_id`: the bare `published`
+/// lines the readers of confirmations look for, for their unit tests.
+#[cfg(test)]
+pub fn write_published_for_test(logs: &Path, job_id: &str, entries: &[(u64, bool)]) {
+    let lines: String = entries
+        .iter()
+        .map(|(seq, ok)| format!("{{\"kind\":\"published\",\"seq\":{seq},\"published\":{ok}}}\n"))
+        .collect();
+    fs::write(job_dir(logs, job_id).join("audit.jsonl"), lines).unwrap();
+}
+
 /// One audit line: `{"ts","job_id","attempt","kind",...rest}`.
 pub fn entry(now_ms: u64, job_id: &str, attempt: Option<u64>, kind: &str, rest: Value) -> Value {
     let mut m = Map::new();

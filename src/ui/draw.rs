@@ -44,6 +44,18 @@ struct Col {
     drop: u8,
 }
 
+impl Col {
+    /// A column that is never dropped.
+    const fn kept(title: &'static str, min: usize, max: usize) -> Col {
+        Col { title, min, max, drop: 0 }
+    }
+
+    /// A column dropped when the screen is too narrow, rank 1 first.
+    const fn dropped(title: &'static str, min: usize, max: usize, rank: u8) -> Col {
+        Col { title, min, max, drop: rank }
+    }
+}
+
 /// The width of each column for `rows` in `w` cells (after the 2-cell selection marker, one space
 /// between columns); 0 for a dropped column. The last kept column takes what is left.
 fn widths(cols: &[Col], rows: &[Vec<String>], w: usize) -> Vec<usize> {
@@ -195,32 +207,32 @@ fn job_cells(r: &Row, now: u64) -> (Vec<(String, Style)>, Style) {
 }
 
 const JOB_COLS: &[Col] = &[
-    Col { title: "JOB", min: 8, max: 12, drop: 0 },
-    Col { title: "STATUS", min: 7, max: 16, drop: 0 },
-    Col { title: "SESSION", min: 6, max: 20, drop: 0 },
-    Col { title: "ELAPSED", min: 5, max: 7, drop: 2 },
-    Col { title: "EVIDENCE/IDLE", min: 13, max: 20, drop: 3 },
-    Col { title: "HB", min: 3, max: 6, drop: 1 },
-    Col { title: "VERDICT", min: 6, max: 40, drop: 0 },
+    Col::kept("JOB", 8, 12),
+    Col::kept("STATUS", 7, 16),
+    Col::kept("SESSION", 6, 20),
+    Col::dropped("ELAPSED", 5, 7, 2),
+    Col::dropped("EVIDENCE/IDLE", 13, 20, 3),
+    Col::dropped("HB", 3, 6, 1),
+    Col::kept("VERDICT", 6, 40),
 ];
 
 const SESSION_COLS: &[Col] = &[
-    Col { title: "SESSIONS", min: 8, max: 20, drop: 0 },
-    Col { title: "AGENT", min: 4, max: 8, drop: 2 },
-    Col { title: "PANE", min: 6, max: 26, drop: 3 },
-    Col { title: "STATE", min: 5, max: 8, drop: 0 },
-    Col { title: "OPEN JOB", min: 8, max: 22, drop: 0 },
-    Col { title: "AGE", min: 3, max: 6, drop: 1 },
+    Col::kept("SESSIONS", 8, 20),
+    Col::dropped("AGENT", 4, 8, 2),
+    Col::dropped("PANE", 6, 26, 3),
+    Col::kept("STATE", 5, 8),
+    Col::kept("OPEN JOB", 8, 22),
+    Col::dropped("AGE", 3, 6, 1),
 ];
 
 const LOOP_COLS: &[Col] = &[
-    Col { title: "LOOPS", min: 8, max: 8, drop: 0 },
-    Col { title: "STATE", min: 6, max: 12, drop: 0 },
-    Col { title: "PHASE", min: 5, max: 9, drop: 3 },
-    Col { title: "ROUND", min: 5, max: 7, drop: 0 },
-    Col { title: "CREATOR", min: 6, max: 16, drop: 2 },
-    Col { title: "REVIEWERS", min: 8, max: 40, drop: 0 },
-    Col { title: "PROMOTED", min: 3, max: 30, drop: 1 },
+    Col::kept("LOOPS", 8, 8),
+    Col::kept("STATE", 6, 12),
+    Col::dropped("PHASE", 5, 9, 3),
+    Col::kept("ROUND", 5, 7),
+    Col::dropped("CREATOR", 6, 16, 2),
+    Col::kept("REVIEWERS", 8, 40),
+    Col::dropped("PROMOTED", 3, 30, 1),
 ];
 
 type Cells = (Vec<(String, Style)>, Style);

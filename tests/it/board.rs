@@ -59,24 +59,9 @@ fn fake_claude(bin: &std::path::Path) {
 }
 
 fn common_env(port: u16) -> Vec<(String, OsString)> {
-    [
-        ("MQTT_PORT", port.to_string()),
-        ("MAM_AGENT_START_TIMEOUT_MS", "20000".into()),
-        ("MAM_SKS_POLL_MS", "50".into()),
-        ("MAM_SKS_QUIESCE_GAP_MS", "100".into()),
-        ("MAM_SKS_QUIESCE_S", "2".into()),
-        ("MAM_SKS_IDLE_WAIT_S", "10".into()),
-        ("SKS_DELIVERY_GRACE_S", "8".into()),
-        ("MAM_WATCH_POLL_MS", "100".into()),
-        ("MAM_MQTT_CONNECT_TIMEOUT_S", "2".into()),
-        ("MAM_PUBLISH_BUDGET_S", "2".into()),
-        ("MAM_STARTUP_DIALOG_SETTLE_MS", "1000".into()),
-        ("MAM_BOARD_REFRESH_S", "1".into()),
-        ("MAM_DAEMON_SWEEP_S", "1".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), OsString::from(v)))
-    .collect()
+    let mut env = agent_in_pane_env(port);
+    env.extend([("MAM_BOARD_REFRESH_S", "1"), ("MAM_DAEMON_SWEEP_S", "1")].map(|(k, v)| (k.into(), v.into())));
+    env
 }
 
 impl World {

@@ -12,12 +12,12 @@ use mam::sys::{Flock, LockMode};
 use serde_json::Value;
 
 use crate::publish::{
-    assert_nothing_running_after_terminal, audit, embedded, events, key, logs, mam_at, new_job, publish, record,
-    registry, wire_log, Bg,
+    assert_nothing_running_after_terminal, audit, events, key, logs, mam_at, new_job, publish, record, registry,
+    wire_log, Bg,
 };
 use crate::support::{
-    free_port, have_tool, independent_verify, start_target, timer_pids, wait_until, Broker, Cmd, MosqSub, Run, Target,
-    TestDir, TimerGuard, TARGETS,
+    embedded, free_port, have_tool, independent_verify, start_target, timer_pids, wait_until, Broker, Cmd, MosqSub,
+    Run, Target, TestDir, TimerGuard, TARGETS,
 };
 
 fn beats(td: &TestDir, id: &str) -> Vec<Value> {

@@ -35,23 +35,9 @@ impl W {
     fn env(&self) -> Vec<(String, OsString)> {
         let port = self.broker.as_ref().map_or_else(free_port, Broker::port);
         let mut env = self.herdr.env();
-        for (k, v) in [
-            ("MAM_PANE_BACKEND", "herdr".to_string()),
-            ("MQTT_PORT", port.to_string()),
-            ("MAM_AGENT_START_TIMEOUT_MS", "20000".into()),
-            ("MAM_SKS_POLL_MS", "50".into()),
-            ("MAM_SKS_QUIESCE_GAP_MS", "100".into()),
-            ("MAM_SKS_QUIESCE_S", "2".into()),
-            ("MAM_SKS_IDLE_WAIT_S", "10".into()),
-            ("SKS_DELIVERY_GRACE_S", "8".into()),
-            ("MAM_WATCH_POLL_MS", "100".into()),
-            ("MAM_MQTT_CONNECT_TIMEOUT_S", "2".into()),
-            ("MAM_PUBLISH_BUDGET_S", "2".into()),
-            ("MAM_NO_SUBSCRIBER_DAEMON", "1".into()),
-            ("MAM_STARTUP_DIALOG_SETTLE_MS", "1000".into()),
-        ] {
-            env.push((k.into(), v.into()));
-        }
+        env.push(("MAM_PANE_BACKEND".into(), "herdr".into()));
+        env.extend(agent_in_pane_env(port));
+        env.push(("MAM_NO_SUBSCRIBER_DAEMON".into(), "1".into()));
         env
     }
 

@@ -658,9 +658,7 @@ fn stop_flag_is_seen_within_a_read_slice() {
 #[test]
 fn b4_embedded_drop_connections_fails_once_then_reconnects() {
     let td = TestDir::new("b4e");
-    let b =
-        mam::broker::start(mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() })
-            .unwrap();
+    let b = embedded();
     let c = cfg(&td, b.addr().port(), &[]);
     let mut p = Persistent::new(c.clone(), Role::Hb, Stop::never());
     p.publish(&c, &[Message::new("b4/x", "before", 1, false)]).unwrap();

@@ -9,11 +9,6 @@ use serde_json::Value;
 
 use crate::support::*;
 
-fn embedded() -> mam::broker::BrokerHandle {
-    mam::broker::start(mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() })
-        .unwrap()
-}
-
 fn lines_of(p: &Path) -> Vec<Value> {
     fs::read_to_string(p).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }

@@ -13,8 +13,8 @@ use mam::broker::{BrokerConfig, BrokerHandle};
 use serde_json::Value;
 
 use crate::support::{
-    free_port, have_tool, independent_verify, mam_bin, rand_hex, start_target, tree, wait_until, Cmd, MosqSub, TestDir,
-    TARGETS,
+    embedded, free_port, have_tool, independent_verify, mam_bin, rand_hex, start_target, tree, wait_until, Cmd,
+    MosqSub, TestDir, TARGETS,
 };
 
 pub(crate) fn registry(td: &TestDir) -> PathBuf {
@@ -71,10 +71,6 @@ pub(crate) fn new_job(td: &TestDir, port: u16, extra: &[&str]) -> String {
 /// `mam publish --job-id <id> --event <event> [extra]` against `port`.
 pub(crate) fn publish(td: &TestDir, port: u16, id: &str, event: &str, extra: &[&str]) -> crate::support::Run {
     mam_at(td, port).args(["publish", "--job-id", id, "--event", event]).args(extra).run()
-}
-
-pub(crate) fn embedded() -> BrokerHandle {
-    mam::broker::start(BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() }).unwrap()
 }
 
 pub(crate) fn embedded_at(port: u16) -> BrokerHandle {

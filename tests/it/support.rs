@@ -404,6 +404,12 @@ impl Broker {
     }
 }
 
+/// The embedded broker on a free loopback port with the default settings.
+pub fn embedded() -> mam::broker::BrokerHandle {
+    mam::broker::start(mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() })
+        .unwrap()
+}
+
 pub fn start_target(t: Target, td: &TestDir) -> Option<Broker> {
     match t {
         Target::Mosquitto => {
@@ -963,6 +969,28 @@ fn is_executable(p: &Path) -> bool {
 
 /// The longest path a Unix socket address holds (sun_path is 108 bytes with its NUL).
 const SUN_PATH_MAX: usize = 107;
+
+/// The knobs of a test that starts the fake agent in a real pane (herdr or tmux) and talks to a
+/// broker at `port`: room for a slow agent start and the start-up dialog's settle, quick send-keys
+/// polls and quiesce, short watch polls, connect deadline and publish budget.
+pub fn agent_in_pane_env(port: u16) -> Vec<(String, OsString)> {
+    [
+        ("MQTT_PORT", port.to_string()),
+        ("MAM_AGENT_START_TIMEOUT_MS", "20000".into()),
+        ("MAM_SKS_POLL_MS", "50".into()),
+        ("MAM_SKS_QUIESCE_GAP_MS", "100".into()),
+        ("MAM_SKS_QUIESCE_S", "2".into()),
+        ("MAM_SKS_IDLE_WAIT_S", "10".into()),
+        ("SKS_DELIVERY_GRACE_S", "8".into()),
+        ("MAM_WATCH_POLL_MS", "100".into()),
+        ("MAM_MQTT_CONNECT_TIMEOUT_S", "2".into()),
+        ("MAM_PUBLISH_BUDGET_S", "2".into()),
+        ("MAM_STARTUP_DIALOG_SETTLE_MS", "1000".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), OsString::from(v)))
+    .collect()
+}
 
 /// A private herdr world for one test: its own HOME and XDG directories (XDG_RUNTIME_DIR 0700), the
 /// config.toml of `../shared/herdr/README.md` (no onboarding, /bin/bash, no version or manifest

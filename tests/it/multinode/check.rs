@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::{Bridged, NatsCluster, CONNECT_S};
-use crate::support::{free_port, rand_hex, TestDir};
+use crate::support::{embedded, free_port, rand_hex, Run, TestDir};
 use mam::mqtt::{Client, Message, MqttConfig, Role, Stop};
 
 /// The topics under `root` that `addr` holds retained: a subscription to `root/#` gets them
@@ -38,6 +38,17 @@ fn retained_left(addr: &str, root: &str, env: &[(&str, &str)]) -> Vec<String> {
     }
     c.disconnect();
     left
+}
+
+/// `mam broker check ARGS` against the broker list `brokers` with a `connect_s` connect deadline,
+/// within 20 s.
+fn broker_check(td: &TestDir, brokers: &str, connect_s: u64, args: &[&str]) -> Run {
+    td.mam()
+        .env("MQTT_BROKER", brokers)
+        .env("MAM_MQTT_CONNECT_TIMEOUT_S", connect_s.to_string())
+        .args(["broker", "check"])
+        .args(args)
+        .run_within(Duration::from_secs(20))
 }
 
 fn json(out: &str) -> Value {
@@ -136,18 +147,11 @@ fn broker_check_names_mosquitto_and_leaves_nothing_retained() {
 #[test]
 fn broker_check_with_a_dead_port_and_an_unresolvable_name_fails_those_nodes_within_the_deadline() {
     let td = TestDir::new("chk-dead");
-    let b =
-        mam::broker::start(mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() })
-            .unwrap();
+    let b = embedded();
     let (dead, live) = (free_port(), b.addr().port());
     let nohost = format!("nohost-{}.invalid", rand_hex(3));
     let list = format!("127.0.0.1:{dead},{nohost}:1883,127.0.0.1:{live}");
-    let r = td
-        .mam()
-        .env("MQTT_BROKER", &list)
-        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "2")
-        .args(["broker", "check"])
-        .run_within(Duration::from_secs(20));
+    let r = broker_check(&td, &list, 2, &[]);
     let (out, err) = (r.stdout(), r.stderr());
     assert_eq!(r.rc(), 6, "some node failed and one passed\n{out}{err}");
     // One block per node, in the list's order.
@@ -167,12 +171,7 @@ fn broker_check_with_a_dead_port_and_an_unresolvable_name_fails_those_nodes_with
     // The live broker alone but its list of three: the window is judged (mam's engine: N + D).
     assert!(out.contains("at or above the 32s floor for bridged mosquittos, which do not stall"), "{out}");
     // None passes: rc 3.
-    let r = td
-        .mam()
-        .env("MQTT_BROKER", format!("127.0.0.1:{dead},{nohost}"))
-        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "2")
-        .args(["broker", "check", "--json"])
-        .run_within(Duration::from_secs(20));
+    let r = broker_check(&td, &format!("127.0.0.1:{dead},{nohost}"), 2, &["--json"]);
     assert_eq!(r.rc(), 3, "{}{}", r.stdout(), r.stderr());
     let v = json(&r.stdout());
     assert_eq!((v["passed"].as_u64(), v["failed"].as_u64(), v["rc"].as_i64()), (Some(0), Some(2), Some(3)));
@@ -198,18 +197,9 @@ fn broker_check_with_a_dead_port_and_an_unresolvable_name_fails_those_nodes_with
 #[test]
 fn broker_check_fails_two_brokers_that_are_not_one_bus() {
     let td = TestDir::new("chk-apart");
-    let start = || {
-        mam::broker::start(mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() })
-            .unwrap()
-    };
-    let (a, b) = (start(), start());
+    let (a, b) = (embedded(), embedded());
     let list = format!("127.0.0.1:{},127.0.0.1:{}", a.addr().port(), b.addr().port());
-    let r = td
-        .mam()
-        .env("MQTT_BROKER", &list)
-        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "2")
-        .args(["broker", "check"])
-        .run_within(Duration::from_secs(20));
+    let r = broker_check(&td, &list, 2, &[]);
     let out = r.stdout();
     assert_eq!(r.rc(), 3, "{out}{}", r.stderr());
     assert_eq!(out.matches("these nodes do not carry the topic root between them").count(), 2, "{out}");
@@ -221,12 +211,7 @@ fn broker_check_fails_two_brokers_that_are_not_one_bus() {
 fn broker_check_on_bridged_mosquittos_carries_across_and_judges_the_window_by_one_beat() {
     let td = TestDir::new("chk-bridge");
     let Some(br) = Bridged::start(&td) else { return };
-    let r = td
-        .mam()
-        .env("MQTT_BROKER", br.list(true))
-        .env("MAM_MQTT_CONNECT_TIMEOUT_S", CONNECT_S.to_string())
-        .args(["broker", "check", "--json", "--heartbeat", "1", "--heartbeat-misses", "3"])
-        .run_within(Duration::from_secs(20));
+    let r = broker_check(&td, &br.list(true), CONNECT_S, &["--json", "--heartbeat", "1", "--heartbeat-misses", "3"]);
     assert_eq!(r.rc(), 0, "{}{}", r.stdout(), r.stderr());
     let v = json(&r.stdout());
     all_passed(&v);
@@ -307,17 +292,10 @@ fn nats_broker_check_passes_every_node_and_warns_about_a_short_window() {
 fn broker_check_checks_each_address_of_a_name() {
     use std::net::ToSocketAddrs;
     let td = TestDir::new("chk-addrs");
-    let b =
-        mam::broker::start(mam::broker::BrokerConfig { bind: "127.0.0.1:0".parse().unwrap(), ..Default::default() })
-            .unwrap();
+    let b = embedded();
     let port = b.addr().port();
     let addrs: Vec<std::net::SocketAddr> = ("localhost", port).to_socket_addrs().unwrap().collect();
-    let r = td
-        .mam()
-        .env("MQTT_BROKER", format!("localhost:{port}"))
-        .env("MAM_MQTT_CONNECT_TIMEOUT_S", "2")
-        .args(["broker", "check", "--json"])
-        .run_within(Duration::from_secs(20));
+    let r = broker_check(&td, &format!("localhost:{port}"), 2, &["--json"]);
     let v = json(&r.stdout());
     let nodes = v["nodes"].as_array().unwrap();
     if addrs.len() == 1 {

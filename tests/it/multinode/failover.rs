@@ -10,19 +10,10 @@ use super::{accepted, longest_gap, Bridged, Machine, NatsCluster, CONNECT_S};
 use crate::support::{wait_for, wait_until, TimerGuard};
 use mam::mqtt::config::{window_floor_s, CLUSTER_STALL_S};
 
-/// The non-beat events of `events.log` as `(seq, event)`.
-fn non_beats(m: &Machine, id: &str) -> Vec<(u64, String)> {
-    m.events(id)
-        .iter()
-        .filter(|e| e["heartbeat"] != true)
-        .map(|e| (e["seq"].as_u64().unwrap(), e["event"].as_str().unwrap().to_string()))
-        .collect()
-}
-
 /// Every non-beat event on the agent's disk reached the remote watcher, each accepted once.
 fn watcher_saw_every_event_once(agent: &Machine, id: &str, out: &str) {
     let acc = accepted(out);
-    for (seq, ev) in non_beats(agent, id) {
+    for (seq, ev) in agent.non_beats(id) {
         let n = acc.iter().filter(|(s, e, _)| *s == seq && *e == ev).count();
         assert_eq!(n, 1, "seq={seq} event={ev} accepted {n} times\n{out}");
     }
@@ -121,8 +112,7 @@ fn nats_killing_the_timers_node_moves_the_timer_on_without_a_missed_window() {
     let Some(mut c) = NatsCluster::start(&td) else { return };
     // The timer's node leads as little as a node can (`follower`); killing it can still stall the
     // cluster (a consumer's leader, or a group's when every node leads one), so K x N is the floor.
-    let victim = c.follower();
-    let other = (0..3).find(|&i| i != victim).unwrap();
+    let (victim, other) = c.follower_and_other();
     let third = 3 - victim - other;
     let agent = Machine::new("mn-kill-a", c.list(&[victim, other, third]));
     let watcher = Machine::new("mn-kill-c", c.list(&[third, other, victim]));

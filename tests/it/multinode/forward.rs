@@ -8,15 +8,6 @@ use std::time::Duration;
 use super::{accepted, Machine, NatsCluster};
 use crate::support::{free_port, poll, wait_until, TimerGuard};
 
-/// `(seq, event)` of the non-beat events on the agent's disk.
-fn non_beats(m: &Machine, id: &str) -> Vec<(u64, String)> {
-    m.events(id)
-        .iter()
-        .filter(|e| e["heartbeat"] != true)
-        .map(|e| (e["seq"].as_u64().unwrap(), e["event"].as_str().unwrap().to_string()))
-        .collect()
-}
-
 /// The audit's `published` entries for `seq` that say it reached the wire.
 fn confirmed(m: &Machine, id: &str, seq: u64) -> usize {
     m.audit(id).iter().filter(|e| e["kind"] == "published" && e["seq"] == seq && e["published"] == true).count()
@@ -26,8 +17,7 @@ fn confirmed(m: &Machine, id: &str, seq: u64) -> usize {
 fn nats_an_outage_then_recovery_sends_the_unsent_events_and_the_terminal_once_in_order() {
     let td = crate::support::TestDir::new("mn-fwd");
     let Some(mut c) = NatsCluster::start(&td) else { return };
-    let a_node = c.follower();
-    let c_node = (0..3).find(|&i| i != a_node).unwrap();
+    let (a_node, c_node) = c.follower_and_other();
     // The agent's machine knows only its own node: while it is down, nothing reaches the wire.
     let agent = Machine::new("mn-fwd-a", c.list(&[a_node]));
     let watcher = Machine::new("mn-fwd-c", c.list(&[c_node]));
@@ -57,7 +47,7 @@ fn nats_an_outage_then_recovery_sends_the_unsent_events_and_the_terminal_once_in
     // Recorded, not sent: rc 3 (CORE 6.3), the terminal too.
     during("progress", "while the broker was away").expect_rc(3);
     during("completed", "done while away").expect_rc(3);
-    let unsent = non_beats(&agent, &id);
+    let unsent = agent.non_beats(&id);
     assert_eq!(unsent.iter().map(|(_, e)| e.as_str()).collect::<Vec<_>>(), ["started", "progress", "completed"]);
     assert!(!watch.exited());
     c.nodes[a_node].restart();
@@ -103,8 +93,7 @@ fn nats_an_outage_then_recovery_sends_the_unsent_events_and_the_terminal_once_in
 fn nats_the_timers_next_beat_sends_an_event_the_outage_left_unsent() {
     let td = crate::support::TestDir::new("mn-fwd2");
     let Some(mut c) = NatsCluster::start(&td) else { return };
-    let a_node = c.follower();
-    let c_node = (0..3).find(|&i| i != a_node).unwrap();
+    let (a_node, c_node) = c.follower_and_other();
     let agent = Machine::new("mn-fwd2-a", c.list(&[a_node]));
     let watcher = Machine::new("mn-fwd2-c", c.list(&[c_node]));
     let id = agent.register(1, 60);
@@ -120,7 +109,7 @@ fn nats_the_timers_next_beat_sends_an_event_the_outage_left_unsent() {
         .args(["publish", "--job-id", &id, "--event", "progress", "--message", "missed"])
         .run()
         .expect_rc(3);
-    let missed = non_beats(&agent, &id).last().unwrap().0;
+    let missed = agent.non_beats(&id).last().unwrap().0;
     c.nodes[a_node].restart();
     c.wait_ready(a_node, Duration::from_secs(30)).unwrap();
     wait_until("the timer to send the missed event", Duration::from_secs(15), || confirmed(&agent, &id, missed) == 1);
@@ -183,7 +172,7 @@ fn the_timers_live_connection_replays_an_event_a_publish_failed_to_send_while_th
         .args(["publish", "--job-id", &id, "--event", "progress", "--message", "while the broker was busy"])
         .run()
         .expect_rc(3);
-    let missed = non_beats(&agent, &id).last().unwrap().0;
+    let missed = agent.non_beats(&id).last().unwrap().0;
     let failed =
         agent.audit(&id).iter().any(|e| e["kind"] == "published" && e["seq"] == missed && e["published"] == false);
     assert!(failed, "the publish audited its failure: {:?}", agent.audit(&id));

@@ -206,6 +206,12 @@ impl NatsCluster {
         })
     }
 
+    /// `follower()`, and the first other node: a node to kill and one that stays up.
+    pub fn follower_and_other(&mut self) -> (usize, usize) {
+        let victim = self.follower();
+        (victim, (0..3).find(|&i| i != victim).unwrap())
+    }
+
     /// The index of the node whose death stalls the least: one that leads neither the JetStream
     /// meta group nor any MQTT stream when there is one, else one that leads only `$MQTT_rmsgs`
     /// (retained messages) or as little as that. The leaders are read until they have not changed
@@ -467,6 +473,15 @@ impl Machine {
     pub fn events(&self, id: &str) -> Vec<Value> {
         let text = fs::read_to_string(self.registry().join(id).join("events.log")).unwrap_or_default();
         text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    /// `(seq, event)` of the non-beat events of the job's events.log, in order.
+    pub fn non_beats(&self, id: &str) -> Vec<(u64, String)> {
+        self.events(id)
+            .iter()
+            .filter(|e| e["heartbeat"] != true)
+            .map(|e| (e["seq"].as_u64().unwrap(), e["event"].as_str().unwrap().to_string()))
+            .collect()
     }
 
     pub fn hb_log(&self, id: &str) -> String {
