@@ -95,20 +95,10 @@ step "cargo fmt --check"
 cargo fmt --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
-step "cargo test --features test-hooks (the loop's test hooks, ORCH 8 item 8)"
-cargo test --features test-hooks
-leak_check
-if grep -q '^lockcheck' Cargo.toml; then
-  step "cargo test --features lockcheck (X8: no spawn, connect or sleep under the registry lock)"
-  # The real herdr ran in the pass above; here its variants skip (the lock rules are the same code
-  # on every backend, and real herdr's seconds per agent start would double the run for nothing).
-  # The modules whose commands take the registry lock (records, closes, cancels); the rest (broker,
-  # panes, worktrees, install, the loop's git rounds) run the same store code already covered here.
-  MAM_SKIP_REAL_HERDR=1 cargo test --features lockcheck --test it -- registry:: publish:: heartbeat:: watch:: \
-    daemon:: jobs:: liveness:: delegate:: remote:: regress:: security session:: review::jobs:: agents:: \
-    notify:: wait::
-  leak_check
-fi
-step "cargo test --features fault-inject (H9, H10: heartbeat spawn and pidfile failures)"
-MAM_REQUIRE_FAULT_INJECT=1 cargo test --features fault-inject --test it heartbeat::
+# One pass with every test feature: test-hooks (the loop's test hooks, ORCH 8 item 8), lockcheck (X8:
+# a spawn, connect or sleep under the registry lock panics; it changes nothing else) and fault-inject
+# (H9, H10: heartbeat spawn and pidfile failures, only where MAM_FAULT_INJECT asks). Separate passes
+# ran the same tests two and three times for no finding one pass misses.
+step "cargo test --features test-hooks,lockcheck,fault-inject"
+MAM_REQUIRE_FAULT_INJECT=1 cargo test --features test-hooks,lockcheck,fault-inject
 leak_check

@@ -939,7 +939,7 @@ pub fn append_events_log(td: &TestDir, id: &str, line: &[u8]) {
 /// The real herdr binary (absolute), from `HERDR_BIN` (a path) or else `herdr` on PATH. `None` when
 /// there is none (the caller prints `skipped: ...` and returns); a panic when `MAM_REQUIRE_HERDR=1`.
 pub fn herdr_bin() -> Option<PathBuf> {
-    // scripts/test.sh's lockcheck pass: the real herdr already ran in the first pass.
+    // MAM_SKIP_REAL_HERDR=1: a quick local run without the real herdr's seconds per agent start.
     if std::env::var("MAM_SKIP_REAL_HERDR").as_deref() == Ok("1") {
         return None;
     }
