@@ -45,8 +45,8 @@ fn main() {
 }
 
 /// One output section `.text.beat` before `.text` holding the listed input sections: a Rust symbol's
-/// function section by its name up to the hash (`_ZN..17h`), a whole `_R` (v0) name, or a glibc
-/// object's code (`libc.a:<object>`). Lines with characters a script pattern cannot hold are
+/// function section by its name up to the hash (`_ZN..17h`), a whole `_R` (v0) or `__` name
+/// (compiler-builtins), or a glibc object's code (`libc.a:<object>`, `libgcc.a:<object>`). Lines with characters a script pattern cannot hold are
 /// skipped.
 fn linker_script(list: &str) -> String {
     let mut s = String::from("SECTIONS\n{\n  .text.beat : {\n");
@@ -55,11 +55,11 @@ fn linker_script(list: &str) -> String {
         if line.is_empty() || line.starts_with('#') || !line.chars().all(|c| ok(c) || c == ':') {
             continue;
         }
-        if let Some(obj) = line.strip_prefix("libc.a:") {
-            s.push_str(&format!("    *libc.a:{obj}(.text .text.*)\n"));
+        if let Some((lib @ ("libc.a" | "libgcc.a"), obj)) = line.split_once(':') {
+            s.push_str(&format!("    *{lib}:{obj}(.text .text.*)\n"));
         } else if line.starts_with("_ZN") && line.ends_with("17h") {
             s.push_str(&format!("    *(.text.{line}* .text.unlikely.{line}*)\n"));
-        } else if line.starts_with("_R") && line.chars().all(ok) {
+        } else if (line.starts_with("_R") || line.starts_with("__")) && line.chars().all(ok) {
             s.push_str(&format!("    *(.text.{line} .text.{line}.* .text.unlikely.{line} .text.unlikely.{line}.*)\n"));
         }
     }

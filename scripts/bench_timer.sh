@@ -45,5 +45,5 @@ done
 # BENCH_TIMER_MAPS=1: the resident set per mapping at the end, and the text pages present.
 if [ -n "${BENCH_TIMER_MAPS:-}" ]; then
     awk '/^[0-9a-f]+-[0-9a-f]+ / {m=$1" "$2" "$6} $1=="Rss:" && $2>0 {print $2" KiB "m}' "/proc/$timer_pid/smaps"
-    [ -n "${BENCH_TIMER_PAGEMAP:-}" ] && python3 "$BENCH_TIMER_PAGEMAP" "$timer_pid"
+    for s in ${BENCH_TIMER_PAGEMAP:-}; do python3 "$s" "$timer_pid"; done
 fi

@@ -1057,6 +1057,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dropped_file_pages_come_back_and_written_pages_stay() {
+        // A private read-only copy-on-write page with data in it (what RELRO is) is kept: the
+        // mapping is written once while writable, then made read-only.
+        let path = std::env::temp_dir().join(format!(".mam-drop-test-{}", std::process::id()));
+        fs::write(&path, [7u8; 4096]).unwrap();
+        let f = File::open(&path).unwrap();
+        // SAFETY: a fresh private mapping of one page of a file this test owns.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: p is the writable page mapped above; then it is made read-only.
+        unsafe {
+            *(p as *mut u8) = 42;
+            assert_eq!(libc::mprotect(p, 4096, libc::PROT_READ), 0);
+        }
+        let _ = fs::remove_file(&path);
+        let dropped = drop_file_pages().unwrap();
+        assert!(dropped > 0, "this test binary's own code is a read-only file mapping");
+        // SAFETY: p is still mapped (read-only); its copied page must have kept the write.
+        assert_eq!(unsafe { *(p as *const u8) }, 42);
+        // SAFETY: unmapping the page mapped above.
+        unsafe { libc::munmap(p, 4096) };
+        // The code runs on from the page cache.
+        assert_eq!(hex(&[0xab]), "ab");
+    }
+
+    #[test]
     fn raising_the_descriptor_limit_reaches_the_hard_limit() {
         let got = raise_nofile_limit().unwrap();
         let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
