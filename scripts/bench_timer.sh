@@ -31,7 +31,7 @@ unset WORKSPACE_ROOT MAM_HEARTBEAT_SEC
 "$MAM" publish --job-id bench --event started >/dev/null
 timer_pid=$("$MAM" heartbeat start --job-id bench --interval 1 --watch-pid 0)
 start=$(date +%s.%N)
-linkage=$(file -L "$(command -v "$MAM")" | grep -o 'statically linked\|dynamically linked' || true)
+linkage=$(file -L "$(command -v "$MAM")" | grep -o 'static-pie linked\|statically linked\|dynamically linked' || true)
 echo "mam: $MAM ($linkage); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for n in "${beats[@]}"; do
     # Half a period after beat n (due at start + n s).

@@ -5,7 +5,9 @@
 //! Architecture Invariant: a timer is signalled only after `timer_proc::is_our_timer` held; the
 //! pidfile names at most one live timer, and it is written only while L2 is held by the spawner.
 //! A beat is on disk (events.log) before a wire thread may send it; the beat cadence never waits
-//! on the broker. Nothing here prints: the CLI passes a log callback (heartbeat.log).
+//! on the broker. Nothing here prints: the CLI passes a log callback (heartbeat.log). Once the
+//! first beat is through the wire, the timer drops start-up's code pages (issue 20): what comes
+//! back is the steady state's code, which the release link lays out together (build.rs).
 
 use std::ffi::OsString;
 use std::fs;
