@@ -1006,9 +1006,90 @@ pub fn release_free_memory() {
     }
 }
 
+/// Drops this process's resident pages of read-only file mappings (mam's code and constants and,
+/// dynamically linked, the shared libraries'): `madvise(MADV_DONTNEED)` only removes the page table
+/// entries of clean file pages, which the next access maps again from the page cache, so nothing
+/// is lost but the resident set. For a long-lived process whose steady state runs little code (the
+/// heartbeat timer, issue 20) after start-up ran much. A mapping is dropped only when it is
+/// private, not writable, backed by a file and holds no anonymous (copied-on-write) page: the
+/// relocated read-only data of a position-independent binary (RELRO) is such a copy and is kept.
+/// Returns the bytes advised.
+pub fn drop_file_pages() -> io::Result<u64> {
+    let smaps = fs::read("/proc/self/smaps")?;
+    let mut total = 0;
+    // The current mapping's range when it is a candidate.
+    let mut candidate: Option<(usize, usize)> = None;
+    for line in smaps.split(|&b| b == b'\n') {
+        let Ok(line) = std::str::from_utf8(line) else { continue };
+        let mut f = line.split_ascii_whitespace();
+        let Some(first) = f.next() else { continue };
+        if let Some(range) = first.split_once('-').filter(|(a, _)| !a.is_empty() && !a.ends_with(':')) {
+            // A mapping header: `start-end perms offset dev inode path`.
+            let perms = f.next().unwrap_or("");
+            let path = f.nth(3);
+            candidate = None;
+            if (perms == "r-xp" || perms == "r--p") && path.is_some_and(|p| p.starts_with('/')) {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(range.0, 16), usize::from_str_radix(range.1, 16)) {
+                    candidate = Some((a, b));
+                }
+            }
+            continue;
+        }
+        if first == "Anonymous:" {
+            let Some((a, b)) = candidate.take() else { continue };
+            if f.next() != Some("0") {
+                continue;
+            }
+            // SAFETY: [a, b) is one whole private, read-only file mapping of this process as the
+            // kernel lists it, with no page copied on write (so none this process changed, and
+            // being read-only, none it can change); MADV_DONTNEED on it discards no data (its
+            // pages are clean file pages, fetched again on the next access) and keeps the mapping.
+            if unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_DONTNEED) } == 0 {
+                total += (b - a) as u64;
+            }
+        }
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dropped_file_pages_come_back_and_written_pages_stay() {
+        // A private read-only copy-on-write page with data in it (what RELRO is) is kept: the
+        // mapping is written once while writable, then made read-only.
+        let path = std::env::temp_dir().join(format!(".mam-drop-test-{}", std::process::id()));
+        fs::write(&path, [7u8; 4096]).unwrap();
+        let f = File::open(&path).unwrap();
+        // SAFETY: a fresh private mapping of one page of a file this test owns.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: p is the writable page mapped above; then it is made read-only.
+        unsafe {
+            *(p as *mut u8) = 42;
+            assert_eq!(libc::mprotect(p, 4096, libc::PROT_READ), 0);
+        }
+        let _ = fs::remove_file(&path);
+        let dropped = drop_file_pages().unwrap();
+        assert!(dropped > 0, "this test binary's own code is a read-only file mapping");
+        // SAFETY: p is still mapped (read-only); its copied page must have kept the write.
+        assert_eq!(unsafe { *(p as *const u8) }, 42);
+        // SAFETY: unmapping the page mapped above.
+        unsafe { libc::munmap(p, 4096) };
+        // The code runs on from the page cache.
+        assert_eq!(hex(&[0xab]), "ab");
+    }
 
     #[test]
     fn raising_the_descriptor_limit_reaches_the_hard_limit() {

@@ -5,14 +5,16 @@
 //! Architecture Invariant: a timer is signalled only after `timer_proc::is_our_timer` held; the
 //! pidfile names at most one live timer, and it is written only while L2 is held by the spawner.
 //! A beat is on disk (events.log) before a wire thread may send it; the beat cadence never waits
-//! on the broker. Nothing here prints: the CLI passes a log callback (heartbeat.log).
+//! on the broker. Nothing here prints: the CLI passes a log callback (heartbeat.log). Once the
+//! first beat is through the wire, the timer drops start-up's code pages (issue 20): what comes
+//! back is the steady state's code, which the release link lays out together (build.rs).
 
 use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -311,6 +313,10 @@ struct Slot {
     pending: Mutex<Option<Pending>>,
     cv: Condvar,
     stop: AtomicBool,
+    /// Beats the wire thread has finished with (sent, skipped or given up), and whether it is
+    /// between taking one and finishing it.
+    done: AtomicU64,
+    busy: AtomicBool,
 }
 
 impl Slot {
@@ -320,6 +326,11 @@ impl Slot {
 
     fn has_pending(&self) -> bool {
         self.pending.lock().map(|p| p.is_some()).unwrap_or(false)
+    }
+
+    /// No beat waits and the wire thread is not sending one.
+    fn idle(&self) -> bool {
+        !self.busy.load(Ordering::SeqCst) && !self.has_pending()
     }
 }
 
@@ -429,7 +440,14 @@ fn beat_loop(store: &Store, settings: &Settings, a: &RunArgs, log: &Log) -> Stri
         log(&w);
     }
     let events = events_log_path(&store.registry, &a.job_id);
-    let slot = Arc::new(Slot { pending: Mutex::new(None), cv: Condvar::new(), stop: AtomicBool::new(false) });
+    let slot = Arc::new(Slot {
+        pending: Mutex::new(None),
+        cv: Condvar::new(),
+        stop: AtomicBool::new(false),
+        done: AtomicU64::new(0),
+        busy: AtomicBool::new(false),
+    });
+    let mut start_up_dropped = false;
     let wire = {
         let (slot, store, job, log) = (slot.clone(), store.clone(), job.clone(), log.clone());
         let (cfg, settings) = (mqtt, settings.clone());
@@ -475,6 +493,13 @@ fn beat_loop(store: &Store, settings: &Settings, a: &RunArgs, log: &Log) -> Stri
             sys::release_free_memory();
             k += 1;
             continue;
+        }
+        // Issue 20: once the first beat is through the wire (connected, earlier events looked
+        // for), what start-up ran is no longer needed; only the steady state's code comes back,
+        // laid out together by the link (build.rs).
+        if !start_up_dropped && slot.done.load(Ordering::SeqCst) > 0 && slot.idle() {
+            start_up_dropped = true;
+            let _ = sys::drop_file_pages();
         }
         let next = due.min(end).min(last_check + CHECK_EVERY);
         sys::sleep(SLICE.min(next.saturating_duration_since(now)).max(Duration::from_millis(1)));
@@ -558,6 +583,7 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, settings: &Settings, store: &Sto
                     p = slot.cv.wait_timeout(p, SLICE).unwrap_or_else(|e| e.into_inner()).0;
                 }
                 if let Some(b) = p.take() {
+                    slot.busy.store(true, Ordering::SeqCst);
                     break b;
                 }
             }
@@ -641,6 +667,8 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, settings: &Settings, store: &Sto
                 log(&format!("beat seq={} not published: {e}", beat.seq))
             }
         }
+        slot.done.fetch_add(1, Ordering::SeqCst);
+        slot.busy.store(false, Ordering::SeqCst);
     }
 }
 

@@ -1,0 +1,78 @@
+//! Link layout of the release binary (issue 20): the functions the heartbeat timer runs in its
+//! steady state, listed in `assets/beat.order`, are laid out together in one output section before
+//! `.text` (a linker script of one `INSERT BEFORE .text` section, written to `OUT_DIR`), so the
+//! timer's resident code after it drops its start-up pages is a few 64 KiB fault-around windows
+//! instead of windows all over the binary.
+//!
+//! The list holds symbol names without their hash (which changes with the build's metadata: strip,
+//! target, features) as glob patterns, so one list serves the static and the dynamic build; a name
+//! the build does not have matches nothing, so a stale list costs memory, never a build.
+//!
+//! Only for release builds of x86_64 Linux with glibc linked by rustc's own lld (the default since
+//! Rust 1.90); an older rustc or a configured linker gets the plain layout. `MAM_NO_BEAT_ORDER=1`
+//! turns it off; `MAM_LINK_MAP=<file>` also writes the linker's map (`scripts/beat_order.sh`).
+//! It never changes what is compiled, only where the linker puts it.
+
+use std::env;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=assets/beat.order");
+    println!("cargo:rerun-if-env-changed=MAM_LINK_MAP");
+    println!("cargo:rerun-if-env-changed=MAM_NO_BEAT_ORDER");
+    let var = |k: &str| env::var(k).unwrap_or_default();
+    let lld = var("TARGET") == "x86_64-unknown-linux-gnu"
+        && env::var_os("RUSTC_LINKER").is_none()
+        && !var("CARGO_ENCODED_RUSTFLAGS").contains("link")
+        && rustc_minor(&var("RUSTC")).is_some_and(|m| m >= 90);
+    if !lld || var("PROFILE") != "release" {
+        return;
+    }
+    if env::var_os("MAM_NO_BEAT_ORDER").is_none() {
+        let order = Path::new(&var("CARGO_MANIFEST_DIR")).join("assets/beat.order");
+        let list = fs::read_to_string(&order).unwrap_or_default();
+        let script = Path::new(&var("OUT_DIR")).join("beat.ld");
+        if fs::write(&script, linker_script(&list)).is_ok() {
+            println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
+        }
+    }
+    if let Some(map) = env::var_os("MAM_LINK_MAP") {
+        println!("cargo:rustc-link-arg-bins=-Wl,-Map={}", map.to_string_lossy());
+    }
+}
+
+/// One output section `.text.beat` before `.text` holding the listed input sections: a Rust symbol's
+/// function section by its name up to the hash (`_ZN..17h`), a whole `_R` (v0) or `__` name
+/// (compiler-builtins), or a glibc object's code (`libc.a:<object>`, `libgcc.a:<object>`). Lines with characters a script pattern cannot hold are
+/// skipped.
+fn linker_script(list: &str) -> String {
+    let mut s = String::from("SECTIONS\n{\n  .text.beat : {\n");
+    for line in list.lines().map(str::trim) {
+        let ok = |c: char| c.is_ascii_alphanumeric() || "_$.-*".contains(c);
+        if line.is_empty() || line.starts_with('#') || !line.chars().all(|c| ok(c) || c == ':') {
+            continue;
+        }
+        if let Some((lib @ ("libc.a" | "libgcc.a"), obj)) = line.split_once(':') {
+            s.push_str(&format!("    *{lib}:{obj}(.text .text.*)\n"));
+        } else if line.starts_with("_ZN") && line.ends_with("17h") {
+            s.push_str(&format!("    *(.text.{line}* .text.unlikely.{line}*)\n"));
+        } else if (line.starts_with("_R") || line.starts_with("__")) && line.chars().all(ok) {
+            s.push_str(&format!("    *(.text.{line} .text.{line}.* .text.unlikely.{line} .text.unlikely.{line}.*)\n"));
+        }
+    }
+    s.push_str("  }\n}\nINSERT BEFORE .text;\n");
+    s
+}
+
+/// The minor version of `rustc -V` (`rustc 1.95.0 (...)`), when it is 1.x.
+fn rustc_minor(rustc: &str) -> Option<u32> {
+    let out = Command::new(if rustc.is_empty() { "rustc" } else { rustc }).arg("-V").output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let version = text.split_whitespace().nth(1)?;
+    let mut parts = version.split('.');
+    (parts.next()? == "1").then_some(())?;
+    parts.next()?.parse().ok()
+}
