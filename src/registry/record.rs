@@ -278,26 +278,26 @@ impl<'a> Scan<'a> {
     /// them `\u`); its content valid UTF-8 with no control character.
     fn string(&mut self) -> Option<(&'a str, bool)> {
         self.eat(b'"')?;
-        let start = self.i;
+        let (b, start) = (self.b, self.i);
+        let mut i = start;
         let mut escaped = false;
         loop {
-            match self.peek()? {
+            match *b.get(i)? {
                 b'"' => break,
                 b'\\' => {
                     escaped = true;
-                    self.i += 1;
-                    if !matches!(self.peek()?, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') {
+                    i += 1;
+                    if !matches!(*b.get(i)?, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') {
                         return None;
                     }
                 }
                 0..=0x1f => return None,
                 _ => {}
             }
-            self.i += 1;
+            i += 1;
         }
-        let end = self.i;
-        self.i += 1;
-        Some((std::str::from_utf8(&self.b[start..end]).ok()?, escaped))
+        self.i = i + 1;
+        Some((std::str::from_utf8(&b[start..i]).ok()?, escaped))
     }
 
     /// Digits at the cursor (at least one; no leading zero).
