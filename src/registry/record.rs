@@ -220,7 +220,9 @@ fn scan_only(b: &[u8], keys: &[&str]) -> Option<Map<String, Value>> {
             s.ws();
             let start = s.i;
             let kind = s.value(0)?;
-            if let Some(k) = keys.iter().find(|k| **k == key) {
+            // The length and the first byte before the whole name: most members are not kept.
+            let first = key.as_bytes().first();
+            if let Some(k) = keys.iter().find(|k| k.len() == key.len() && k.as_bytes().first() == first && **k == key) {
                 out.insert(k.to_string(), s.kept(start, kind)?);
             }
             s.ws();
