@@ -202,7 +202,7 @@ impl Record {
 /// of the first, as `serde_json::Map` (insertion-ordered) has them.
 fn scan_only(b: &[u8], keys: &[&str]) -> Option<Map<String, Value>> {
     let mut s = Scan { b, i: 0 };
-    let mut out = Map::new();
+    let mut out = Map::with_capacity(keys.len());
     s.ws();
     s.eat(b'{')?;
     s.ws();
