@@ -177,7 +177,7 @@ impl DirHandle {
         let f = unsafe { File::from_raw_fd(fd) };
         loop {
             // Into the spare capacity, not zeroed first: a zero-fill of 8 KiB per file is a byte
-            // loop at the release build's size-optimised level (docs/DESIGN.md "opt-level").
+            // loop at the release build's size-optimised level (docs/DESIGN.md "Release opt-level").
             buf.reserve(8192);
             let start = buf.len();
             let spare = buf.spare_capacity_mut();

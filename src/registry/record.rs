@@ -194,8 +194,9 @@ impl Record {
 
 /// `parse_only`'s fast path: one pass over the bytes that checks the whole document as strictly as
 /// serde_json does (or more so) and builds only the kept members. Not through serde's generic
-/// deserializer on purpose: at the size-optimised release level (docs/DESIGN.md "opt-level") that
-/// code runs at half the speed, and a listing reads 100,000 records. `None` for anything it does
+/// deserializer on purpose: that code is compiled at mam's size-optimised release level
+/// (docs/DESIGN.md "Release opt-level"), where it ran the listings of 100,000 records at half
+/// the speed. `None` for anything it does
 /// not take, which `parse_only` hands to serde_json: a `\u` escape anywhere, an escape in a member
 /// name, a kept number that is not a plain unsigned integer (serde_json converts those), nesting
 /// deeper than 100, and every malformed document. Duplicate members: the last value, in the place
