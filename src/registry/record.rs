@@ -488,7 +488,10 @@ mod tests {
         for doc in docs {
             let mut variants: Vec<Vec<u8>> = (0..doc.len()).map(|n| doc[..n].to_vec()).collect();
             for i in 0..doc.len() {
-                for c in [b'"', b'\\', b'{', b'}', b'[', b']', b',', b':', b'0', b'-', b'.', b'e', b'u', b'x', b' ', 0x01, 0xff, 0xc3] {
+                for c in [
+                    b'"', b'\\', b'{', b'}', b'[', b']', b',', b':', b'0', b'-', b'.', b'e', b'u', b'x', b' ', 0x01,
+                    0xff, 0xc3,
+                ] {
                     let mut v = doc.to_vec();
                     v[i] = c;
                     variants.push(v);
