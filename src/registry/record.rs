@@ -196,11 +196,11 @@ impl Record {
 /// serde_json does (or more so) and builds only the kept members. Not through serde's generic
 /// deserializer on purpose: that code is compiled at mam's size-optimised release level
 /// (docs/DESIGN.md "Release opt-level"), where it ran the listings of 100,000 records at half
-/// the speed. `None` for anything it does
-/// not take, which `parse_only` hands to serde_json: a `\u` escape anywhere, an escape in a member
-/// name, a kept number that is not a plain unsigned integer (serde_json converts those), nesting
-/// deeper than 100, and every malformed document. Duplicate members: the last value, in the place
-/// of the first, as `serde_json::Map` (insertion-ordered) has them.
+/// the speed. A kept value other than a plain string, a literal or an unsigned integer that fits
+/// u64 is built by serde_json from its bytes. `None` for anything it does not take, which
+/// `parse_only` hands to the full parse: a `\u` escape anywhere, an escape in a member name,
+/// nesting deeper than 100, and every malformed document. Duplicate members: the last value, in
+/// the place of the first, as `serde_json::Map` (insertion-ordered) has them.
 fn scan_only(b: &[u8], keys: &[&str]) -> Option<Map<String, Value>> {
     let mut s = Scan { b, i: 0 };
     let mut out = Map::with_capacity(keys.len());
