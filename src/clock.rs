@@ -34,13 +34,9 @@ pub fn parse_ts(s: &str) -> Option<u64> {
     if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' {
         return None;
     }
+    // Bytes, no allocation: a listing parses several of these per record over 100,000 records.
     let num = |r: std::ops::Range<usize>| -> Option<u64> {
-        let t = s.get(r)?;
-        if t.bytes().all(|c| c.is_ascii_digit()) {
-            t.parse().ok()
-        } else {
-            None
-        }
+        b.get(r)?.iter().try_fold(0u64, |n, &c| c.is_ascii_digit().then(|| n * 10 + u64::from(c - b'0')))
     };
     let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
@@ -48,23 +44,20 @@ pub fn parse_ts(s: &str) -> Option<u64> {
         return None;
     }
     let mut millis = 0;
-    let tail = &s[19..];
-    let tail = if let Some(frac) = tail.strip_prefix('.') {
-        let digits: String = frac.chars().take_while(|c| c.is_ascii_digit()).collect();
-        if digits.is_empty() {
+    let tail = &b[19..];
+    let tail = if let Some(frac) = tail.strip_prefix(b".") {
+        let digits = frac.iter().take_while(|c| c.is_ascii_digit()).count();
+        if digits == 0 {
             return None;
         }
-        let mut padded = digits.clone();
-        padded.truncate(3);
-        while padded.len() < 3 {
-            padded.push('0');
-        }
-        millis = padded.parse().ok()?;
-        &frac[digits.len()..]
+        // The first three digits, padded to three (".5" is 500 ms); the rest are dropped.
+        let kept = digits.min(3);
+        millis = num(20..20 + kept)? * 10u64.pow(3 - kept as u32);
+        &frac[digits..]
     } else {
         tail
     };
-    if tail != "Z" {
+    if tail != b"Z" {
         return None;
     }
     let days = days_from_civil(y as i64, mo as u32, d as u32);
@@ -150,6 +143,20 @@ mod tests {
         assert_eq!(parse_ts("2025-09-13T01:02:03Z"), Some(1_757_725_323_000));
         assert_eq!(parse_ts("2025-13-13T01:02:03Z"), None);
         assert_eq!(parse_ts("garbage"), None);
+        // Fractions of any length: the first three digits, padded.
+        assert_eq!(parse_ts("2025-09-13T01:02:03.5Z"), Some(1_757_725_323_500));
+        assert_eq!(parse_ts("2025-09-13T01:02:03.04Z"), Some(1_757_725_323_040));
+        assert_eq!(parse_ts("2025-09-13T01:02:03.123456Z"), Some(1_757_725_323_123));
+        for bad in [
+            "2025-09-13T01:02:03.Z",
+            "2025-09-13T01:02:03.5",
+            "2025-09-13T01:02:03.5ZZ",
+            "2025-09-13T01:0x:03Z",
+            "2025-09-13T01:02:03+00:00",
+            "2025-09-13T01:02:\u{e9}Z",
+        ] {
+            assert_eq!(parse_ts(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -6,6 +6,11 @@ use std::path::Path;
 
 /// Text made safe for a one-line diagnostic: control characters become escapes.
 pub fn one_line(s: &str) -> String {
+    // Most text has no control character (C0, DEL, and C1, which UTF-8 starts with 0xC2): one
+    // copy then, not a push per char (a listing calls this for cells of 100,000 rows).
+    if !s.bytes().any(|b| b < 0x20 || b == 0x7f || b == 0xc2) {
+        return s.to_string();
+    }
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -139,5 +144,8 @@ mod tests {
     #[test]
     fn one_line_escapes_newlines() {
         assert_eq!(one_line("a\nb\0"), "a\\nb\\u{0}");
+        // DEL and the C1 controls too; other text as it is, non-ASCII included.
+        assert_eq!(one_line("x\u{7f}\u{85}\u{9f}y"), "x\\u{7f}\\u{85}\\u{9f}y");
+        assert_eq!(one_line("\u{a0}\u{bf}\u{e9}t\u{e9} \u{1f600}"), "\u{a0}\u{bf}\u{e9}t\u{e9} \u{1f600}");
     }
 }

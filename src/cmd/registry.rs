@@ -619,13 +619,17 @@ impl Listed {
         Listed { buf: s.into_boxed_str(), created: created.len() as u32, id: id.len() as u32 }
     }
 
-    fn key(&self) -> (&str, &str) {
-        let c = self.created as usize;
-        (&self.buf[..c], &self.buf[c..c + self.id as usize])
-    }
-
     fn payload(&self) -> &str {
         &self.buf[(self.created + self.id) as usize..]
+    }
+
+    /// `(key, payload)` as bytes, for the sort: the same order as the strings' (both compare byte
+    /// by byte), without a char-boundary check per comparison (100,000 records sort in about
+    /// 1.7 million comparisons).
+    fn sort_key(&self) -> (&[u8], &[u8], &[u8]) {
+        let (c, i) = (self.created as usize, (self.created + self.id) as usize);
+        let b = self.buf.as_bytes();
+        (&b[..c], &b[c..i], &b[i..])
     }
 }
 
@@ -680,7 +684,7 @@ fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String
         }
     }
     // Then by what is printed: records that agree on both keys still come in one order.
-    listed.sort_unstable_by(|a, b| (a.key(), a.payload()).cmp(&(b.key(), b.payload())));
+    listed.sort_unstable_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     let mut out = crate::ctx::OutBuf::new(ctx);
     if !json {
         for l in &listed {

@@ -126,6 +126,14 @@ impl Row {
         &self.text[start..end]
     }
 
+    /// (created_at, job_id, the whole text) as bytes, for the listing's sort: the strings' order
+    /// (both compare byte by byte) without a char-boundary check per comparison.
+    fn sort_key(&self) -> (&[u8], &[u8], &[u8]) {
+        let b = self.text.as_bytes();
+        let (id_end, created) = (self.ends[0] as usize, self.ends[2] as usize..self.ends[3] as usize);
+        (&b[created], &b[..id_end], b)
+    }
+
     pub fn job_id(&self) -> &str {
         self.part(0)
     }
@@ -275,7 +283,7 @@ pub fn rows(store: &Store, ages_of_finished: bool) -> Result<(Vec<Row>, Vec<Stri
         warnings.extend(w);
     }
     // The whole text last: records that agree on both keys still come in one order.
-    out.sort_unstable_by(|a, b| (a.created_at(), a.job_id(), &a.text).cmp(&(b.created_at(), b.job_id(), &b.text)));
+    out.sort_unstable_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     Ok((out, warnings))
 }
 
