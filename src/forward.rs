@@ -59,13 +59,55 @@ pub struct Look {
     pub unsent: Vec<Unsent>,
     /// Events not confirmed yet that may still be in flight: a later look may find them unsent.
     pub waiting: usize,
+    /// events.log's length as read, when every event of the current attempt in it was confirmed
+    /// except the one of seq `below` itself: what a confirmed publish of `below` records as
+    /// `clean_to` in its `published` entry, so that later looks start reading there.
+    pub clean_to: Option<u64>,
+    /// Where this look started reading events.log (the newest `clean_to`), and the lines it read.
+    pub from: u64,
+    pub lines: usize,
+}
+
+/// How many audit lines a look reads back at most to find the newest `clean_to` before it reads
+/// events.log from the start of its tail instead.
+const CLEAN_SCAN_LINES: usize = 512;
+
+/// The newest `clean_to` of a confirmed publish in the job's audit: every event line before that
+/// offset of events.log was confirmed when it was written, so no look needs to read them again
+/// (confirmations are never taken back, and events.log is only appended to).
+fn clean_floor(audit_path: &std::path::Path) -> u64 {
+    let mut floor = 0;
+    let mut n = 0;
+    let _ = joblog::scan_lines_back(audit_path, joblog::MAX_LINE, SCAN_BYTES, |l| {
+        n += 1;
+        if contains(l, br#""clean_to""#) {
+            if let Ok(v) = serde_json::from_slice::<Value>(l) {
+                if let (true, Some(to)) = (v["kind"] == "published" && v["published"] == true, v["clean_to"].as_u64()) {
+                    floor = to;
+                    return true;
+                }
+            }
+        }
+        n >= CLEAN_SCAN_LINES
+    });
+    floor
 }
 
 /// `unsent`, also counting the events that may still be in flight.
 pub fn look(store: &Store, job: &Job, below: u64, now_ms: u64) -> Look {
+    let audit_path = audit::job_dir(&store.logs, &job.job_id).join("audit.jsonl");
+    look_from(store, job, below, now_ms, clean_floor(&audit_path))
+}
+
+fn look_from(store: &Store, job: &Job, below: u64, now_ms: u64, from: u64) -> Look {
     let events = events_log_path(&store.registry, &job.job_id);
+    let audit_path = audit::job_dir(&store.logs, &job.job_id).join("audit.jsonl");
+    // Every event of the current attempt after `from` but the one of seq `below`, and whether it is
+    // one that `unsent` may return (seq < below) and an orphan by its age.
     let mut found: BTreeMap<u64, (Unsent, bool)> = BTreeMap::new();
-    let _ = joblog::scan_lines_back(&events, joblog::MAX_LINE, SCAN_BYTES, |line| {
+    let mut lines = 0;
+    let scanned = joblog::scan_lines_back_to(&events, from, joblog::MAX_LINE, SCAN_BYTES, |line| {
+        lines += 1;
         // Most lines are beats: events.log holds canonical JSON, so they are told by their bytes
         // and never parsed (a beat of an earlier attempt is passed over, the next event stops).
         if contains(line, br#""heartbeat":true"#) {
@@ -86,20 +128,24 @@ pub fn look(store: &Store, job: &Job, below: u64, now_ms: u64) -> Look {
             return false;
         }
         if let (Some(seq), Some(event)) = (v["seq"].as_u64(), v["event"].as_str()) {
-            if seq < below {
+            if seq != below {
                 let orphan = v["ts"].as_str().and_then(clock::parse_ts).is_some_and(|t| now_ms >= t + ORPHAN_AFTER_MS);
                 found.insert(seq, (Unsent { seq, event: event.to_string(), bytes: line.to_vec() }, orphan));
             }
         }
         false
     });
+    let Ok(scanned) = scanned else { return Look { from, lines, ..Look::default() } };
+    if scanned < from {
+        // Shorter than a confirmed publish saw it: not the same file; read its tail whole.
+        return look_from(store, job, below, now_ms, 0);
+    }
     if found.is_empty() {
-        return Look::default();
+        return Look { clean_to: Some(scanned), from, lines, ..Look::default() };
     }
     let mut pending: HashSet<u64> = found.keys().copied().collect();
     let mut failed: HashSet<u64> = HashSet::new();
-    let path = audit::job_dir(&store.logs, &job.job_id).join("audit.jsonl");
-    let _ = joblog::scan_lines_back(&path, joblog::MAX_LINE, SCAN_BYTES, |l| {
+    let _ = joblog::scan_lines_back(&audit_path, joblog::MAX_LINE, SCAN_BYTES, |l| {
         if !contains(l, br#""published""#) {
             return false;
         }
@@ -115,8 +161,11 @@ pub fn look(store: &Store, job: &Job, below: u64, now_ms: u64) -> Look {
         }
         pending.is_empty()
     });
-    let mut out = Look::default();
-    for (u, orphan) in found.into_values().filter(|(u, _)| pending.contains(&u.seq)) {
+    let mut out = Look { from, lines, ..Look::default() };
+    if pending.is_empty() {
+        out.clean_to = Some(scanned);
+    }
+    for (u, orphan) in found.into_values().filter(|(u, _)| u.seq < below && pending.contains(&u.seq)) {
         if failed.contains(&u.seq) || orphan {
             if out.unsent.len() < MAX_REPLAY {
                 out.unsent.push(u);
@@ -229,6 +278,55 @@ mod tests {
         let u = unsent(&store, &job(), u64::MAX, later);
         assert_eq!(u[1].event, "completed");
         assert_eq!(u[1].bytes, line(2, "tok", 6, "completed", false).trim_end().as_bytes());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_look_starts_after_the_newest_clean_publish_and_only_a_clean_look_says_clean() {
+        let dir = std::env::temp_dir().join(format!("mam-forward-{}", crate::sys::random_hex(4).unwrap()));
+        let store = Store::new(dir.join("jobs"), dir.join("logs"));
+        fs::create_dir_all(dir.join("jobs/j1")).unwrap();
+        fs::create_dir_all(dir.join("logs/j1")).unwrap();
+        let events = dir.join("jobs/j1/events.log");
+        let audit_path = dir.join("logs/j1/audit.jsonl");
+        let head: String = (2..=40).map(|seq| line(2, "tok", seq, "progress", false)).collect();
+        fs::write(&events, &head).unwrap();
+        let t0 = clock::parse_ts("2026-01-01T00:00:00.000Z").unwrap();
+        let later = t0 + ORPHAN_AFTER_MS;
+        // Nothing confirmed: every line is read, 2..=39 are orphans, and the look is not clean.
+        let l = look(&store, &job(), 40, later);
+        assert_eq!((l.from, l.lines, l.unsent.len(), l.clean_to), (0, 39, 38, None));
+        // All confirmed: clean up to the length read.
+        let all: Vec<(u64, bool)> = (2..=39).map(|s| (s, true)).collect();
+        audit::write_published_for_test(&dir.join("logs"), "j1", &all);
+        let l = look(&store, &job(), 40, later);
+        assert_eq!((l.unsent.len(), l.waiting, l.clean_to), (0, 0, Some(head.len() as u64)));
+        // A later line of someone else's publish still in flight (seq above ours): not clean.
+        let mut with_41 = head.clone();
+        with_41.push_str(&line(2, "tok", 41, "progress", false));
+        fs::write(&events, &with_41).unwrap();
+        let l = look(&store, &job(), 40, t0);
+        assert_eq!((l.unsent.len(), l.waiting, l.clean_to), (0, 0, None));
+        // The publish of 40 confirmed with clean_to: the next look reads only what follows.
+        let mut text = fs::read_to_string(&audit_path).unwrap();
+        text.push_str(&format!(
+            "{{\"kind\":\"published\",\"seq\":40,\"published\":true,\"clean_to\":{}}}\n",
+            head.len()
+        ));
+        fs::write(&audit_path, &text).unwrap();
+        let l = look(&store, &job(), u64::MAX, later);
+        assert_eq!((l.from, l.lines), (head.len() as u64, 1));
+        assert_eq!(l.unsent.iter().map(|u| u.seq).collect::<Vec<_>>(), [41], "an orphan after the floor is found");
+        // A failed publish with clean_to is no floor; nor is a clean_to past the end of the file.
+        fs::write(
+            &audit_path,
+            format!("{text}{{\"kind\":\"published\",\"seq\":41,\"published\":false,\"clean_to\":9}}\n"),
+        )
+        .unwrap();
+        assert_eq!(look(&store, &job(), u64::MAX, later).from, head.len() as u64);
+        fs::write(&audit_path, "{\"kind\":\"published\",\"seq\":40,\"published\":true,\"clean_to\":999999}\n").unwrap();
+        let l = look(&store, &job(), u64::MAX, later);
+        assert_eq!((l.from, l.lines, l.unsent.len()), (0, 40, 39), "read whole again");
         let _ = fs::remove_dir_all(&dir);
     }
 }

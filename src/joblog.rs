@@ -116,24 +116,36 @@ const CHUNK: usize = 64 * 1024;
 /// lines are skipped), reading `CHUNK` bytes at a time and at most `max_bytes` from the end. A line
 /// longer than `max_line` is skipped whole; so is the line cut by the `max_bytes` limit. Stops when
 /// `f` returns true. A missing file has no lines. Memory: one chunk plus one line.
-pub fn scan_lines_back(
+pub fn scan_lines_back(path: &Path, max_line: usize, max_bytes: u64, f: impl FnMut(&[u8]) -> bool) -> io::Result<()> {
+    scan_lines_back_to(path, 0, max_line, max_bytes, f).map(drop)
+}
+
+/// `scan_lines_back` that stops at byte `start`, which the caller knows to be the start of a line
+/// (a length the file had before, for an append-only file): the line that begins there is the
+/// first one handed to `f`. A `start` past the end reads nothing. Returns the file's length as
+/// read.
+pub fn scan_lines_back_to(
     path: &Path,
+    start: u64,
     max_line: usize,
     max_bytes: u64,
     mut f: impl FnMut(&[u8]) -> bool,
-) -> io::Result<()> {
+) -> io::Result<u64> {
     let mut file = match File::open(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(e),
     };
     let len = file.metadata()?.len();
-    let floor = len.saturating_sub(max_bytes);
+    let floor = len.saturating_sub(max_bytes).max(start);
+    if floor >= len {
+        return Ok(len);
+    }
     let mut pos = len;
     // The end of a line whose start has not been read yet, and whether that line is already too long.
     let mut acc: Vec<u8> = Vec::new();
     let mut skipping = false;
-    let mut chunk = vec![0u8; CHUNK];
+    let mut chunk = vec![0u8; CHUNK.min((len - floor) as usize)];
     while pos > floor {
         let n = (pos - floor).min(CHUNK as u64) as usize;
         pos -= n as u64;
@@ -152,7 +164,7 @@ pub fn scan_lines_back(
                     f(&line)
                 };
                 if stop {
-                    return Ok(());
+                    return Ok(len);
                 }
             }
             acc.clear();
@@ -171,11 +183,11 @@ pub fn scan_lines_back(
             }
         }
     }
-    // The file's first line, unless the byte limit cut it.
-    if pos == 0 && !skipping && !acc.is_empty() {
+    // The first line read (the file's, or the one at `start`), unless the byte limit cut it.
+    if (pos == 0 || pos == start) && !skipping && !acc.is_empty() {
         f(&acc);
     }
-    Ok(())
+    Ok(len)
 }
 
 /// The latest events.log line of `attempt` and `event`: its seq and bytes. Reads backwards from the
@@ -249,6 +261,32 @@ mod tests {
         .unwrap();
         assert_eq!(n, 1);
         assert!(back(&p.with_file_name("none"), 10, 10).is_empty());
+    }
+
+    #[test]
+    fn scan_lines_back_to_starts_at_a_known_line_start() {
+        let mid = "m".repeat(CHUNK + 3);
+        let text = format!("first\n{mid}\nthird\nlast\n");
+        let p = tmp("c.log", text.as_bytes());
+        let to = |start: u64, max_bytes: u64| {
+            let mut v = Vec::new();
+            let len = scan_lines_back_to(&p, start, usize::MAX, max_bytes, |l| {
+                v.push(String::from_utf8_lossy(l).into_owned());
+                false
+            })
+            .unwrap();
+            assert_eq!(len, text.len() as u64);
+            v
+        };
+        // The line that begins at `start` is read whole, across a chunk boundary too.
+        assert_eq!(to(6, u64::MAX), [String::from("last"), "third".into(), mid.clone()]);
+        let third = (6 + mid.len() + 1) as u64;
+        assert_eq!(to(third, u64::MAX), ["last", "third"]);
+        assert_eq!(to(0, u64::MAX).len(), 4);
+        // At or past the end: nothing; the byte limit still cuts a line that starts before it.
+        assert!(to(text.len() as u64, u64::MAX).is_empty());
+        assert!(to(text.len() as u64 + 10, u64::MAX).is_empty());
+        assert_eq!(to(6, 7), ["last"]);
     }
 
     #[test]

@@ -234,6 +234,19 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// 0644, and a restored file gets back the mode it had (ORCH 7.4, A50). Like `atomic_write`, the
 /// mode is never taken from the existing target or a link's target.
 pub fn atomic_write_mode(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    replace_file(path, bytes, mode, true)
+}
+
+/// `atomic_write` without the directory fsync, for a file that mirrors another durable one
+/// (status.json mirrors the record, CORE 5.5; issue 20): a reader sees the old file or the new
+/// one, and the new one is fsynced before the rename, so a crash never leaves it torn or empty.
+/// What a crash may lose is the rename itself, leaving the previous complete version, which the
+/// next write moves forward.
+pub fn atomic_write_mirror(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace_file(path, bytes, 0o600, false)
+}
+
+fn replace_file(path: &Path, bytes: &[u8], mode: u32, sync_dir: bool) -> io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
     let mut tmp_name = Vec::from(&b"."[..]);
@@ -258,7 +271,10 @@ pub fn atomic_write_mode(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()>
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
-    fsync_dir(dir)
+    if sync_dir {
+        fsync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// True when `name` is one of mam's temp names (`.<name>.<pid>.<16hex>.tmp`).

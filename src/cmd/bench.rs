@@ -87,9 +87,10 @@ MAM_TRACE=1, alternating with mosquitto_pub -q 1 of the same payload to the same
 per step the median start and length (ms from the command's start, after the process is loaded):
   parse      arguments, env file, paths, broker settings    read     the record, before any lock
   lock       L3 (shared) and events.log opened              record   L1, decision, record write,
-  audit      audit.jsonl and status.json (their fsyncs)              its fsync and the directory's
+  audit      audit.jsonl and status.json (its fsync)                 its fsync and the directory's
   sign       the signed event                               events.log  the line appended
   connect    TCP, CONNECT, CONNACK                          event    PUBLISH to its PUBACK
+  unsent     store and forward's look: events.log since the last clean publish, and the audit
   recheck    the record read again for the state            state    the retained state to PUBACK
   disconnect DISCONNECT and close                           published  the audit entry after the wire
   print      the result line

@@ -36,7 +36,7 @@ use crate::text::show_path;
 use crate::trace;
 
 use crate::wire::{self, EventFields, Job, Progress, Settings};
-use overlap::{PendingAudit, Preconnect};
+use overlap::{AuditWorker, PendingAudit, Preconnect};
 
 /// `--message` limit (CORE 6.1).
 pub const MAX_MESSAGE: usize = 4096;
@@ -108,6 +108,9 @@ pub struct WireReport {
     pub state_skipped: Option<String>,
     pub attempts: u32,
     pub error: Option<String>,
+    /// The store-and-forward look of the attempt that sent the event found every earlier event
+    /// confirmed, up to this length of events.log (`forward::Look::clean_to`).
+    pub clean_to: Option<u64>,
 }
 
 impl WireReport {
@@ -201,6 +204,7 @@ fn send_one_shot_with(
     // Issue 19: what an outage left on disk goes first, so the wire keeps the seq order.
     let mut replayed = forward::Replayed::default();
     let mut notes: Vec<String> = Vec::new();
+    let mut clean_to = None;
     let result = with_retry(&settings.policy(budget), &stop, &mut *diag, |_attempt| {
         progress.attempts += 1;
         let r = (|| {
@@ -213,8 +217,11 @@ fn send_one_shot_with(
                     c
                 }
             };
-            let earlier = forward::unsent(store, job, seq, clock::now_ms());
-            forward::send(store, job, &mut c, &earlier, false, &mut replayed, &mut |w| notes.push(w))?;
+            let t = Instant::now();
+            let look = forward::look(store, job, seq, clock::now_ms());
+            trace::span("unsent", t);
+            clean_to = look.clean_to;
+            forward::send(store, job, &mut c, &look.unsent, false, &mut replayed, &mut |w| notes.push(w))?;
             let state: Option<&dyn Fn() -> wire::StateCheck> = if with_state { Some(&recheck) } else { None };
             wire::send_event_then_state(&mut c, event, &mut progress, state, &|| true)?;
             let t = Instant::now();
@@ -249,6 +256,7 @@ fn send_one_shot_with(
         state_published: progress.state_sent,
         state_skipped: progress.state_skipped,
         attempts: progress.attempts,
+        clean_to: clean_to.filter(|_| progress.event_acked && error.is_none()),
         error,
     }
 }
@@ -264,6 +272,9 @@ fn audit_published(store: &Store, job: &Job, event: &str, seq: u64, r: &WireRepo
     });
     if let Some(e) = &r.error {
         rest["error"] = e.clone().into();
+    }
+    if let Some(to) = r.clean_to {
+        rest["clean_to"] = to.into();
     }
     let e = audit::entry(clock::now_ms(), &job.job_id, Some(job.attempt), "published", rest);
     if let Err(err) = audit::flush(&store.logs, &job.job_id, &[e], None) {
@@ -386,13 +397,17 @@ fn non_terminal(
     // Issue 20: the broker connection opens while the record and events.log are written, and the
     // audit half of the transaction finishes while the event goes out (`overlap`).
     let pre = Preconnect::start(&settings.mqtt_for(rec).0, settings.budget);
+    let worker = AuditWorker::spawn();
     let (out, flush) = store.apply_deferred(&r, now)?;
     if let Some(w) = &out.audit_error {
         diag(format!("WARNING: {w}"));
     }
     let (decision, before) = (out.decision, out.before);
     let flush = match decision {
-        Decided::Applied(_) => Some(PendingAudit::start(flush)),
+        Decided::Applied(_) => Some(match worker {
+            Some(w) => w.start(flush),
+            None => PendingAudit::start(flush),
+        }),
         _ => {
             if let Some(w) = flush.flush() {
                 diag(format!("WARNING: {w}"));

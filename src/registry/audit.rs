@@ -152,7 +152,8 @@ impl AuditLock {
             if new > stored {
                 let mut bytes = serde_json::to_vec_pretty(m).map_err(io::Error::other)?;
                 bytes.push(b'\n');
-                sys::atomic_write(&path, &bytes)?;
+                // A mirror of the record: no directory fsync (sys::atomic_write_mirror).
+                sys::atomic_write_mirror(&path, &bytes)?;
             }
         }
         Ok(())

@@ -228,6 +228,7 @@ fn bench_publish_breakdown_has_the_steps_in_durable_order() {
         "sign",
         "events.log",
         "connect",
+        "unsent",
         "event",
         "recheck",
         "state",

@@ -612,3 +612,48 @@ fn a8_wire_budget_bounds_a_non_terminal_publish() {
     assert_eq!(record(&td, &id)["status"], "running");
     b.release_connack("mam-pub-");
 }
+
+/// Issue 20: a confirmed publish whose look found every earlier event confirmed records how far
+/// events.log is confirmed (`clean_to`), so the next look reads only what follows; after an outage
+/// the failed event is still replayed once, and only the publish after that is clean again.
+#[test]
+fn a_clean_publish_records_how_far_events_log_is_confirmed_and_an_outage_still_replays() {
+    let td = TestDir::new("clean_to");
+    let port = free_port();
+    let b = embedded_at(port);
+    let id = new_job(&td, port, &[]);
+    let events_len = || fs::metadata(registry(&td).join(&id).join("events.log")).unwrap().len();
+    let last_published = || audit(&td, &id).into_iter().rfind(|e| e["kind"] == "published").unwrap();
+    publish(&td, port, &id, "started", &[]).expect_rc(0);
+    for _ in 0..3 {
+        publish(&td, port, &id, "progress", &[]).expect_rc(0);
+        let e = last_published();
+        assert_eq!(e["clean_to"].as_u64(), Some(events_len()), "{e}");
+    }
+    b.shutdown();
+    let in_outage = || {
+        let c = mam_at(&td, port).env("MAM_PUBLISH_BUDGET_S", "1");
+        c.args(["publish", "--job-id", &id, "--event", "progress"]).run().expect_rc(3);
+    };
+    in_outage();
+    let failed = last_published();
+    assert_eq!((failed["seq"].as_u64(), failed["published"].as_bool()), (Some(5), Some(false)));
+    assert!(failed.get("clean_to").is_none(), "{failed}");
+    let b = embedded_at(port);
+    let r = publish(&td, port, &id, "progress", &[]);
+    assert!(r.expect_rc(0).stderr().contains("sent 1 earlier event(s) the wire had missed"), "{}", r.stderr());
+    assert!(last_published().get("clean_to").is_none(), "the look that found seq 5 unsent is not clean");
+    publish(&td, port, &id, "progress", &[]).expect_rc(0);
+    assert_eq!(last_published()["clean_to"].as_u64(), Some(events_len()));
+    let seqs: Vec<u64> =
+        on_topic(&b, &format!("mam/jobs/{id}/events")).iter().filter_map(|v| v["seq"].as_u64()).collect();
+    assert_eq!(seqs, [5, 6, 7], "the replayed event once, then the new ones, in order");
+    // And a look from that floor still finds an event left unsent after it.
+    b.shutdown();
+    in_outage();
+    let b = embedded_at(port);
+    publish(&td, port, &id, "progress", &[]).expect_rc(0);
+    let seqs: Vec<u64> =
+        on_topic(&b, &format!("mam/jobs/{id}/events")).iter().filter_map(|v| v["seq"].as_u64()).collect();
+    assert_eq!(seqs, [8, 9]);
+}
