@@ -52,27 +52,13 @@ pub fn workspace(ws: &Path, n: usize, now_ms: u64) -> io::Result<()> {
         let created = now_ms - span + mix.next() % span;
         let session = format!("w-{:03}", i % SESSIONS);
         let fields = NewRecord {
-            job_id: id.clone(),
-            job_type: "task".into(),
-            attempt: 1,
-            iteration: 1,
             dispatch_token: mix.hex(32),
             auth_token: mix.hex(64),
             agent_session: session,
-            transport: "local".into(),
-            heartbeat_sec: 30,
-            heartbeat_misses: 4,
-            ack_timeout_sec: 300,
-            idle_timeout_sec: 120,
-            idle_timeout_explicit: false,
-            timeout_sec: 0,
             broker: json!({"host": "127.0.0.1", "port": 1883, "tls": false, "username": null,
                            "ca_file": null, "topic_root": "mam"}),
             topic_prefix: format!("mam/jobs/{id}"),
-            brief_path: None,
-            report_path: None,
-            parent_job_id: None,
-            orchestrator_uuid: None,
+            ..NewRecord::local_task(id.clone())
         }
         .fields(created);
         let mut rec = Record::new(fields);

@@ -40,6 +40,36 @@ pub struct NewRecord {
 }
 
 impl NewRecord {
+    /// A local `task` at attempt 1 and iteration 1 with CORE 4.1's default timings (N 30, K 4, T 300,
+    /// idle K×N = 120 not explicit, no wall-clock budget) and no paths, parent or orchestrator. The
+    /// tokens, session and topic prefix are empty and the broker block null: the caller sets them
+    /// (`NewRecord { .., ..NewRecord::local_task(id) }`). For records made outside `registry
+    /// register` (the bench fixture, tests); register takes its timings from the flags and knobs.
+    pub fn local_task(job_id: impl Into<String>) -> NewRecord {
+        NewRecord {
+            job_id: job_id.into(),
+            job_type: "task".into(),
+            attempt: 1,
+            iteration: 1,
+            dispatch_token: String::new(),
+            auth_token: String::new(),
+            agent_session: String::new(),
+            transport: "local".into(),
+            heartbeat_sec: 30,
+            heartbeat_misses: 4,
+            ack_timeout_sec: 300,
+            idle_timeout_sec: 120,
+            idle_timeout_explicit: false,
+            timeout_sec: 0,
+            broker: Value::Null,
+            topic_prefix: String::new(),
+            brief_path: None,
+            report_path: None,
+            parent_job_id: None,
+            orchestrator_uuid: None,
+        }
+    }
+
     /// The full CORE 4.1 field set, dispatched at `dispatched_ms` (also created and updated then).
     pub fn fields(self, dispatched_ms: u64) -> Map<String, Value> {
         let ts = crate::clock::format_ts(dispatched_ms);
@@ -516,26 +546,14 @@ mod tests {
             assert!(scan_only(doc, &keys).is_some());
         }
         let rec = NewRecord {
-            job_id: "j\u{e9}".into(),
-            job_type: "task".into(),
-            attempt: 1,
-            iteration: 1,
             dispatch_token: "d".into(),
             auth_token: "t".into(),
             agent_session: "w \"one\"\n".into(),
-            transport: "local".into(),
-            heartbeat_sec: 30,
-            heartbeat_misses: 4,
-            ack_timeout_sec: 300,
-            idle_timeout_sec: 120,
-            idle_timeout_explicit: false,
             timeout_sec: 60,
             broker: serde_json::json!({"host": "h", "port": 1883}),
             topic_prefix: "mam/jobs/j".into(),
             brief_path: Some("/b.md".into()),
-            report_path: None,
-            parent_job_id: None,
-            orchestrator_uuid: None,
+            ..NewRecord::local_task("j\u{e9}")
         };
         let bytes = Record::new(rec.fields(1_800_000_000_000)).to_bytes();
         let full = Record::parse(&bytes).unwrap().fields;

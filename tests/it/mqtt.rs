@@ -394,29 +394,47 @@ impl Pki {
     }
 }
 
+/// A TLS test's start when mosquitto and openssl are there (`None`, the skip, when they are not and
+/// no MAM_REQUIRE_* asks for them): the test's directory and a PKI in it with the CA `ca` (its
+/// certificate is `ca`) and a second CA, `wrong_ca`, that signs nothing the broker serves.
+struct Tls {
+    td: TestDir,
+    pki: Pki,
+    ca: PathBuf,
+    wrong_ca: PathBuf,
+}
+
+impl Tls {
+    fn new(name: &str) -> Option<Tls> {
+        if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") || !have_tool("openssl", "MAM_REQUIRE_OPENSSL") {
+            return None;
+        }
+        let td = TestDir::new(name);
+        let pki = Pki::new(&td.path("pki"));
+        let ca = pki.ca("ca");
+        let wrong_ca = pki.ca("wrongca");
+        Some(Tls { td, pki, ca, wrong_ca })
+    }
+}
+
+/// A mosquitto TLS listener on 127.0.0.1:`port` serving `cert` (certificate, key) with the CA file `ca`.
+fn tls_listener(port: u16, ca: &Path, cert: &(PathBuf, PathBuf)) -> String {
+    format!(
+        "listener {port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n",
+        ca.display(),
+        cert.0.display(),
+        cert.1.display()
+    )
+}
+
 #[test]
 fn b7_tls_through_the_openssl_shim() {
-    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") || !have_tool("openssl", "MAM_REQUIRE_OPENSSL") {
-        return;
-    }
-    let td = TestDir::new("b7");
-    let pki = Pki::new(&td.path("pki"));
-    let ca = pki.ca("ca");
-    let wrong_ca = pki.ca("wrongca");
-    let (name_crt, name_key) = pki.server("byname", "ca", "DNS:localhost");
-    let (ip_crt, ip_key) = pki.server("byip", "ca", "IP:127.0.0.1");
+    let Some(Tls { td, pki, ca, wrong_ca }) = Tls::new("b7") else { return };
+    let by_name = pki.server("byname", "ca", "DNS:localhost");
+    let by_ip = pki.server("byip", "ca", "IP:127.0.0.1");
     let ip_port = free_port();
     let m = Mosquitto::start(&td, |p| {
-        format!(
-            "allow_anonymous true\n\
-             listener {p} 127.0.0.1\ncafile {ca}\ncertfile {name_crt}\nkeyfile {name_key}\n\
-             listener {ip_port} 127.0.0.1\ncafile {ca}\ncertfile {ip_crt}\nkeyfile {ip_key}\n",
-            ca = ca.display(),
-            name_crt = name_crt.display(),
-            name_key = name_key.display(),
-            ip_crt = ip_crt.display(),
-            ip_key = ip_key.display(),
-        )
+        format!("allow_anonymous true\n{}{}", tls_listener(p, &ca, &by_name), tls_listener(ip_port, &ca, &by_ip))
     });
     wait_until("the second TLS listener", Duration::from_secs(5), || {
         TcpStream::connect(("127.0.0.1", ip_port)).is_ok()
@@ -802,22 +820,9 @@ fn a_filter_refused_then_granted_is_asked_again_on_the_same_connection() {
 /// says no node passed.
 #[test]
 fn broker_check_over_tls_passes_with_the_ca_and_fails_with_another() {
-    if !have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") || !have_tool("openssl", "MAM_REQUIRE_OPENSSL") {
-        return;
-    }
-    let td = TestDir::new("chk-tls");
-    let pki = Pki::new(&td.path("pki"));
-    let ca = pki.ca("ca");
-    let wrong_ca = pki.ca("wrongca");
-    let (crt, key) = pki.server("byname", "ca", "DNS:localhost");
-    let m = Mosquitto::start(&td, |p| {
-        format!(
-            "allow_anonymous true\nlistener {p} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n",
-            ca.display(),
-            crt.display(),
-            key.display()
-        )
-    });
+    let Some(Tls { td, pki, ca, wrong_ca }) = Tls::new("chk-tls") else { return };
+    let by_name = pki.server("byname", "ca", "DNS:localhost");
+    let m = Mosquitto::start(&td, |p| format!("allow_anonymous true\n{}", tls_listener(p, &ca, &by_name)));
     let check = |ca: &Path| {
         td.mam()
             .env("MQTT_TLS", "1")

@@ -4,6 +4,7 @@
 //! sent over a record's plaintext broker block, whole-log reads, an audit flood, raw control
 //! characters in log lines.
 
+use std::ffi::OsString;
 use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
@@ -35,19 +36,15 @@ fn i5_a_delegation_gives_no_secret_to_the_agent_and_the_dispatch_secret_to_no_ch
     let td = TestDir::new("sw_env");
     let Some(broker) = start_target(Target::Embedded, &td) else { return };
     let (pw, ds) = (format!("pw{}", rand_hex(8)), format!("ds{}", rand_hex(8)));
-    let env: Vec<(&str, String)> = vec![
+    let own: [(&str, OsString); 5] = [
         ("MAM_PANE_BACKEND", "fake".into()),
-        ("MAM_FAKE_PANES_DIR", td.path("panes").to_string_lossy().into_owned()),
-        ("MQTT_PORT", broker.port().to_string()),
+        ("MAM_FAKE_PANES_DIR", td.path("panes").into()),
         ("MQTT_USERNAME", "u".into()),
-        ("MQTT_PASSWORD", pw.clone()),
-        ("MAM_DISPATCH_SECRET", ds.clone()),
-        ("MAM_SKS_POLL_MS", "50".into()),
-        ("MAM_SKS_QUIESCE_GAP_MS", "50".into()),
-        ("MAM_WATCH_POLL_MS", "100".into()),
-        ("MAM_MQTT_CONNECT_TIMEOUT_S", "2".into()),
-        ("MAM_AGENT_START_TIMEOUT_MS", "20000".into()),
+        ("MQTT_PASSWORD", pw.clone().into()),
+        ("MAM_DISPATCH_SECRET", ds.clone().into()),
     ];
+    let mut env = agent_in_pane_env(broker.port());
+    env.extend(own.map(|(k, v)| (k.to_string(), v)));
     let mam = || {
         let mut c = td.mam();
         for (k, v) in &env {

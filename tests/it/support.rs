@@ -970,9 +970,9 @@ fn is_executable(p: &Path) -> bool {
 /// The longest path a Unix socket address holds (sun_path is 108 bytes with its NUL).
 const SUN_PATH_MAX: usize = 107;
 
-/// The knobs of a test that starts the fake agent in a real pane (herdr or tmux) and talks to a
-/// broker at `port`: room for a slow agent start and the start-up dialog's settle, quick send-keys
-/// polls and quiesce, short watch polls, connect deadline and publish budget.
+/// The knobs of a test that starts the fake agent in a pane (herdr, tmux or the fake backend) and
+/// talks to a broker at `port`: room for a slow agent start and the start-up dialog's settle, quick
+/// send-keys polls and quiesce, short watch polls, connect deadline and publish budget.
 pub fn agent_in_pane_env(port: u16) -> Vec<(String, OsString)> {
     [
         ("MQTT_PORT", port.to_string()),
