@@ -247,34 +247,66 @@ pub fn atomic_write_mirror(path: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 fn replace_file(path: &Path, bytes: &[u8], mode: u32, sync_dir: bool) -> io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let mut tmp_name = Vec::from(&b"."[..]);
-    tmp_name.extend_from_slice(name.as_bytes());
-    tmp_name.extend_from_slice(format!(".{}.{}.tmp", std::process::id(), random_hex(8)?).as_bytes());
-    let tmp = dir.join(OsStr::from_bytes(&tmp_name));
-    let result = (|| {
+    let tmp = Staged::write(path, bytes, mode)?;
+    tmp.commit(sync_dir)
+}
+
+/// The first half of an atomic write: the temp file written and fsynced, not yet renamed over its
+/// target (issue 20: status.json is staged while the record is written). Dropped uncommitted, the
+/// temp file is removed.
+#[derive(Debug)]
+pub struct Staged {
+    tmp: PathBuf,
+    path: PathBuf,
+    done: bool,
+}
+
+impl Staged {
+    /// Writes `bytes` to a temp name of its own beside `path` (mode `mode`) and fsyncs it.
+    pub fn write(path: &Path, bytes: &[u8], mode: u32) -> io::Result<Staged> {
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let name =
+            path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+        let mut tmp_name = Vec::from(&b"."[..]);
+        tmp_name.extend_from_slice(name.as_bytes());
+        tmp_name.extend_from_slice(format!(".{}.{}.tmp", std::process::id(), random_hex(8)?).as_bytes());
+        let staged = Staged { tmp: dir.join(OsStr::from_bytes(&tmp_name)), path: path.to_path_buf(), done: false };
         // O_EXCL|O_NOFOLLOW: a name planted in the directory is never opened. The mode is 0600
         // whatever the umask and whatever the target was (or pointed at): a record holds auth_token,
         // so its mode is never taken from an existing file or a link's target (issue 12).
-        let mut f = create_new(&tmp)?;
+        let mut f = create_new(&staged.tmp)?;
         {
             use std::os::unix::fs::PermissionsExt;
             f.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
         }
         f.write_all(bytes)?;
         f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
+        Ok(staged)
     }
-    if sync_dir {
-        fsync_dir(dir)?;
+
+    /// The target this was staged for.
+    pub fn target(&self) -> &Path {
+        &self.path
     }
-    Ok(())
+
+    /// Renames the temp file over the target, then fsyncs the directory when `sync_dir`.
+    pub fn commit(mut self, sync_dir: bool) -> io::Result<()> {
+        fs::rename(&self.tmp, &self.path)?;
+        self.done = true;
+        if sync_dir {
+            let dir = self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            fsync_dir(dir)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 /// True when `name` is one of mam's temp names (`.<name>.<pid>.<16hex>.tmp`).

@@ -397,8 +397,12 @@ fn non_terminal(
     // Issue 20: the broker connection opens while the record and events.log are written, and the
     // audit half of the transaction finishes while the event goes out (`overlap`).
     let pre = Preconnect::start(&settings.mqtt_for(rec).0, settings.budget);
-    let worker = AuditWorker::spawn();
-    let (out, flush) = store.apply_deferred(&r, now)?;
+    let worker = AuditWorker::spawn(&store.logs, &req.job_id);
+    let (out, flush) = store.apply_deferred_staging(&r, now, &mut |m| {
+        if let Some(w) = &worker {
+            w.stage(m);
+        }
+    })?;
     if let Some(w) = &out.audit_error {
         diag(format!("WARNING: {w}"));
     }

@@ -9,10 +9,12 @@
 //! is used, or on drop for at most `ABANDON_WAIT` (a broker that does not answer must not hold up a
 //! refused publish; the process ends right after). Nothing here prints.
 
+use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::mqtt::{Client, MqttConfig, MqttError, Role, Stop};
+use crate::registry::audit;
 use crate::registry::store::AuditFlush;
 use crate::sys;
 use crate::trace;
@@ -89,45 +91,82 @@ const STACK: usize = 256 * 1024;
 /// issue 20). Dropped unused, its thread ends at once.
 #[derive(Debug)]
 pub struct AuditWorker {
-    /// The flush handed over (`Some`), and whether the worker may stop waiting.
-    slot: std::sync::Arc<std::sync::Mutex<(Option<AuditFlush>, bool)>>,
+    slot: std::sync::Arc<std::sync::Mutex<Slot>>,
     handle: Option<JoinHandle<Option<String>>>,
 }
 
+/// What the worker is handed: the mirror to stage, then the flush (or the end).
+#[derive(Debug, Default)]
+struct Slot {
+    mirror: Option<serde_json::Value>,
+    flush: Option<AuditFlush>,
+    ended: bool,
+}
+
 impl AuditWorker {
-    /// `None` when no thread could be started (`PendingAudit::start` then starts one, or flushes).
-    pub fn spawn() -> Option<AuditWorker> {
-        let slot = std::sync::Arc::new(std::sync::Mutex::new((None, false)));
+    /// A worker for `job_id`'s audit in `logs`; `None` when no thread could be started
+    /// (`PendingAudit::start` then starts one, or flushes).
+    pub fn spawn(logs: &Path, job_id: &str) -> Option<AuditWorker> {
+        let slot = std::sync::Arc::new(std::sync::Mutex::new(Slot::default()));
         let theirs = slot.clone();
+        let (logs, job_id) = (logs.to_path_buf(), job_id.to_string());
         let handle = std::thread::Builder::new()
             .name("publish-audit".into())
             .stack_size(STACK)
-            .spawn(move || loop {
-                let (flush, ended) = {
-                    let mut g = theirs.lock().unwrap_or_else(|e| e.into_inner());
-                    (g.0.take(), g.1)
-                };
-                if flush.is_some() || ended {
-                    return flush.and_then(AuditFlush::flush);
+            .spawn(move || {
+                let mut staged = None;
+                loop {
+                    // The mirror first: a flush handed over meanwhile stays in the slot.
+                    let (mirror, flush, ended) = {
+                        let mut g = theirs.lock().unwrap_or_else(|e| e.into_inner());
+                        match g.mirror.take() {
+                            Some(m) => (Some(m), None, false),
+                            None => (None, g.flush.take(), g.ended),
+                        }
+                    };
+                    if let Some(m) = mirror {
+                        // A failure here only means the flush writes status.json itself.
+                        staged = audit::stage_mirror(&logs, &job_id, m).ok();
+                        continue;
+                    }
+                    if let Some(f) = flush {
+                        return f.flush_staged(staged);
+                    }
+                    if ended {
+                        return None;
+                    }
+                    std::thread::park();
                 }
-                std::thread::park();
             })
             .ok()?;
         Some(AuditWorker { slot, handle: Some(handle) })
     }
 
+    /// Hands over the mirror of the decision, to be staged while the record is written (called
+    /// under L1: it does no I/O, `Store::apply_deferred_staging`).
+    pub fn stage(&self, mirror: serde_json::Value) {
+        self.hand(|s| s.mirror = Some(mirror));
+    }
+
     /// Hands `flush` to the waiting thread.
     pub fn start(mut self, flush: AuditFlush) -> PendingAudit {
-        self.hand(Some(flush));
+        self.hand(|s| s.flush = Some(flush));
         PendingAudit { handle: self.handle.take(), done: None }
     }
 
-    fn hand(&self, flush: Option<AuditFlush>) {
-        {
-            let mut g = self.slot.lock().unwrap_or_else(|e| e.into_inner());
-            g.0 = flush;
-            g.1 = true;
-        }
+    /// `stage` and `start` in one hand-over, so the worker finds both in its slot at its next
+    /// look (what a slow wake-up does by chance).
+    #[cfg(test)]
+    fn stage_and_start(mut self, mirror: serde_json::Value, flush: AuditFlush) -> PendingAudit {
+        self.hand(|s| {
+            s.mirror = Some(mirror);
+            s.flush = Some(flush);
+        });
+        PendingAudit { handle: self.handle.take(), done: None }
+    }
+
+    fn hand(&self, f: impl FnOnce(&mut Slot)) {
+        f(&mut self.slot.lock().unwrap_or_else(|e| e.into_inner()));
         if let Some(h) = &self.handle {
             h.thread().unpark();
         }
@@ -136,12 +175,11 @@ impl AuditWorker {
 
 impl Drop for AuditWorker {
     fn drop(&mut self) {
+        if self.handle.is_some() {
+            self.hand(|s| s.ended = true);
+        }
         if let Some(h) = self.handle.take() {
-            self.handle = Some(h);
-            self.hand(None);
-            if let Some(h) = self.handle.take() {
-                let _ = h.join();
-            }
+            let _ = h.join();
         }
     }
 }
@@ -179,5 +217,57 @@ impl PendingAudit {
 impl Drop for PendingAudit {
     fn drop(&mut self) {
         let _ = self.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::engine::{Authority, Kind, Request};
+    use crate::registry::record::NewRecord;
+    use crate::registry::store::Store;
+
+    /// The mirror and the flush handed over before the worker has looked even once (it has just
+    /// been started): the flush must not be lost with the mirror's turn (it was, once: the worker
+    /// then waited forever and `mam publish` with it), and status.json ends as the flush says.
+    #[test]
+    fn a_worker_handed_the_mirror_and_the_flush_at_once_flushes_the_staged_mirror() {
+        let dir = std::env::temp_dir().join(format!("mam-overlap-{}", sys::random_hex(4).unwrap()));
+        let store = Store::new(dir.join("jobs"), dir.join("logs"));
+        let mut reg = Request::new(Kind::Register, Authority::Operator, "j1");
+        reg.record = Some(
+            NewRecord { dispatch_token: "d".into(), auth_token: "k".repeat(64), ..NewRecord::local_task("j1") }
+                .fields(1_000),
+        );
+        store.apply(&reg, 1_000).unwrap();
+        for round in 0..20u64 {
+            let worker = AuditWorker::spawn(&store.logs, "j1").unwrap();
+            let mut meta = Request::new(Kind::Metadata, Authority::Operator, "j1");
+            meta.fields.insert("round".into(), round.into());
+            let mut mirror = None;
+            let (_, flush) = store.apply_deferred_staging(&meta, 2_000 + round, &mut |m| mirror = Some(m)).unwrap();
+            let mirror = mirror.expect("an applied decision hands its mirror over");
+            let pending = if round % 2 == 0 {
+                worker.stage_and_start(mirror, flush)
+            } else {
+                worker.stage(mirror);
+                worker.start(flush)
+            };
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || tx.send(pending.finish()).unwrap());
+            let warning = rx.recv_timeout(Duration::from_secs(10)).expect("the flush finished");
+            assert_eq!(warning, None);
+            let status: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join("logs/j1/status.json")).unwrap()).unwrap();
+            let rec = store.read("j1").unwrap().unwrap();
+            assert_eq!(status["transition_seq"], rec.get("transition_seq").cloned().unwrap(), "round {round}");
+            let temps: Vec<_> = std::fs::read_dir(dir.join("logs/j1"))
+                .unwrap()
+                .flatten()
+                .filter(|e| sys::is_temp_name(&e.file_name()))
+                .collect();
+            assert!(temps.is_empty(), "no temp file left: {temps:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

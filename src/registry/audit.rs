@@ -130,6 +130,17 @@ impl AuditLock {
     /// Appends `entries` (one write) and writes `mirror` to status.json only when its
     /// transition_seq is greater than the stored one, so the mirror never goes backwards.
     pub fn flush(&self, entries: &[Value], mirror: Option<&Value>) -> io::Result<()> {
+        self.flush_staged(entries, mirror, None)
+    }
+
+    /// `flush` that renames `staged` (status.json for `mirror`, written ahead by `stage_mirror`)
+    /// into place instead of writing it now; an unused one is removed.
+    pub fn flush_staged(
+        &self,
+        entries: &[Value],
+        mirror: Option<&Value>,
+        staged: Option<StagedMirror>,
+    ) -> io::Result<()> {
         if !entries.is_empty() {
             let mut buf = Vec::new();
             for e in entries {
@@ -150,14 +161,37 @@ impl AuditLock {
             };
             let new = m.get("transition_seq").and_then(Value::as_u64).unwrap_or(0);
             if new > stored {
-                let mut bytes = serde_json::to_vec_pretty(m).map_err(io::Error::other)?;
-                bytes.push(b'\n');
-                // A mirror of the record: no directory fsync (sys::atomic_write_mirror).
-                sys::atomic_write_mirror(&path, &bytes)?;
+                match staged.filter(|s| s.mirror == *m && s.file.target() == path) {
+                    // A mirror of the record: no directory fsync (sys::atomic_write_mirror).
+                    Some(s) => s.file.commit(false)?,
+                    None => sys::atomic_write_mirror(&path, &mirror_bytes(m)?)?,
+                }
             }
         }
         Ok(())
     }
+}
+
+/// status.json's bytes for `mirror`.
+fn mirror_bytes(mirror: &Value) -> io::Result<Vec<u8>> {
+    let mut bytes = serde_json::to_vec_pretty(mirror).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// status.json for `mirror`, written and fsynced under a temp name ahead of the flush that renames
+/// it into place (issue 20: while the record is written, so the two fsyncs overlap). The flush
+/// still decides, under L5, whether it moves the mirror forward; if not, the temp file goes.
+#[derive(Debug)]
+pub struct StagedMirror {
+    mirror: Value,
+    file: sys::Staged,
+}
+
+/// Stages status.json for `mirror` in `job_id`'s log directory, which must exist (L5 is held).
+pub fn stage_mirror(logs: &Path, job_id: &str, mirror: Value) -> io::Result<StagedMirror> {
+    let file = sys::Staged::write(&job_dir(logs, job_id).join("status.json"), &mirror_bytes(&mirror)?, 0o600)?;
+    Ok(StagedMirror { mirror, file })
 }
 
 /// Takes L5, flushes, releases (CORE 5.5 steps 1-5). For writers other than the engine (publish's

@@ -242,6 +242,18 @@ impl Store {
     /// still holds L5, so whatever the caller does meanwhile (`mam publish` sends its event, issue
     /// 20) no other audit line of this job can come before them.
     pub fn apply_deferred(&self, req: &Request, now_ms: u64) -> Result<(Outcome, AuditFlush), StoreError> {
+        self.apply_deferred_staging(req, now_ms, &mut |_| {})
+    }
+
+    /// `apply_deferred` that hands the mirror of an applied decision to `decided` (under L1, just
+    /// before the record is written), so status.json can be staged on another thread meanwhile
+    /// (`audit::stage_mirror`); `decided` must not do I/O itself (CORE 5.4).
+    pub fn apply_deferred_staging(
+        &self,
+        req: &Request,
+        now_ms: u64,
+        decided: &mut dyn FnMut(serde_json::Value),
+    ) -> Result<(Outcome, AuditFlush), StoreError> {
         if let Some(msg) = engine::precheck_static(req) {
             return Err(StoreError::Invalid(msg));
         }
@@ -278,6 +290,9 @@ impl Store {
             let before = read_record(&path)?;
             let decision = engine::decide(before.as_ref(), req, now_ms);
             if let Decision::Applied(a) = &decision {
+                if audit_lock.is_some() {
+                    decided(audit::mirror_of(&a.record));
+                }
                 sys::atomic_write(&path, &a.record.to_bytes()).map_err(|err| StoreError::Io {
                     what: "cannot write record",
                     path: path.clone(),
@@ -336,10 +351,15 @@ impl AuditFlush {
     /// Appends the entries, writes status.json, releases L5, removes a dead writer's temp files;
     /// returns the warning when the audit could not be written (the record write stands).
     pub fn flush(self) -> Option<String> {
+        self.flush_staged(None)
+    }
+
+    /// `flush` with status.json already staged (`audit::stage_mirror`).
+    pub fn flush_staged(self, staged: Option<audit::StagedMirror>) -> Option<String> {
         let t = Instant::now();
         let mut err = None;
         if let Some(l) = &self.lock {
-            if let Err(e) = l.flush(&self.entries, self.mirror.as_ref()) {
+            if let Err(e) = l.flush_staged(&self.entries, self.mirror.as_ref(), staged) {
                 err =
                     Some(format!("{}: audit not written ({e})", show_path(&audit::job_dir(&self.logs, &self.job_id))));
             }
