@@ -11,6 +11,7 @@
 //! Only for release builds of x86_64 Linux with glibc linked by rustc's own lld (the default since
 //! Rust 1.90); an older rustc or a configured linker gets the plain layout. `MAM_NO_BEAT_ORDER=1`
 //! turns it off; `MAM_LINK_MAP=<file>` also writes the linker's map (`scripts/beat_order.sh`).
+//! The same script leaves the unwind tables out (`DISCARD_UNWIND_TABLES`).
 //! It never changes what is compiled, only where the linker puts it.
 
 use std::env;
@@ -23,6 +24,7 @@ fn main() {
     println!("cargo:rerun-if-changed=assets/beat.order");
     println!("cargo:rerun-if-env-changed=MAM_LINK_MAP");
     println!("cargo:rerun-if-env-changed=MAM_NO_BEAT_ORDER");
+    println!("cargo:rerun-if-env-changed=MAM_KEEP_EH_FRAME");
     let var = |k: &str| env::var(k).unwrap_or_default();
     let lld = var("TARGET") == "x86_64-unknown-linux-gnu"
         && env::var_os("RUSTC_LINKER").is_none()
@@ -31,18 +33,30 @@ fn main() {
     if !lld || var("PROFILE") != "release" {
         return;
     }
+    let mut script = String::new();
     if env::var_os("MAM_NO_BEAT_ORDER").is_none() {
         let order = Path::new(&var("CARGO_MANIFEST_DIR")).join("assets/beat.order");
-        let list = fs::read_to_string(&order).unwrap_or_default();
-        let script = Path::new(&var("OUT_DIR")).join("beat.ld");
-        if fs::write(&script, linker_script(&list)).is_ok() {
-            println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
-        }
+        script.push_str(&linker_script(&fs::read_to_string(&order).unwrap_or_default()));
+    }
+    if env::var_os("MAM_KEEP_EH_FRAME").is_none() {
+        script.push_str(DISCARD_UNWIND_TABLES);
+        println!("cargo:rustc-link-arg-bins=-Wl,--no-eh-frame-hdr");
+    }
+    let path = Path::new(&var("OUT_DIR")).join("mam.ld");
+    if !script.is_empty() && fs::write(&path, script).is_ok() {
+        println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", path.display());
     }
     if let Some(map) = env::var_os("MAM_LINK_MAP") {
         println!("cargo:rustc-link-arg-bins=-Wl,-Map={}", map.to_string_lossy());
     }
 }
+
+/// The unwind tables left out of the release binary (about 0.24 MB, issue 20): with `panic =
+/// "abort"` nothing unwinds, and std's precompiled code brings its tables whatever the crate's
+/// flags say (`-C force-unwind-tables=no` changed nothing). What goes with them: the frames of a
+/// `RUST_BACKTRACE=1` panic report (the message and its location stay) and a debugger's unwinding
+/// of a stripped binary. `MAM_KEEP_EH_FRAME=1` keeps them.
+const DISCARD_UNWIND_TABLES: &str = "SECTIONS\n{\n  /DISCARD/ : { *(.eh_frame) *(.eh_frame.*) }\n}\nINSERT AFTER .text;\n";
 
 /// One output section `.text.beat` before `.text` holding the listed input sections: a Rust symbol's
 /// function section by its name up to the hash (`_ZN..17h`), a whole `_R` (v0) or `__` name
