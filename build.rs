@@ -56,7 +56,8 @@ fn main() {
 /// flags say (`-C force-unwind-tables=no` changed nothing). What goes with them: the frames of a
 /// `RUST_BACKTRACE=1` panic report (the message and its location stay) and a debugger's unwinding
 /// of a stripped binary. `MAM_KEEP_EH_FRAME=1` keeps them.
-const DISCARD_UNWIND_TABLES: &str = "SECTIONS\n{\n  /DISCARD/ : { *(.eh_frame) *(.eh_frame.*) }\n}\nINSERT AFTER .text;\n";
+const DISCARD_UNWIND_TABLES: &str =
+    "SECTIONS\n{\n  /DISCARD/ : { *(.eh_frame) *(.eh_frame.*) }\n}\nINSERT AFTER .text;\n";
 
 /// One output section `.text.beat` before `.text` holding the listed input sections: a Rust symbol's
 /// function section by its name up to the hash (`_ZN..17h`), a whole `_R` (v0) or `__` name
