@@ -286,12 +286,14 @@ impl Fields for Picked<'_> {
 /// (docs/DESIGN.md "Release opt-level"), where it ran the listings of 100,000 records at half
 /// the speed. A kept value other than a plain string, a literal or an unsigned integer that fits
 /// u64 is built by serde_json from its bytes. `None` for anything it does not take, which
-/// `parse_only` hands to the full parse: a `\u` escape anywhere, an escape in a member name,
+/// `Picked::parse` hands to the full parse: a `\u` escape anywhere, an escape in a member name,
 /// nesting deeper than 100, and every malformed document. Duplicate members: the last value, in
 /// the place of the first, as `serde_json::Map` (insertion-ordered) has them. The members come
 /// as (index into `keys`, value).
 fn scan_only<'a>(b: &'a [u8], keys: &[&str]) -> Option<Vec<(usize, Field<'a>)>> {
-    let mut s = Scan { b, i: 0 };
+    // UTF-8 checked once for the whole document (std's loop, built at full speed), not string
+    // by string: everything outside the strings must be ASCII anyway.
+    let mut s = Scan { b, t: std::str::from_utf8(b).ok()?, i: 0 };
     let mut out: Vec<(usize, Field<'a>)> = Vec::with_capacity(keys.len());
     s.ws();
     s.eat(b'{')?;
@@ -311,9 +313,9 @@ fn scan_only<'a>(b: &'a [u8], keys: &[&str]) -> Option<Vec<(usize, Field<'a>)>> 
             let start = s.i;
             let kind = s.value(0)?;
             // The length and the first byte before the whole name: most members are not kept.
-            let first = key.as_bytes().first();
+            let first = key.first();
             if let Some(k) =
-                keys.iter().position(|k| k.len() == key.len() && k.as_bytes().first() == first && *k == key)
+                keys.iter().position(|k| k.len() == key.len() && k.as_bytes().first() == first && k.as_bytes() == key)
             {
                 let v = s.kept(start, kind)?;
                 match out.iter_mut().find(|(j, _)| *j == k) {
@@ -337,9 +339,9 @@ fn scan_only<'a>(b: &'a [u8], keys: &[&str]) -> Option<Vec<(usize, Field<'a>)>> 
 }
 
 /// What `Scan::value` found.
-enum Kind<'a> {
-    /// A string's content as written; `true` when it has an escape.
-    Str(&'a str, bool),
+enum Kind {
+    /// A string; `true` when it has an escape.
+    Str(bool),
     /// Digits only.
     Uint,
     /// null, true or false.
@@ -351,6 +353,8 @@ enum Kind<'a> {
 /// A cursor over JSON bytes for `scan_only`.
 struct Scan<'a> {
     b: &'a [u8],
+    /// `b`, checked to be UTF-8.
+    t: &'a str,
     i: usize,
 }
 
@@ -372,9 +376,9 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// A string at the cursor: the bounds of its content and whether it has an escape (none of
-    /// them `\u`); its content valid UTF-8 with no control character.
-    fn string(&mut self) -> Option<(&'a str, bool)> {
+    /// A string at the cursor: its content as written and whether it has an escape (none of
+    /// them `\u`); no control character in it.
+    fn string(&mut self) -> Option<(&'a [u8], bool)> {
         self.eat(b'"')?;
         let (b, start) = (self.b, self.i);
         let mut i = start;
@@ -395,7 +399,7 @@ impl<'a> Scan<'a> {
             i += 1;
         }
         self.i = i + 1;
-        Some((std::str::from_utf8(&b[start..i]).ok()?, escaped))
+        Some((&b[start..i], escaped))
     }
 
     /// Digits at the cursor (at least one; no leading zero).
@@ -409,12 +413,12 @@ impl<'a> Scan<'a> {
     }
 
     /// One value at the cursor, checked and passed over.
-    fn value(&mut self, depth: usize) -> Option<Kind<'a>> {
+    fn value(&mut self, depth: usize) -> Option<Kind> {
         if depth > 100 {
             return None;
         }
         match self.peek()? {
-            b'"' => self.string().map(|(s, e)| Kind::Str(s, e)),
+            b'"' => self.string().map(|(_, e)| Kind::Str(e)),
             b'{' | b'[' => {
                 let close = if self.peek()? == b'{' { b'}' } else { b']' };
                 self.i += 1;
@@ -443,14 +447,14 @@ impl<'a> Scan<'a> {
                     }
                 }
             }
-            b't' | b'f' | b'n' => {
-                for lit in [&b"true"[..], b"false", b"null"] {
-                    if self.b[self.i..].starts_with(lit) {
-                        self.i += lit.len();
-                        return Some(Kind::Lit);
-                    }
-                }
-                None
+            c @ (b't' | b'f' | b'n') => {
+                let lit: &[u8] = match c {
+                    b't' => b"true",
+                    b'f' => b"false",
+                    _ => b"null",
+                };
+                self.b[self.i..].starts_with(lit).then(|| self.i += lit.len())?;
+                Some(Kind::Lit)
             }
             b'-' | b'0'..=b'9' => {
                 let negative = self.peek()? == b'-';
@@ -480,17 +484,18 @@ impl<'a> Scan<'a> {
 
     /// The value that `value` passed over from `start`: a plain string borrowed, a literal and
     /// an unsigned integer that fits u64 built here, anything else by serde_json.
-    fn kept(&self, start: usize, kind: Kind<'a>) -> Option<Field<'a>> {
+    fn kept(&self, start: usize, kind: Kind) -> Option<Field<'a>> {
         let text = &self.b[start..self.i];
         let plain = match kind {
-            Kind::Str(s, false) => return Some(Field::Str(s)),
-            Kind::Uint => std::str::from_utf8(text).ok()?.parse::<u64>().ok().map(Value::from),
+            // The content between the quotes (ASCII, so both are char boundaries).
+            Kind::Str(false) => return self.t.get(start + 1..self.i - 1).map(Field::Str),
+            Kind::Uint => self.t[start..self.i].parse::<u64>().ok().map(Value::from),
             Kind::Lit => Some(match text[0] {
                 b't' => Value::Bool(true),
                 b'f' => Value::Bool(false),
                 _ => Value::Null,
             }),
-            Kind::Str(_, true) | Kind::Other => None,
+            Kind::Str(true) | Kind::Other => None,
         };
         plain.or_else(|| serde_json::from_slice(text).ok()).map(Field::Value)
     }
