@@ -263,8 +263,8 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
     let mut report = Report::default();
     let mut cache = Cache::new();
     let wanted = Wanted {
-        names: rows.iter().map(|r| r.name.clone()).collect(),
-        onboarding: rows.iter().filter_map(|r| r.onboard_job.clone()).collect(),
+        names: crate::sort::ordered(rows.iter().map(|r| r.name.clone())),
+        onboarding: crate::sort::ordered(rows.iter().filter_map(|r| r.onboard_job.clone())),
     };
     for row in rows {
         let unknown = || ("unknown", "unknown".to_string());
