@@ -84,6 +84,8 @@ mod tests {
         assert_eq!(built.len(), 40);
         let set: BTreeSet<u64> = ordered(pairs.iter().map(|p| p.0));
         assert_eq!(set, pairs.iter().map(|p| p.0).collect::<BTreeSet<_>>());
+        let small: BTreeMap<u8, char> = ordered([(2, 'a'), (1, 'b'), (1, 'c')]);
+        assert_eq!(small, BTreeMap::from([(1, 'c'), (2, 'a')]));
     }
 
     #[test]
