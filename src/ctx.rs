@@ -100,7 +100,7 @@ impl Ctx {
     pub fn from_process() -> Ctx {
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         Ctx {
-            env: std::env::vars_os().collect(),
+            env: crate::sort::ordered(std::env::vars_os()),
             overlay: BTreeMap::new(),
             origin: BTreeMap::new(),
             loaded: false,
@@ -119,7 +119,7 @@ impl Ctx {
         V: Into<OsString>,
     {
         Ctx {
-            env: vars.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            env: crate::sort::ordered(vars.into_iter().map(|(k, v)| (k.into(), v.into()))),
             overlay: BTreeMap::new(),
             origin: BTreeMap::new(),
             loaded: false,

@@ -107,7 +107,7 @@ fn is_agent_args(args: &str) -> bool {
 
 /// The purge's helper chain: `own` and its ancestors up to, not including, the nearest agent CLI.
 pub fn helper_chain(procs: &[Proc], own: i32) -> BTreeSet<i32> {
-    let by_pid: BTreeMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
+    let by_pid: BTreeMap<i32, &Proc> = crate::sort::ordered(procs.iter().map(|p| (p.pid, p)));
     let mut chain = BTreeSet::new();
     let mut cur = own;
     for _ in 0..128 {
@@ -204,8 +204,9 @@ fn proc_fd_holder(files: &[PathBuf], own: i32) -> Option<Holder> {
     if !Path::new("/proc/self/fd").is_dir() {
         return Some(held(None, "no lsof and no /proc to scan"));
     }
-    let want: BTreeSet<PathBuf> =
-        files.iter().flat_map(|f| [f.clone(), std::fs::canonicalize(f).unwrap_or_else(|_| f.clone())]).collect();
+    let want: BTreeSet<PathBuf> = crate::sort::ordered(
+        files.iter().flat_map(|f| [f.clone(), std::fs::canonicalize(f).unwrap_or_else(|_| f.clone())]),
+    );
     for pid in pids.into_iter().filter(|p| *p != own) {
         let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
         for e in rd.flatten() {

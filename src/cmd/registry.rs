@@ -16,7 +16,7 @@ use crate::knob;
 use crate::ops::{self, Close, NewJob, OpsError};
 use crate::paths;
 use crate::registry::engine::{Kind, Request};
-use crate::registry::record::Record;
+use crate::registry::record::{Field, Fields, Picked};
 use crate::registry::store::{Decided, Outcome, Store, StoreError};
 use crate::registry::{self, valid_status};
 use crate::text;
@@ -646,7 +646,7 @@ fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String
             )));
         }
     }
-    let wanted = |r: &Record| {
+    let wanted = |r: &dyn Fields| {
         status.as_deref().is_none_or(|s| r.status() == s)
             && session.as_deref().is_none_or(|s| r.str("agent_session") == Some(s))
     };
@@ -656,7 +656,7 @@ fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String
             || (Vec::new(), Vec::new()),
             |(listed, warnings): &mut (Vec<Listed>, Vec<String>), e| {
                 let parsed = e.bytes.and_then(|b| {
-                    Record::parse_only(b, LIST_FIELDS)
+                    Picked::parse(b, LIST_FIELDS)
                         .map_err(|why| StoreError::Corrupt { path: store.record_path(e.id), why: why.to_string() })
                 });
                 let r = match parsed {
@@ -707,11 +707,11 @@ fn list(ctx: &Ctx, store: &Store, status: Option<String>, session: Option<String
 }
 
 /// One `registry list` line: id, status, attempt, session, updated_at, tab separated.
-fn list_line(r: &Record) -> String {
+fn list_line(r: &Picked) -> String {
     let text = |k: &str| match r.get(k) {
-        Some(Value::String(s)) => text::one_line(s),
-        Some(Value::Null) | None => String::new(),
-        Some(v) => v.to_string(),
+        Some(f @ (Field::Str(_) | Field::Value(Value::String(_)))) => text::one_line(f.as_str().unwrap_or("")),
+        Some(Field::Value(Value::Null)) | None => String::new(),
+        Some(Field::Value(v)) => v.to_string(),
     };
     format!(
         "{}\t{}\t{}\t{}\t{}",

@@ -170,12 +170,12 @@ impl State {
         let loops_changed = self.loops.poll(now);
         if loops_changed || now.saturating_sub(self.alive_at) >= 2_000 {
             self.alive_at = now;
-            let alive: BTreeMap<String, bool> = self
-                .loops
-                .checkpoints()
-                .iter()
-                .map(|cp| (cp.loop_id.clone(), world::loop_alive(&self.loops.control, cp)))
-                .collect();
+            let alive: BTreeMap<String, bool> = crate::sort::ordered(
+                self.loops
+                    .checkpoints()
+                    .iter()
+                    .map(|cp| (cp.loop_id.clone(), world::loop_alive(&self.loops.control, cp))),
+            );
             changed |= loops_changed || alive != self.alive;
             self.alive = alive;
         }

@@ -163,7 +163,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let store = Store::from_resolved(&resolved);
 
     // The selection, each job once, in id order.
-    let mut ids: BTreeSet<String> = a.jobs.iter().cloned().collect();
+    let mut ids: BTreeSet<String> = crate::sort::ordered(a.jobs.iter().cloned());
     let mut records = Vec::new();
     for id in &a.jobs {
         records.push(store.read_existing(id).map_err(Failure::runtime)?);

@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::clock::parse_ts;
 use crate::registry::engine::{Authority, Kind, Request};
 use crate::registry::is_terminal;
-use crate::registry::record::Record;
+use crate::registry::record::{Fields, Record};
 use crate::registry::store::{Decided, Store};
 use crate::sys;
 
@@ -33,7 +33,7 @@ pub enum Close {
 /// The newest evidence of life of a job in ms since the epoch: the record's `last_event_at`,
 /// `heartbeat_at`, `claimed_at`, `updated_at`, `dispatched_at` and `created_at`, and the mtime of its
 /// events.log. `updated_at` counts (conservative: a job that anyone touched is not closed early).
-pub fn last_evidence_ms(rec: &Record, events_mtime_ms: Option<u64>) -> Option<u64> {
+pub fn last_evidence_ms(rec: &dyn Fields, events_mtime_ms: Option<u64>) -> Option<u64> {
     ["last_event_at", "heartbeat_at", "claimed_at", "updated_at", "dispatched_at", "created_at"]
         .iter()
         .filter_map(|k| rec.str(k).and_then(parse_ts))
@@ -42,7 +42,7 @@ pub fn last_evidence_ms(rec: &Record, events_mtime_ms: Option<u64>) -> Option<u6
 }
 
 /// The idle window of a job in ms: `idle_timeout_sec`, else K x N, else 120 s.
-pub fn idle_ms(rec: &Record) -> u64 {
+pub fn idle_ms(rec: &dyn Fields) -> u64 {
     let n = rec.u64("heartbeat_sec").unwrap_or(30);
     let k = rec.u64("heartbeat_misses").unwrap_or(4);
     let idle = rec.u64("idle_timeout_sec").filter(|&s| s > 0).unwrap_or(n * k);

@@ -146,20 +146,12 @@ impl Record {
         }
     }
 
-    /// `parse` keeping only the fields named in `keys` (the others are skipped unparsed): what a
-    /// listing over 100,000 records needs without building each whole record. Bytes that are not
-    /// a record give exactly `parse`'s error.
+    /// `parse` keeping only the fields named in `keys` (the others are skipped unparsed), as a
+    /// `Record` (`Picked::parse` is the same without the map). Bytes that are not a record give
+    /// exactly `parse`'s error.
     pub fn parse_only(bytes: &[u8], keys: &[&str]) -> Result<Record, ParseError> {
-        if let Some(fields) = scan_only(bytes, keys) {
-            return Ok(Record { fields });
-        }
-        // Whatever the scanner does not take (a `\u` escape, a malformed or deeply nested
-        // document): a full parse, so the result and the error are exactly `parse`'s.
-        Record::parse(bytes).map(|r| {
-            let mut fields = r.fields;
-            fields.retain(|k, _| keys.contains(&k.as_str()));
-            Record { fields }
-        })
+        let p = Picked::parse(bytes, keys)?;
+        Ok(Record { fields: p.members.into_iter().map(|(i, f)| (keys[i].to_string(), f.into_value())).collect() })
     }
 
     /// The bytes written to disk: `broker.password` is removed whatever its value (CORE 4.1),
@@ -222,18 +214,117 @@ impl Record {
     }
 }
 
-/// `parse_only`'s fast path: one pass over the bytes that checks the whole document as strictly as
+impl Fields for Record {
+    fn str(&self, key: &str) -> Option<&str> {
+        Record::str(self, key)
+    }
+
+    fn u64(&self, key: &str) -> Option<u64> {
+        Record::u64(self, key)
+    }
+}
+
+/// Reading a record's fields by name, whatever holds them: a whole `Record`, or the few members
+/// of one that a listing keeps (`Picked`).
+pub trait Fields {
+    /// The field when it is a string.
+    fn str(&self, key: &str) -> Option<&str>;
+
+    /// The field when it is an unsigned integer that fits u64.
+    fn u64(&self, key: &str) -> Option<u64>;
+
+    fn status(&self) -> &str {
+        self.str("status").unwrap_or("")
+    }
+}
+
+/// The members of one record named in `keys`, in the record's order (a duplicate member: its
+/// last value in the place of the first, as `Record::parse` has it): what the listings over
+/// 100,000 records read. No map and no hashing; a string without an escape is borrowed from the
+/// record's bytes; one allocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Picked<'a> {
+    keys: &'a [&'a str],
+    /// (index into `keys`, value).
+    members: Vec<(usize, Field<'a>)>,
+}
+
+/// One member's value in a `Picked`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Field<'a> {
+    /// A string with no escape, as written in the record.
+    Str(&'a str),
+    /// Anything else, built.
+    Value(Value),
+}
+
+impl Field<'_> {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Field::Str(s) => Some(s),
+            Field::Value(v) => v.as_str(),
+        }
+    }
+
+    pub fn into_value(self) -> Value {
+        match self {
+            Field::Str(s) => Value::String(s.to_string()),
+            Field::Value(v) => v,
+        }
+    }
+}
+
+impl<'a> Picked<'a> {
+    /// `Record::parse` keeping only the members named in `keys`, the others skipped unparsed.
+    /// Bytes that are not a record give exactly `Record::parse`'s error.
+    pub fn parse(bytes: &'a [u8], keys: &'a [&'a str]) -> Result<Picked<'a>, ParseError> {
+        if let Some(members) = scan_only(bytes, keys) {
+            return Ok(Picked { keys, members });
+        }
+        // Whatever the scanner does not take (a `\u` escape, a malformed or deeply nested
+        // document): a full parse, so the result and the error are exactly `parse`'s.
+        let fields = Record::parse(bytes)?.fields;
+        let members = fields
+            .into_iter()
+            .filter_map(|(k, v)| Some((keys.iter().position(|x| *x == k)?, Field::Value(v))))
+            .collect();
+        Ok(Picked { keys, members })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Field<'a>> {
+        let i = self.keys.iter().position(|k| *k == key)?;
+        self.members.iter().find(|(j, _)| *j == i).map(|(_, f)| f)
+    }
+}
+
+impl Fields for Picked<'_> {
+    fn str(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Field::as_str)
+    }
+
+    fn u64(&self, key: &str) -> Option<u64> {
+        match self.get(key)? {
+            Field::Value(v) => v.as_u64(),
+            Field::Str(_) => None,
+        }
+    }
+}
+
+/// `Picked::parse`'s fast path: one pass over the bytes that checks the whole document as strictly as
 /// serde_json does (or more so) and builds only the kept members. Not through serde's generic
 /// deserializer on purpose: that code is compiled at mam's size-optimised release level
 /// (docs/DESIGN.md "Release opt-level"), where it ran the listings of 100,000 records at half
 /// the speed. A kept value other than a plain string, a literal or an unsigned integer that fits
 /// u64 is built by serde_json from its bytes. `None` for anything it does not take, which
-/// `parse_only` hands to the full parse: a `\u` escape anywhere, an escape in a member name,
+/// `Picked::parse` hands to the full parse: a `\u` escape anywhere, an escape in a member name,
 /// nesting deeper than 100, and every malformed document. Duplicate members: the last value, in
-/// the place of the first, as `serde_json::Map` (insertion-ordered) has them.
-fn scan_only(b: &[u8], keys: &[&str]) -> Option<Map<String, Value>> {
-    let mut s = Scan { b, i: 0 };
-    let mut out = Map::with_capacity(keys.len());
+/// the place of the first, as `serde_json::Map` (insertion-ordered) has them. The members come
+/// as (index into `keys`, value).
+fn scan_only<'a>(b: &'a [u8], keys: &[&str]) -> Option<Vec<(usize, Field<'a>)>> {
+    // UTF-8 checked once for the whole document (std's loop, built at full speed), not string
+    // by string: everything outside the strings must be ASCII anyway.
+    let mut s = Scan { b, t: std::str::from_utf8(b).ok()?, i: 0 };
+    let mut out: Vec<(usize, Field<'a>)> = Vec::with_capacity(keys.len());
     s.ws();
     s.eat(b'{')?;
     s.ws();
@@ -252,9 +343,15 @@ fn scan_only(b: &[u8], keys: &[&str]) -> Option<Map<String, Value>> {
             let start = s.i;
             let kind = s.value(0)?;
             // The length and the first byte before the whole name: most members are not kept.
-            let first = key.as_bytes().first();
-            if let Some(k) = keys.iter().find(|k| k.len() == key.len() && k.as_bytes().first() == first && **k == key) {
-                out.insert(k.to_string(), s.kept(start, kind)?);
+            let first = key.first();
+            if let Some(k) =
+                keys.iter().position(|k| k.len() == key.len() && k.as_bytes().first() == first && k.as_bytes() == key)
+            {
+                let v = s.kept(start, kind)?;
+                match out.iter_mut().find(|(j, _)| *j == k) {
+                    Some(m) => m.1 = v,
+                    None => out.push((k, v)),
+                }
             }
             s.ws();
             match s.peek()? {
@@ -272,9 +369,9 @@ fn scan_only(b: &[u8], keys: &[&str]) -> Option<Map<String, Value>> {
 }
 
 /// What `Scan::value` found.
-enum Kind<'a> {
-    /// A string's content as written; `true` when it has an escape.
-    Str(&'a str, bool),
+enum Kind {
+    /// A string; `true` when it has an escape.
+    Str(bool),
     /// Digits only.
     Uint,
     /// null, true or false.
@@ -286,6 +383,8 @@ enum Kind<'a> {
 /// A cursor over JSON bytes for `scan_only`.
 struct Scan<'a> {
     b: &'a [u8],
+    /// `b`, checked to be UTF-8.
+    t: &'a str,
     i: usize,
 }
 
@@ -307,9 +406,9 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// A string at the cursor: the bounds of its content and whether it has an escape (none of
-    /// them `\u`); its content valid UTF-8 with no control character.
-    fn string(&mut self) -> Option<(&'a str, bool)> {
+    /// A string at the cursor: its content as written and whether it has an escape (none of
+    /// them `\u`); no control character in it.
+    fn string(&mut self) -> Option<(&'a [u8], bool)> {
         self.eat(b'"')?;
         let (b, start) = (self.b, self.i);
         let mut i = start;
@@ -330,7 +429,7 @@ impl<'a> Scan<'a> {
             i += 1;
         }
         self.i = i + 1;
-        Some((std::str::from_utf8(&b[start..i]).ok()?, escaped))
+        Some((&b[start..i], escaped))
     }
 
     /// Digits at the cursor (at least one; no leading zero).
@@ -344,12 +443,12 @@ impl<'a> Scan<'a> {
     }
 
     /// One value at the cursor, checked and passed over.
-    fn value(&mut self, depth: usize) -> Option<Kind<'a>> {
+    fn value(&mut self, depth: usize) -> Option<Kind> {
         if depth > 100 {
             return None;
         }
         match self.peek()? {
-            b'"' => self.string().map(|(s, e)| Kind::Str(s, e)),
+            b'"' => self.string().map(|(_, e)| Kind::Str(e)),
             b'{' | b'[' => {
                 let close = if self.peek()? == b'{' { b'}' } else { b']' };
                 self.i += 1;
@@ -378,14 +477,14 @@ impl<'a> Scan<'a> {
                     }
                 }
             }
-            b't' | b'f' | b'n' => {
-                for lit in [&b"true"[..], b"false", b"null"] {
-                    if self.b[self.i..].starts_with(lit) {
-                        self.i += lit.len();
-                        return Some(Kind::Lit);
-                    }
-                }
-                None
+            c @ (b't' | b'f' | b'n') => {
+                let lit: &[u8] = match c {
+                    b't' => b"true",
+                    b'f' => b"false",
+                    _ => b"null",
+                };
+                self.b[self.i..].starts_with(lit).then(|| self.i += lit.len())?;
+                Some(Kind::Lit)
             }
             b'-' | b'0'..=b'9' => {
                 let negative = self.peek()? == b'-';
@@ -413,21 +512,22 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// The value that `value` passed over from `start`, built (serde_json for anything but a
-    /// plain string, a literal and an unsigned integer that fits u64).
-    fn kept(&self, start: usize, kind: Kind) -> Option<Value> {
+    /// The value that `value` passed over from `start`: a plain string borrowed, a literal and
+    /// an unsigned integer that fits u64 built here, anything else by serde_json.
+    fn kept(&self, start: usize, kind: Kind) -> Option<Field<'a>> {
         let text = &self.b[start..self.i];
         let plain = match kind {
-            Kind::Str(s, false) => Some(Value::String(s.to_string())),
-            Kind::Uint => std::str::from_utf8(text).ok()?.parse::<u64>().ok().map(Value::from),
+            // The content between the quotes (ASCII, so both are char boundaries).
+            Kind::Str(false) => return self.t.get(start + 1..self.i - 1).map(Field::Str),
+            Kind::Uint => self.t[start..self.i].parse::<u64>().ok().map(Value::from),
             Kind::Lit => Some(match text[0] {
                 b't' => Value::Bool(true),
                 b'f' => Value::Bool(false),
                 _ => Value::Null,
             }),
-            Kind::Str(_, true) | Kind::Other => None,
+            Kind::Str(true) | Kind::Other => None,
         };
-        plain.or_else(|| serde_json::from_slice(text).ok())
+        plain.or_else(|| serde_json::from_slice(text).ok()).map(Field::Value)
     }
 }
 
@@ -490,6 +590,12 @@ mod tests {
         }
     }
 
+    /// The scanner's members as the map they stand for.
+    fn scanned(bytes: &[u8], keys: &[&str]) -> Option<Map<String, Value>> {
+        let members = scan_only(bytes, keys)?;
+        Some(members.into_iter().map(|(i, f)| (keys[i].to_string(), f.into_value())).collect())
+    }
+
     /// The full parse with the other members dropped: what `parse_only` must give.
     fn oracle(bytes: &[u8], keys: &[&str]) -> Option<Map<String, Value>> {
         let mut fields = Record::parse(bytes).ok()?.fields;
@@ -514,7 +620,7 @@ mod tests {
             br#"{"k\u0065y":1,"job_id":"a"}"#,
             br#"{"job\tid":1,"status":"s"}"#,
         ];
-        let mut checked = 0;
+        let (mut checked, mut picked) = (0, 0);
         for doc in docs {
             let mut variants: Vec<Vec<u8>> = (0..doc.len()).map(|n| doc[..n].to_vec()).collect();
             for i in 0..doc.len() {
@@ -533,18 +639,39 @@ mod tests {
             variants.push(doc.to_vec());
             for v in variants {
                 let want = oracle(&v, &keys);
-                if let Some(got) = scan_only(&v, &keys) {
+                if let Some(got) = scanned(&v, &keys) {
                     assert_eq!(Some(&got), want.as_ref(), "{}", String::from_utf8_lossy(&v));
+                    // The order too (a map compares without it).
+                    assert_eq!(got.keys().collect::<Vec<_>>(), want.as_ref().unwrap().keys().collect::<Vec<_>>());
                     checked += 1;
                 }
-                assert_eq!(Record::parse_only(&v, &keys).ok().map(|r| r.fields), want);
+                let only = Record::parse_only(&v, &keys);
+                assert_eq!(only.as_ref().ok().map(|r| &r.fields), want.as_ref());
+                assert_eq!(only.err(), Record::parse(&v).err());
+                // What a listing reads through `Fields` is what the whole record says.
+                match (Picked::parse(&v, &keys), Record::parse(&v)) {
+                    (Ok(p), Ok(full)) => {
+                        for k in keys.iter().chain(&["skip", "absent"]) {
+                            let kept = keys.contains(k);
+                            let (s, n) =
+                                (Fields::str(&full, k).filter(|_| kept), Fields::u64(&full, k).filter(|_| kept));
+                            assert_eq!((p.str(k), p.u64(k)), (s, n), "{k} {}", String::from_utf8_lossy(&v));
+                            assert_eq!(p.get(k).cloned().map(Field::into_value), full.get(k).filter(|_| kept).cloned());
+                        }
+                        assert_eq!(Fields::status(&p), full.status());
+                        picked += 1;
+                    }
+                    (p, full) => assert_eq!(p.err(), full.err(), "{}", String::from_utf8_lossy(&v)),
+                }
             }
         }
-        assert!(checked > 500, "{checked}");
+        assert!(checked > 500 && picked > checked, "{checked} {picked}");
         // What the fast path takes: records as mam writes them, unicode and simple escapes.
         for doc in &docs[..2] {
             assert!(scan_only(doc, &keys).is_some());
         }
+        let p = Picked::parse(docs[0], &keys).unwrap();
+        assert!(matches!(p.get("status"), Some(Field::Str("running"))), "borrowed: {p:?}");
         let rec = NewRecord {
             dispatch_token: "d".into(),
             auth_token: "t".into(),
@@ -558,7 +685,7 @@ mod tests {
         let bytes = Record::new(rec.fields(1_800_000_000_000)).to_bytes();
         let full = Record::parse(&bytes).unwrap().fields;
         let all: Vec<&str> = full.keys().map(String::as_str).collect();
-        assert_eq!(scan_only(&bytes, &all).expect("a record as written takes the fast path"), full);
+        assert_eq!(scanned(&bytes, &all).expect("a record as written takes the fast path"), full);
     }
 
     #[test]

@@ -457,7 +457,7 @@ fn ignored_excludes(g: &mut Git<'_>, excludes: &[OsString]) -> Vec<bool> {
         let args: Vec<&str> = ["check-ignore", "--"].into_iter().chain(rels.iter().map(String::as_str)).collect();
         if let Ok(out) = g.run(&args) {
             let listed: Option<BTreeSet<&[u8]>> = match out.status.code() {
-                Some(0) => Some(out.stdout.split(|b| *b == b'\n').filter(|l| !l.is_empty()).collect()),
+                Some(0) => Some(crate::sort::ordered(out.stdout.split(|b| *b == b'\n').filter(|l| !l.is_empty()))),
                 Some(1) => Some(BTreeSet::new()),
                 _ => None,
             };
@@ -488,14 +488,11 @@ fn gitlinks(g: &mut Git<'_>, head: &str) -> Result<BTreeSet<PathBuf>, GitError> 
 
 /// The excluded paths beneath `root` (real paths where they exist), relative to it.
 fn excluded_beneath(root: &Path, exclude: &[PathBuf]) -> BTreeSet<PathBuf> {
-    exclude
-        .iter()
-        .filter_map(|p| {
-            let p = sys::normalize(p);
-            let p = p.canonicalize().unwrap_or(p);
-            p.strip_prefix(root).ok().filter(|r| !r.as_os_str().is_empty()).map(Path::to_path_buf)
-        })
-        .collect()
+    crate::sort::ordered(exclude.iter().filter_map(|p| {
+        let p = sys::normalize(p);
+        let p = p.canonicalize().unwrap_or(p);
+        p.strip_prefix(root).ok().filter(|r| !r.as_os_str().is_empty()).map(Path::to_path_buf)
+    }))
 }
 
 /// The first (in name order, depth first) directory under `root` holding a `.git` entry of any

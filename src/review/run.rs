@@ -792,10 +792,9 @@ impl Loop<'_> {
                     copy_to: copy,
                 });
             }
-            let evidence_of: BTreeMap<String, &'static str> = reviewers
-                .iter()
-                .map(|(s, remote, _)| (s.clone(), if *remote { "diff-only" } else { evidence_kind }))
-                .collect();
+            let evidence_of: BTreeMap<String, &'static str> = crate::sort::ordered(
+                reviewers.iter().map(|(s, remote, _)| (s.clone(), if *remote { "diff-only" } else { evidence_kind })),
+            );
             let dispatched = self.dispatch(specs);
             let dones = match dispatched {
                 Ok(d) => d,

@@ -13,7 +13,11 @@ use super::reconcile::{list_server_agents, row_target};
 use super::{load, Row, SessionError};
 use crate::ctx::Ctx;
 use crate::paths;
-use crate::registry::{audit, is_terminal, record::Record, store::Store};
+use crate::registry::{
+    audit, is_terminal,
+    record::{Fields, Picked},
+    store::Store,
+};
 use crate::sys;
 
 /// One job shown with a row.
@@ -169,7 +173,7 @@ impl Wanted {
 fn records<'c>(cache: &'c mut Cache, store: &Store, wanted: &Wanted) -> &'c [Lite] {
     cache.entry(store.registry.clone()).or_insert_with(|| {
         let parts = store.scan_records(crate::registry::store::listing_threads(), Vec::new, |out, e| {
-            let Ok(rec) = e.bytes.map_err(drop).and_then(|b| Record::parse_only(b, FIELDS).map_err(drop)) else {
+            let Ok(rec) = e.bytes.map_err(drop).and_then(|b| Picked::parse(b, FIELDS).map_err(drop)) else {
                 return;
             };
             if wanted.keeps(e.id, rec.str("agent_session"), rec.status()) {
@@ -259,8 +263,8 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
     let mut report = Report::default();
     let mut cache = Cache::new();
     let wanted = Wanted {
-        names: rows.iter().map(|r| r.name.clone()).collect(),
-        onboarding: rows.iter().filter_map(|r| r.onboard_job.clone()).collect(),
+        names: crate::sort::ordered(rows.iter().map(|r| r.name.clone())),
+        onboarding: crate::sort::ordered(rows.iter().filter_map(|r| r.onboard_job.clone())),
     };
     for row in rows {
         let unknown = || ("unknown", "unknown".to_string());

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::clock;
 use crate::daemon::sweep::{idle_ms, last_evidence_ms};
-use crate::registry::record::Record;
+use crate::registry::record::{Fields, Picked};
 use crate::registry::store::{Store, StoreError};
 use crate::text;
 
@@ -198,7 +198,7 @@ impl Row {
 /// its events.log, and `events_heartbeat` the `ts` of that file's last heartbeat line; the latter
 /// is asked only when the file exists and the record has no `heartbeat_at`.
 pub fn row(
-    rec: &Record,
+    rec: &dyn Fields,
     ages_of_finished: bool,
     events_mtime: impl FnOnce() -> Option<u64>,
     events_heartbeat: impl FnOnce() -> Option<u64>,
@@ -214,7 +214,7 @@ pub fn row(
         rec.str("reason").unwrap_or(""),
         rec.str("report_path").unwrap_or(""),
     ]);
-    r.attempt = rec.attempt();
+    r.attempt = rec.u64("attempt");
     r.started_ms = ts("claimed_at").or_else(|| ts("created_at")).into();
     r.finished_ms = ts("finished_at").into();
     r.idle_ms = idle_ms(rec);
@@ -252,7 +252,7 @@ pub fn rows(store: &Store, ages_of_finished: bool) -> Result<(Vec<Row>, Vec<Stri
         |(out, warnings, rel): &mut (Vec<Row>, Vec<String>, PathBuf), e| {
             let path = || text::show_path(&store.record_path(e.id));
             match e.bytes {
-                Ok(bytes) => match Record::parse_only(bytes, FIELDS) {
+                Ok(bytes) => match Picked::parse(bytes, FIELDS) {
                     Ok(r) => {
                         let id = r.str("job_id").unwrap_or("");
                         let events_mtime = || {
@@ -302,16 +302,17 @@ pub fn age(then_ms: Option<u64>, now_ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registry::record::Record;
 
     #[test]
     fn only_objects_are_read_and_only_the_shown_fields() {
         for fields in [FIELDS, UI_FIELDS] {
-            assert!(Record::parse_only(b"[1,2,3,4,5,6,7,8,9,10]", fields).is_err());
-            assert!(Record::parse_only(b"{", fields).is_err());
+            assert!(Picked::parse(b"[1,2,3,4,5,6,7,8,9,10]", fields).is_err());
+            assert!(Picked::parse(b"{", fields).is_err());
         }
         let src = br#" {"job_id":"a","status":"running","attempt":2,"type":"review","x":{"deep":[1]}}"#;
-        let r = Record::parse_only(src, FIELDS).unwrap();
-        assert_eq!((r.str("job_id"), r.status(), r.attempt()), (Some("a"), "running", Some(2)));
+        let r = Picked::parse(src, FIELDS).unwrap();
+        assert_eq!((r.str("job_id"), r.status(), r.u64("attempt")), (Some("a"), "running", Some(2)));
         assert!(r.get("x").is_none() && r.get("type").is_none());
         let r = Record::parse_only(src, UI_FIELDS).unwrap();
         assert_eq!(r.str("type"), Some("review"));

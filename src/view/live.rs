@@ -190,7 +190,9 @@ fn bus_loop(cfg: &MqttConfig, bus: &Mutex<Bus>, poke: &AtomicBool, wake: &Wake, 
 pub fn list_once(ctx: &Ctx, targets: &[(String, String)]) -> Panes {
     let mut ctx = ctx.clone();
     ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
-    targets.iter().map(|(b, s)| ((b.clone(), s.clone()), list_server_agents(&ctx, b, s))).collect::<BTreeMap<_, _>>()
+    crate::sort::ordered::<BTreeMap<_, _>, _>(
+        targets.iter().map(|(b, s)| ((b.clone(), s.clone()), list_server_agents(&ctx, b, s))),
+    )
 }
 
 /// One connection attempt now (`mam ui --snapshot`): the bus state it finds.

@@ -171,7 +171,7 @@ impl Jobs {
                 return false;
             }
         };
-        let keep: std::collections::BTreeSet<&String> = ids.iter().collect();
+        let keep: std::collections::BTreeSet<&String> = crate::sort::ordered(&ids);
         let before = self.jobs.len();
         self.jobs.retain(|id, _| keep.contains(id));
         changed |= self.jobs.len() != before;

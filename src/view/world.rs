@@ -18,11 +18,12 @@ pub type Panes = BTreeMap<(String, String), Result<Vec<Agent>, String>>;
 
 /// The (backend, server) of each running local session (`session::reconcile::row_target`).
 pub fn targets(ctx: &Ctx, doc: &Sessions) -> BTreeMap<String, (String, String)> {
-    doc.herdr_sessions
-        .iter()
-        .filter(|r| r.running() && !r.remote())
-        .filter_map(|r| Some((r.name.clone(), session::reconcile::row_target(ctx, r)?)))
-        .collect()
+    crate::sort::ordered(
+        doc.herdr_sessions
+            .iter()
+            .filter(|r| r.running() && !r.remote())
+            .filter_map(|r| Some((r.name.clone(), session::reconcile::row_target(ctx, r)?))),
+    )
 }
 
 /// One session row.
@@ -92,7 +93,7 @@ pub struct World {
 
 /// Live jobs first (oldest first), then finished ones (most recently finished first).
 pub fn order_jobs(rows: &mut [Row]) {
-    rows.sort_by(|a, b| match (a.finished(), b.finished()) {
+    crate::sort::by(rows, |a, b| match (a.finished(), b.finished()) {
         (false, true) => std::cmp::Ordering::Less,
         (true, false) => std::cmp::Ordering::Greater,
         (false, false) => (a.created_at(), a.job_id()).cmp(&(b.created_at(), b.job_id())),

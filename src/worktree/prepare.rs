@@ -390,7 +390,7 @@ fn restore_config(g: &mut Git<'_>, file: &Path, before: &Config) -> Vec<String> 
             removed.push(s);
         }
     }
-    let keys: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    let keys: std::collections::BTreeSet<&String> = crate::sort::ordered(before.keys().chain(after.keys()));
     for k in keys {
         if removed.contains(&section(k)) || before.get(k) == after.get(k) {
             continue;
