@@ -248,12 +248,18 @@ mod tests {
         )
     }
 
-    #[test]
-    fn unsent_is_the_current_attempts_unconfirmed_non_beat_events_in_order() {
+    /// A fresh directory with job j1's registry and log directories, and its store.
+    fn job_dirs() -> (std::path::PathBuf, Store) {
         let dir = std::env::temp_dir().join(format!("mam-forward-{}", crate::sys::random_hex(4).unwrap()));
-        let store = Store::new(dir.join("jobs"), dir.join("logs"));
         fs::create_dir_all(dir.join("jobs/j1")).unwrap();
         fs::create_dir_all(dir.join("logs/j1")).unwrap();
+        let store = Store::new(dir.join("jobs"), dir.join("logs"));
+        (dir, store)
+    }
+
+    #[test]
+    fn unsent_is_the_current_attempts_unconfirmed_non_beat_events_in_order() {
+        let (dir, store) = job_dirs();
         let log = [
             line(1, "old", 1, "started", false),
             line(2, "tok", 2, "started", false),
@@ -283,10 +289,7 @@ mod tests {
 
     #[test]
     fn a_look_starts_after_the_newest_clean_publish_and_only_a_clean_look_says_clean() {
-        let dir = std::env::temp_dir().join(format!("mam-forward-{}", crate::sys::random_hex(4).unwrap()));
-        let store = Store::new(dir.join("jobs"), dir.join("logs"));
-        fs::create_dir_all(dir.join("jobs/j1")).unwrap();
-        fs::create_dir_all(dir.join("logs/j1")).unwrap();
+        let (dir, store) = job_dirs();
         let events = dir.join("jobs/j1/events.log");
         let audit_path = dir.join("logs/j1/audit.jsonl");
         let head: String = (2..=40).map(|seq| line(2, "tok", seq, "progress", false)).collect();
