@@ -96,12 +96,11 @@ fn clean_floor(audit_path: &std::path::Path) -> u64 {
 /// `unsent`, also counting the events that may still be in flight.
 pub fn look(store: &Store, job: &Job, below: u64, now_ms: u64) -> Look {
     let audit_path = audit::job_dir(&store.logs, &job.job_id).join("audit.jsonl");
-    look_from(store, job, below, now_ms, clean_floor(&audit_path))
+    look_from(store, job, &audit_path, below, now_ms, clean_floor(&audit_path))
 }
 
-fn look_from(store: &Store, job: &Job, below: u64, now_ms: u64, from: u64) -> Look {
+fn look_from(store: &Store, job: &Job, audit_path: &std::path::Path, below: u64, now_ms: u64, from: u64) -> Look {
     let events = events_log_path(&store.registry, &job.job_id);
-    let audit_path = audit::job_dir(&store.logs, &job.job_id).join("audit.jsonl");
     // Every event of the current attempt after `from` but the one of seq `below`, and whether it is
     // one that `unsent` may return (seq < below) and an orphan by its age.
     let mut found: BTreeMap<u64, (Unsent, bool)> = BTreeMap::new();
@@ -138,14 +137,14 @@ fn look_from(store: &Store, job: &Job, below: u64, now_ms: u64, from: u64) -> Lo
     let Ok(scanned) = scanned else { return Look { from, lines, ..Look::default() } };
     if scanned < from {
         // Shorter than a confirmed publish saw it: not the same file; read its tail whole.
-        return look_from(store, job, below, now_ms, 0);
+        return look_from(store, job, audit_path, below, now_ms, 0);
     }
     if found.is_empty() {
         return Look { clean_to: Some(scanned), from, lines, ..Look::default() };
     }
     let mut pending: HashSet<u64> = found.keys().copied().collect();
     let mut failed: HashSet<u64> = HashSet::new();
-    let _ = joblog::scan_lines_back(&audit_path, joblog::MAX_LINE, SCAN_BYTES, |l| {
+    let _ = joblog::scan_lines_back(audit_path, joblog::MAX_LINE, SCAN_BYTES, |l| {
         if !contains(l, br#""published""#) {
             return false;
         }
