@@ -89,7 +89,9 @@ pub struct Adapter {
     /// Screen text the CLI shows while it acts on an answer (gemini restarts itself after its trust
     /// dialog, which stays on screen meanwhile): below a dialog's text, the dialog is not answered again.
     pub startup_busy: &'static [&'static str],
-    /// Screen text that means the agent is busy (a model call, also one stuck in its network retry).
+    /// Screen text that means the agent is busy (a model call, also one stuck in its network retry),
+    /// matched with its case: gemini's key box says "Esc to cancel" and its remains can stay on
+    /// screen under an idle input line, while its working line says "(esc to cancel, 4s)".
     pub working_marks: &'static [&'static str],
 }
 
@@ -358,14 +360,13 @@ impl Adapter {
     }
 
     /// The agent state a screen shows (for backends that only have the screen, tmux): `blocked`
-    /// while a dialog waits, `working` while a working mark shows, `idle` at the input line, else
-    /// `None` (not known from the screen).
+    /// while a dialog waits, `working` while a working mark shows (with its case), `idle` at the input
+    /// line, else `None` (not known from the screen).
     pub fn state_on(&self, screen: &str) -> Option<&'static str> {
         if self.dialog_on(screen).is_some() {
             return Some("blocked");
         }
-        let low = screen.to_lowercase();
-        if self.working_marks.iter().any(|m| low.contains(&m.to_lowercase())) {
+        if self.working_marks.iter().any(|m| screen.contains(m)) {
             return Some("working");
         }
         if self.ready_on(screen) {

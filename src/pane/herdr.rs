@@ -843,6 +843,13 @@ mod tests {
         let thinking = " ⠧ Thinking... (esc to cancel, 4s)\n >   Type your message or @path/to/file\n";
         assert_eq!(g.state_on(idle), Some("idle"));
         assert_eq!(g.state_on(thinking), Some("working"));
+        // CI, at load: gemini drew its UI over the top of its key box, whose bottom ("Esc to cancel")
+        // stayed on the visible screen below the footer; herdr kept saying working.
+        let remains = " Shift+Tab to accept edits\n >   Type your message or @path/to/file\n \
+                       workspace (/directory)       sandbox         /model\n\n\n\
+                       │ (Press Enter to submit, Esc to cancel, Ctrl+C to  │\n│ clear stored key)   │\n\
+                       ╰─────────────────────╯\n";
+        assert_eq!(g.state_on(remains), Some("idle"));
     }
 
     #[test]
