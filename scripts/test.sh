@@ -15,7 +15,15 @@ command -v openssl >/dev/null || missing+=(openssl)
 command -v git >/dev/null || missing+=(git)
 command -v python3 >/dev/null || missing+=(python3)
 # paho-mqtt as a real client of the broker tests (issue 17; tests/fixtures/paho_client.py runs on 1.6 and 2.x).
-python3 -c 'import paho.mqtt.client' 2>/dev/null || missing+=(python3-paho-mqtt)
+# The package serves the system python3; a python3 earlier on PATH (pyenv) may not see it.
+paho_python() {
+  local p
+  for p in python3 /usr/bin/python3; do
+    "$p" -c 'import paho.mqtt.client' 2>/dev/null && { command -v "$p"; return 0; }
+  done
+  return 1
+}
+paho_python >/dev/null || missing+=(python3-paho-mqtt)
 command -v setpriv >/dev/null || missing+=(util-linux)
 # The conversation in-use check (ORCH 6.3) asks ps and lsof; flock holds a presence lock in its tests.
 command -v ps >/dev/null || missing+=(procps)
@@ -34,6 +42,9 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The paho tests run it with the python3 that imports it (tests/it/broker/paho.rs).
+MAM_PAHO_PYTHON=$(paho_python) || MAM_PAHO_PYTHON=python3
+export MAM_PAHO_PYTHON
 export MAM_REQUIRE_MOSQUITTO=1 MAM_REQUIRE_OPENSSL=1 MAM_REQUIRE_TMUX=1 MAM_REQUIRE_LSOF=1 MAM_REQUIRE_PYTHON3=1 MAM_REQUIRE_PAHO=1
 export MAM_REQUIRE_NATS=1
 

@@ -9,10 +9,16 @@ use super::*;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/paho_client.py");
 
+/// The python that runs the client: `MAM_PAHO_PYTHON` (scripts/test.sh sets the one that imports
+/// paho: the system python3 where a pyenv python3 comes first on PATH), else `python3`.
+fn python() -> String {
+    std::env::var("MAM_PAHO_PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+}
+
 /// True when python3 can import paho; without it the tests skip, unless `MAM_REQUIRE_PAHO=1`
 /// (scripts/test.sh installs python3-paho-mqtt and sets it), where it is a failure.
 fn have_paho() -> bool {
-    let ok = Command::new("python3")
+    let ok = Command::new(python())
         .args(["-c", "import paho.mqtt.client"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -22,7 +28,8 @@ fn have_paho() -> bool {
     if !ok {
         assert!(
             std::env::var("MAM_REQUIRE_PAHO").as_deref() != Ok("1"),
-            "MAM_REQUIRE_PAHO=1 but python3 cannot import paho.mqtt (apt-get install python3-paho-mqtt)"
+            "MAM_REQUIRE_PAHO=1 but {} cannot import paho.mqtt (apt-get install python3-paho-mqtt; MAM_PAHO_PYTHON names the python)",
+            python()
         );
         eprintln!("skipped: python3 with paho-mqtt not found");
     }
@@ -30,7 +37,7 @@ fn have_paho() -> bool {
 }
 
 fn paho(args: &[&str]) -> Command {
-    let mut c = Command::new("python3");
+    let mut c = Command::new(python());
     c.arg(SCRIPT).args(args);
     c
 }
