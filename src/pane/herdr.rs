@@ -202,10 +202,25 @@ fn process_info_pids(v: &Value) -> Vec<i32> {
     out
 }
 
-/// True when an `agent explain` text names a rule that read the whole recent buffer (herdr 0.8:
-/// `rule: esc_cancel_working (region=whole_recent priority=100)`).
-fn whole_recent_rule(explain: &str) -> bool {
-    explain.lines().any(|l| l.trim_start().starts_with("rule:") && l.contains("region=whole_recent"))
+/// herdr's screen classification of an agent (`agent explain --json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Explained {
+    state: Status,
+    /// The matched rule read the whole recent buffer (`matched_rule.region`: `whole_recent`), not
+    /// the visible bottom: its `working` can be the remains of a start-up box (see `stale_working`).
+    whole_recent: bool,
+}
+
+/// An `agent explain --json` document: its `state` and the matched rule's region. `None` when it is
+/// not one, or when screen detection was skipped (a lifecycle integration is the authority).
+fn parse_explain(text: &str) -> Option<Explained> {
+    let v: Value = serde_json::from_str(text.trim()).ok()?;
+    if v.get("screen_detection_skipped").and_then(Value::as_bool) == Some(true) {
+        return None;
+    }
+    let state = Status::parse(v.get("state")?.as_str()?);
+    let region = v.get("matched_rule").and_then(|r| r.get("region")).and_then(Value::as_str);
+    Some(Explained { state, whole_recent: region == Some("whole_recent") })
 }
 
 /// True when a `pane process-info` result says the pane's shell owns the foreground (1.5 step 3):
@@ -366,8 +381,18 @@ impl Herdr {
         else {
             return false;
         };
-        let Ok(explain) = self.read_text(&["agent", "explain", target]) else { return false };
-        whole_recent_rule(&explain) && self.read_detection(target).is_ok_and(|s| ad.state_on(&s) == Some("idle"))
+        self.read_detection(target).is_ok_and(|s| ad.state_on(&s) == Some("idle"))
+    }
+
+    /// What herdr's screen detection classifies for `target` now (`agent explain --json`), whatever
+    /// a reporter said: `None` when herdr cannot explain it (an older server, a mock without
+    /// `explain`) or when a full lifecycle integration made the screen non-authoritative.
+    fn screen_state(&self, target: &str) -> Option<Explained> {
+        let out = self.call(&["agent", "explain", target, "--json"], Duration::from_secs(30)).ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        parse_explain(&String::from_utf8_lossy(&out.stdout))
     }
 
     /// `agent start` while watching the pane: herdr waits its whole `--timeout` for an agent that
@@ -703,14 +728,20 @@ impl Backend for Herdr {
         match self.query(&["agent", "get", target]) {
             Reply::Ok(v) => {
                 let a = v.get("agent").unwrap_or(&v);
-                let st = field(a, &["status", "agent_status", "state"])
+                let reported = field(a, &["status", "agent_status", "state"])
                     .map(|s| Status::parse(&s))
                     .unwrap_or(Status::Unknown);
-                let kind = a.get("agent").and_then(Value::as_str).unwrap_or_default();
-                if st == Status::Working && self.stale_working(target, kind) {
-                    return Status::Idle;
+                // Issue 30: herdr's status is mam's own report once the daemon reported this pane's
+                // job (`pane report-agent --source mam`), so it is never read back as the agent's:
+                // the agent's own state is what herdr's screen detection classifies.
+                let Some(own) = self.screen_state(target) else { return reported };
+                if own.state == Status::Working && own.whole_recent {
+                    let kind = a.get("agent").and_then(Value::as_str).unwrap_or_default();
+                    if self.stale_working(target, kind) {
+                        return Status::Idle;
+                    }
                 }
-                st
+                own.state
             }
             Reply::NoServer => Status::Absent,
             Reply::Error { code, .. } if code.contains("not_found") || code == "agent_not_running" => Status::Absent,
@@ -831,13 +862,14 @@ mod tests {
     #[test]
     fn a_working_status_from_the_whole_recent_buffer_is_stale_when_the_screen_is_idle() {
         // Observed on herdr 0.8.0 with gemini 0.61.0 right after its start-up dialogs.
-        let explain = "agent: gemini\nstate: working\nmanifest: bundled 2026.06.10.1\n\
-                       rule: esc_cancel_working (region=whole_recent priority=100)\n";
-        assert!(whole_recent_rule(explain));
-        assert!(!whole_recent_rule(
-            "agent: claude\nstate: working\nrule: osc_title_working (region=osc_title priority=1100)\n"
-        ));
-        assert!(!whole_recent_rule("agent: gemini\nstate: idle\nrule: none\n"));
+        let explain = r#"{"agent":"gemini","state":"working","screen_detection_skipped":false,
+            "matched_rule":{"id":"esc_cancel_working","priority":100,"region":"whole_recent","state":"working"}}"#;
+        assert_eq!(parse_explain(explain), Some(Explained { state: Status::Working, whole_recent: true }));
+        let title = r#"{"state":"working","matched_rule":{"id":"osc_title_working","region":"osc_title"}}"#;
+        assert_eq!(parse_explain(title), Some(Explained { state: Status::Working, whole_recent: false }));
+        assert_eq!(parse_explain(r#"{"state":"idle","matched_rule":null}"#).map(|e| e.state), Some(Status::Idle));
+        assert_eq!(parse_explain(r#"{"state":"working","screen_detection_skipped":true}"#), None);
+        assert_eq!(parse_explain("agent: gemini\nstate: idle\n"), None, "the text form is not read");
         let g = agents::adapter("gemini").unwrap();
         let idle = " Shift+Tab to accept edits\n >   Type your message or @path/to/file\n workspace (/directory)\n";
         let thinking = " ⠧ Thinking... (esc to cancel, 4s)\n >   Type your message or @path/to/file\n";

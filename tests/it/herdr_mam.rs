@@ -362,3 +362,49 @@ fn herdr_agent_that_exits_at_start_and_a_pane_closed_mid_prompt() {
     assert!(rc == 3 || rc == 4, "rc {rc}: {err}");
     assert_eq!(w.status("p1"), "absent");
 }
+
+/// Issue 30 item 1: once the daemon's board reported a job's state on a pane (`pane report-agent
+/// --source mam`, here `blocked` after an `agent_blocked` verdict), herdr's `agent get` answers with
+/// that report. mam never reads it back as the agent's own: the idle check follows herdr's screen
+/// detection, so the next job is delivered to the agent idle at its input line instead of being
+/// refused "not idle" (which was a new `agent_blocked`, and so a new `blocked` report, forever).
+#[test]
+fn a_session_stays_deliverable_after_mam_reported_it_blocked_on_real_herdr() {
+    let Some(w) = W::new("herdr_own_report", true) else { return };
+    let pane = w.create("again", "work_s=0.5\nreport_text=second job done\n");
+    wait_until("the agent idle", Duration::from_secs(20), || w.status("again") == "idle");
+    for state in ["blocked", "working"] {
+        let seq = if state == "blocked" { "1" } else { "2" };
+        let r = w.herdr.herdr(&[
+            "pane",
+            "report-agent",
+            &pane,
+            "--source",
+            "mam",
+            "--agent",
+            "claude",
+            "--state",
+            state,
+            "--message",
+            "no started for 8 s",
+            "--seq",
+            seq,
+        ]);
+        r.expect_rc(0);
+        let v = w.herdr.herdr_json(&["agent", "get", "again"]);
+        assert_eq!(v["result"]["agent"]["agent_status"], state, "herdr answers with mam's report: {v}");
+        assert_eq!(w.status("again"), "idle", "the agent's own state, not mam's {state} report");
+    }
+    let task = w.td.write("task.md", "Say hello in the report, then run the success command.\n");
+    let r = w
+        .mam()
+        .env("MAM_SKS_IDLE_WAIT_S", "5")
+        .args(["delegate-job", "--session", "again", "--brief-file"])
+        .args([task.as_os_str()])
+        .args(FAST)
+        .run_within(Duration::from_secs(90));
+    let (id, status) = verdict(&r.stdout());
+    assert_eq!((r.rc(), status.as_str()), (0, "completed"), "{}", r.stderr());
+    let report = fs::read_to_string(w.registry().join(id).join("report.md")).unwrap();
+    assert!(report.contains("second job done"), "{report}");
+}
