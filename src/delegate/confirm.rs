@@ -4,6 +4,7 @@
 //! before the submission, so a later re-dispatch cannot be mistaken for ours.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use crate::joblog;
 use crate::pane::Confirm;
@@ -22,21 +23,40 @@ pub struct JobRef {
 pub struct JobStarted {
     pub job: JobRef,
     token: Option<String>,
+    /// When the prompt was submitted: T counts from here (issue 30 item 4).
+    submitted: Option<Instant>,
+    /// When the job's own `started` was first seen here.
+    started: Option<Instant>,
 }
 
 impl JobStarted {
     pub fn new(job: JobRef) -> JobStarted {
-        JobStarted { job, token: None }
+        JobStarted { job, token: None, submitted: None, started: None }
+    }
+
+    /// The moment right before the prompt was submitted, once it was.
+    pub fn submitted(&self) -> Option<Instant> {
+        self.submitted
+    }
+
+    /// The moment this confirmer saw the job's own `started`, if it did.
+    pub fn started(&self) -> Option<Instant> {
+        self.started
     }
 }
 
 impl Confirm for JobStarted {
     fn before_submit(&mut self) {
         self.token = self.job.token.clone().or_else(|| record_token(&self.job));
+        self.submitted = Some(Instant::now());
     }
     fn confirmed(&mut self) -> Option<String> {
         let t = self.token.as_deref()?;
-        job_started(&self.job, t).then(|| format!("job {} reported started", self.job.job_id))
+        let seen = job_started(&self.job, t);
+        if seen {
+            self.started.get_or_insert_with(Instant::now);
+        }
+        seen.then(|| format!("job {} reported started", self.job.job_id))
     }
 }
 

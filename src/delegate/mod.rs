@@ -361,6 +361,8 @@ struct Delegation<'a> {
     sub_spawned: Instant,
     sub_warned: bool,
     tail: Tail,
+    /// When the prompt was submitted (ms since the start), once it was.
+    submitted_ms: Option<u64>,
 }
 
 impl<'a> Delegation<'a> {
@@ -386,6 +388,7 @@ impl<'a> Delegation<'a> {
             sub: None,
             sub_spawned: start,
             sub_warned: false,
+            submitted_ms: None,
             store,
             job_id,
             start,
@@ -418,13 +421,17 @@ impl<'a> Delegation<'a> {
         let remote = matches!(target, Target::Remote);
         let injected = match target {
             Target::Local { name, backend, server } => self.inject(name, backend, server, diag),
-            Target::Remote => self.dispatch(diag),
+            Target::Remote => self.dispatch(diag).map(|()| None),
         };
-        if let Err(f) = injected {
-            self.reap();
-            return f;
+        match injected {
+            Err(f) => {
+                self.reap();
+                return f;
+            }
+            // Issue 30 item 4: T counts from the moment the prompt was submitted, not from the end
+            // of the delivery grace that follows it.
+            Ok(submitted) => self.judge.injected(submitted.unwrap_or_else(|| self.now())),
         }
-        self.judge.injected(self.now());
         let end = self.wait(diag);
         self.reap();
         match end {
@@ -545,7 +552,14 @@ impl<'a> Delegation<'a> {
     }
 
     /// 3.2 step 8: the one-line prompt through `send_keys_safe`, every wait cut by the deadline.
-    fn inject(&mut self, name: &str, backend: &str, server: &str, diag: &mut dyn FnMut(&str)) -> Result<(), Finished> {
+    /// `Ok` carries when the prompt was submitted (ms since the start), when it was.
+    fn inject(
+        &mut self,
+        name: &str,
+        backend: &str,
+        server: &str,
+        diag: &mut dyn FnMut(&str),
+    ) -> Result<Option<u64>, Finished> {
         let quiet = no_autostart(self.ctx);
         let b = match pane::open_named(&quiet, backend, Some(server)) {
             Ok(b) => b,
@@ -555,6 +569,9 @@ impl<'a> Delegation<'a> {
             Ok(k) => k,
             Err(f) => return Err(self.close_now("agent_blocked", &format!("not submitted ({f})"), 3, diag)),
         };
+        // The delivery grace runs from the submission, like T: past T the job is agent_blocked
+        // whatever the grace would still wait for (issue 30 item 4).
+        k.grace_ms = k.grace_ms.min(self.judge.ack_ms);
         if let Some(ms) = self.judge.deadline_ms.map(|d| d.saturating_sub(self.now())) {
             k.idle_wait_ms = k.idle_wait_ms.min(ms);
             k.grace_ms = k.grace_ms.min(ms);
@@ -576,17 +593,24 @@ impl<'a> Delegation<'a> {
             token: Some(self.token.clone()),
         });
         let out = pane::send_keys_safe(b.as_ref(), name, &text, Some(&mut confirm), &k);
+        let since_start = |t: Instant| t.saturating_duration_since(self.start).as_millis() as u64;
+        let submitted = confirm.submitted().map(since_start);
+        self.submitted_ms = submitted;
+        if let Some(seen) = confirm.started().map(since_start) {
+            self.judge.injected(submitted.unwrap_or(seen));
+            self.note_start(seen, "events.log started", diag);
+        }
         match out {
             SksOutcome::NotSubmitted(why) => {
                 Err(self.close_now("agent_blocked", &format!("not submitted: {why}"), 3, diag))
             }
             SksOutcome::Delivered(how) => {
                 diag(&format!("NOTE: job {}: prompt delivered to {name}: {how}", self.job_id));
-                Ok(())
+                Ok(submitted)
             }
             SksOutcome::Unconfirmed(why) => {
                 diag(&format!("NOTE: job {}: {why}; waiting for started", self.job_id));
-                Ok(())
+                Ok(submitted)
             }
         }
     }
@@ -675,11 +699,22 @@ impl<'a> Delegation<'a> {
     }
 
     fn saw_start(&mut self, what: &str, diag: &mut dyn FnMut(&str)) {
-        if !self.judge.is_started() {
-            let now = self.now();
-            self.judge.started(now);
-            diag(&format!("NOTE: job {}: started after {:.1} s ({what})", self.job_id, now as f64 / 1000.0));
+        let now = self.now();
+        self.note_start(now, what, diag);
+    }
+
+    /// The first proof of `started`, seen at `at` (ms since the start): the NOTE counts from the
+    /// prompt's submission, like T (issue 30 item 7), else from the registration.
+    fn note_start(&mut self, at: u64, what: &str, diag: &mut dyn FnMut(&str)) {
+        if self.judge.is_started() {
+            return;
         }
+        self.judge.started(at);
+        let (from, since) = match self.submitted_ms {
+            Some(s) => (at.saturating_sub(s), "after the prompt"),
+            None => (at, "after registration"),
+        };
+        diag(&format!("NOTE: job {}: started {:.1} s {since} ({what})", self.job_id, from as f64 / 1000.0));
     }
 
     fn read_subscriber(&mut self, diag: &mut dyn FnMut(&str)) {

@@ -359,7 +359,7 @@ fn o3_7_1_paths_are_absolute_and_lines_run_anywhere() {
         let published = h.audit(&jid).into_iter().filter(|e| e["kind"] == "published").count();
         assert!(published >= 2, "{:?}", h.audit(&jid));
         assert!(h.logs().join(&jid).join("subscriber.log").is_file());
-        assert!(r.stderr().contains("started after"), "{}", r.stderr());
+        assert!(r.stderr().contains(" s after the prompt ("), "{}", r.stderr());
     }
 }
 
@@ -422,6 +422,31 @@ fn o3_7_3_body(h: &H) {
         refused.iter().any(|e| e["reason"] == "late_signal" || e["reason"] == "conflicting_terminal"),
         "{refused:?}"
     );
+}
+
+/// Issue 30 item 4: T counts from the prompt's submission. With a delivery grace (15 s) longer than T
+/// (3 s), an agent that never starts is closed `agent_blocked` at T after the prompt, not after the
+/// grace plus T (it came 16-21 s late with the real CLIs), and the NOTE's times count from the prompt.
+#[test]
+fn t_counts_from_the_prompt_not_from_the_end_of_the_delivery_grace() {
+    for &b in BACKENDS {
+        let Some(h) = H::on("dj_t_prompt", Target::Embedded, b) else { continue };
+        // No working status and a stalled prompt: only the job's own started could confirm delivery.
+        h.create("w1", "never_start=1\nreport_working=0\n");
+        let task = h.task("t\n");
+        let started = Instant::now();
+        let r = h
+            .delegate("w1", &task, &["--ack-timeout", "3"])
+            .env("SKS_DELIVERY_GRACE_S", "15")
+            .env("MAM_FAKE_PROMPT_RESULT", "stalled")
+            .run();
+        let took = started.elapsed();
+        r.expect_rc(3);
+        assert_eq!(last_line(&r.stdout()).1, "agent_blocked");
+        assert!(r.stderr().contains("no started within 3 s"), "{}", r.stderr());
+        // The preflight, quiescence (2 s at most here) and submission, then T: far below 15 + 3 s.
+        assert!(took < Duration::from_secs(12), "agent_blocked {took:?} after delegate-job began: {}", r.stderr());
+    }
 }
 
 /// 3.7 test 4: a `started` in events.log carrying another dispatch token does not satisfy step 9.
