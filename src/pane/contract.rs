@@ -128,6 +128,39 @@ impl Status {
     }
 }
 
+/// What an agent's screen shows where a prompt would be typed (issue 30 item 5), read with the
+/// adapter table's input lines, working marks and dialogs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputLine {
+    /// The agent's own input line, no working mark, no dialog: a prompt may be typed.
+    Ready,
+    /// Not at its input line: the words say what the screen shows instead (`works`, `waits in a
+    /// dialog`, `does not show its empty input line`).
+    Busy(&'static str),
+    /// The backend has no screen, or the table does not know the kind's input line.
+    Unknown,
+}
+
+impl InputLine {
+    /// The verdict of an adapter on one screen. `strict`: a screen without the input line is busy
+    /// (tmux, where the screen is the only lifecycle); else it is left to the backend's own status
+    /// (herdr, whose screen rules already judged idleness).
+    pub fn of(adapter: &crate::agents::Adapter, screen: &str, strict: bool) -> InputLine {
+        if !adapter.has_ready_line() {
+            return InputLine::Unknown;
+        }
+        match adapter.state_on(screen) {
+            Some("idle") => InputLine::Ready,
+            Some("working") => InputLine::Busy("works (a working mark is on screen)"),
+            Some("blocked") => InputLine::Busy("waits in a dialog"),
+            _ if strict => {
+                InputLine::Busy("does not show its empty input line (text typed there, or a screen mam does not know)")
+            }
+            _ => InputLine::Unknown,
+        }
+    }
+}
+
 /// mam's view of an agent's job for the backend's own status display (issue 21): the semantic
 /// state (`Working`, `Idle`, `Blocked` or `Unknown`), a one-line message naming the evidence and its
 /// source, the pane title, how long the display may stand unrefreshed (`None`: until replaced), and
@@ -188,6 +221,11 @@ pub trait Backend {
     /// value), for kinds whose id mam cannot choose (ORCH 2.2). `None` when unknown.
     fn agent_session(&self, _target: &str) -> Option<String> {
         None
+    }
+    /// What the agent's screen shows where a prompt would be typed (issue 30 item 5). The default
+    /// (the fake backend, which has no screen) cannot tell.
+    fn input_line(&self, _target: &str) -> InputLine {
+        InputLine::Unknown
     }
     /// The text a quiescence check compares (the agent's visible screen).
     fn read_detection(&self, target: &str) -> PaneResult<String>;

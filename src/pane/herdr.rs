@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::contract::{
-    canon, is_shell, Accepted, Agent, Backend, Created, Dir, ListOutcome, PaneError, PaneInfo, PaneResult,
+    canon, is_shell, Accepted, Agent, Backend, Created, Dir, InputLine, ListOutcome, PaneError, PaneInfo, PaneResult,
     PromptOutcome, StateReport, Status, Workspace,
 };
 use super::knobs::Knobs;
@@ -753,6 +753,17 @@ impl Backend for Herdr {
         let Reply::Ok(v) = self.query(&["agent", "get", target]) else { return None };
         let a = v.get("agent").filter(|a| a.is_object()).unwrap_or(&v);
         a.get("agent_session")?.get("value")?.as_str().map(str::to_string)
+    }
+
+    fn input_line(&self, target: &str) -> InputLine {
+        let Reply::Ok(v) = self.query(&["agent", "get", target]) else { return InputLine::Unknown };
+        let a = v.get("agent").filter(|a| a.is_object()).unwrap_or(&v);
+        let kind = a.get("agent").and_then(Value::as_str).unwrap_or_default();
+        let Some(ad) = agents::adapter_of_started(kind) else { return InputLine::Unknown };
+        match self.read_detection(target) {
+            Ok(screen) => InputLine::of(ad, &screen, false),
+            Err(_) => InputLine::Unknown,
+        }
     }
 
     fn read_detection(&self, target: &str) -> PaneResult<String> {

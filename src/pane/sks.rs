@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::contract::{Accepted, Backend, PromptOutcome, Status};
+use super::contract::{Accepted, Backend, InputLine, PromptOutcome, Status};
 use super::knobs::Knobs;
 use crate::sys;
 
@@ -72,9 +72,9 @@ pub fn send_keys_safe(
         return SksOutcome::NotSubmitted(format!("{why}; nothing submitted"));
     }
     let poll = Duration::from_millis(k.poll_ms);
+    let deadline = Instant::now() + Duration::from_millis(k.idle_wait_ms);
     // 1. Idle handshake.
     if b.has_lifecycle() {
-        let deadline = Instant::now() + Duration::from_millis(k.idle_wait_ms);
         loop {
             match b.agent_status(target) {
                 Status::Idle | Status::Done => break,
@@ -91,6 +91,22 @@ pub fn send_keys_safe(
         }
     } else if b.agent_status(target) == Status::Absent {
         return SksOutcome::NotSubmitted(format!("agent {target} is not running"));
+    }
+    // 1b. The screen, on every backend that has one (issue 30 item 5): a prompt is typed only at the
+    // agent's empty input line. Typed into a working CLI it is queued (claude runs it after the
+    // current turn, a closed job's prompt included); typed behind half-typed words it becomes one
+    // line with them. The job waits, as for the idle handshake, within the same budget.
+    loop {
+        match b.input_line(target) {
+            InputLine::Ready | InputLine::Unknown => break,
+            InputLine::Busy(what) if Instant::now() >= deadline => {
+                return SksOutcome::NotSubmitted(format!(
+                    "agent busy: the screen of {target} {what} for {} s (MAM_SKS_IDLE_WAIT_S); nothing submitted",
+                    k.idle_wait_ms / 1000
+                ));
+            }
+            InputLine::Busy(_) => sys::sleep(poll.min(remaining(deadline)).max(Duration::from_millis(1))),
+        }
     }
     // 2. Quiescence: two identical reads a gap apart, tried for a while, then submit anyway.
     let deadline = Instant::now() + Duration::from_millis(k.quiesce_max_ms);
@@ -163,6 +179,8 @@ mod tests {
         after_prompt: Status,
         outcome: PromptOutcome,
         prompts: std::cell::Cell<u32>,
+        /// Looks at the screen that still show the agent busy (`u32::MAX`: always); then ready.
+        busy_looks: std::cell::Cell<u32>,
     }
 
     impl Backend for Scripted {
@@ -219,6 +237,15 @@ mod tests {
         fn has_lifecycle(&self) -> bool {
             self.lifecycle
         }
+        fn input_line(&self, _: &str) -> InputLine {
+            match self.busy_looks.get() {
+                0 => InputLine::Ready,
+                n => {
+                    self.busy_looks.set(n.saturating_sub(u32::from(n != u32::MAX)));
+                    InputLine::Busy("works (a working mark is on screen)")
+                }
+            }
+        }
     }
 
     /// A confirmer whose evidence shows on look `at`.
@@ -250,7 +277,14 @@ mod tests {
     }
 
     fn scripted(lifecycle: bool, status: Status, after: Status, outcome: PromptOutcome) -> Scripted {
-        Scripted { lifecycle, status, after_prompt: after, outcome, prompts: std::cell::Cell::new(0) }
+        Scripted {
+            lifecycle,
+            status,
+            after_prompt: after,
+            outcome,
+            prompts: std::cell::Cell::new(0),
+            busy_looks: std::cell::Cell::new(0),
+        }
     }
 
     #[test]
@@ -305,5 +339,28 @@ mod tests {
         // A transport error submits nothing.
         let b = scripted(true, Status::Idle, Status::Idle, PromptOutcome::TransportError("x".into()));
         assert_eq!(send_keys_safe(&b, "a", "hi", None, &fast()).rc(), 3);
+    }
+
+    /// Issue 30 item 5: on a backend without lifecycle (tmux) the prompt waits until the screen shows
+    /// the agent at its empty input line; a screen that stays busy submits nothing.
+    #[test]
+    fn a_prompt_is_typed_only_at_the_empty_input_line() {
+        let accepted = PromptOutcome::Accepted(Accepted::Timeout);
+        let b = scripted(false, Status::Working, Status::Working, accepted.clone());
+        b.busy_looks.set(3);
+        assert_eq!(send_keys_safe(&b, "a", "hi", None, &fast()).rc(), 0, "typed once the screen is ready");
+        assert_eq!((b.prompts.get(), b.busy_looks.get()), (1, 0));
+        let b = scripted(false, Status::Working, Status::Working, accepted);
+        b.busy_looks.set(u32::MAX);
+        let o = send_keys_safe(&b, "a", "hi", None, &fast());
+        assert_eq!(
+            o,
+            SksOutcome::NotSubmitted(
+                "agent busy: the screen of a works (a working mark is on screen) for 0 s (MAM_SKS_IDLE_WAIT_S); \
+                 nothing submitted"
+                    .into()
+            )
+        );
+        assert_eq!(b.prompts.get(), 0, "nothing typed into a busy agent");
     }
 }

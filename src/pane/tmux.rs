@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use super::contract::{
-    canon, is_shell, Accepted, Agent, Backend, Created, Dir, ListOutcome, PaneError, PaneInfo, PaneResult,
+    canon, is_shell, Accepted, Agent, Backend, Created, Dir, InputLine, ListOutcome, PaneError, PaneInfo, PaneResult,
     PromptOutcome, StateReport, Status, Workspace,
 };
 use super::knobs::Knobs;
@@ -448,6 +448,15 @@ impl Backend for Tmux {
         match self.find(target) {
             Some(p) if p.agent_running() => self.screen_state(&p),
             _ => Status::Absent,
+        }
+    }
+
+    fn input_line(&self, target: &str) -> InputLine {
+        let Some(p) = self.find(target).filter(PaneRow::agent_running) else { return InputLine::Unknown };
+        let Some(ad) = agents::adapter_of_started(&p.kind) else { return InputLine::Unknown };
+        match self.ok(&["capture-pane", "-p", "-t", &p.id]) {
+            Ok(screen) => InputLine::of(ad, &screen, true),
+            Err(_) => InputLine::Unknown,
         }
     }
 

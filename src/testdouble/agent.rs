@@ -510,6 +510,13 @@ fn handle_prompt(agent: &Agent, raw: &RawScript, prompt: &str, handled: &mut u64
     }
     agent.status("done");
     agent.screen(&format!("prompt {handled} done"));
+    // Back at its input line, like the CLI it stands in for redraws it: the line must stay on the
+    // visible screen after any number of prompts (mam types a prompt only there, issue 30 item 5).
+    if agent.pane_dir.is_none() {
+        if let Some(line) = own_adapter().and_then(|a| a.ready_lines.first()) {
+            agent.screen(&format!("  {line}"));
+        }
+    }
     s.exit_after > 0 && *handled >= s.exit_after
 }
 
