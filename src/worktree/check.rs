@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use super::{admin_dir, canon, git, is_within, run_error, trim_nl, worktrees, Entry, Repo, CHECK_BUDGET};
 use crate::ctx::Ctx;
-use crate::diffcollect::Git;
+use crate::git::Git;
 use crate::paths::Resolved;
 use crate::registry::is_terminal;
 use crate::review::checkpoint::Checkpoint;

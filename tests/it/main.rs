@@ -34,6 +34,7 @@ mod remote;
 mod review;
 mod security;
 mod security_broker;
+mod security_git;
 mod security_wire;
 mod session;
 mod sign;
