@@ -102,7 +102,11 @@ impl<'a> Git<'a> {
     /// Runs git to its end (any exit status) within the deadline: first the configuration listing,
     /// then the command with every filter driver the listing names emptied.
     pub(crate) fn run<S: AsRef<OsStr>>(&mut self, args: &[S]) -> Result<std::process::Output, RunError> {
-        let listed = self.spawn(&["config", "--list", "-z"], &Listing::default())?;
+        // The command's own leading options (`--git-dir=`) apply to the listing too.
+        let mut list_args: Vec<&OsStr> =
+            args.iter().map(AsRef::as_ref).take_while(|a| a.to_string_lossy().starts_with('-')).collect();
+        list_args.extend(["config", "--list", "-z"].map(OsStr::new));
+        let listed = self.spawn(&list_args, &Listing::default())?;
         let listing = match listed.status.code() {
             Some(0) => parse_listing(&listed.stdout),
             // `git config --list` exits 1 when there is no configuration at all.

@@ -214,3 +214,29 @@ fn worktree_commands_run_no_hook_or_filter_of_a_hostile_repository() {
         assert_eq!(marks(&m), Vec::<String>::new(), "git in {}: hostile code ran", dir.display());
     }
 }
+
+/// The attribute source is the empty tree of the repository's own object format: a SHA-256
+/// repository (whose empty tree has another name) still diffs, with a hostile filter still off.
+#[test]
+fn diff_collect_of_a_sha256_repository_uses_its_empty_tree() {
+    for dir in git_dirs() {
+        let td = TestDir::new("sec-git-sha256");
+        let m = markers(&td);
+        let repo = td.path("victim");
+        fs::create_dir_all(&repo).unwrap();
+        git(&repo, &["init", "-q", "--object-format=sha256", "-b", "main"]);
+        fs::write(repo.join("a.txt"), "base\n").unwrap();
+        git(&repo, &["add", "-A"]);
+        git(&repo, &["commit", "-q", "-m", "base"]);
+        make_hostile(&repo, &m);
+        fs::write(repo.join("a.txt"), "edit\n").unwrap();
+        let mut c = td.mam().env("PATH", path_with(&dir));
+        for (k, v) in SAFE {
+            c = c.env(k, v);
+        }
+        let r = c.args(["diff-collect".as_ref(), repo.as_os_str(), "HEAD".as_ref()]).run();
+        r.expect_rc(0);
+        assert!(r.stdout().contains("-base\n+edit\n"), "git in {}: {}", dir.display(), r.stdout());
+        assert_eq!(marks(&m), Vec::<String>::new(), "git in {}: hostile code ran", dir.display());
+    }
+}
