@@ -240,3 +240,22 @@ fn diff_collect_of_a_sha256_repository_uses_its_empty_tree() {
         assert_eq!(marks(&m), Vec::<String>::new(), "git in {}: hostile code ran", dir.display());
     }
 }
+
+/// A filter driver whose name `-c` cannot carry (`a=b`: git would split the setting at its first
+/// `=`) fails the run closed, naming the driver, instead of leaving it on.
+#[test]
+fn a_filter_driver_named_with_an_equals_sign_fails_closed() {
+    let td = TestDir::new("sec-git-eq");
+    let m = markers(&td);
+    let repo = hostile_repo(&td, &m);
+    git(&repo, &["config", "filter.a=b.clean", &format!("touch '{}/filter-eq'; cat", m.display())]);
+    fs::write(repo.join(".gitattributes"), "*.txt filter=a=b\n").unwrap();
+    let mut c = td.mam();
+    for (k, v) in SAFE {
+        c = c.env(k, v);
+    }
+    let r = c.args(["diff-collect".as_ref(), repo.as_os_str(), "HEAD".as_ref()]).run();
+    assert!(r.stdout().starts_with("[mam diff UNAVAILABLE: "), "{}", r.stdout());
+    assert!(r.stdout().contains("filter driver 'a=b' cannot be switched off"), "{}", r.stdout());
+    assert_eq!(marks(&m), Vec::<String>::new());
+}
