@@ -3,12 +3,13 @@
 //! one stable text, with the control-plane directories left out; and the byte cut of
 //! `MAM_LOOP_DIFF_MAX_BYTES`.
 //!
-//! It runs the real `git` from an argv, with a cleared environment and every presentation setting
-//! pinned on the command line, so neither the caller's nor the user's git configuration changes the
-//! output. Untracked files are made visible through a temporary index (`GIT_INDEX_FILE` in a private
-//! temp directory, removed afterwards): the repository's own index, status and refs are never
-//! written. It never prints; the command layer renders `DiffError` as the UNAVAILABLE marker. Its
-//! runner (`Git`, `TempDir`, `exclude_specs`) is shared with `review::git`, one floor up.
+//! It runs the real `git` through `crate::git` (a cleared environment, every presentation setting
+//! pinned on the command line, no hook, filter, external diff or textconv), so neither the caller's,
+//! the user's nor the repository's git configuration changes the output or runs anything.
+//! Untracked files are made visible through a temporary index (`GIT_INDEX_FILE` in a private temp
+//! directory, removed afterwards): the repository's own index, status and refs are never written.
+//! It never prints; the command layer renders `DiffError` as the UNAVAILABLE marker. `TempDir` and
+//! `exclude_specs` are shared with `review::git`, one floor up.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::ctx::{ChildRole, Ctx};
-use crate::pane;
+use crate::git::{Git, RunError};
 use crate::sys;
 use crate::text::{one_line, show_path};
 
@@ -83,9 +84,9 @@ pub fn collect(ctx: &Ctx, req: &Request) -> Result<Vec<u8>, DiffError> {
     if top != real {
         return Err(not_repo(format!("its top level is {}", show_path(&top))));
     }
-    let base = git.commit("base", &req.base)?;
+    let base = commit(&mut git, "base", &req.base)?;
     let head = match &req.head {
-        Some(h) => Some(git.commit("head", h)?),
+        Some(h) => Some(commit(&mut git, "head", h)?),
         None => None,
     };
     let excludes = exclude_specs(&real, &req.exclude);
@@ -279,129 +280,24 @@ pub(crate) fn exclude_specs(top: &Path, exclude: &[PathBuf]) -> Vec<OsString> {
         .collect()
 }
 
-/// A git run that failed: could not be started, timed out, or exited non-zero (`what` is the git
-/// command, `detail` the exit status and git's last stderr line).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RunError {
-    pub(crate) what: String,
-    pub(crate) detail: String,
-}
-
 impl From<RunError> for DiffError {
     fn from(e: RunError) -> DiffError {
         DiffError::Git { what: e.what, detail: e.detail }
     }
 }
 
-/// One bounded git invocation after another, in `dir`, under one deadline; shared with
-/// `review::git`. The environment is cleared: only `PATH`, the pinned variables below, `extra_env`
-/// and git's own command-line configuration variables (`GIT_CONFIG_COUNT`, `GIT_CONFIG_KEY_<n>`,
-/// `GIT_CONFIG_VALUE_<n>`, taken from the ctx when present, so a caller or a test can enable
-/// settings such as `protocol.file.allow` explicitly) reach git. The `-c` settings pinned here win
-/// over those variables (git reads `-c` last).
-pub(crate) struct Git<'a> {
-    pub(crate) ctx: &'a Ctx,
-    pub(crate) dir: PathBuf,
-    /// `GIT_INDEX_FILE`: a temporary index instead of the repository's own.
-    pub(crate) index: Option<PathBuf>,
-    pub(crate) deadline: Instant,
-    /// More variables for every run (the snapshot commit's identity).
-    pub(crate) extra_env: Vec<(&'static str, String)>,
-    /// Leading arguments for every run, before the subcommand (`-c` settings).
-    pub(crate) extra_args: Vec<&'static str>,
-}
-
-impl<'a> Git<'a> {
-    pub(crate) fn new(ctx: &'a Ctx, dir: PathBuf, deadline: Instant) -> Git<'a> {
-        Git { ctx, dir, index: None, deadline, extra_env: Vec::new(), extra_args: Vec::new() }
+/// Resolves `value` to a full commit id.
+fn commit(git: &mut Git<'_>, which: &'static str, value: &OsStr) -> Result<String, DiffError> {
+    let bad = || DiffError::BadCommit { which, value: value.to_string_lossy().into_owned() };
+    let mut spec = value.to_os_string();
+    spec.push("^{commit}");
+    let args = [OsString::from("rev-parse"), "--verify".into(), "--quiet".into(), "--end-of-options".into(), spec];
+    let out = git.run(&args)?;
+    let id = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
+    if !out.status.success() || id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
     }
-
-    /// Resolves `value` to a full commit id.
-    fn commit(&mut self, which: &'static str, value: &OsStr) -> Result<String, DiffError> {
-        let bad = || DiffError::BadCommit { which, value: value.to_string_lossy().into_owned() };
-        let mut spec = value.to_os_string();
-        spec.push("^{commit}");
-        let args = [OsString::from("rev-parse"), "--verify".into(), "--quiet".into(), "--end-of-options".into(), spec];
-        let out = self.run(&args)?;
-        let id = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
-        if !out.status.success() || id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad());
-        }
-        Ok(id)
-    }
-
-    /// Runs git and requires exit 0; returns its stdout.
-    pub(crate) fn run_ok<S: AsRef<OsStr>>(&mut self, args: &[S]) -> Result<Vec<u8>, RunError> {
-        let out = self.run(args)?;
-        if out.status.success() {
-            return Ok(out.stdout);
-        }
-        Err(RunError { what: what(args), detail: failure_detail(&out) })
-    }
-
-    /// Runs git to its end (any exit status) within the deadline.
-    pub(crate) fn run<S: AsRef<OsStr>>(&mut self, args: &[S]) -> Result<std::process::Output, RunError> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        let mut cmd = std::process::Command::new("git");
-        cmd.env_clear().current_dir(&self.dir);
-        if let Some(path) = self.ctx.var("PATH") {
-            cmd.env("PATH", path);
-        }
-        // HOME points at nothing readable so no user configuration applies; the system one is off.
-        cmd.envs([
-            ("LC_ALL", "C"),
-            ("HOME", "/nonexistent"),
-            ("GIT_CONFIG_NOSYSTEM", "1"),
-            ("GIT_CONFIG_GLOBAL", "/dev/null"),
-            ("GIT_OPTIONAL_LOCKS", "0"),
-            ("GIT_TERMINAL_PROMPT", "0"),
-            ("GIT_PAGER", "cat"),
-            ("PAGER", "cat"),
-        ]);
-        for name in self.ctx.var_names() {
-            let passed = name == "GIT_CONFIG_COUNT"
-                || name.starts_with("GIT_CONFIG_KEY_")
-                || name.starts_with("GIT_CONFIG_VALUE_");
-            if let (true, Some(v)) = (passed, self.ctx.var(&name)) {
-                cmd.env(&name, v);
-            }
-        }
-        cmd.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
-        if let Some(index) = &self.index {
-            cmd.env("GIT_INDEX_FILE", index);
-        }
-        cmd.args([
-            "-c",
-            "core.quotepath=off",
-            "-c",
-            "core.fsmonitor=false",
-            "-c",
-            "core.untrackedCache=false",
-            "-c",
-            "color.ui=never",
-            "-c",
-            "diff.suppressBlankEmpty=false",
-            "-c",
-            "diff.autoRefreshIndex=true",
-            "--no-pager",
-        ]);
-        cmd.args(&self.extra_args);
-        cmd.args(args);
-        pane::run_capture(&mut cmd, left, "git").map_err(|e| RunError { what: what(args), detail: e.to_string() })
-    }
-}
-
-/// The exit status and git's last non-empty stderr line, for messages.
-pub(crate) fn failure_detail(out: &std::process::Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr);
-    let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
-    format!("{}: {last}", out.status)
-}
-
-/// `git <first word>` for messages.
-fn what<S: AsRef<OsStr>>(args: &[S]) -> String {
-    let word = args.iter().map(|a| a.as_ref().to_string_lossy()).find(|a| !a.starts_with('-'));
-    format!("git {}", word.unwrap_or_default())
+    Ok(id)
 }
 
 /// A private temp directory (0700, a fresh random name) removed on drop; shared with `review::git`.

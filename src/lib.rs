@@ -18,6 +18,7 @@ pub mod delegate;
 pub mod diffcollect;
 pub mod envfile;
 pub mod forward;
+pub mod git;
 pub mod heartbeat;
 pub mod install;
 pub mod joblog;

@@ -18,7 +18,7 @@ use crate::worktree::{list, WorktreeError};
 pub const USAGE: &str = "
 Usage: mam worktree prepare <branch> [--path DIR] [--base REF] [--submodules]
                             [--creator AGENT [--name N] [--no-onboard] [--label L] [-- AGENT_ARGS...]]
-       mam worktree remove <path> [--stop] [--dry-run]
+       mam worktree remove <path> [--stop] [--dry-run] [--discard-ignored]
        mam worktree list
 
 A creator works in its own git worktree beside the control root; `remove` removes one only when
@@ -61,12 +61,15 @@ the branch is checked out elsewhere, an uninitialised submodule path already hol
 ";
 
 pub const REMOVE_USAGE: &str = "
-Usage: mam worktree remove <path> [--stop] [--dry-run]
+Usage: mam worktree remove <path> [--stop] [--dry-run] [--discard-ignored]
 
 Removes a linked worktree only when nothing in it could be lost. One check runs before anything
 is touched and again right before the removal: a linked worktree (not the main one, not locked);
 no running session in it (--stop stops them, cancelling their task jobs) and no other unfinished
-job of theirs; a clean git status (submodules included, untracked files shown); in every
+job of theirs; a clean git status (submodules included, untracked files shown); no ignored file
+or directory except a regenerable directory (a directory git ignores as a whole, or a link,
+named .venv, venv, node_modules, target, build, dist, __pycache__, .pytest_cache, .mypy_cache,
+.ruff_cache, .tox, .gradle or .next): `git worktree remove` would delete them; in every
 initialised submodule no change (ignored files included), no commit outside the remotes (HEAD,
 branches, tags, notes: HEAD --exclude=refs/stash --all --not --remotes) and no stash; the same
 for every repository under the worktree's modules/ directory (deinitialised submodules), where a
@@ -76,11 +79,14 @@ from some ref. The branch is never deleted.
 Options:
   --stop      stop the sessions in the worktree first, then look again
   --dry-run   run the checks and print what would happen; change nothing
+  --discard-ignored
+              let the ignored files and directories go with the worktree (no `ignored` finding)
   -h, --help  print this help
 
 Stdout: one FINDING=<token> <path>: <evidence>; <what to do> line per finding, and always, last:
 RESULT=removed|refused|would-remove|failed METHOD=plain|force|none FINDINGS=<tokens|none>.
-Tokens: not-linked, main-worktree, locked, sessions-running, open-jobs, dirty, status-failed,
+One FINDING=ignored line per ignored entry (100 shown, then a count).
+Tokens: not-linked, main-worktree, locked, sessions-running, open-jobs, dirty, ignored, status-failed,
 submodule-dirty, unpushed, stashes, uncheckable-repo, loop-active, unreachable-head.
 
 Exit codes: 0 removed (or would be), 1 the stop or the removal failed (the worktree is kept),
@@ -181,6 +187,7 @@ fn parse_remove(raw: Vec<OsString>) -> Result<Parsed<Verb>, Failure> {
             Value(v) if path.is_none() => path = Some(PathBuf::from(v)),
             Long("stop") => a.stop = true,
             Long("dry-run") => a.dry_run = true,
+            Long("discard-ignored") => a.discard_ignored = true,
             _ => return Err(arg.unexpected().into()),
         }
     }

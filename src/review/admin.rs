@@ -1,5 +1,10 @@
 //! `mam loop status` and `mam loop prune` (ORCH 4.1, A37): reading loops back from their
 //! checkpoints, and removing finished loop dirs older than an age.
+//!
+//! A checkpoint is read back as untrusted text (issue 29): its strings reach the status text only
+//! through `text::one_line`, and a creator name that is not one plain path component never becomes
+//! a lock path. Prune removes only real directories with a loop id's name directly under a
+//! `.mam/loop` that is itself a real directory (no link followed, no `..`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -8,15 +13,24 @@ use super::checkpoint::{Checkpoint, CheckpointError};
 use crate::clock;
 use crate::registry::store::Store;
 use crate::sys::{self, Flock, LockMode};
+use crate::text::one_line;
 
 /// `<control root>/.mam/loop`.
 pub fn loop_root(control: &Path) -> PathBuf {
     control.join(".mam").join("loop")
 }
 
+/// Whether `.mam/loop` is a real directory (a link there is never followed).
+fn root_is_dir(root: &Path) -> bool {
+    std::fs::symlink_metadata(root).is_ok_and(|m| m.is_dir())
+}
+
 /// Every loop dir with a readable checkpoint, oldest first (by `started_at`).
 pub fn list(control: &Path) -> Vec<(PathBuf, Result<Checkpoint, CheckpointError>)> {
     let root = loop_root(control);
+    if !root_is_dir(&root) {
+        return Vec::new();
+    }
     let Ok(rd) = std::fs::read_dir(&root) else { return Vec::new() };
     let mut out: Vec<(PathBuf, Result<Checkpoint, CheckpointError>)> = Vec::new();
     for e in rd.flatten() {
@@ -42,7 +56,7 @@ pub fn list(control: &Path) -> Vec<(PathBuf, Result<Checkpoint, CheckpointError>
 
 /// Is a loop still running? Its creator's lock is held and names it.
 pub fn running(control: &Path, cp: &Checkpoint) -> bool {
-    if cp.outcome.is_some() {
+    if cp.outcome.is_some() || !plain_name(&cp.creator) {
         return false;
     }
     let lock = loop_root(control).join(format!("{}.lock", cp.creator));
@@ -57,6 +71,11 @@ pub fn running(control: &Path, cp: &Checkpoint) -> bool {
     }
 }
 
+/// One path component that stays where it is joined: not empty, no `/`, not `.` or `..`, no NUL.
+fn plain_name(s: &str) -> bool {
+    !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\0'])
+}
+
 /// The status text of one loop: phase, round, each job with its live status and evidence age.
 pub fn render(control: &Path, cp: &Checkpoint, now_ms: u64) -> String {
     use std::fmt::Write as _;
@@ -66,22 +85,29 @@ pub fn render(control: &Path, cp: &Checkpoint, now_ms: u64) -> String {
         (None, true) => "running".to_string(),
         (None, false) => "stopped without an outcome (the process is gone)".to_string(),
     };
-    let _ = writeln!(s, "loop {}: {state}", cp.loop_id);
+    let _ = writeln!(s, "loop {}: {}", one_line(&cp.loop_id), one_line(&state));
     let _ = writeln!(
         s,
         "  creator {} (loop job {}), reviewers {}",
-        cp.creator,
-        cp.creator_jid,
-        if cp.reviewers.is_empty() { "none (self-review)".to_string() } else { cp.reviewers.join(", ") }
+        one_line(&cp.creator),
+        one_line(&cp.creator_jid),
+        if cp.reviewers.is_empty() { "none (self-review)".to_string() } else { one_line(&cp.reviewers.join(", ")) }
     );
-    let _ = writeln!(s, "  phase {}, round {} of {}, started {}", cp.phase, cp.round, cp.max_rounds, cp.started_at);
+    let _ = writeln!(
+        s,
+        "  phase {}, round {} of {}, started {}",
+        one_line(&cp.phase),
+        cp.round,
+        cp.max_rounds,
+        one_line(&cp.started_at)
+    );
     if let Some(r) = &cp.reason {
-        let _ = writeln!(s, "  reason: {r}");
+        let _ = writeln!(s, "  reason: {}", one_line(r));
     }
     let store = Store::new(PathBuf::from(&cp.registry), PathBuf::from(&cp.registry));
     let _ = writeln!(s, "  jobs:");
     for j in &cp.jobs {
-        let rec = store.read(&j.jid).ok().flatten();
+        let rec = if plain_name(&j.jid) { store.read(&j.jid).ok().flatten() } else { None };
         let live = rec.as_ref().map(|r| r.status().to_string()).unwrap_or_else(|| "no record".into());
         let age = rec
             .as_ref()
@@ -90,27 +116,32 @@ pub fn render(control: &Path, cp: &Checkpoint, now_ms: u64) -> String {
             .unwrap_or_else(|| "never".into());
         let _ = writeln!(
             s,
-            "    round {} {} {} job {}: {} (record now {live}; last evidence {age})",
-            j.round, j.role, j.session, j.jid, j.status
+            "    round {} {} {} job {}: {} (record now {}; last evidence {age})",
+            j.round,
+            one_line(&j.role),
+            one_line(&j.session),
+            one_line(&j.jid),
+            one_line(&j.status),
+            one_line(&live)
         );
     }
     for r in &cp.review_rounds {
         let v: Vec<String> = r
             .reviewers
             .iter()
-            .map(|x| format!("{} {}", x.session, x.verdict.as_deref().unwrap_or("pending")))
+            .map(|x| format!("{} {}", one_line(&x.session), one_line(x.verdict.as_deref().unwrap_or("pending"))))
             .collect();
         let _ = writeln!(
             s,
             "  {} round {}: {}{}",
-            r.kind,
+            one_line(&r.kind),
             r.round,
             if v.is_empty() { "no verdicts".into() } else { v.join(", ") },
             if r.stale { " (stale)" } else { "" }
         );
     }
     for p in &cp.promoted {
-        let _ = writeln!(s, "  promoted: {p}");
+        let _ = writeln!(s, "  promoted: {}", one_line(p));
     }
     s
 }
@@ -126,6 +157,11 @@ pub enum Pruned {
 /// Removes the loop dirs whose checkpoint is older than `age` and that are not running.
 pub fn prune(control: &Path, age: Duration, now_ms: u64) -> Vec<Pruned> {
     let mut out = Vec::new();
+    let root = loop_root(control);
+    if std::fs::symlink_metadata(&root).is_ok_and(|m| !m.is_dir()) {
+        out.push(Pruned::Failed(root, "not a directory (a link is never followed); remove it by hand".into()));
+        return out;
+    }
     for (dir, cp) in list(control) {
         let updated = match &cp {
             Ok(c) => clock::parse_ts(&c.updated_at),

@@ -3,8 +3,8 @@
 //! uncommitted changes); the snapshot pin and the fingerprint, computed in a temporary index; the
 //! fail-closed empty-change guard; and the review trees (`git worktree add --detach`, removal).
 //!
-//! Every run goes through `diffcollect::Git`: a cleared environment, no user or system
-//! configuration, a deadline, hooks off. It never writes the repository's own index, never moves a
+//! Every run goes through `crate::git::Git`: a cleared environment, no user or system
+//! configuration, a deadline, no hook, filter, external diff or textconv. It never writes the repository's own index, never moves a
 //! ref or HEAD (the snapshot commit is ref-less), never follows a symlink while walking or removing
 //! a tree, and never prints. Control-plane paths (`Repo::exclude`) are left out of every check.
 
@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::ctx::Ctx;
-use crate::diffcollect::{exclude_specs, failure_detail, Git, RunError, TempDir, TempError};
+use crate::diffcollect::{exclude_specs, TempDir, TempError};
+use crate::git::{failure_detail, Git, RunError};
 use crate::sys;
 use crate::text::{one_line, show_path};
 
@@ -146,11 +147,11 @@ pub enum Guard {
     Undeterminable(String),
 }
 
-/// A runner in `dir` with its own deadline. Hooks and submodule recursion are off: a review tree's
-/// checkout must not run code from the repository, nor reach into submodules.
+/// A runner in `dir` with its own deadline. Submodule recursion is off (a review tree's checkout
+/// must not reach into submodules); hooks and filters are off in every run of `crate::git`.
 fn git<'a>(ctx: &'a Ctx, dir: &Path) -> Git<'a> {
     let mut g = Git::new(ctx, dir.to_path_buf(), Instant::now() + BUDGET);
-    g.extra_args = vec!["-c", "core.hooksPath=/dev/null", "-c", "submodule.recurse=false"];
+    g.extra_args = vec!["-c", "submodule.recurse=false"];
     g
 }
 

@@ -5,7 +5,9 @@
 //! before the removal, `list` once per worktree.
 //!
 //! What counts as unsaved work: anything `git status` shows (submodules not ignored, every
-//! untracked file); inside a submodule also its ignored files, since a forced removal deletes them;
+//! untracked file); every ignored file or directory of the worktree except a regenerable directory
+//! (`REGENERABLE`, issue 29: `git worktree remove` deletes ignored files), unless the user passed
+//! `--discard-ignored`; inside a submodule also its ignored files, since a forced removal deletes them;
 //! every commit reachable from HEAD or a local ref (tags, notes ...) that no remote-tracking ref
 //! reaches, in every initialised submodule and every repository under the worktree's `modules/`;
 //! every stash; a repository it cannot read; a commit the worktree's HEAD held that no ref holds.
@@ -20,7 +22,7 @@ use std::time::Instant;
 
 use super::{admin_dir, canon, git, is_within, run_error, trim_nl, worktrees, Entry, Repo, CHECK_BUDGET};
 use crate::ctx::Ctx;
-use crate::diffcollect::Git;
+use crate::git::Git;
 use crate::paths::Resolved;
 use crate::registry::is_terminal;
 use crate::review::checkpoint::Checkpoint;
@@ -37,6 +39,7 @@ pub enum Token {
     SessionsRunning,
     OpenJobs,
     Dirty,
+    Ignored,
     StatusFailed,
     SubmoduleDirty,
     Unpushed,
@@ -55,6 +58,7 @@ impl Token {
             Token::SessionsRunning => "sessions-running",
             Token::OpenJobs => "open-jobs",
             Token::Dirty => "dirty",
+            Token::Ignored => "ignored",
             Token::StatusFailed => "status-failed",
             Token::SubmoduleDirty => "submodule-dirty",
             Token::Unpushed => "unpushed",
@@ -74,6 +78,9 @@ impl Token {
             Token::SessionsRunning => "pass --stop to stop them (their open task jobs are cancelled)",
             Token::OpenJobs => "let these jobs finish, or close them (mam registry expire <job>, or stop their loop)",
             Token::Dirty => "commit these files, move them elsewhere, or delete them",
+            Token::Ignored => {
+                "move it out of the worktree (or commit it); --discard-ignored deletes the ignored files with the worktree"
+            }
             Token::StatusFailed => "look at the worktree with git status",
             Token::SubmoduleDirty => {
                 "commit, move or delete these files inside the submodule (ignored files count too)"
@@ -181,6 +188,43 @@ pub struct RepoFact {
     pub uncheckable: Option<String>,
 }
 
+/// One ignored entry of the worktree as git reports it: its path relative to the worktree, whether
+/// git reported a whole directory (`dir/`), and whether it is a symbolic link (`lstat`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IgnoredEntry {
+    pub path: String,
+    pub dir: bool,
+    pub symlink: bool,
+}
+
+/// The directory names that hold only what a build or an installer makes again (issue 29). An
+/// ignored entry is unsaved work unless it is a directory git reports as ignored as a whole, or a
+/// symbolic link (the `.venv` link `prepare` makes), whose own name is one of these.
+pub const REGENERABLE: [&str; 13] = [
+    ".venv",
+    "venv",
+    "node_modules",
+    "target",
+    "build",
+    "dist",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".tox",
+    ".gradle",
+    ".next",
+];
+
+/// Whether an ignored entry may go with the worktree without `--discard-ignored`.
+pub fn regenerable(e: &IgnoredEntry) -> bool {
+    let name = e.path.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+    (e.dir || e.symlink) && REGENERABLE.contains(&name)
+}
+
+/// The most `ignored` findings shown one by one; the rest are counted in one more.
+pub const MAX_IGNORED_SHOWN: usize = 100;
+
 /// A running loop whose source root lies inside the worktree (or whose checkpoint is unreadable).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoopFact {
@@ -201,6 +245,9 @@ pub struct Facts {
     pub jobs: Vec<JobFact>,
     /// `git status` entries, or why it failed; `None` when there is no linked worktree to ask.
     pub status: Option<Result<Vec<String>, String>>,
+    /// The ignored entries of the worktree (`--ignored=matching`: a directory ignored as a whole is
+    /// one entry), or why they could not be had.
+    pub ignored: Result<Vec<IgnoredEntry>, String>,
     /// The directory is gone (the prune hint).
     pub gone: bool,
     pub submodules: Vec<RepoFact>,
@@ -222,6 +269,7 @@ impl Facts {
             sessions: Vec::new(),
             jobs: Vec::new(),
             status: None,
+            ignored: Ok(Vec::new()),
             gone: false,
             submodules: Vec::new(),
             modules: Vec::new(),
@@ -279,7 +327,8 @@ fn some(items: &[String], more: bool) -> String {
 
 /// The pure decision (checks 1-8 over gathered facts). `allow_running`: the first look of a
 /// `--stop` removal, where running sessions and the task jobs their stop cancels are no finding.
-pub fn judge(f: &Facts, allow_running: bool) -> (Vec<Finding>, Method) {
+/// `discard_ignored`: the user said the ignored files may go (`--discard-ignored`).
+pub fn judge(f: &Facts, allow_running: bool, discard_ignored: bool) -> (Vec<Finding>, Method) {
     let mut out = Vec::new();
     let mut add =
         |token, subject: &Path, evidence: String| out.push(Finding { token, subject: subject.to_path_buf(), evidence });
@@ -315,6 +364,29 @@ pub fn judge(f: &Facts, allow_running: bool) -> (Vec<Finding>, Method) {
             format!("git status shows {}: {}", count(entries.len(), "entry", "entries"), some(entries, false)),
         ),
         Some(Err(why)) => add(Token::StatusFailed, path, format!("git status failed: {why}")),
+        _ => {}
+    }
+    match &f.ignored {
+        Ok(entries) if !discard_ignored => {
+            let lost: Vec<&IgnoredEntry> = entries.iter().filter(|e| !regenerable(e)).collect();
+            for e in lost.iter().take(MAX_IGNORED_SHOWN) {
+                let what = if e.dir { "a directory git ignores" } else { "a file git ignores" };
+                add(
+                    Token::Ignored,
+                    &path.join(e.path.trim_end_matches('/')),
+                    format!("{what}, not a regenerable directory"),
+                );
+            }
+            if lost.len() > MAX_IGNORED_SHOWN {
+                let n = lost.len() - MAX_IGNORED_SHOWN;
+                add(
+                    Token::Ignored,
+                    path,
+                    format!("{n} more ignored {} not shown", if n == 1 { "entry" } else { "entries" }),
+                );
+            }
+        }
+        Err(why) if !discard_ignored => add(Token::StatusFailed, path, format!("git status --ignored failed: {why}")),
         _ => {}
     }
     for r in &f.submodules {
@@ -365,9 +437,16 @@ pub fn judge(f: &Facts, allow_running: bool) -> (Vec<Finding>, Method) {
 }
 
 /// Gathers the facts about `path` and judges them.
-pub fn look(ctx: &Ctx, repo: &Result<Repo, String>, resolved: &Resolved, path: &Path, allow_running: bool) -> Look {
+pub fn look(
+    ctx: &Ctx,
+    repo: &Result<Repo, String>,
+    resolved: &Resolved,
+    path: &Path,
+    allow_running: bool,
+    discard_ignored: bool,
+) -> Look {
     let facts = gather(ctx, repo, resolved, path);
-    let (findings, method) = judge(&facts, allow_running);
+    let (findings, method) = judge(&facts, allow_running, discard_ignored);
     Look { facts, findings, method }
 }
 
@@ -503,6 +582,9 @@ fn git_facts(ctx: &Ctx, repo: &Repo, entry: &Entry, real: &Path, deadline: Insta
         status(&mut g, false)
     });
     if !f.gone {
+        f.ignored = ignored(&mut git(ctx, real, deadline), real);
+    }
+    if !f.gone {
         let mut subs = Vec::new();
         submodules(ctx, real, deadline, &mut subs, 0);
         f.submodules = subs;
@@ -542,6 +624,26 @@ fn status(g: &mut Git<'_>, ignored: bool) -> Result<Vec<String>, String> {
             it.next();
         }
         entries.push(text);
+    }
+    Ok(entries)
+}
+
+/// The ignored entries of the worktree itself (submodules have their own check): `matching` reports
+/// a directory that an ignore pattern matches as one `dir/` entry, everything else file by file.
+fn ignored(g: &mut Git<'_>, real: &Path) -> Result<Vec<IgnoredEntry>, String> {
+    let args =
+        ["status", "--porcelain=v1", "-z", "--ignored=matching", "--untracked-files=all", "--ignore-submodules=all"];
+    let dir = g.dir.clone();
+    let out = g.run(&args).map_err(|e| run_error(&dir, e))?;
+    if !out.status.success() {
+        return Err(super::detail(&out));
+    }
+    let mut entries = Vec::new();
+    for e in out.stdout.split(|b| *b == 0) {
+        let Some(p) = e.strip_prefix(b"!! ") else { continue };
+        let rel = Path::new(OsStr::from_bytes(p));
+        let symlink = std::fs::symlink_metadata(real.join(rel)).is_ok_and(|m| m.file_type().is_symlink());
+        entries.push(IgnoredEntry { path: String::from_utf8_lossy(p).into_owned(), dir: p.ends_with(b"/"), symlink });
     }
     Ok(entries)
 }
@@ -747,26 +849,26 @@ mod tests {
     fn a_clean_linked_worktree_has_no_finding_and_a_plain_method() {
         let mut f = linked();
         f.status = Some(Ok(vec![]));
-        let (found, m) = judge(&f, false);
+        let (found, m) = judge(&f, false, false);
         assert!(found.is_empty(), "{found:?}");
         assert_eq!(m, Method::Plain);
         f.submodule_state = true;
-        assert_eq!(judge(&f, false).1, Method::Force);
+        assert_eq!(judge(&f, false, false).1, Method::Force);
     }
 
     #[test]
     fn check_one_cells() {
         let f = Facts::empty(PathBuf::from("/w"), Linked::NotFound("x".into()));
         assert_eq!(
-            judge(&f, false),
+            judge(&f, false, false),
             (vec![Finding { token: Token::NotLinked, subject: "/w".into(), evidence: "x".into() }], Method::None)
         );
         let f = Facts::empty(PathBuf::from("/w"), Linked::NoRepo("no".into()));
-        assert_eq!(names(&judge(&f, false).0), "not-linked");
+        assert_eq!(names(&judge(&f, false, false).0), "not-linked");
         let f = Facts::empty(PathBuf::from("/w"), Linked::Main);
-        assert_eq!(names(&judge(&f, false).0), "main-worktree");
+        assert_eq!(names(&judge(&f, false, false).0), "main-worktree");
         let f = Facts::empty(PathBuf::from("/w"), Linked::Linked { locked: Some(String::new()) });
-        let (found, m) = judge(&f, false);
+        let (found, m) = judge(&f, false, false);
         assert_eq!((names(&found).as_str(), m), ("locked", Method::Plain));
     }
 
@@ -782,13 +884,13 @@ mod tests {
             session_running: true,
         };
         f.jobs = vec![job("task")];
-        assert_eq!(names(&judge(&f, false).0), "sessions-running,open-jobs");
-        assert_eq!(names(&judge(&f, true).0), "none");
+        assert_eq!(names(&judge(&f, false, false).0), "sessions-running,open-jobs");
+        assert_eq!(names(&judge(&f, true, false).0), "none");
         f.jobs.push(job("loop"));
-        assert_eq!(names(&judge(&f, true).0), "open-jobs");
+        assert_eq!(names(&judge(&f, true, false).0), "open-jobs");
         f.sessions[0].running = false;
         f.jobs = vec![JobFact { session_running: false, ..job("task") }];
-        assert_eq!(names(&judge(&f, true).0), "open-jobs");
+        assert_eq!(names(&judge(&f, true, false).0), "open-jobs");
     }
 
     #[test]
@@ -803,6 +905,7 @@ mod tests {
             session_running: false,
         }];
         f.status = Some(Ok(vec!["?? a".into()]));
+        f.ignored = Ok(vec![IgnoredEntry { path: ".env".into(), dir: false, symlink: false }]);
         let r = |p: &str| RepoFact {
             path: p.into(),
             dirty: vec!["!! x".into()],
@@ -815,18 +918,57 @@ mod tests {
         f.modules = vec![r("/m/a")];
         f.loops = vec![LoopFact { id: "0123abcd".into(), source: "/w".into() }];
         f.unreachable = Ok(vec!["c".into()]);
-        let (found, _) = judge(&f, false);
+        let (found, _) = judge(&f, false, false);
         assert_eq!(
             tokens(&found),
-            "locked,sessions-running,open-jobs,dirty,submodule-dirty,unpushed,stashes,uncheckable-repo,loop-active,unreachable-head"
+            "locked,sessions-running,open-jobs,dirty,ignored,submodule-dirty,unpushed,stashes,uncheckable-repo,loop-active,unreachable-head"
         );
         let mut sorted = found.clone();
         sorted.sort_by_key(|f| f.token);
         assert_eq!(found, sorted);
         f.status = Some(Err("gone".into()));
-        assert!(tokens(&judge(&f, false).0).contains("status-failed"));
+        assert!(tokens(&judge(&f, false, false).0).contains("status-failed"));
         f.unreachable = Err("git failed".into());
-        assert!(tokens(&judge(&f, false).0).ends_with("unreachable-head"));
+        assert!(tokens(&judge(&f, false, false).0).ends_with("unreachable-head"));
+    }
+
+    /// Issue 29: an ignored entry is unsaved work unless it is a wholly ignored directory (or a
+    /// link) with a regenerable name; `--discard-ignored` lets them all go; each is its own finding.
+    #[test]
+    fn ignored_entries_cells() {
+        let e = |path: &str, dir: bool, symlink: bool| IgnoredEntry { path: path.into(), dir, symlink };
+        for (entry, free) in [
+            (e("notes.local", false, false), false),
+            (e(".env", false, false), false),
+            (e(".mam.env", false, false), false),
+            (e(".venv/", true, false), true),
+            (e(".venv", false, true), true),
+            (e("sub/node_modules/", true, false), true),
+            (e("target/", true, false), true),
+            (e("target/x.o", false, false), false),
+            (e("target", false, false), false),
+            (e("cache/", true, false), false),
+            (e("notes", false, true), false),
+            (e("build.log/", true, false), false),
+        ] {
+            assert_eq!(regenerable(&entry), free, "{entry:?}");
+        }
+        let mut f = linked();
+        f.status = Some(Ok(vec![]));
+        f.ignored = Ok(vec![e("notes.local", false, false), e(".venv/", true, false), e("keep/", true, false)]);
+        let (found, _) = judge(&f, false, false);
+        let lines: Vec<String> = found.iter().map(Finding::line).collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].starts_with("FINDING=ignored /w/notes.local: a file git ignores"), "{lines:?}");
+        assert!(lines[1].starts_with("FINDING=ignored /w/keep: a directory git ignores"), "{lines:?}");
+        assert_eq!(names(&judge(&f, false, true).0), "none");
+        f.ignored = Ok((0..MAX_IGNORED_SHOWN + 2).map(|i| e(&format!("f{i}"), false, false)).collect());
+        let (found, _) = judge(&f, false, false);
+        assert_eq!(found.len(), MAX_IGNORED_SHOWN + 1);
+        assert!(found[MAX_IGNORED_SHOWN].line().starts_with("FINDING=ignored /w: 2 more ignored entries not shown"));
+        f.ignored = Err("boom".into());
+        assert_eq!(names(&judge(&f, false, false).0), "status-failed");
+        assert_eq!(names(&judge(&f, false, true).0), "none");
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub fn list(ctx: &Ctx) -> Result<Vec<String>, WorktreeError> {
     Ok(entries
         .iter()
         .filter(|e| !e.main && !e.bare)
-        .map(|e| line(e, &check::look(ctx, &repo, &resolved, &e.path, false)))
+        .map(|e| line(e, &check::look(ctx, &repo, &resolved, &e.path, false, false)))
         .collect())
 }
 

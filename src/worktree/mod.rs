@@ -1,7 +1,7 @@
 //! Worktrees (ORCH 5): a creator's own linked git worktree beside the control root, prepared
 //! (`prepare`), looked at (`check`, `list`) and removed only when nothing in it could be lost
-//! (`remove`). This file holds what the flows share: the error type, the git runner (the review
-//! loop's `diffcollect::Git`: cleared environment, pinned configuration, a deadline), the parsed
+//! (`remove`). This file holds what the flows share: the error type, the git runner (`crate::git::Git`:
+//! cleared environment, pinned configuration, no hook or filter, a deadline), the parsed
 //! `git worktree list`, and path comparison for paths that may not exist yet.
 //!
 //! Library code: it never prints (stdout lines and notes are returned to `cmd::worktree`) and never
@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::ctx::Ctx;
-use crate::diffcollect::{failure_detail, Git, RunError};
+use crate::git::{failure_detail, Git, RunError};
 use crate::text::{one_line, show_path};
 
 /// How long the git runs of one check (one look at one worktree) may take together.
@@ -52,7 +52,7 @@ impl fmt::Display for WorktreeError {
     }
 }
 
-/// A git run in `dir` under `deadline`, hooks left as the repository has them.
+/// A git run in `dir` under `deadline` (hooks and filters off, as every run of `crate::git`).
 pub(crate) fn git<'a>(ctx: &'a Ctx, dir: &Path, deadline: Instant) -> Git<'a> {
     Git::new(ctx, dir.to_path_buf(), deadline)
 }

@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::{canon, git, git_ok, is_within, repo, run_error, trim_nl, worktrees, Repo, WorktreeError, PREPARE_BUDGET};
 use crate::agents;
 use crate::ctx::Ctx;
-use crate::diffcollect::Git;
+use crate::git::Git;
 use crate::pane;
 use crate::paths;
 use crate::review::git as rgit;
@@ -467,8 +467,10 @@ fn submodules(ctx: &Ctx, repo: &Repo, wt: &Path, deadline: Instant, notes: &mut 
     let modules_existed = modules.exists();
     let existed: Vec<bool> = todo.iter().map(|p| modules.join(name_of(p)).exists()).collect();
     for p in &todo {
+        // `--checkout` overrides a `submodule.<name>.update` the configuration sets (`!command` runs
+        // a shell command).
         let mut args: Vec<OsString> =
-            ["submodule", "update", "--init", "--recursive", "--"].map(OsString::from).to_vec();
+            ["submodule", "update", "--init", "--checkout", "--recursive", "--"].map(OsString::from).to_vec();
         args.push(p.as_os_str().to_os_string());
         if let Err(e) = git_ok(&mut g, &args) {
             let what = format!("submodule {}: {e}", show_path(p));

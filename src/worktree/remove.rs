@@ -24,6 +24,8 @@ pub struct RemoveArgs {
     pub path: PathBuf,
     pub stop: bool,
     pub dry_run: bool,
+    /// The user lets the worktree's ignored files go with it (issue 29).
+    pub discard_ignored: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +105,7 @@ pub fn remove(ctx: &Ctx, a: &RemoveArgs, notes: &mut Notes) -> Removal {
         }
     };
     let repo = repo(ctx, &resolved.control_root);
-    let first = check::look(ctx, &repo, &resolved, &path, a.stop);
+    let first = check::look(ctx, &repo, &resolved, &path, a.stop, a.discard_ignored);
     take(&mut r, &first);
     if !first.findings.is_empty() {
         refuse(&mut r, &first, "nothing was changed");
@@ -138,7 +140,7 @@ pub fn remove(ctx: &Ctx, a: &RemoveArgs, notes: &mut Notes) -> Removal {
         }
     }
     // The second full look (A44): nothing written, committed or stashed during the stop is lost.
-    let second = check::look(ctx, &repo, &resolved, &path, false);
+    let second = check::look(ctx, &repo, &resolved, &path, false, a.discard_ignored);
     take(&mut r, &second);
     if !second.findings.is_empty() {
         let how = if stopped { "sessions were stopped; the worktree was kept" } else { "nothing was changed" };

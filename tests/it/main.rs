@@ -34,6 +34,8 @@ mod remote;
 mod review;
 mod security;
 mod security_broker;
+mod security_git;
+mod security_loop;
 mod security_wire;
 mod session;
 mod sign;

@@ -577,3 +577,107 @@ fn std_sorts_only_on_the_measured_hot_paths() {
         found.join("\n")
     );
 }
+
+/// The string literals of Rust source `text` outside comments (raw strings included), with the
+/// byte offset where each starts.
+fn string_literals(text: &str) -> Vec<(usize, String)> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'/' && b.get(i + 1) == Some(&b'/') {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+        } else if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
+            i += 2;
+            while i + 1 < b.len() && !(b[i] == b'*' && b[i + 1] == b'/') {
+                i += 1;
+            }
+            i += 2;
+        } else if b[i] == b'r' && matches!(b.get(i + 1), Some(b'"' | b'#')) && !is_ident(b, i) {
+            let start = i;
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while b.get(j) == Some(&b'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if b.get(j) != Some(&b'"') {
+                i += 1;
+                continue;
+            }
+            let close = format!("\"{}", "#".repeat(hashes));
+            let body = j + 1;
+            let end = text[body..].find(&close).map_or(b.len(), |e| body + e);
+            out.push((start, text[body..end].to_string()));
+            i = end + close.len();
+        } else if b[i] == b'"' {
+            let start = i;
+            let mut s = Vec::new();
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                if b[i] == b'\\' {
+                    s.push(b[i]);
+                    i += 1;
+                }
+                if i < b.len() {
+                    s.push(b[i]);
+                }
+                i += 1;
+            }
+            i += 1;
+            out.push((start, String::from_utf8_lossy(&s).into_owned()));
+        } else if b[i] == b'\'' && b.get(i + 2) == Some(&b'\'') {
+            i += 3; // a char literal such as '"'
+        } else if b[i] == b'\'' && b.get(i + 1) == Some(&b'\\') {
+            i += 2;
+            while i < b.len() && b[i] != b'\'' {
+                i += 1;
+            }
+            i += 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// `b[i]` continues an identifier (so an `r` there is no raw-string prefix).
+fn is_ident(b: &[u8], i: usize) -> bool {
+    i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_')
+}
+
+/// A literal that names the git program (`git`, `/usr/bin/git`).
+fn names_git(lit: &str) -> bool {
+    let lit = lit.trim();
+    lit == "git" || lit.ends_with("/git")
+}
+
+/// Issue 29: every git run goes through `src/git.rs` (hooks, filters, external diff and textconv
+/// off), so no other library file names the git program. Unit tests (after `#[cfg(test)]`) set up
+/// fixtures with their own git.
+#[test]
+fn only_the_git_module_spawns_git() {
+    let sample =
+        "// Command::new(\"git\")\nlet a = r#\"x\"#; let c = '\"'; f(\"a\\\"b\"); Command::new(r\"/usr/bin/git\")";
+    let lits: Vec<String> = string_literals(sample).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(lits, ["x", "a\\\"b", "/usr/bin/git"], "the literal scanner");
+    let mut bad = Vec::new();
+    for f in rust_files(&root().join("src")) {
+        if f.ends_with("src/git.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&f).unwrap();
+        let code = match text.find("#[cfg(test)]\nmod tests") {
+            Some(at) => &text[..at],
+            None => &text[..],
+        };
+        for (at, lit) in string_literals(code) {
+            if names_git(&lit) {
+                bad.push(format!("{}:{}", f.display(), code[..at].lines().count()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "git spawned outside src/git.rs (use crate::git::Git): {bad:?}");
+}

@@ -335,6 +335,93 @@ fn t2_venv_link_and_both_exclude_lines_once() {
     assert_eq!(git(&wt, &["status", "--porcelain"]), "");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Issue 29 item 4: ignored files are unsaved work unless they lie in a regenerable directory
+
+/// A worktree of a control root whose committed `.gitignore` ignores the usual local files and
+/// build output.
+fn with_ignores(name: &str) -> (W, PathBuf) {
+    let w = W::new(name);
+    let ignores = "/.mam/\nnotes.local\n.env\n.mam.env\n.venv/\ntarget/\nnode_modules\n";
+    fs::write(w.root.join(".gitignore"), ignores).unwrap();
+    git(&w.root, &["commit", "-q", "-am", "ignores"]);
+    let wt = w.prepare("ign", &[]);
+    (w, wt)
+}
+
+/// `notes.local`, `.env` and `.mam.env` are ignored, so git status is clean; `remove` used to
+/// delete them and print `RESULT=removed FINDINGS=none`. Now: one `FINDING=ignored` line each,
+/// refused, nothing deleted; `--dry-run` says the same.
+#[test]
+fn ignored_local_files_are_refused_with_a_finding_each_and_kept() {
+    let (w, wt) = with_ignores("wt-ign-refused");
+    for f in ["notes.local", ".env", ".mam.env"] {
+        fs::write(wt.join(f), format!("only here: {f}\n")).unwrap();
+    }
+    assert_eq!(git(&wt, &["status", "--porcelain"]), "", "git status alone sees nothing");
+    let before = snapshot(&wt);
+    for extra in [&[][..], &["--dry-run"][..], &["--stop"][..]] {
+        let r = w.remove(&wt, extra);
+        r.expect_rc(3);
+        assert_eq!(summary(&r), ("refused".into(), "plain".into(), "ignored".into()), "{extra:?}");
+        let found: Vec<String> = r.stdout().lines().filter(|l| l.starts_with("FINDING=")).map(str::to_string).collect();
+        assert_eq!(found.len(), 3, "{found:?}");
+        for f in [".env", ".mam.env", "notes.local"] {
+            let want = format!("FINDING=ignored {}: a file git ignores", wt.join(f).display());
+            assert!(found.iter().any(|l| l.starts_with(&want)), "{want}\n{found:?}");
+        }
+        assert!(r.stderr().contains("nothing was changed"), "{}", r.stderr());
+        assert!(snapshot(&wt) == before, "{extra:?}: the worktree changed");
+    }
+    let r = w.run(&["worktree", "list"]);
+    r.expect_rc(0);
+    assert!(r.stdout().contains("FINDINGS=ignored "), "{}", r.stdout());
+}
+
+/// `--discard-ignored` is the explicit way to let them go.
+#[test]
+fn discard_ignored_removes_a_worktree_with_ignored_files() {
+    let (w, wt) = with_ignores("wt-ign-discard");
+    for f in ["notes.local", ".env", ".mam.env"] {
+        fs::write(wt.join(f), "x\n").unwrap();
+    }
+    let r = w.remove(&wt, &["--dry-run", "--discard-ignored"]);
+    r.expect_rc(0);
+    assert_eq!(summary(&r).0, "would-remove");
+    assert!(wt.join(".env").exists());
+    let r = w.remove(&wt, &["--discard-ignored"]);
+    r.expect_rc(0);
+    assert_eq!(summary(&r), ("removed".into(), "plain".into(), "none".into()));
+    assert!(!wt.exists());
+}
+
+/// A wholly ignored regenerable directory (`.venv/` full of files, `target/`, a nested
+/// `node_modules/`) and the `.venv` link prepare makes go without the flag.
+#[test]
+fn regenerable_ignored_directories_go_without_the_flag() {
+    let (w, wt) = with_ignores("wt-ign-regen");
+    for f in [".venv/lib/python3/site.py", ".venv/bin/python", "target/debug/app", "web/node_modules/p/i.js"] {
+        let p = wt.join(f);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, "generated\n").unwrap();
+    }
+    let r = w.remove(&wt, &["--dry-run"]);
+    r.expect_rc(0);
+    assert_eq!(summary(&r), ("would-remove".into(), "plain".into(), "none".into()), "{}", r.stdout());
+    let r = w.remove(&wt, &[]);
+    r.expect_rc(0);
+    assert_eq!(summary(&r).0, "removed", "{}", r.stdout());
+    assert!(!wt.exists());
+
+    // prepare's `.venv` link to the control root's `.venv` (excluded through info/exclude).
+    fs::create_dir_all(w.root.join(".venv/bin")).unwrap();
+    let wt = w.prepare("linked", &[]);
+    assert!(fs::symlink_metadata(wt.join(".venv")).unwrap().is_symlink());
+    let r = w.remove(&wt, &[]);
+    r.expect_rc(0);
+    assert!(w.root.join(".venv/bin").is_dir(), "the link's target stays");
+}
+
 #[test]
 fn t3_second_submodule_failing_after_the_first_cloned_rolls_back_then_prepare_and_plain_remove_work() {
     let w = W::new("wt-t3");
