@@ -183,7 +183,9 @@ fn options(ctx: &Ctx, target: PathBuf, cmd: &str) -> Result<Options, Failure> {
 
 fn failure(cmd: &str, e: &InstallError) -> Failure {
     match e {
-        InstallError::BadTarget(_) => Failure::new(cli::rc::USAGE, format!("REFUSED: {cmd}: {e}")),
+        InstallError::BadTarget(_) | InstallError::Untrusted { .. } => {
+            Failure::new(cli::rc::USAGE, format!("REFUSED: {cmd}: {e}"))
+        }
         InstallError::NotInstalled(_) => Failure::usage(format!("{cmd}: {e}")),
         InstallError::Running(_) => Failure::new(3, format!("REFUSED: {cmd}: {e}")),
         InstallError::Ledger(_) => Failure::new(cli::rc::RUNTIME, format!("REFUSED: {cmd}: {e}")),
