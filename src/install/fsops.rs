@@ -31,7 +31,7 @@ pub struct Tree {
     /// `MAM_TRUSTED_ROOTS` (real environment only).
     trusted_roots: String,
     /// Test hook (`MAM_TEST_INSTALL_SWAP=<dir>:<link target>`, `test-hooks` builds only): right
-    /// before a write below `<dir>`, after its directory was opened, `<dir>` is renamed away and a
+    /// before a write or delete below `<dir>`, after its directory was opened, `<dir>` is renamed away and a
     /// symlink to `<link target>` put in its place: the race of a check and a write, made certain.
     pub swap: Option<(String, PathBuf)>,
 }
@@ -273,6 +273,7 @@ fn swap_hook(_: &Tree, _: &str) {}
 /// Deletes a file (or a link: the link itself). Missing is fine.
 pub fn delete(t: &Tree, rel: &str) -> Result<bool, InstallError> {
     let Some((dir, name)) = parent(t, rel, false)? else { return Ok(false) };
+    swap_hook(t, rel);
     match dir.unlink(name.as_ref()) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),

@@ -539,3 +539,31 @@ fn install_race_a_directory_swapped_for_a_symlink_after_its_check_writes_nothing
     assert_eq!(tree(&outside), Vec::<String>::new(), "wrote through the swapped-in link: {}", r.stderr());
     assert!(repo.join(".agents/skills/create.orig/SKILL.md").is_file(), "{}", r.stderr());
 }
+
+#[test]
+fn remove_race_a_directory_swapped_for_a_symlink_after_its_check_deletes_nothing_outside() {
+    // As above for remove: the pristine SKILL.md is planned for deletion, then its directory is
+    // swapped for a link to a directory holding a file of the same name; that file stays.
+    let td = TestDir::new("sec-r-race");
+    let repo = td.path("repo");
+    fs::create_dir_all(repo.join(".git")).unwrap();
+    td.mam().args(["install", "--target"]).args([&repo]).run().expect_rc(0);
+    let outside = td.path("outside");
+    fs::create_dir_all(&outside).unwrap();
+    let skill = fs::read(repo.join(".agents/skills/create/SKILL.md")).unwrap();
+    fs::write(outside.join("SKILL.md"), &skill).unwrap();
+    let r = td
+        .mam()
+        .env("MAM_TEST_INSTALL_SWAP", format!(".agents/skills/create:{}", outside.display()))
+        .args(["remove", "--target"])
+        .args([&repo])
+        .run();
+    assert!(fs::symlink_metadata(repo.join(".agents/skills/create")).unwrap().file_type().is_symlink(), "hook ran");
+    assert_eq!(
+        fs::read(outside.join("SKILL.md")).unwrap(),
+        skill,
+        "deleted through the swapped-in link: {}",
+        r.stderr()
+    );
+    assert!(!repo.join(".agents/skills/create.orig/SKILL.md").exists(), "{}", r.stderr());
+}
