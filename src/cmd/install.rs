@@ -153,7 +153,7 @@ fn options(ctx: &Ctx, target: PathBuf, cmd: &str) -> Result<Options, Failure> {
     let roots = ctx.env_only("MAM_TRUSTED_ROOTS").map(|l| l.to_string_lossy().into_owned()).unwrap_or_default();
     let show = show_path(&target);
     #[allow(unused_mut)] // the swap hook exists in test-hooks builds only
-    let mut target = install::fsops::Tree::open(target, roots).map_err(|e| {
+    let mut target = install::tree::Tree::open(target, roots).map_err(|e| {
         let why = if e.raw_os_error() == Some(libc::ENOTDIR) {
             "is not a directory".to_string()
         } else {

@@ -14,54 +14,14 @@
 use std::io::{self, Read};
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
+pub use super::tree::Tree;
 use super::{Hooks, InstallError};
 use crate::sys::{self, Dir, EntryKind, EntryStat};
-use crate::trust;
 
-/// The target of one run: its canonical path (for messages), its directory opened once (every
-/// walk starts from this descriptor, so a target path swapped midway changes nothing), and the
-/// inputs of the trust rule.
-#[derive(Debug, Clone)]
-pub struct Tree {
-    path: PathBuf,
-    root: Arc<Dir>,
-    me: u32,
-    /// `MAM_TRUSTED_ROOTS` (real environment only).
-    trusted_roots: String,
-    /// Test hook (`MAM_TEST_INSTALL_SWAP=<dir>:<link target>`, `test-hooks` builds only): right
-    /// before a write or delete below `<dir>`, after its directory was opened, `<dir>` is renamed away and a
-    /// symlink to `<link target>` put in its place: the race of a check and a write, made certain.
-    pub swap: Option<(String, PathBuf)>,
-}
-
-impl Tree {
-    /// Opens `path` (canonical, a directory) for one run.
-    pub fn open(path: PathBuf, trusted_roots: String) -> io::Result<Tree> {
-        let root = Arc::new(Dir::open(&path)?);
-        Ok(Tree { path, root, me: sys::geteuid(), trusted_roots, swap: None })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The trust rule (issue 12 and 29) on one opened file or directory: the user's or root's, not
-    /// writable by group or others, unless `MAM_TRUSTED_ROOTS` lists it.
-    fn judge(&self, shown: &Path, st: EntryStat) -> Result<(), InstallError> {
-        if trust::listed(&self.trusted_roots, shown) {
-            return Ok(());
-        }
-        trust::judge(self.me, st.uid, st.mode).map_err(|why| InstallError::Untrusted { path: shown.to_path_buf(), why })
-    }
-}
-
-impl Deref for Tree {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.path
-    }
+/// The trust rule on one opened file or directory (`Tree::judge`), as an install refusal.
+fn judge(t: &Tree, shown: &Path, st: EntryStat) -> Result<(), InstallError> {
+    t.judge(shown, st).map_err(|why| InstallError::Untrusted { path: shown.to_path_buf(), why })
 }
 
 /// The change counter behind `MAM_TEST_INSTALL_FAIL_AFTER` / `MAM_TEST_INSTALL_KILL_AFTER`.
@@ -159,8 +119,8 @@ impl Deref for At<'_> {
 fn parent<'a, 'r>(t: &'a Tree, rel: &'r str, create: bool) -> Result<Option<(At<'a>, &'r str)>, InstallError> {
     let parts = components(t, rel)?;
     let (name, dirs) = parts.split_last().ok_or_else(|| InstallError::io("use", t, io::Error::other("empty path")))?;
-    let mut at = At::Root(&t.root);
-    let mut shown = t.path.clone();
+    let mut at = At::Root(t.root());
+    let mut shown = t.path().to_path_buf();
     let judged = parts.first() == Some(&".mam");
     for c in dirs {
         shown.push(c);
@@ -179,7 +139,7 @@ fn parent<'a, 'r>(t: &'a Tree, rel: &'r str, create: bool) -> Result<Option<(At<
         };
         if judged {
             let st = next.own_stat().map_err(|e| InstallError::io("use", &shown, e))?;
-            t.judge(&shown, st)?;
+            judge(t, &shown, st)?;
         }
         at = At::Sub(next);
     }
@@ -201,7 +161,7 @@ pub fn read(t: &Tree, rel: &str) -> Result<Found, InstallError> {
         Err(_) => return Ok(Found::Other),
     };
     if rel.starts_with(".mam/install/") {
-        t.judge(&p, st)?;
+        judge(t, &p, st)?;
     }
     let mut bytes = Vec::new();
     f.read_to_end(&mut bytes).map_err(|e| InstallError::io("read", &p, e))?;
@@ -228,13 +188,13 @@ pub fn exists(t: &Tree, rel: &str) -> Result<bool, InstallError> {
 pub fn read_gitignore(t: &Tree) -> Result<Option<(Vec<u8>, u32)>, InstallError> {
     let p = abs(t, ".gitignore");
     let show = crate::text::show_path(&p);
-    let (mut f, st) = match t.root.open_file(".gitignore".as_ref()) {
+    let (mut f, st) = match t.root().open_file(".gitignore".as_ref()) {
         Ok(x) => x,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(_) => return Err(InstallError::BadTarget(format!("{show} is not a regular file"))),
     };
-    if st.uid != t.me && st.uid != 0 && !trust::listed(&t.trusted_roots, &p) {
-        return Err(InstallError::Untrusted { path: p, why: trust::Why::OwnedBy { owner: st.uid, me: t.me } });
+    if let Err(why) = t.judge_owner(&p, st.uid) {
+        return Err(InstallError::Untrusted { path: p, why });
     }
     let mut bytes = Vec::new();
     f.read_to_end(&mut bytes).map_err(|e| InstallError::io("read", &p, e))?;
@@ -362,7 +322,7 @@ pub fn clean_temps(t: &Tree, dir: &str, only: Option<&[&str]>) -> Vec<String> {
     let mut gone = Vec::new();
     let probe = format!("{dir}/x");
     let d = if dir.is_empty() {
-        At::Root(&t.root)
+        At::Root(t.root())
     } else {
         match parent(t, &probe, false) {
             Ok(Some((d, _))) => d,
@@ -397,7 +357,7 @@ pub fn list(t: &Tree, rel: &str) -> Result<Vec<String>, InstallError> {
         Err(e) => return Err(walk_error("list", &p, e)),
     };
     if rel.starts_with(".mam") {
-        t.judge(&p, d.own_stat().map_err(|e| InstallError::io("list", &p, e))?)?;
+        judge(t, &p, d.own_stat().map_err(|e| InstallError::io("list", &p, e))?)?;
     }
     Ok(d.names()
         .map_err(|e| InstallError::io("list", &p, e))?
@@ -410,8 +370,8 @@ pub fn list(t: &Tree, rel: &str) -> Result<Vec<String>, InstallError> {
 /// read-only mount).
 pub fn probe_writable(t: &Tree) -> io::Result<()> {
     let name = format!(".mam-install-probe.{}.{}.tmp", std::process::id(), sys::random_hex(8)?);
-    t.root.write_file(name.as_ref(), b"", 0o600)?;
-    t.root.unlink(name.as_ref())
+    t.root().write_file(name.as_ref(), b"", 0o600)?;
+    t.root().unlink(name.as_ref())
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub mod ledger;
 pub mod legacy;
 pub mod remove;
 pub mod run;
+pub mod tree;
 
 use std::fmt;
 use std::io;
@@ -44,7 +45,7 @@ pub struct Hooks {
 #[derive(Debug, Clone)]
 pub struct Options {
     /// The target: its absolute, canonical path and its directory, opened once.
-    pub target: fsops::Tree,
+    pub target: tree::Tree,
     /// The bytes of the binary to install (the running executable).
     pub binary: Vec<u8>,
     /// The version the assets carry (the release's unless `MAM_TEST_ASSET_VERSION`).
