@@ -567,3 +567,48 @@ fn remove_race_a_directory_swapped_for_a_symlink_after_its_check_deletes_nothing
     );
     assert!(!repo.join(".agents/skills/create.orig/SKILL.md").exists(), "{}", r.stderr());
 }
+
+#[test]
+fn install_and_remove_against_a_looping_link_swapper_change_nothing_outside() {
+    // A real attacker for a bounded time: uid 65534 owns `.agents` and swaps root's
+    // `.agents/skills` for a symlink to a directory of root's in a loop while root installs and
+    // removes; whatever step the swap lands between, nothing in that directory is written or deleted.
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("sec-i-loop");
+    let repo = td.path("repo");
+    fs::create_dir_all(repo.join(".git")).unwrap();
+    fs::create_dir_all(repo.join(".agents")).unwrap();
+    chown_nobody(&repo.join(".agents"));
+    td.mam().args(["install", "--target"]).args([&repo]).run().expect_rc(0);
+    // The victim directory: root's, holding the very files install writes and remove deletes.
+    let outside = td.path("outside");
+    let st = Command::new("cp").arg("-a").arg(repo.join(".agents/skills")).arg(&outside).status().unwrap();
+    assert!(st.success());
+    let before: Vec<(String, Vec<u8>)> =
+        tree(&outside).into_iter().map(|p| (p.clone(), fs::read(outside.join(&p)).unwrap_or_default())).collect();
+    td.mam().args(["remove", "--target"]).args([&repo]).run().expect_rc(0);
+    // remove took the emptied `.agents` too: the attacker's again.
+    fs::create_dir_all(repo.join(".agents")).unwrap();
+    // A file of the attacker's keeps `.agents` from ever being empty, so no remove takes it.
+    fs::write(repo.join(".agents/keep"), "").unwrap();
+    chown_nobody(&repo.join(".agents"));
+    let script = format!(
+        "while :; do mv skills s.x 2>/dev/null && ln -s {} skills && rm -f skills && mv s.x skills; done",
+        outside.display()
+    );
+    let mut attacker = td
+        .command("timeout")
+        .args(["120", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", &script])
+        .cwd(&repo.join(".agents"))
+        .spawn_bg(&td, "swapper");
+    for _ in 0..6 {
+        let _ = td.mam().args(["install", "--target"]).args([&repo]).run();
+        let _ = td.mam().args(["remove", "--target"]).args([&repo]).run();
+    }
+    attacker.kill();
+    let after: Vec<(String, Vec<u8>)> =
+        tree(&outside).into_iter().map(|p| (p.clone(), fs::read(outside.join(&p)).unwrap_or_default())).collect();
+    assert_eq!(before, after, "the directory behind the swapped-in link changed");
+}
