@@ -783,6 +783,211 @@ pub fn group_alive(pgid: i32) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Directories by descriptor (issue 29): install, update and remove walk from the target one
+// component at a time with `O_NOFOLLOW|O_DIRECTORY` and then act with the *at() calls on the
+// directory they opened, so nothing swapped in after a check (a component turned into a symlink)
+// can send a write or a delete elsewhere: there is no path left to re-resolve.
+
+/// What `fstatat(AT_SYMLINK_NOFOLLOW)` says about one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryStat {
+    pub kind: EntryKind,
+    /// `st_mode & 0o7777`.
+    pub mode: u32,
+    pub uid: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Link,
+    /// A FIFO, socket or device.
+    Other,
+}
+
+fn entry_stat(st: &libc::stat) -> EntryStat {
+    let kind = match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG => EntryKind::File,
+        libc::S_IFDIR => EntryKind::Dir,
+        libc::S_IFLNK => EntryKind::Link,
+        _ => EntryKind::Other,
+    };
+    EntryStat { kind, mode: st.st_mode & 0o7777, uid: st.st_uid }
+}
+
+fn c_name(name: &OsStr) -> io::Result<std::ffi::CString> {
+    let b = name.as_bytes();
+    // One component only: a `/` would let the kernel walk (and follow) more than the one name, and
+    // `..` would leave the directory.
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a single path component"));
+    }
+    std::ffi::CString::new(b).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+fn check_rc(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// An open directory; every name given to its methods is one component (no `/`), never followed
+/// when it is a symlink.
+#[derive(Debug)]
+pub struct Dir(File);
+
+impl Dir {
+    /// Opens `path` (symlinks in it followed: this is the directory the caller named).
+    pub fn open(path: &Path) -> io::Result<Dir> {
+        OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(path).map(Dir)
+    }
+
+    fn openat(&self, name: &OsStr, flags: libc::c_int, mode: libc::c_uint) -> io::Result<File> {
+        self.openat_c(&c_name(name)?, flags, mode)
+    }
+
+    fn openat_c(&self, c: &std::ffi::CStr, flags: libc::c_int, mode: libc::c_uint) -> io::Result<File> {
+        // SAFETY: `self.0` is an open directory descriptor owned for the whole call and `c` is a
+        // valid NUL-terminated string; openat keeps neither pointer.
+        let fd = unsafe { libc::openat(self.0.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by openat, is valid, and nothing else owns it.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// The subdirectory `name`; a symlink there fails (ELOOP), a non-directory fails (ENOTDIR).
+    pub fn open_dir(&self, name: &OsStr) -> io::Result<Dir> {
+        self.openat(name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0).map(Dir)
+    }
+
+    /// Creates the subdirectory `name` with `mode` (permission bits only, umask applies).
+    pub fn make_dir(&self, name: &OsStr, mode: u32) -> io::Result<()> {
+        let c = c_name(name)?;
+        // SAFETY: as in `openat`: a valid descriptor and NUL-terminated string, neither kept.
+        check_rc(unsafe { libc::mkdirat(self.0.as_raw_fd(), c.as_ptr(), (mode & 0o777) as libc::mode_t) })
+    }
+
+    /// The entry `name` itself (a symlink is reported as one), `None` when there is none.
+    pub fn stat(&self, name: &OsStr) -> io::Result<Option<EntryStat>> {
+        let c = c_name(name)?;
+        // SAFETY: an all-zero `stat` is a valid value for fstatat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor, a NUL-terminated string and a writable stat buffer; fstatat
+        // keeps no pointer.
+        let rc = unsafe { libc::fstatat(self.0.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+        match check_rc(rc) {
+            Ok(()) => Ok(Some(entry_stat(&st))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// This directory's own owner and mode (fstat on the descriptor: the directory opened, not
+    /// whatever its path names now).
+    pub fn own_stat(&self) -> io::Result<EntryStat> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.0.metadata()?;
+        Ok(EntryStat { kind: EntryKind::Dir, mode: m.mode() & 0o7777, uid: m.uid() })
+    }
+
+    /// Opens the regular file `name` for reading: `O_NOFOLLOW` (a symlink fails), `O_NONBLOCK` (a
+    /// planted FIFO cannot block), and the descriptor must be a regular file. Returns it with its
+    /// owner and mode from fstat.
+    pub fn open_file(&self, name: &OsStr) -> io::Result<(File, EntryStat)> {
+        use std::os::unix::fs::MetadataExt;
+        let f = self.openat(name, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0).map_err(nofollow_error)?;
+        let m = f.metadata()?;
+        if !m.file_type().is_file() {
+            return Err(io::Error::other("not a regular file"));
+        }
+        Ok((f, EntryStat { kind: EntryKind::File, mode: m.mode() & 0o7777, uid: m.uid() }))
+    }
+
+    /// Writes `bytes` as `name` by temp + rename inside this directory: the temp is created
+    /// `O_EXCL|O_NOFOLLOW` 0600, set to `mode & 0o777` (never a setuid, setgid or sticky bit),
+    /// fsynced, renamed over `name` (a link there is replaced, not followed), and the directory
+    /// fsynced. The temp is named `.<name>.<pid>.<16 hex>.tmp` as `atomic_write`'s.
+    pub fn write_file(&self, name: &OsStr, bytes: &[u8], mode: u32) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let mut tmp = Vec::from(&b"."[..]);
+        tmp.extend_from_slice(name.as_bytes());
+        tmp.extend_from_slice(format!(".{}.{}.tmp", std::process::id(), random_hex(8)?).as_bytes());
+        let tmp = OsStr::from_bytes(&tmp);
+        let mut f = self.openat(tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, 0o600)?;
+        let done = (|| {
+            f.set_permissions(fs::Permissions::from_mode(mode & 0o777))?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            self.rename(tmp, self, name)
+        })();
+        if done.is_err() {
+            let _ = self.unlink(tmp);
+        }
+        done?;
+        self.0.sync_all()
+    }
+
+    /// renameat(2): `from` here to `to` in `to_dir`; neither name is followed.
+    pub fn rename(&self, from: &OsStr, to_dir: &Dir, to: &OsStr) -> io::Result<()> {
+        let (a, b) = (c_name(from)?, c_name(to)?);
+        // SAFETY: two valid directory descriptors and two NUL-terminated strings; renameat keeps
+        // no pointer.
+        check_rc(unsafe { libc::renameat(self.0.as_raw_fd(), a.as_ptr(), to_dir.0.as_raw_fd(), b.as_ptr()) })
+    }
+
+    /// unlinkat(2) of a non-directory (a symlink itself, never its target).
+    pub fn unlink(&self, name: &OsStr) -> io::Result<()> {
+        let c = c_name(name)?;
+        // SAFETY: a valid descriptor and a NUL-terminated string, neither kept.
+        check_rc(unsafe { libc::unlinkat(self.0.as_raw_fd(), c.as_ptr(), 0) })
+    }
+
+    /// unlinkat(2, AT_REMOVEDIR) of an empty directory.
+    pub fn remove_dir(&self, name: &OsStr) -> io::Result<()> {
+        let c = c_name(name)?;
+        // SAFETY: a valid descriptor and a NUL-terminated string, neither kept.
+        check_rc(unsafe { libc::unlinkat(self.0.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })
+    }
+
+    /// The names in this directory (`.` and `..` left out), read through the descriptor.
+    pub fn names(&self) -> io::Result<Vec<std::ffi::OsString>> {
+        // The stream gets its own descriptor (closedir closes it): a fresh open of "." through ours.
+        let own = self.openat_c(c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(own);
+        // SAFETY: `fd` is an open directory descriptor we own; on success fdopendir takes it over.
+        let dirp = unsafe { libc::fdopendir(fd) };
+        if dirp.is_null() {
+            let e = io::Error::last_os_error();
+            // SAFETY: fdopendir failed, so `fd` is still ours to close.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
+        let mut out = Vec::new();
+        loop {
+            // SAFETY: `dirp` is a valid stream until closedir below; readdir's entry is valid until
+            // the next call on it, and its name is copied out before that.
+            let ent = unsafe { libc::readdir(dirp) };
+            if ent.is_null() {
+                break;
+            }
+            // SAFETY: `d_name` of a returned entry is a NUL-terminated string inside `*ent`.
+            let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) }.to_bytes();
+            if name != b"." && name != b".." {
+                out.push(OsStr::from_bytes(name).to_os_string());
+            }
+        }
+        // SAFETY: `dirp` came from fdopendir and is closed once.
+        unsafe { libc::closedir(dirp) };
+        Ok(out)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // daemon (issue 6 part 2): the monitor lock's in-place content (A20) and process listing for the
 // daemon selector (CORE 10.3). std's `set_len` and `write_all_at` are ftruncate(2) and pwrite(2),
 // so these need no `unsafe` of their own.

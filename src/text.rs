@@ -24,6 +24,16 @@ pub fn one_line(s: &str) -> String {
     out
 }
 
+/// `one_line` of at most the first 100 characters of an untrusted value, with its length when cut
+/// (issue 29: a 100 KB id is named, not echoed).
+pub fn one_line_clipped(s: &str) -> String {
+    const MAX: usize = 100;
+    match s.char_indices().nth(MAX) {
+        None => one_line(s),
+        Some((i, _)) => format!("{}... ({} bytes)", one_line(&s[..i]), s.len()),
+    }
+}
+
 /// A path for a one-line diagnostic.
 pub fn show_path(p: &Path) -> String {
     one_line(&p.to_string_lossy())
@@ -116,6 +126,13 @@ pub fn screen_tail(screen: &str, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clipped_values_name_their_length() {
+        assert_eq!(one_line_clipped("ab\x1b"), "ab\\u{1b}");
+        let long = "é".repeat(150);
+        assert_eq!(one_line_clipped(&long), format!("{}... (300 bytes)", "é".repeat(100)));
+    }
 
     #[test]
     fn screen_tails() {

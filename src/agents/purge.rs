@@ -14,7 +14,7 @@ use super::artifacts::{self, Plan};
 use super::inuse::conversation_in_use;
 use super::{adapter, canonical_uuid, Layout, ADAPTERS};
 use crate::ctx::Ctx;
-use crate::text::one_line;
+use crate::text::one_line_clipped;
 
 /// Why a purge stopped before deleting anything.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,8 +65,9 @@ impl Report {
 
 /// The canonical form of `uuid` or the A45 usage error.
 pub fn check_uuid(uuid: &str) -> Result<String, PurgeError> {
-    canonical_uuid(uuid)
-        .ok_or_else(|| PurgeError::Usage(format!("'{}' is not a canonical uuid (8-4-4-4-12 hex)", one_line(uuid))))
+    canonical_uuid(uuid).ok_or_else(|| {
+        PurgeError::Usage(format!("'{}' is not a canonical uuid (8-4-4-4-12 hex)", one_line_clipped(uuid)))
+    })
 }
 
 fn home(ctx: &Ctx) -> Result<PathBuf, PurgeError> {
@@ -95,7 +96,7 @@ fn resolve(agent: &str, home: &Path, uuid: &str) -> Result<(&'static str, Layout
     let Some(a) = adapter(agent) else {
         return Err(PurgeError::Usage(format!(
             "unknown agent kind '{}' (known: {}, or auto)",
-            one_line(agent),
+            one_line_clipped(agent),
             super::kinds().join(", ")
         )));
     };

@@ -150,6 +150,23 @@ fn hooks(ctx: &Ctx) -> Result<(install::Hooks, Option<String>), Failure> {
 
 fn options(ctx: &Ctx, target: PathBuf, cmd: &str) -> Result<Options, Failure> {
     let (hooks, asset_version) = hooks(ctx)?;
+    let roots = ctx.env_only("MAM_TRUSTED_ROOTS").map(|l| l.to_string_lossy().into_owned()).unwrap_or_default();
+    let show = show_path(&target);
+    #[allow(unused_mut)] // the swap hook exists in test-hooks builds only
+    let mut target = install::tree::Tree::open(target, roots).map_err(|e| {
+        let why = if e.raw_os_error() == Some(libc::ENOTDIR) {
+            "is not a directory".to_string()
+        } else {
+            format!("cannot be opened ({e})")
+        };
+        failure(cmd, &InstallError::BadTarget(format!("target {show} {why}")))
+    })?;
+    #[cfg(feature = "test-hooks")]
+    if let Some(v) = ctx.var_nonempty("MAM_TEST_INSTALL_SWAP") {
+        if let Some((d, to)) = v.split_once(':') {
+            target.swap = Some((d.to_string(), PathBuf::from(to)));
+        }
+    }
     let exe =
         std::env::current_exe().map_err(|e| Failure::runtime(format!("{cmd}: cannot find the running binary: {e}")))?;
     let binary = std::fs::read(&exe)
@@ -166,7 +183,9 @@ fn options(ctx: &Ctx, target: PathBuf, cmd: &str) -> Result<Options, Failure> {
 
 fn failure(cmd: &str, e: &InstallError) -> Failure {
     match e {
-        InstallError::BadTarget(_) => Failure::new(cli::rc::USAGE, format!("REFUSED: {cmd}: {e}")),
+        InstallError::BadTarget(_) | InstallError::Untrusted { .. } => {
+            Failure::new(cli::rc::USAGE, format!("REFUSED: {cmd}: {e}"))
+        }
         InstallError::NotInstalled(_) => Failure::usage(format!("{cmd}: {e}")),
         InstallError::Running(_) => Failure::new(3, format!("REFUSED: {cmd}: {e}")),
         InstallError::Ledger(_) => Failure::new(cli::rc::RUNTIME, format!("REFUSED: {cmd}: {e}")),

@@ -25,6 +25,7 @@ pub mod ledger;
 pub mod legacy;
 pub mod remove;
 pub mod run;
+pub mod tree;
 
 use std::fmt;
 use std::io;
@@ -43,8 +44,8 @@ pub struct Hooks {
 /// What one run needs, all decided by the command layer.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The target's absolute, canonical path.
-    pub target: PathBuf,
+    /// The target: its absolute, canonical path and its directory, opened once.
+    pub target: tree::Tree,
     /// The bytes of the binary to install (the running executable).
     pub binary: Vec<u8>,
     /// The version the assets carry (the release's unless `MAM_TEST_ASSET_VERSION`).
@@ -84,6 +85,9 @@ pub enum InstallError {
     NotInstalled(PathBuf),
     /// remove under running work (sessions `running`, the daemon lock held): rc 3, nothing changed.
     Running(Vec<String>),
+    /// A file or directory under `.mam/`, or `.gitignore`, that is not the user's or root's, or is
+    /// writable by group or others (issue 29): rc 2, refused before it is used.
+    Untrusted { path: PathBuf, why: crate::trust::Why },
     /// A ledger line that is unusable or names a path outside the target: refused, nothing deleted.
     Ledger(ledger::BadEntry),
     /// A filesystem step failed.
@@ -113,6 +117,11 @@ impl fmt::Display for InstallError {
             InstallError::Running(what) => {
                 write!(f, "running work: {}; stop it first; nothing changed", what.join(", "))
             }
+            InstallError::Untrusted { path, why } => write!(
+                f,
+                "{}: {why}; install, update and remove use only your own (or root's) files there: check who made it, then remove or chown it, or trust it with MAM_TRUSTED_ROOTS",
+                show_path(path)
+            ),
             InstallError::Ledger(b) => {
                 write!(f, "{} line {}: {}; refused, nothing deleted or changed", b.ledger, b.line, b.reason)
             }

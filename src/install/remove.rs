@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use super::fsops::{self, Found, Steps};
+use super::fsops::{self, Found, Steps, Tree};
 use super::run::deepest_first;
 use super::{assets, gitignore, ledger, InstallError, Options, Report};
 use crate::session;
@@ -48,7 +48,7 @@ pub fn running_work(target: &Path, sessions_file: &Path) -> Vec<String> {
 }
 
 /// Reads the ledgers and decides every step; changes nothing.
-pub fn plan(target: &Path) -> Result<Plan, InstallError> {
+pub fn plan(target: &Tree) -> Result<Plan, InstallError> {
     let manifest = match fsops::read_bytes(target, ledger::MANIFEST)? {
         Some(m) => ledger::parse_manifest(&String::from_utf8_lossy(&m))?,
         None => return Err(InstallError::NotInstalled(target.to_path_buf())),
@@ -106,6 +106,7 @@ pub fn remove(o: &Options, sessions_file: &Path, dry_run: bool, r: &mut Report) 
     if !t.is_dir() {
         return Err(InstallError::BadTarget(format!("target {} is not a directory", crate::text::show_path(t))));
     }
+    super::run::check_trust(t)?;
     let plan = plan(t)?;
     let running = running_work(t, sessions_file);
     if !running.is_empty() {
@@ -148,17 +149,14 @@ pub fn remove(o: &Options, sessions_file: &Path, dry_run: bool, r: &mut Report) 
             }
         }
     }
-    if let Some(old) = fsops::read_bytes(t, ".gitignore")? {
+    if let Some((old, mode)) = fsops::read_gitignore(t)? {
         let new = gitignore::without_block(&old);
         if plan.gitignore_created && gitignore::is_blank(&new) {
             fsops::delete(t, ".gitignore")?;
             steps.step()?;
             r.say("deleted .gitignore (install created it and nothing else was in it)");
         } else if new != old {
-            let mode = match fsops::read(t, ".gitignore")? {
-                Found::File { mode, .. } => mode,
-                _ => 0o644,
-            };
+            // `mode` has no bit above 0o777 (read_gitignore masks it).
             fsops::write(t, ".gitignore", &new, mode)?;
             steps.step()?;
         }

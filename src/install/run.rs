@@ -7,10 +7,9 @@ use std::fs;
 use std::path::Path;
 
 use super::assets::{self, Asset};
-use super::fsops::{self, Found, Steps};
+use super::fsops::{self, Found, Steps, Tree};
 use super::{gitignore, ledger, legacy, InstallError, Options, Report};
 use crate::session::yaml;
-use crate::sys;
 
 /// The update backup (7.4 step 1): copies named `f<n>` and the `index` that commits it.
 pub const BACKUP_DIR: &str = ".mam/install/update-backup";
@@ -18,9 +17,10 @@ const BACKUP_INDEX: &str = ".mam/install/update-backup/index";
 
 /// Checks a target before anything changes (7.1: exit 2 when missing, not a directory, not
 /// writable; also not a repository's top level, or a `.gitignore`/`.mam` that cannot be used).
-pub fn check_target(target: &Path) -> Result<(), InstallError> {
+pub fn check_target(target: &Tree) -> Result<(), InstallError> {
     let show = crate::text::show_path(target);
-    let m = fs::metadata(target).map_err(|_| InstallError::BadTarget(format!("target {show} does not exist")))?;
+    let m =
+        fs::metadata(target.path()).map_err(|_| InstallError::BadTarget(format!("target {show} does not exist")))?;
     if !m.is_dir() {
         return Err(InstallError::BadTarget(format!("target {show} is not a directory")));
     }
@@ -45,20 +45,27 @@ pub fn check_target(target: &Path) -> Result<(), InstallError> {
             _ => {}
         }
     }
+    check_trust(target)?;
     // A real probe: root passes access(2) on a read-only mount, and a read-only bind mount passes
     // the mode bits.
-    let probe = target.join(format!(
-        ".mam-install-probe.{}.{}.tmp",
-        std::process::id(),
-        sys::random_hex(8).unwrap_or_else(|_| "0".repeat(16))
-    ));
-    match sys::create_new(&probe) {
-        Ok(_) => {
-            let _ = fs::remove_file(&probe);
-            Ok(())
-        }
-        Err(e) => Err(InstallError::BadTarget(format!("target {show} is not writable ({e})"))),
+    fsops::probe_writable(target).map_err(|e| InstallError::BadTarget(format!("target {show} is not writable ({e})")))
+}
+
+/// The trust rule of issue 29 before anything changes: `.mam/`, `.mam/install/`, every ledger,
+/// the update backup directory, its index and its copies must be the user's or root's and not
+/// writable by group or others (unless `MAM_TRUSTED_ROOTS` lists them), and `.gitignore` a regular
+/// text file of the user's or root's. Every later read judges what it opens again, so a swap after
+/// this check is refused too.
+pub fn check_trust(t: &Tree) -> Result<(), InstallError> {
+    fsops::read_gitignore(t)?;
+    for l in ledger::ALL {
+        fsops::read(t, l)?;
     }
+    // The backup's every entry (index, copies, temps), each read through the judged directories.
+    for name in fsops::list(t, BACKUP_DIR)? {
+        fsops::read(t, &format!("{BACKUP_DIR}/{name}"))?;
+    }
+    Ok(())
 }
 
 /// True when the target holds the legacy layout: its skill directory's `scripts/` or a legacy ledger.
@@ -154,7 +161,7 @@ pub fn install(o: &Options, r: &mut Report) -> Result<(), InstallError> {
     check_target(&o.target)?;
     let mut steps = Steps::new(o.hooks);
     clean_all_temps(o, r);
-    if fs::symlink_metadata(fsops::abs(&o.target, BACKUP_INDEX)).is_ok() {
+    if fsops::exists(&o.target, BACKUP_INDEX)? {
         r.note("an update was interrupted: restoring what it backed up first");
         let left = restore(o, &mut steps, r)?;
         if !left.is_empty() {
@@ -163,14 +170,13 @@ pub fn install(o: &Options, r: &mut Report) -> Result<(), InstallError> {
                 left,
             });
         }
-    } else if fs::symlink_metadata(fsops::abs(&o.target, BACKUP_DIR)).is_ok() {
+    } else if fsops::exists(&o.target, BACKUP_DIR)? {
         // A backup that never got its index: the update had changed nothing yet.
-        fs::remove_dir_all(fsops::abs(&o.target, BACKUP_DIR))
-            .map_err(|e| InstallError::io("delete", &fsops::abs(&o.target, BACKUP_DIR), e))?;
+        fsops::remove_tree(&o.target, BACKUP_DIR)?;
     }
     let state = fsops::read_bytes(&o.target, ledger::STATE)?.unwrap_or_default();
     let pending = ledger::state_value(&String::from_utf8_lossy(&state), "pending") == Some("install");
-    let installed = fs::symlink_metadata(fsops::abs(&o.target, ledger::MANIFEST)).is_ok();
+    let installed = fsops::exists(&o.target, ledger::MANIFEST)?;
     if installed && !pending {
         update(o, &mut steps, r)
     } else {
@@ -191,7 +197,7 @@ fn fresh(o: &Options, steps: &mut Steps, r: &mut Report, pending: Option<Vec<u8>
     };
     let gitignore_created = match &pending {
         Some(_) => ledger::state_value(&prev_s, "gitignore_created") == Some("1"),
-        None => fsops::read(t, ".gitignore")? == Found::Missing,
+        None => fsops::read_gitignore(t)?.is_none(),
     };
     let legacy_paths = legacy || ledger::state_value(&prev_s, "legacy_paths") == Some("1");
     let shipped = assets::shipped(o.binary.clone(), &o.version, legacy_paths);
@@ -317,16 +323,15 @@ fn finish(
         fsops::write(t, assets::HERDR_SHIM, herdr.as_bytes(), 0o755)?;
         steps.step()?;
     }
-    let old_gi = fsops::read_bytes(t, ".gitignore")?;
-    let (gi, warnings) = gitignore::with_block(old_gi.as_deref());
+    let old_gi = fsops::read_gitignore(t)?;
+    let (gi, warnings) = gitignore::with_block(old_gi.as_ref().map(|(b, _)| b.as_slice()));
     for w in warnings {
         r.warn(w);
     }
-    if old_gi.as_deref() != Some(gi.as_slice()) {
-        let mode = match fsops::read(t, ".gitignore")? {
-            Found::File { mode, .. } => mode,
-            _ => 0o644,
-        };
+    if old_gi.as_ref().map(|(b, _)| b.as_slice()) != Some(gi.as_slice()) {
+        // The old mode without any bit above 0o777 (read_gitignore masks it): a setuid file named
+        // .gitignore never becomes root's setuid file.
+        let mode = old_gi.as_ref().map_or(0o644, |(_, m)| *m);
         fsops::write(t, ".gitignore", &gi, mode)?;
         steps.step()?;
     }
@@ -351,22 +356,56 @@ struct Saved {
     copy: Option<(usize, u32)>,
 }
 
-fn parse_index(text: &str) -> Option<(String, Vec<Saved>)> {
+/// The backup index (issue 29): every line must be one the backup writes. A path passes the ledger
+/// path rule (relative, no `..`, no absolute path; the ledgers and `.gitignore` are allowed here),
+/// a mode has no bit above 0o777 (a backup never records one), the stamp is digits, `T` and `Z`;
+/// anything else refuses the whole restore before anything is written or deleted.
+fn parse_index(text: &str) -> Result<(String, Vec<Saved>), ledger::BadEntry> {
     let mut stamp = None;
     let mut out = Vec::new();
-    for l in text.lines() {
+    for (i, l) in text.lines().enumerate() {
+        let bad = |reason: String| ledger::BadEntry {
+            ledger: BACKUP_INDEX,
+            line: i + 1,
+            reason: format!("{reason} (not a line mam writes: delete {BACKUP_DIR} if you did not make it)"),
+        };
+        let path = |rel: &str| -> Result<String, ledger::BadEntry> {
+            if ledger::ALL.contains(&rel) || rel == ".gitignore" {
+                return Ok(rel.to_string());
+            }
+            ledger::check_path(rel).map_err(bad)?;
+            if rel.ends_with('/') {
+                return Err(bad(format!("'{}' is a directory", crate::text::one_line(rel))));
+            }
+            Ok(rel.to_string())
+        };
         if let Some(s) = l.strip_prefix("stamp ") {
+            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit() || b == b'T' || b == b'Z') {
+                return Err(bad(format!("stamp '{}' is not a stamp", crate::text::one_line(s))));
+            }
             stamp = Some(s.to_string());
         } else if let Some(rel) = l.strip_prefix("absent ") {
-            out.push(Saved { rel: rel.to_string(), copy: None });
+            out.push(Saved { rel: path(rel)?, copy: None });
         } else if let Some(rest) = l.strip_prefix("file ") {
             let mut it = rest.splitn(3, ' ');
-            let n = it.next()?.parse().ok()?;
-            let mode = u32::from_str_radix(it.next()?, 8).ok()?;
-            out.push(Saved { rel: it.next()?.to_string(), copy: Some((n, mode)) });
+            let (Some(n), Some(mode), Some(rel)) = (it.next(), it.next(), it.next()) else {
+                return Err(bad("expected 'file <n> <mode> <path>'".into()));
+            };
+            let n: usize =
+                n.parse().map_err(|_| bad(format!("'{}' is not a copy number", crate::text::one_line(n))))?;
+            let mode = u32::from_str_radix(mode, 8).ok().filter(|m| *m <= 0o777).ok_or_else(|| {
+                bad(format!(
+                    "mode '{}' is not one of 0..=0777 (no setuid, setgid or sticky bit is ever restored)",
+                    crate::text::one_line(mode)
+                ))
+            })?;
+            out.push(Saved { rel: path(rel)?, copy: Some((n, mode)) });
+        } else if !l.is_empty() {
+            return Err(bad("unknown line".into()));
         }
     }
-    Some((stamp?, out))
+    let stamp = stamp.ok_or(ledger::BadEntry { ledger: BACKUP_INDEX, line: 0, reason: "no stamp line".into() })?;
+    Ok((stamp, out))
 }
 
 /// Every path an update can change: the files of the old manifest, the four ledgers,
@@ -401,6 +440,8 @@ fn backup(o: &Options, steps: &mut Steps, files: &[String], stamp: &str) -> Resu
     for (n, rel) in files.iter().enumerate() {
         match fsops::read(t, rel)? {
             Found::File { bytes, mode } => {
+                // Never a bit above 0o777 (issue 29): a restore writes none either.
+                let mode = mode & 0o777;
                 fsops::write(t, &format!("{BACKUP_DIR}/f{n}"), &bytes, 0o600)?;
                 index.push_str(&format!("file {n} {mode:o} {rel}\n"));
                 saved.push(Saved { rel: rel.clone(), copy: Some((n, mode)) });
@@ -426,9 +467,7 @@ fn restore(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<Vec<String>
     steps.disarm();
     let t = &o.target;
     let text = fsops::read_bytes(t, BACKUP_INDEX)?.unwrap_or_default();
-    let Some((stamp, saved)) = parse_index(&String::from_utf8_lossy(&text)) else {
-        return Ok(vec![format!("{BACKUP_INDEX} (unreadable; the backup is kept)")]);
-    };
+    let (stamp, saved) = parse_index(&String::from_utf8_lossy(&text))?;
     let mut left = Vec::new();
     for s in &saved {
         let res = match s.copy {
@@ -469,8 +508,7 @@ fn restore(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<Vec<String>
         }
     }
     if left.is_empty() {
-        fs::remove_dir_all(fsops::abs(t, BACKUP_DIR))
-            .map_err(|e| InstallError::io("delete", &fsops::abs(t, BACKUP_DIR), e))?;
+        fsops::remove_tree(t, BACKUP_DIR)?;
         r.note("restored every file the update had backed up, byte for byte");
     }
     Ok(left)
@@ -494,20 +532,20 @@ fn update(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<(), InstallE
     match res {
         Ok(binary_changed) => {
             fsops::delete(t, BACKUP_INDEX)?;
-            let _ = fs::remove_dir_all(fsops::abs(t, BACKUP_DIR));
+            let _ = fsops::remove_tree(t, BACKUP_DIR);
             r.say(format!("updated mam {old_version} -> {} in {}", o.version, crate::text::show_path(t)));
             if binary_changed {
                 r.note("the binary .mam/bin/mam was replaced; restart the daemon (mam monitor stop, then mam monitor start) so it runs the new one");
             }
             Ok(())
         }
-        Err(cause) if fs::symlink_metadata(fsops::abs(t, BACKUP_INDEX)).is_ok() => {
+        Err(cause) if fsops::exists(t, BACKUP_INDEX).unwrap_or(false) => {
             let left = restore(o, steps, r)?;
             Err(InstallError::Restored { cause: Box::new(cause), left })
         }
         Err(cause) => {
             // The backup never got its index: nothing else had changed yet.
-            let _ = fs::remove_dir_all(fsops::abs(t, BACKUP_DIR));
+            let _ = fsops::remove_tree(t, BACKUP_DIR);
             Err(InstallError::Restored { cause: Box::new(cause), left: Vec::new() })
         }
     }
@@ -527,7 +565,7 @@ fn update_steps(
     let shipped = assets::shipped(o.binary.clone(), &o.version, legacy_paths);
     let old_hash = |p: &str| old_hashes.iter().find(|(_, q)| q == p).map(|(h, _)| h.as_str());
     let binary_changed = old_hash(assets::BINARY) != Some(ledger::sha256_hex(&o.binary).as_str());
-    let gitignore_created = fsops::read(t, ".gitignore")? == Found::Missing;
+    let gitignore_created = fsops::read_gitignore(t)?.is_none();
     let mut old_keys = old_state.to_vec();
     if legacy {
         let ls = fsops::read_bytes(t, &format!("{}/install_state", legacy::DIR))?.unwrap_or_default();
@@ -574,6 +612,18 @@ mod tests {
     #[test]
     fn the_index_round_trips() {
         let (s, v) = parse_index("stamp 20260101T000000Z\nfile 3 755 .mam/bin/mam\nabsent .gitignore\n").unwrap();
+        for bad in [
+            "stamp 1Z\nfile 1 644 /etc/x\n",
+            "stamp 1Z\nabsent ../x\n",
+            "stamp 1Z\nfile 1 6755 .mam/bin/mam\n",
+            "stamp 1Z\nfile 1 4755 .mam/bin/mam\n",
+            "stamp ../../x\nabsent .mam/bin/mam\n",
+            "stamp 1Z\nabsent .git/config\n",
+            "stamp 1Z\nbogus\n",
+            "absent .mam/bin/mam\n",
+        ] {
+            assert!(parse_index(bad).is_err(), "{bad}");
+        }
         assert_eq!(s, "20260101T000000Z");
         assert_eq!(v[0], Saved { rel: ".mam/bin/mam".into(), copy: Some((3, 0o755)) });
         assert_eq!(v[1], Saved { rel: ".gitignore".into(), copy: None });

@@ -11,7 +11,7 @@ use super::{load, update, SessionError};
 use crate::agents::{self, purge::PurgeError};
 use crate::ctx::Ctx;
 use crate::paths;
-use crate::text::{one_line, show_path};
+use crate::text::{one_line_clipped, show_path};
 
 /// What orc-onboard does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +67,7 @@ impl fmt::Display for OrcError {
 
 fn uuid_of(s: &str) -> Result<String, OrcError> {
     agents::canonical_uuid(s)
-        .ok_or_else(|| OrcError::Usage(format!("'{}' is not a canonical uuid (8-4-4-4-12 hex)", one_line(s))))
+        .ok_or_else(|| OrcError::Usage(format!("'{}' is not a canonical uuid (8-4-4-4-12 hex)", one_line_clipped(s))))
 }
 
 /// The uuid add registers when none is given (A48): the session-id variable of `--agent`'s kind,
@@ -75,7 +75,11 @@ fn uuid_of(s: &str) -> Result<String, OrcError> {
 fn default_uuid(ctx: &Ctx, agent: Option<&str>) -> Result<String, OrcError> {
     let ad = match agent {
         Some(k) => agents::adapter(k).ok_or_else(|| {
-            OrcError::Usage(format!("unknown agent kind '{}' (known: {})", one_line(k), agents::kinds().join(", ")))
+            OrcError::Usage(format!(
+                "unknown agent kind '{}' (known: {})",
+                one_line_clipped(k),
+                agents::kinds().join(", ")
+            ))
         })?,
         None => match agents::nearest_agent_ancestor(std::process::id() as i32) {
             Some((_, ad)) => ad,

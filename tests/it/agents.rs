@@ -441,3 +441,45 @@ fn hostile_uuids_and_unknown_kinds_are_refused_with_nothing_touched() {
     w.mam().args(["agents", "wipe", "agy", &w.u]).run().expect_rc(2);
     assert!(all_exist(&files));
 }
+
+#[test]
+fn crafted_ids_and_kinds_never_touch_anything_outside_their_directories() {
+    // Issue 29: ids shaped as paths (absolute, `../`), with control characters or huge, as an
+    // argument or through the session-id variable orc-onboard reads: refused (rc 2), one line that
+    // neither echoes a control character nor the huge value in full, and nothing outside changed.
+    let w = W::new("crafted");
+    let files = w.agy_fixture();
+    let outside = w.td.write("outside/keep.txt", "keep\n");
+    let huge = "a".repeat(100_000); // under MAX_ARG_STRLEN (128 KiB)
+    let ids = [
+        "/".to_string(),
+        outside.display().to_string(),
+        format!("../../outside/{}", &w.u[..20]),
+        format!("{}\x1b[2J", &w.u[..32]),
+        format!("{}\r", &w.u[..35]),
+        huge.clone(),
+        format!("{}/{}", &w.u[..17], &w.u[18..]),
+    ];
+    let check = |what: &str, r: &Run| {
+        r.expect_rc(2);
+        assert_eq!(r.stderr().lines().count(), 1, "{what}: one line: {:?}", &r.stderr()[..r.stderr().len().min(300)]);
+        assert!(!r.stderr().contains('\x1b') && !r.stderr().contains('\r'), "{what}: control character echoed");
+        assert!(r.stderr().len() < 4096, "{what}: the huge value echoed ({} bytes)", r.stderr().len());
+        assert!(all_exist(&files), "{what}: an artifact was removed");
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "keep\n", "{what}");
+        assert!(w.registered().is_empty(), "{what}: registered");
+    };
+    for id in &ids {
+        let what = &id[..id.len().min(60)];
+        check(what, &w.mam().args(["agents", "purge", "agy", id]).run());
+        check(what, &w.mam().args(["agents", "purge", "auto", id]).run());
+        check(what, &w.mam().args(["orc-onboard", id]).run());
+        check(what, &w.mam().args(["orc-onboard", "--remove", id, "--purge-conversation", "--yes"]).run());
+        check(what, &w.mam().args(["orc-onboard", "--agent", "agy"]).env("ANTIGRAVITY_CONVERSATION_ID", id).run());
+    }
+    for kind in ["../agy", "/etc", "agy/../claude", "agy\x1b[2J", huge.as_str()] {
+        let what = &kind[..kind.len().min(60)];
+        check(what, &w.mam().args(["agents", "purge", kind, &w.u]).run());
+        check(what, &w.mam().args(["orc-onboard", "--agent", kind]).env("ANTIGRAVITY_CONVERSATION_ID", &w.u).run());
+    }
+}

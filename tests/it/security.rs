@@ -409,3 +409,206 @@ fn attacker_cannot_reach_a_victims_file_through_a_trusted_looking_registry() {
     r.expect_rc(1);
     assert_eq!(fs::read(&v).unwrap(), c);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 29: install, update and remove in a repository another user can write
+
+/// A repository of uid 65534's (`<td>/repo`, `.git` a plain directory) in which it ran `script`.
+fn attacker_repo(td: &TestDir, script: &str) -> PathBuf {
+    let repo = td.path("repo");
+    fs::create_dir_all(&repo).unwrap();
+    chown_nobody(&repo);
+    as_attacker(td, &repo, &format!("set -e; mkdir .git; {script}"));
+    repo
+}
+
+/// Every file under `dir` that has a setuid or setgid bit.
+fn setid_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap().flatten() {
+        let m = fs::symlink_metadata(e.path()).unwrap();
+        if m.is_dir() {
+            out.extend(setid_files(&e.path()));
+        } else if m.mode() & 0o6000 != 0 && m.uid() == 0 {
+            out.push(e.path().display().to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn planted_update_backup_index_never_writes_deletes_or_setuids_outside_the_repo() {
+    if !can_attack() {
+        return;
+    }
+    for (n, line) in ["absent VICTIM", "file 0 644 ../written-outside", "file 0 6755 .mam/evil", "stamp ../../x"]
+        .into_iter()
+        .enumerate()
+    {
+        let td = TestDir::new("sec-i-index");
+        let (v, c) = victim(&td, "victim.txt");
+        let line = line.replace("VICTIM", &v.display().to_string());
+        let index = format!("stamp 20260101T000000Z\n{line}\n");
+        let repo = attacker_repo(
+            &td,
+            &format!(
+                "mkdir -p .mam/install/update-backup; printf '.mam/bin/mam\\n' > .mam/install/manifest.txt; printf 'evil' > .mam/install/update-backup/f0; printf '{}' > .mam/install/update-backup/index",
+                index.replace('\n', "\\n")
+            ),
+        );
+        let index_path = repo.join(".mam/install/update-backup/index");
+        assert!(index_path.is_file(), "{n}");
+        let before = tree(&td.path(""));
+        // Untrusted: refused at the first directory that is not root's, which is named.
+        for cmd in ["install", "update"] {
+            let r = td.mam().args([cmd, "--target"]).args([&repo]).run();
+            r.expect_rc(2);
+            let want =
+                format!("REFUSED: {cmd}: {}: owned by uid {NOBODY}, not you (uid 0);", repo.join(".mam").display());
+            assert!(r.stderr().starts_with(&want), "{line}: {}", r.stderr());
+            assert!(r.stderr().contains("MAM_TRUSTED_ROOTS"), "{}", r.stderr());
+        }
+        // Trusted by name: the index itself is still checked, and refused as a whole.
+        let r = td.mam().env("MAM_TRUSTED_ROOTS", &repo).args(["install", "--target"]).args([&repo]).run();
+        r.expect_rc(1);
+        assert!(
+            r.stderr().contains("\nREFUSED: install: .mam/install/update-backup/index line 2: "),
+            "{line}: {}",
+            r.stderr()
+        );
+        assert_eq!(fs::read(&v).unwrap(), c, "{line}: the victim outside the repository was changed");
+        assert!(!td.path("written-outside").exists(), "{line}: wrote outside the repository");
+        assert_eq!(setid_files(&td.path("")), Vec::<String>::new(), "{line}");
+        assert_eq!(before, tree(&td.path("")), "{line}: something changed");
+    }
+}
+
+#[test]
+fn planted_setuid_gitignore_is_refused_and_never_becomes_roots() {
+    if !can_attack() {
+        return;
+    }
+    // A program owned by uid 65534, setuid, named .gitignore; no .mam at all.
+    let td = TestDir::new("sec-i-gi");
+    let repo = attacker_repo(&td, "cp /bin/true .gitignore; chmod 6755 .gitignore");
+    for cmd in ["install", "remove"] {
+        let r = td.mam().args([cmd, "--target"]).args([&repo]).run();
+        let gi = repo.join(".gitignore");
+        assert!(
+            r.stderr().contains(&format!("{}: owned by uid {NOBODY}, not you (uid 0)", gi.display())),
+            "{cmd}: {}",
+            r.stderr()
+        );
+        assert_eq!(r.rc(), 2, "{cmd}: {}", r.stderr());
+        assert_eq!(fs::metadata(&gi).unwrap().uid(), NOBODY);
+    }
+    // Trusted, it is still no text file.
+    let r = td.mam().env("MAM_TRUSTED_ROOTS", &repo).args(["install", "--target"]).args([&repo]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains(".gitignore is not text (a NUL byte at offset"), "{}", r.stderr());
+    assert_eq!(setid_files(&repo), Vec::<String>::new());
+    assert!(!repo.join(".mam").exists(), "nothing installed");
+    // A text .gitignore with setuid bits, trusted: installed, and rewritten without them.
+    let td = TestDir::new("sec-i-gi2");
+    let repo = attacker_repo(&td, "printf 'target\\n' > .gitignore; chmod 6755 .gitignore");
+    let r = td.mam().env("MAM_TRUSTED_ROOTS", &repo).args(["install", "--target"]).args([&repo]).run();
+    r.expect_rc(0);
+    let gi = repo.join(".gitignore");
+    assert!(fs::read_to_string(&gi).unwrap().starts_with("target\n# >>> mam managed >>>\n"));
+    assert_eq!(mode(&gi), 0o755);
+    assert_eq!(setid_files(&repo), Vec::<String>::new());
+}
+
+#[test]
+fn install_race_a_directory_swapped_for_a_symlink_after_its_check_writes_nothing_outside() {
+    // The test hook swaps `.agents/skills/create` for a symlink to a directory outside the
+    // repository after the walk reached it and before the SKILL.md is written (the window a
+    // check-then-write leaves); the write lands in the directory that was checked, never outside.
+    let td = TestDir::new("sec-i-race");
+    let repo = td.path("repo");
+    fs::create_dir_all(repo.join(".git")).unwrap();
+    let outside = td.path("outside");
+    fs::create_dir_all(&outside).unwrap();
+    let r = td
+        .mam()
+        .env("MAM_TEST_INSTALL_SWAP", format!(".agents/skills/create:{}", outside.display()))
+        .args(["install", "--target"])
+        .args([&repo])
+        .run();
+    assert!(fs::symlink_metadata(repo.join(".agents/skills/create")).unwrap().file_type().is_symlink(), "hook ran");
+    assert_eq!(tree(&outside), Vec::<String>::new(), "wrote through the swapped-in link: {}", r.stderr());
+    assert!(repo.join(".agents/skills/create.orig/SKILL.md").is_file(), "{}", r.stderr());
+}
+
+#[test]
+fn remove_race_a_directory_swapped_for_a_symlink_after_its_check_deletes_nothing_outside() {
+    // As above for remove: the pristine SKILL.md is planned for deletion, then its directory is
+    // swapped for a link to a directory holding a file of the same name; that file stays.
+    let td = TestDir::new("sec-r-race");
+    let repo = td.path("repo");
+    fs::create_dir_all(repo.join(".git")).unwrap();
+    td.mam().args(["install", "--target"]).args([&repo]).run().expect_rc(0);
+    let outside = td.path("outside");
+    fs::create_dir_all(&outside).unwrap();
+    let skill = fs::read(repo.join(".agents/skills/create/SKILL.md")).unwrap();
+    fs::write(outside.join("SKILL.md"), &skill).unwrap();
+    let r = td
+        .mam()
+        .env("MAM_TEST_INSTALL_SWAP", format!(".agents/skills/create:{}", outside.display()))
+        .args(["remove", "--target"])
+        .args([&repo])
+        .run();
+    assert!(fs::symlink_metadata(repo.join(".agents/skills/create")).unwrap().file_type().is_symlink(), "hook ran");
+    assert_eq!(
+        fs::read(outside.join("SKILL.md")).unwrap(),
+        skill,
+        "deleted through the swapped-in link: {}",
+        r.stderr()
+    );
+    assert!(!repo.join(".agents/skills/create.orig/SKILL.md").exists(), "{}", r.stderr());
+}
+
+#[test]
+fn install_and_remove_against_a_looping_link_swapper_change_nothing_outside() {
+    // A real attacker for a bounded time: uid 65534 owns `.agents` and swaps root's
+    // `.agents/skills` for a symlink to a directory of root's in a loop while root installs and
+    // removes; whatever step the swap lands between, nothing in that directory is written or deleted.
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("sec-i-loop");
+    let repo = td.path("repo");
+    fs::create_dir_all(repo.join(".git")).unwrap();
+    fs::create_dir_all(repo.join(".agents")).unwrap();
+    chown_nobody(&repo.join(".agents"));
+    td.mam().args(["install", "--target"]).args([&repo]).run().expect_rc(0);
+    // The victim directory: root's, holding the very files install writes and remove deletes.
+    let outside = td.path("outside");
+    let st = Command::new("cp").arg("-a").arg(repo.join(".agents/skills")).arg(&outside).status().unwrap();
+    assert!(st.success());
+    let before: Vec<(String, Vec<u8>)> =
+        tree(&outside).into_iter().map(|p| (p.clone(), fs::read(outside.join(&p)).unwrap_or_default())).collect();
+    td.mam().args(["remove", "--target"]).args([&repo]).run().expect_rc(0);
+    // remove took the emptied `.agents` too: the attacker's again.
+    fs::create_dir_all(repo.join(".agents")).unwrap();
+    // A file of the attacker's keeps `.agents` from ever being empty, so no remove takes it.
+    fs::write(repo.join(".agents/keep"), "").unwrap();
+    chown_nobody(&repo.join(".agents"));
+    let script = format!(
+        "while :; do mv skills s.x 2>/dev/null && ln -s {} skills && rm -f skills && mv s.x skills; done",
+        outside.display()
+    );
+    let mut attacker = td
+        .command("timeout")
+        .args(["120", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", &script])
+        .cwd(&repo.join(".agents"))
+        .spawn_bg(&td, "swapper");
+    for _ in 0..6 {
+        let _ = td.mam().args(["install", "--target"]).args([&repo]).run();
+        let _ = td.mam().args(["remove", "--target"]).args([&repo]).run();
+    }
+    attacker.kill();
+    let after: Vec<(String, Vec<u8>)> =
+        tree(&outside).into_iter().map(|p| (p.clone(), fs::read(outside.join(&p)).unwrap_or_default())).collect();
+    assert_eq!(before, after, "the directory behind the swapped-in link changed");
+}
