@@ -110,6 +110,9 @@ struct Conn {
     will: Option<OwnedWill>,
     /// The client sent DISCONNECT: its will is discarded (MQTT-3.1.2-10).
     graceful: bool,
+    /// An acknowledgement read in this round left the window past `ACK_WINDOW`: the socket's
+    /// delayed ACK goes out at once after the read (see `Table::readable`).
+    quickack: bool,
 }
 
 fn short_id(id: &str) -> String {
@@ -240,6 +243,7 @@ impl Table {
             retain_refusal_logged: false,
             will: None,
             graceful: false,
+            quickack: false,
         };
         self.conns.insert(id, Box::new(conn));
         self.schedule(id);
@@ -400,6 +404,7 @@ impl Table {
                     c.read_deadline = Some(Instant::now() + keepalive_limit(c.keep_alive));
                 }
                 self.handle_input(id);
+                self.ack_now(id);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.scratch = scratch,
             Err(e) => {
@@ -412,6 +417,19 @@ impl Table {
             }
         }
         self.update_interest(id);
+    }
+
+    /// The fan-in stall (issue 31): a subscriber past `ACK_WINDOW` holds its publishers until it
+    /// acknowledges, and a client that does not set TCP_NODELAY (mosquitto_sub) writes its second
+    /// PUBACK only once its first is ACKed at the TCP level; with the publishers held the broker has
+    /// nothing to send it that would carry that ACK, so the kernel's delayed-ACK timer (40 ms) paced
+    /// every window. After a read whose acknowledgements still leave the window full, the ACK goes
+    /// out at once.
+    fn ack_now(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        if std::mem::take(&mut c.quickack) {
+            let _ = crate::sys::tcp_quickack(&c.stream);
+        }
     }
 
     /// Handles the complete frames in connection `id`'s buffer while it may read.
@@ -749,6 +767,8 @@ impl Table {
         if let Some(c) = self.conns.get_mut(&id) {
             if pending <= ACK_WINDOW {
                 c.window_waived = false;
+            } else {
+                c.quickack = true;
             }
         }
         Ok(())
