@@ -605,7 +605,12 @@ impl Table {
         }
         self.schedule(id);
         if let Some(old) = old.filter(|l| l.conn != id) {
-            // The older connection ends as if its peer had gone (its will is published).
+            // The older connection ends without its will (issue 31, as mosquitto): the will is for
+            // an unexpected loss, and the client is back; MQTT 3.1.1 does not list a takeover
+            // among the will's causes (3.1.2.5).
+            if let Some(c) = self.conns.get_mut(&old.conn) {
+                c.will = None;
+            }
             self.end(old.conn, None);
             if let Some(conn) = self.conns.get(&id) {
                 let line = conn.who("client id connected again; closed the older connection");

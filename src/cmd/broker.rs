@@ -44,8 +44,9 @@ and mosquitto_sub, paho, mam's own):
     packet ids in flight are never reused);
   - retained messages (an empty retained payload clears the topic), replayed with retain=1 to
     a new subscription;
-  - will messages, sent on any end but DISCONNECT (the socket closed, a protocol error,
-    1.5 x keepalive of silence, a takeover by the same client id), with their QoS and retain flag;
+  - will messages, sent when the connection ends without DISCONNECT (the socket closed, a
+    protocol error, 1.5 x keepalive of silence), with their QoS and retain flag; not when the
+    same client id connects again (a takeover closes the older connection without its will);
   - persistent sessions (CleanSession=0): subscriptions and QoS 1/2 messages kept while the
     client is away, at most 1000 messages or 16 MiB per absent client (the newest dropped past
     that, logged); unacknowledged PUBLISHes re-sent with DUP=1, and PUBRELs, on reconnect;
