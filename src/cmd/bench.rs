@@ -73,6 +73,10 @@ order swapped every round), medians of the rounds:
     latency, the broker's CPU per message (/proc/<pid>/task/*/schedstat)
   the resident set (VmRSS) with each count of idle clients connected, each subscribed to a topic
     of its own; then delivery at QoS 0 and 1 again with the largest count still connected
+  fan-in and fan-out with mosquitto's own clients (when mosquitto_pub and mosquitto_sub are
+    installed): 1, 2, 4, 8 and 32 `mosquitto_pub -l -q 1` to one `mosquitto_sub -q 1`, and one to 8,
+    each publisher sending 5,000 lines (--quick 1,000) of its own; deliveries per second from the
+    first publisher start to the last line read, every line due once at every subscriber
   the load generator's own CPU: its busier thread's share of one core (median of the runs) in
     the mosquitto runs (target: at most 50%, so mosquitto's numbers are its own) and in mam's
 The soft RLIMIT_NOFILE is raised to the hard limit first; mosquitto, started after, inherits it.
