@@ -497,7 +497,9 @@ impl Table {
             Packet::UnsupportedLevel(n) => {
                 lock(&self.shared.state).note_connect("", self.shared.cfg.record);
                 self.push(id, Out::Owned(codec::connack(false, 0x01)));
-                return Err(Some(format!("unsupported protocol level {n}; only 4 (3.1.1)")));
+                return Err(Some(format!(
+                    "unsupported protocol level {n}; only 4 (MQTT 3.1.1) and 3 (MQTT 3.1, MQIsdp)"
+                )));
             }
             _ => return Err(Some("protocol error: first packet is not CONNECT; closing".into())),
         };
@@ -506,6 +508,12 @@ impl Table {
             // MQTT-3.1.3-8: a zero-length id needs CleanSession=1.
             self.push(id, Out::Owned(codec::connack(false, 0x02)));
             return Err(Some("zero-length client id with CleanSession=0; identifier rejected (0x02)".into()));
+        }
+        if c.client_id.is_empty() && c.level == 3 {
+            // MQTT 3.1 has no server-assigned ids (3.1 requires 1-23 characters; mosquitto refuses
+            // the empty one alike and takes longer ones, as this broker does).
+            self.push(id, Out::Owned(codec::connack(false, 0x02)));
+            return Err(Some("zero-length client id in an MQTT 3.1 CONNECT; identifier rejected (0x02)".into()));
         }
         let cid = if c.client_id.is_empty() {
             format!("auto-{}", crate::sys::random_hex(8).unwrap_or_else(|_| format!("{id:016x}")))

@@ -39,7 +39,7 @@ Runs the embedded MQTT 3.1.1 broker (CORE 11) until SIGTERM or SIGINT. Prints
 unless it runs anonymous; log lines go to stderr.
 
 Supported: MQTT 3.1.1 (protocol level 4) for one broker, with any 3.1.1 client (mosquitto_pub
-and mosquitto_sub, paho, mam's own):
+and mosquitto_sub, paho, mam's own), and MQTT 3.1 clients (`MQIsdp`, level 3) alike:
   - QoS 0, 1 and 2 in both directions (an inbound QoS 2 message is routed once, on PUBLISH;
     packet ids in flight are never reused);
   - retained messages (an empty retained payload clears the topic), replayed with retain=1 to
@@ -60,7 +60,7 @@ and mosquitto_sub, paho, mam's own):
     changes of at most the last interval. A file that cannot be trusted or read (a symlink,
     not yours, open to group or others, over --max-state-bytes, truncated or damaged) is moved
     to broker.state.bad with a WARNING, and the broker starts without it.
-Not supported: MQTT 3.1 and 5 (CONNACK 0x01); TLS and websockets (put a proxy in front);
+Not supported: MQTT 5 (CONNACK 0x01); TLS and websockets (put a proxy in front);
 bridges and clusters; per-topic ACLs (one username for every client); $SYS topics but
 $SYS/broker/version (`mam broker <version>`, replayed as if retained, as mosquitto does); QoS 0
 messages for absent clients (not queued, as mosquitto's default); retransmission on a live
