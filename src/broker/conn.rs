@@ -455,7 +455,15 @@ impl Table {
                 end = Some(Some(if c.phase == Phase::New {
                     format!("first packet of {total} bytes exceeds the CONNECT limit {}; closing", c.frame_limit)
                 } else {
-                    format!("packet of {total} bytes exceeds max-packet {}; closing", self.shared.cfg.max_packet)
+                    // MQTT 3.1.1 has no reason code or DISCONNECT from the server: closing is the
+                    // only answer it allows, so the reason goes to the log.
+                    let kind = if avail[0] >> 4 == 3 { "PUBLISH" } else { "packet" };
+                    format!(
+                        "WARNING: {kind} of {total} bytes exceeds max-packet {}; closing the connection, the \
+                         message is not delivered (MQTT 3.1.1 gives a broker no way to tell the client why; \
+                         start the broker with a larger --max-packet to accept it)",
+                        self.shared.cfg.max_packet
+                    )
                 }));
                 break;
             }

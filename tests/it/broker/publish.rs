@@ -181,3 +181,43 @@ fn fan_in_from_8_mosquitto_publishers_keeps_up_with_mosquitto() {
         "{pubs} x {n} lines: mam broker {ours:.2} s, mosquitto {theirs:.2} s (all runs: {walls:?})"
     );
 }
+
+/// Issue 31 item 4: a PUBLISH over the maximum packet size (mam's default 1 MiB; mosquitto with
+/// `max_packet_size` the same) closes the publisher's connection without a PUBACK and the message
+/// reaches no one, on both brokers alike: MQTT 3.1.1 has no way for a server to say why, so mam
+/// logs it (docs/DESIGN.md says why the default stays below mosquitto's 256 MB).
+fn over_max_packet(addr: SocketAddr) -> Vec<String> {
+    let t = prefix();
+    let mut s = Raw::connect(addr, &format!("{t}-s"));
+    s.subscribe(&[(&format!("{t}/#"), 1)]);
+    let mut big = Raw::connect(addr, &format!("{t}-big"));
+    let payload = vec![b'x'; 1536 * 1024];
+    let pid = mqttrs::Pid::try_from(1).unwrap();
+    let topic = format!("{t}/big");
+    let p = mqttrs::Publish {
+        dup: false,
+        qospid: mqttrs::QosPid::AtLeastOnce(pid),
+        retain: false,
+        topic_name: &topic,
+        payload: &payload,
+    };
+    big.send(&encode(&mqttrs::Packet::Publish(p)));
+    let mut out = vec![format!("publisher: {:?}", big.next(WAIT))];
+    Raw::connect(addr, &format!("{t}-p")).publish(&format!("{t}/end"), b"", 1, false);
+    out.extend(until_sentinel(&mut s, &format!("{t}/end")).iter().map(|l| l.chars().take(40).collect::<String>()));
+    out
+}
+
+#[test]
+fn a_publish_over_max_packet_closes_the_publisher_and_is_logged() {
+    let b = start();
+    let ours = over_max_packet(b.addr());
+    assert_eq!(ours, vec!["publisher: Closed".to_string()]);
+    wait_log(&b, "PUBLISH of 1572");
+    wait_log(&b, "exceeds max-packet 1048576; closing the connection, the message is not delivered (MQTT 3.1.1 gives");
+    if have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+        let td = TestDir::new("mosquitto");
+        let m = Mosquitto::start(&td, |port| format!("{}max_packet_size 1048576\n", anonymous(port)));
+        assert_eq!(over_max_packet(m.addr()), ours, "mosquitto with max_packet_size 1048576 does the same");
+    }
+}
