@@ -85,7 +85,16 @@ pub fn fan(tools: &Tools, addr: SocketAddr, pubs: usize, subs: usize, n: usize, 
         let mut c = tools.cmd(
             &tools.subscriber,
             addr,
-            &["-t", &format!("{TOPIC}/#"), "-C", &per_sub.to_string(), "-W", &wait_s, "-i", &format!("fansub-{j}-{}", addr.port())],
+            &[
+                "-t",
+                &format!("{TOPIC}/#"),
+                "-C",
+                &per_sub.to_string(),
+                "-W",
+                &wait_s,
+                "-i",
+                &format!("fansub-{j}-{}", addr.port()),
+            ],
         );
         c.stdout(Stdio::piped());
         let mut child: Child = crate::sys::spawn(&mut c)?;

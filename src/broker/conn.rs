@@ -42,6 +42,10 @@ const OVERFLOW_GRACE: Duration = Duration::from_secs(1);
 /// for that long is waived until it catches up). This bounds the backlog, hence the delivery
 /// latency, of a subscriber slower than its publishers, as mosquitto's in-flight window does.
 const ACK_WINDOW: usize = 100;
+/// A connection that has sent part of its CONNECT must send the rest within this (issue 29: a client
+/// sends its CONNECT in one write; one that dribbles it holds a slot for the whole connect timeout
+/// otherwise).
+const CONNECT_DRIBBLE: Duration = Duration::from_secs(2);
 /// Largest first packet (CONNECT) accepted before the client is authenticated, so a connection
 /// that has not authenticated cannot make the broker buffer a max-packet frame.
 const CONNECT_MAX: usize = 64 * 1024;
@@ -179,6 +183,7 @@ pub(super) struct Table {
     paused: Vec<u64>,
     stalled: Vec<u64>,
     ending: Vec<u64>,
+    evicted: usize,
 }
 
 impl Table {
@@ -195,6 +200,7 @@ impl Table {
             paused: Vec::new(),
             stalled: Vec::new(),
             ending: Vec::new(),
+            evicted: 0,
         }
     }
 
@@ -209,6 +215,11 @@ impl Table {
     /// The wait until the earliest connection timer (None: no timer).
     pub(super) fn next_timeout(&self, now: Instant) -> Option<Duration> {
         self.timers.peek().map(|Reverse((t, _))| t.saturating_duration_since(now))
+    }
+
+    /// The token the next accepted connection gets (tokens only grow: a smaller one is older).
+    pub(super) fn next_token(&self) -> u64 {
+        self.next_id
     }
 
     /// Takes one accepted connection (counted in `active` by the caller).
@@ -281,6 +292,29 @@ impl Table {
             }
         }
         true
+    }
+
+    /// Closes the oldest connection that has not completed CONNECT, to make room for a new one at
+    /// the connection cap (issue 29: silent sockets of another user must not keep an authorised
+    /// client out; the oldest has had the longest to log in). False when there is none.
+    /// Only connections with a token below `before` (accepted in an earlier round) are taken.
+    pub(super) fn evict_unauthenticated(&mut self, before: u64) -> bool {
+        let new = |(&id, c): (&u64, &Box<Conn>)| (c.phase == Phase::New && id < before).then_some(id);
+        let Some(id) = self.conns.iter().filter_map(new).min() else {
+            return false;
+        };
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.phase = Phase::Ending;
+            c.end = None;
+        }
+        self.close(id);
+        self.evicted += 1;
+        true
+    }
+
+    /// Connections closed by `evict_unauthenticated` since the last call (for one log line).
+    pub(super) fn take_evicted(&mut self) -> usize {
+        std::mem::take(&mut self.evicted)
     }
 
     /// `drop_connections`: every client connection ends as if its peer had gone.
@@ -402,6 +436,15 @@ impl Table {
                 self.scratch = scratch;
                 if c.phase == Phase::Connected && c.keep_alive > 0 {
                     c.read_deadline = Some(Instant::now() + keepalive_limit(c.keep_alive));
+                }
+                if c.phase == Phase::New {
+                    // Its first bytes: the rest of the CONNECT is due soon (`CONNECT_DRIBBLE`).
+                    let soon = Instant::now() + CONNECT_DRIBBLE;
+                    if c.read_deadline.is_none_or(|d| soon < d) {
+                        c.read_deadline = Some(soon);
+                        c.timer_at = None;
+                        self.schedule(id);
+                    }
                 }
                 self.handle_input(id);
                 self.ack_now(id);

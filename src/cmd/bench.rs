@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::bench::{fan, load};
 use crate::bench::measure::{self, Guard};
+use crate::bench::{fan, load};
 use crate::bench::{fixture, Machine, Qty, Report, Row};
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
@@ -1041,7 +1041,9 @@ fn broker_rows(env: &Env, plan: &BrokerPlan) -> Vec<Row> {
     for (shape, sides) in &fans {
         rows.push(match &tools {
             Some(_) => fan_row(*shape, sides, plan, anchor),
-            None => Row::skipped(shape.id(), shape.measure(), ">= 1.0", "mosquitto_pub or mosquitto_sub is not installed"),
+            None => {
+                Row::skipped(shape.id(), shape.measure(), ">= 1.0", "mosquitto_pub or mosquitto_sub is not installed")
+            }
         });
     }
     for (n, sides) in &rss {

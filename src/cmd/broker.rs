@@ -83,8 +83,10 @@ Options:
   --password-file F             (together) the password: the file's content without its
                                 trailing newline; no credential file is written
   --max-packet BYTES            largest accepted packet (default 1048576)
-  --max-connections N           open connections; more are closed at once (default 1000,
-                                lowered to fit the open-file limit, one descriptor each)
+  --max-connections N           open connections (default: every descriptor the open-file
+                                limit leaves after a reserve of 16, one each; a larger N is
+                                lowered to that); at the cap a new connection closes the
+                                oldest one that has not completed CONNECT, else it is closed
   --max-subscriptions N         subscriptions per client; more get 0x80 (default 100)
   --max-retained-bytes BYTES    retained topics and payloads in all (default 67108864)
   --max-retained-message BYTES  largest retained payload kept (default 1048576); a retained
@@ -111,7 +113,8 @@ struct Args {
     password_file: Option<PathBuf>,
     allow_anonymous: bool,
     max_packet: usize,
-    max_connections: usize,
+    /// None: as many as the open-file limit allows.
+    max_connections: Option<usize>,
     max_subscriptions: usize,
     max_retained_bytes: usize,
     max_retained_message: usize,
@@ -132,7 +135,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         password_file: None,
         allow_anonymous: false,
         max_packet: broker::DEFAULT_MAX_PACKET,
-        max_connections: broker::DEFAULT_MAX_CONNECTIONS,
+        max_connections: None,
         max_subscriptions: broker::DEFAULT_MAX_SUBSCRIPTIONS,
         max_retained_bytes: broker::DEFAULT_MAX_RETAINED_BYTES,
         max_retained_message: broker::DEFAULT_MAX_PACKET,
@@ -164,7 +167,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 a.max_packet = knob::flag("--max-packet", &p.value()?, 64)? as usize;
             }
             Long("allow-anonymous") => a.allow_anonymous = true,
-            Long("max-connections") => a.max_connections = knob::flag("--max-connections", &p.value()?, 1)? as usize,
+            Long("max-connections") => {
+                a.max_connections = Some(knob::flag("--max-connections", &p.value()?, 1)? as usize)
+            }
             Long("max-subscriptions") => {
                 a.max_subscriptions = knob::flag("--max-subscriptions", &p.value()?, 1)? as usize;
             }
@@ -234,15 +239,20 @@ fn workspace_creds(ctx: &Ctx, path: &std::path::Path) -> Result<Creds, Failure> 
     Creds::generate(0).map_err(|e| Failure::runtime(format!("broker credentials: no random bytes ({e})")))
 }
 
-/// Raises the soft open-file limit to the hard one, then lowers `max` so that `max` connections
-/// fit it (one descriptor each, 64 kept for everything else), with a NOTE when it had to be lowered.
-fn fit_descriptor_limit(ctx: &Ctx, max: usize) -> usize {
+/// Raises the soft open-file limit to the hard one; the connections that fit it then (one
+/// descriptor each, after those open now and `broker::RESERVED_FDS` for the broker's own files) are
+/// the cap, or `max` when given and smaller, with a NOTE when a given `max` had to be lowered
+/// (issue 31: every descriptor the limit allows serves a client, as with mosquitto).
+fn fit_descriptor_limit(ctx: &Ctx, max: Option<usize>) -> usize {
     let limit = sys::raise_nofile_limit().unwrap_or_else(|e| {
         ctx.diag(&format!("NOTE: broker: cannot raise the open-file limit: {e}"));
         sys::nofile_limit()
     });
-    let Some(limit) = limit else { return max };
-    let room = (usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(64) / broker::FDS_PER_CONNECTION).max(1);
+    let Some(limit) = limit else { return max.unwrap_or(broker::DEFAULT_MAX_CONNECTIONS) };
+    let open = sys::proc_fd_count(std::process::id() as i32).unwrap_or(8);
+    let used = open + broker::RESERVED_FDS;
+    let room = (usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(used) / broker::FDS_PER_CONNECTION).max(1);
+    let Some(max) = max else { return room };
     if max <= room {
         return max;
     }
