@@ -561,6 +561,29 @@ impl AsRawFd for Waker {
     }
 }
 
+/// Sends the ACK the kernel holds back for `stream` now (TCP_QUICKACK, Linux): a peer whose small
+/// writes wait on Nagle for that ACK sends them at once instead of after the delayed-ACK timer
+/// (40 ms). The setting is not sticky: the kernel may delay ACKs again later.
+pub fn tcp_quickack(stream: &impl AsRawFd) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    // SAFETY: `stream` is an open socket descriptor for the call; `one` lives across it and the
+    // length passed is its size.
+    let r = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// `TcpStream::connect_timeout`, checked against L1.
 pub fn connect(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     lockcheck("connect");

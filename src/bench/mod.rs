@@ -1,8 +1,9 @@
 //! `mam bench`'s measuring parts (issue 20, docs/PERFORMANCE.md): whole processes timed against
 //! anchors measured in the same run (`measure`), registries to list (`fixture`), a load generator
-//! for the brokers (`load`), and the table itself (`Row`, `Report`): its rows as readable text and
+//! for the brokers (`load`), fan-in and fan-out with the mosquitto clients (`fan`), and the table itself (`Row`, `Report`): its rows as readable text and
 //! as JSON. The rows are decided and run by `cmd::bench`; nothing here prints.
 
+pub mod fan;
 pub mod fixture;
 pub mod load;
 pub mod measure;

@@ -47,9 +47,11 @@ pub struct Will<'a> {
     pub retain: bool,
 }
 
-/// A CONNECT at protocol level 4.
+/// A CONNECT at protocol level 4 (`MQTT`, 3.1.1) or 3 (`MQIsdp`, 3.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Connect<'a> {
+    /// 4 for MQTT 3.1.1, 3 for MQTT 3.1.
+    pub level: u8,
     pub keep_alive: u16,
     pub client_id: &'a str,
     pub clean_session: bool,
@@ -73,7 +75,8 @@ pub struct Publish<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Packet<'a> {
     Connect(Connect<'a>),
-    /// CONNECT naming `MQTT`/`MQIsdp` at a level other than 4; the rest is not parsed.
+    /// CONNECT naming `MQTT` at a level other than 4, or `MQIsdp` at one other than 3 (as
+    /// mosquitto); the rest is not parsed.
     UnsupportedLevel(u8),
     Publish(Publish<'a>),
     Puback(u16),
@@ -242,11 +245,14 @@ fn decode_connect<'a>(c: &mut Cursor<'a>) -> Result<Packet<'a>, DecodeError> {
         return Err(DecodeError("malformed CONNECT: unknown protocol name"));
     }
     let level = c.u8()?;
-    if level != 4 {
+    // MQTT 3.1 (`MQIsdp`, level 3) has the same CONNECT layout as 3.1.1; mosquitto accepts both.
+    let v31 = name == b"MQIsdp";
+    if level != if v31 { 3 } else { 4 } {
         return Ok(Packet::UnsupportedLevel(level));
     }
     let flags = c.u8()?;
-    if flags & 1 != 0 {
+    // MQTT-3.1.2-3 is 3.1.1's: 3.1 did not reserve the bit (mosquitto checks it for 3.1.1 only).
+    if flags & 1 != 0 && !v31 {
         return Err(DecodeError("malformed CONNECT: reserved flag set"));
     }
     let has_will = flags & 0x04 != 0;
@@ -268,7 +274,15 @@ fn decode_connect<'a>(c: &mut Cursor<'a>) -> Result<Packet<'a>, DecodeError> {
     let username = if flags & 0x80 != 0 { Some(c.str()?) } else { None };
     let password = if flags & 0x40 != 0 { Some(c.bytes()?) } else { None };
     c.end()?;
-    Ok(Packet::Connect(Connect { keep_alive, client_id, clean_session: flags & 0x02 != 0, will, username, password }))
+    Ok(Packet::Connect(Connect {
+        level,
+        keep_alive,
+        client_id,
+        clean_session: flags & 0x02 != 0,
+        will,
+        username,
+        password,
+    }))
 }
 
 fn push_remaining(out: &mut Vec<u8>, mut n: usize) {
@@ -389,6 +403,7 @@ mod tests {
         assert_eq!(
             decode(&enc(&connect)),
             Ok(Packet::Connect(Connect {
+                level: 4,
                 keep_alive: 30,
                 client_id: "c1",
                 clean_session: true,
@@ -498,8 +513,10 @@ mod tests {
         assert_eq!(decode(&level5), Ok(Packet::UnsupportedLevel(5)));
         level5[8] = 3;
         assert_eq!(decode(&level5), Ok(Packet::UnsupportedLevel(3)));
-        let mqisdp = [0x10, 12, 0, 6, b'M', b'Q', b'I', b's', b'd', b'p', 3, 2, 0, 60];
-        assert_eq!(decode(&mqisdp), Ok(Packet::UnsupportedLevel(3)));
+        let mut mqisdp = vec![0x10, 14, 0, 6, b'M', b'Q', b'I', b's', b'd', b'p', 3, 2, 0, 60, 0, 0];
+        assert!(matches!(decode(&mqisdp), Ok(Packet::Connect(Connect { level: 3, .. }))), "MQTT 3.1 is accepted");
+        mqisdp[10] = 4;
+        assert_eq!(decode(&mqisdp), Ok(Packet::UnsupportedLevel(4)), "MQIsdp goes with level 3 only");
         let bad_name = [0x10, 10, 0, 4, b'M', b'Q', b'T', b'X', 4, 2, 0, 60];
         assert!(decode(&bad_name).is_err());
         // Level 4, reserved flag bit set.

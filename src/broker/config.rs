@@ -13,7 +13,8 @@ use std::time::Duration;
 /// Where broker log lines go besides the in-memory ring: called once per line, from any thread.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// Default `max_connections` (CORE 11.2); each connection holds one descriptor and no thread.
+/// Default `max_connections` of the library (`mam broker` takes every descriptor its open-file limit
+/// allows instead); each connection holds one descriptor and no thread.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1000;
 /// Default `max_subscriptions` per client (mam's own clients hold at most a handful).
 pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 100;
@@ -26,6 +27,12 @@ pub const DEFAULT_MAX_SESSIONS: usize = 1000;
 /// Descriptors one connection holds (its socket; the loop's epoll and wake-up descriptors are
 /// shared): `mam broker` keeps `max_connections` under the descriptor limit with this.
 pub const FDS_PER_CONNECTION: usize = 1;
+
+/// Descriptors `mam broker` keeps beyond those open at its start for its own files (listener,
+/// epoll, wake-up, state lock, a save's file and directory, the one a connection accepted at the
+/// cap holds while it takes an unauthenticated connection's place) when it sizes `max_connections`
+/// from the open-file limit.
+pub const RESERVED_FDS: usize = 16;
 
 /// Default `Persist::interval`: a change is on disk at most this long after it happens.
 pub const DEFAULT_PERSIST_INTERVAL: Duration = Duration::from_secs(5);

@@ -42,6 +42,10 @@ const OVERFLOW_GRACE: Duration = Duration::from_secs(1);
 /// for that long is waived until it catches up). This bounds the backlog, hence the delivery
 /// latency, of a subscriber slower than its publishers, as mosquitto's in-flight window does.
 const ACK_WINDOW: usize = 100;
+/// A connection that has sent part of its CONNECT must send the rest within this (issue 29: a client
+/// sends its CONNECT in one write; one that dribbles it holds a slot for the whole connect timeout
+/// otherwise).
+const CONNECT_DRIBBLE: Duration = Duration::from_secs(2);
 /// Largest first packet (CONNECT) accepted before the client is authenticated, so a connection
 /// that has not authenticated cannot make the broker buffer a max-packet frame.
 const CONNECT_MAX: usize = 64 * 1024;
@@ -110,6 +114,9 @@ struct Conn {
     will: Option<OwnedWill>,
     /// The client sent DISCONNECT: its will is discarded (MQTT-3.1.2-10).
     graceful: bool,
+    /// An acknowledgement read in this round left the window past `ACK_WINDOW`: the socket's
+    /// delayed ACK goes out at once after the read (see `Table::readable`).
+    quickack: bool,
 }
 
 fn short_id(id: &str) -> String {
@@ -176,6 +183,7 @@ pub(super) struct Table {
     paused: Vec<u64>,
     stalled: Vec<u64>,
     ending: Vec<u64>,
+    evicted: usize,
 }
 
 impl Table {
@@ -192,6 +200,7 @@ impl Table {
             paused: Vec::new(),
             stalled: Vec::new(),
             ending: Vec::new(),
+            evicted: 0,
         }
     }
 
@@ -206,6 +215,11 @@ impl Table {
     /// The wait until the earliest connection timer (None: no timer).
     pub(super) fn next_timeout(&self, now: Instant) -> Option<Duration> {
         self.timers.peek().map(|Reverse((t, _))| t.saturating_duration_since(now))
+    }
+
+    /// The token the next accepted connection gets (tokens only grow: a smaller one is older).
+    pub(super) fn next_token(&self) -> u64 {
+        self.next_id
     }
 
     /// Takes one accepted connection (counted in `active` by the caller).
@@ -240,6 +254,7 @@ impl Table {
             retain_refusal_logged: false,
             will: None,
             graceful: false,
+            quickack: false,
         };
         self.conns.insert(id, Box::new(conn));
         self.schedule(id);
@@ -277,6 +292,29 @@ impl Table {
             }
         }
         true
+    }
+
+    /// Closes the oldest connection that has not completed CONNECT, to make room for a new one at
+    /// the connection cap (issue 29: silent sockets of another user must not keep an authorised
+    /// client out; the oldest has had the longest to log in). False when there is none.
+    /// Only connections with a token below `before` (accepted in an earlier round) are taken.
+    pub(super) fn evict_unauthenticated(&mut self, before: u64) -> bool {
+        let new = |(&id, c): (&u64, &Box<Conn>)| (c.phase == Phase::New && id < before).then_some(id);
+        let Some(id) = self.conns.iter().filter_map(new).min() else {
+            return false;
+        };
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.phase = Phase::Ending;
+            c.end = None;
+        }
+        self.close(id);
+        self.evicted += 1;
+        true
+    }
+
+    /// Connections closed by `evict_unauthenticated` since the last call (for one log line).
+    pub(super) fn take_evicted(&mut self) -> usize {
+        std::mem::take(&mut self.evicted)
     }
 
     /// `drop_connections`: every client connection ends as if its peer had gone.
@@ -399,7 +437,17 @@ impl Table {
                 if c.phase == Phase::Connected && c.keep_alive > 0 {
                     c.read_deadline = Some(Instant::now() + keepalive_limit(c.keep_alive));
                 }
+                if c.phase == Phase::New {
+                    // Its first bytes: the rest of the CONNECT is due soon (`CONNECT_DRIBBLE`).
+                    let soon = Instant::now() + CONNECT_DRIBBLE;
+                    if c.read_deadline.is_none_or(|d| soon < d) {
+                        c.read_deadline = Some(soon);
+                        c.timer_at = None;
+                        self.schedule(id);
+                    }
+                }
                 self.handle_input(id);
+                self.ack_now(id);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.scratch = scratch,
             Err(e) => {
@@ -412,6 +460,19 @@ impl Table {
             }
         }
         self.update_interest(id);
+    }
+
+    /// The fan-in stall (issue 31): a subscriber past `ACK_WINDOW` holds its publishers until it
+    /// acknowledges, and a client that does not set TCP_NODELAY (mosquitto_sub) writes its second
+    /// PUBACK only once its first is ACKed at the TCP level; with the publishers held the broker has
+    /// nothing to send it that would carry that ACK, so the kernel's delayed-ACK timer (40 ms) paced
+    /// every window. After a read whose acknowledgements still leave the window full, the ACK goes
+    /// out at once.
+    fn ack_now(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        if std::mem::take(&mut c.quickack) {
+            let _ = crate::sys::tcp_quickack(&c.stream);
+        }
     }
 
     /// Handles the complete frames in connection `id`'s buffer while it may read.
@@ -437,7 +498,15 @@ impl Table {
                 end = Some(Some(if c.phase == Phase::New {
                     format!("first packet of {total} bytes exceeds the CONNECT limit {}; closing", c.frame_limit)
                 } else {
-                    format!("packet of {total} bytes exceeds max-packet {}; closing", self.shared.cfg.max_packet)
+                    // MQTT 3.1.1 has no reason code or DISCONNECT from the server: closing is the
+                    // only answer it allows, so the reason goes to the log.
+                    let kind = if avail[0] >> 4 == 3 { "PUBLISH" } else { "packet" };
+                    format!(
+                        "WARNING: {kind} of {total} bytes exceeds max-packet {}; closing the connection, the \
+                         message is not delivered (MQTT 3.1.1 gives a broker no way to tell the client why; \
+                         start the broker with a larger --max-packet to accept it)",
+                        self.shared.cfg.max_packet
+                    )
                 }));
                 break;
             }
@@ -479,7 +548,9 @@ impl Table {
             Packet::UnsupportedLevel(n) => {
                 lock(&self.shared.state).note_connect("", self.shared.cfg.record);
                 self.push(id, Out::Owned(codec::connack(false, 0x01)));
-                return Err(Some(format!("unsupported protocol level {n}; only 4 (3.1.1)")));
+                return Err(Some(format!(
+                    "unsupported protocol level {n}; only 4 (MQTT 3.1.1) and 3 (MQTT 3.1, MQIsdp)"
+                )));
             }
             _ => return Err(Some("protocol error: first packet is not CONNECT; closing".into())),
         };
@@ -488,6 +559,12 @@ impl Table {
             // MQTT-3.1.3-8: a zero-length id needs CleanSession=1.
             self.push(id, Out::Owned(codec::connack(false, 0x02)));
             return Err(Some("zero-length client id with CleanSession=0; identifier rejected (0x02)".into()));
+        }
+        if c.client_id.is_empty() && c.level == 3 {
+            // MQTT 3.1 has no server-assigned ids (3.1 requires 1-23 characters; mosquitto refuses
+            // the empty one alike and takes longer ones, as this broker does).
+            self.push(id, Out::Owned(codec::connack(false, 0x02)));
+            return Err(Some("zero-length client id in an MQTT 3.1 CONNECT; identifier rejected (0x02)".into()));
         }
         let cid = if c.client_id.is_empty() {
             format!("auto-{}", crate::sys::random_hex(8).unwrap_or_else(|_| format!("{id:016x}")))
@@ -587,7 +664,12 @@ impl Table {
         }
         self.schedule(id);
         if let Some(old) = old.filter(|l| l.conn != id) {
-            // The older connection ends as if its peer had gone (its will is published).
+            // The older connection ends without its will (issue 31, as mosquitto): the will is for
+            // an unexpected loss, and the client is back; MQTT 3.1.1 does not list a takeover
+            // among the will's causes (3.1.2.5).
+            if let Some(c) = self.conns.get_mut(&old.conn) {
+                c.will = None;
+            }
             self.end(old.conn, None);
             if let Some(conn) = self.conns.get(&id) {
                 let line = conn.who("client id connected again; closed the older connection");
@@ -749,6 +831,8 @@ impl Table {
         if let Some(c) = self.conns.get_mut(&id) {
             if pending <= ACK_WINDOW {
                 c.window_waived = false;
+            } else {
+                c.quickack = true;
             }
         }
         Ok(())

@@ -230,6 +230,10 @@ struct Acceptor {
     refused: usize,
     /// The listener is out of epoll until then after a failed accept.
     resting_until: Option<Instant>,
+    /// Unauthenticated connections closed at the cap and not yet logged, and when that was last
+    /// logged (at most every `EVICT_LOG_EVERY`).
+    evicted: usize,
+    evict_logged: Option<Instant>,
 }
 
 /// The loop thread: waits, accepts, hands client readiness to the table, runs its timers; on stop
@@ -256,13 +260,18 @@ fn run(mut table: Table, listener: TcpListener, mut saver: Option<Saver>) {
         if shared.stop.load(Ordering::SeqCst) {
             break;
         }
-        let mut woke = false;
+        let (mut woke, mut accept) = (false, false);
         for (token, ev) in events.iter() {
             match token {
-                LISTENER => accept_ready(&shared, &mut table, &listener, &mut acc),
+                LISTENER => accept = true,
                 WAKER => woke = true,
                 id => table.event(id, ev),
             }
+        }
+        // After the clients' input: a CONNECT that arrived is read before a new connection at the
+        // cap may take the place of one that has not completed CONNECT.
+        if accept {
+            accept_ready(&shared, &mut table, &listener, &mut acc);
         }
         if woke {
             shared.waker.drain();
@@ -286,8 +295,29 @@ fn run(mut table: Table, listener: TcpListener, mut saver: Option<Saver>) {
     }
 }
 
+/// How often, at most, the connections closed at the cap to let new ones in are logged (a count).
+const EVICT_LOG_EVERY: Duration = Duration::from_secs(10);
+
 fn accept_ready(shared: &Shared, table: &mut Table, listener: &TcpListener, acc: &mut Acceptor) {
+    accept_batch(shared, table, listener, acc);
+    acc.evicted += table.take_evicted();
+    let now = Instant::now();
+    if acc.evicted > 0 && acc.evict_logged.is_none_or(|t| t + EVICT_LOG_EVERY <= now) {
+        shared.log(format!(
+            "WARNING: broker: max-connections {} reached: closed {} that had not completed CONNECT (the \
+             oldest first) to let new ones in",
+            shared.cfg.max_connections,
+            count(acc.evicted, "connection")
+        ));
+        acc.evicted = 0;
+        acc.evict_logged = Some(now);
+    }
+}
+
+fn accept_batch(shared: &Shared, table: &mut Table, listener: &TcpListener, acc: &mut Acceptor) {
     let max = shared.cfg.max_connections;
+    // Only connections from earlier rounds make room: they have had a round to send CONNECT.
+    let batch = table.next_token();
     for _ in 0..ACCEPT_BATCH {
         let (stream, peer) = match listener.accept() {
             Ok(x) => x,
@@ -305,13 +335,15 @@ fn accept_ready(shared: &Shared, table: &mut Table, listener: &TcpListener, acc:
             }
         };
         acc.last_error = None;
-        if shared.active.load(Ordering::SeqCst) >= max {
-            // Closed before a byte is read: no buffer, one descriptor for an instant.
+        if shared.active.load(Ordering::SeqCst) >= max && !table.evict_unauthenticated(batch) {
+            // Every slot holds a logged-in client: the new one is closed before a byte is read
+            // (no buffer, one descriptor for an instant).
             drop(stream);
             acc.refused += 1;
             if acc.refused == 1 {
                 shared.log(format!(
-                    "WARNING: broker: connection from {peer} refused: max-connections {max} reached; closing"
+                    "WARNING: broker: connection from {peer} refused: max-connections {max} reached, every \
+                     connection logged in; closing"
                 ));
             }
             continue;

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::bench::load;
 use crate::bench::measure::{self, Guard};
+use crate::bench::{fan, load};
 use crate::bench::{fixture, Machine, Qty, Report, Row};
 use crate::cli::{self, Failure, Parsed};
 use crate::clock;
@@ -73,6 +73,10 @@ order swapped every round), medians of the rounds:
     latency, the broker's CPU per message (/proc/<pid>/task/*/schedstat)
   the resident set (VmRSS) with each count of idle clients connected, each subscribed to a topic
     of its own; then delivery at QoS 0 and 1 again with the largest count still connected
+  fan-in and fan-out with mosquitto's own clients (when mosquitto_pub and mosquitto_sub are
+    installed): 1, 2, 4, 8 and 32 `mosquitto_pub -l -q 1` to one `mosquitto_sub -q 1`, and one to 8,
+    each publisher sending 5,000 lines (--quick 1,000) of its own; deliveries per second from the
+    first publisher start to the last line read, every line due once at every subscriber
   the load generator's own CPU: its busier thread's share of one core (median of the runs) in
     the mosquitto runs (target: at most 50%, so mosquitto's numbers are its own) and in mam's
 The soft RLIMIT_NOFILE is raised to the hard limit first; mosquitto, started after, inherits it.
@@ -300,6 +304,8 @@ struct BrokerPlan {
     clients: Vec<usize>,
     /// One write per PUBLISH (the default), or each window's PUBLISHes in one (`--batched`).
     writes: load::Writes,
+    /// Lines each `mosquitto_pub -l` sends in the fan-in and fan-out runs.
+    fan_messages: usize,
 }
 
 impl Plan {
@@ -318,6 +324,7 @@ impl Plan {
                     messages: 2000,
                     clients: vec![100, 500],
                     writes: load::Writes::PerMessage,
+                    fan_messages: 1000,
                 },
             }
         } else {
@@ -334,6 +341,7 @@ impl Plan {
                     messages: 100_000,
                     clients: vec![1000, 5000],
                     writes: load::Writes::PerMessage,
+                    fan_messages: 5000,
                 },
             }
         };
@@ -374,6 +382,7 @@ struct Env {
     base_env: Vec<(String, String)>,
     mosquitto: Option<PathBuf>,
     mosquitto_pub: Option<PathBuf>,
+    mosquitto_sub: Option<PathBuf>,
     true_bin: PathBuf,
     sleep_bin: Option<PathBuf>,
 }
@@ -504,6 +513,7 @@ fn make_env(ctx: &Ctx) -> Result<Env, Failure> {
         base_env,
         mosquitto: find_program(ctx, "mosquitto"),
         mosquitto_pub: find_program(ctx, "mosquitto_pub"),
+        mosquitto_sub: find_program(ctx, "mosquitto_sub"),
         true_bin: find_program(ctx, "true").unwrap_or_else(|| PathBuf::from("/bin/true")),
         sleep_bin: find_program(ctx, "sleep"),
         dir,
@@ -967,6 +977,8 @@ fn broker_rows(env: &Env, plan: &BrokerPlan) -> Vec<Row> {
         Vec::new()
     };
     let mut rss: Vec<(usize, Sides<u64>)> = plan.clients.iter().map(|&n| (n, Default::default())).collect();
+    let tools = fan_tools(env);
+    let mut fans: Vec<(FanShape, Sides<FanRun>)> = FAN_SHAPES.iter().map(|&f| (f, Default::default())).collect();
     for round in 0..plan.rounds {
         let order: Vec<Kind> = if round % 2 == 0 { kinds.to_vec() } else { kinds.iter().rev().copied().collect() };
         for &k in &order {
@@ -976,6 +988,11 @@ fn broker_rows(env: &Env, plan: &BrokerPlan) -> Vec<Row> {
                     .as_ref()
                     .map_err(Clone::clone)
                     .and_then(|b| timed_delivery(b, sc.qos, plan.messages, plan.writes, limit));
+                sides[k as usize].record(round, r);
+            }
+            let Some(tools) = &tools else { continue };
+            for (shape, sides) in fans.iter_mut() {
+                let r = b.as_ref().map_err(Clone::clone).and_then(|b| timed_fan(b, tools, *shape, plan.fan_messages));
                 sides[k as usize].record(round, r);
             }
         }
@@ -1020,6 +1037,14 @@ fn broker_rows(env: &Env, plan: &BrokerPlan) -> Vec<Row> {
     let mut rows = Vec::new();
     for (sc, sides) in plain.iter().chain(&idle) {
         rows.extend(delivery_rows(*sc, sides, plan, anchor, idle_n));
+    }
+    for (shape, sides) in &fans {
+        rows.push(match &tools {
+            Some(_) => fan_row(*shape, sides, plan, anchor),
+            None => {
+                Row::skipped(shape.id(), shape.measure(), ">= 1.0", "mosquitto_pub or mosquitto_sub is not installed")
+            }
+        });
     }
     for (n, sides) in &rss {
         rows.push(rss_row(*n, sides, plan, anchor));
@@ -1111,6 +1136,98 @@ fn delivery_rows(sc: Scenario, sides: &Sides<Run>, plan: &BrokerPlan, anchor: bo
             r
         })
         .collect()
+}
+
+/// A fan run: how many `mosquitto_pub -l` publishers and `mosquitto_sub` subscribers.
+#[derive(Debug, Clone, Copy)]
+struct FanShape {
+    pubs: usize,
+    subs: usize,
+}
+
+/// Fan-in from 1, 2, 4, 8 and 32 publishers to one subscriber, fan-out from one to 8 (issue 31).
+const FAN_SHAPES: [FanShape; 6] = [
+    FanShape { pubs: 1, subs: 1 },
+    FanShape { pubs: 2, subs: 1 },
+    FanShape { pubs: 4, subs: 1 },
+    FanShape { pubs: 8, subs: 1 },
+    FanShape { pubs: 32, subs: 1 },
+    FanShape { pubs: 1, subs: 8 },
+];
+
+impl FanShape {
+    fn id(self) -> String {
+        if self.subs == 1 {
+            format!("broker_fanin_{}", self.pubs)
+        } else {
+            format!("broker_fanout_{}", self.subs)
+        }
+    }
+
+    fn measure(self) -> String {
+        format!(
+            "broker fan-{}: {} mosquitto_pub -l -> {} mosquitto_sub, QoS 1: deliveries per second",
+            if self.subs == 1 { "in" } else { "out" },
+            self.pubs,
+            self.subs
+        )
+    }
+}
+
+/// A fan run and the broker's CPU time over it.
+#[derive(Debug, Clone, Copy)]
+struct FanRun {
+    f: fan::Fan,
+    broker_cpu: Duration,
+}
+
+fn fan_tools(env: &Env) -> Option<fan::Tools> {
+    Some(fan::Tools {
+        publisher: env.mosquitto_pub.clone()?,
+        subscriber: env.mosquitto_sub.clone()?,
+        dir: env.dir.path.clone(),
+        env: env.base_env.clone(),
+    })
+}
+
+fn timed_fan(b: &Broker, tools: &fan::Tools, shape: FanShape, n: usize) -> Result<FanRun, String> {
+    let pid = b.guard.pid();
+    let cpu = || sys::proc_cpu_ns(pid).map_err(|e| format!("the broker's CPU time: {e}"));
+    let c0 = cpu()?;
+    let f = fan::fan(tools, b.addr(), shape.pubs, shape.subs, n, Duration::from_secs(120))
+        .map_err(|e| format!("{}: {e}", shape.id()))?;
+    let c1 = cpu()?;
+    Ok(FanRun { f, broker_cpu: Duration::from_nanos(c1.saturating_sub(c0)) })
+}
+
+fn fan_row(shape: FanShape, sides: &Sides<FanRun>, plan: &BrokerPlan, anchor: bool) -> Row {
+    let vals = |k: Kind| sides[k as usize].runs.iter().map(|r| r.f.per_s()).collect::<Vec<f64>>();
+    let mut r = Row::new(shape.id(), shape.measure());
+    compare(&mut r, &vals(Kind::Mam), &vals(Kind::Mosquitto), Qty::per_s, Some(true));
+    let lost = |x: &FanRun| Some(x.f.due.saturating_sub(x.f.delivered));
+    let due = shape.pubs * shape.subs * plan.fan_messages;
+    let mut dups = String::new();
+    for k in [Kind::Mam, Kind::Mosquitto] {
+        let d: usize = sides[k as usize].runs.iter().map(|x| x.f.duplicates).sum();
+        if d > 0 {
+            dups.push_str(&format!("; {} delivered {d} duplicates", k.name()));
+        }
+    }
+    r.note = format!(
+        "{} lines per publisher, each due once at each subscriber, medians of {} alternating rounds{}{dups}",
+        plan.fan_messages,
+        sides[Kind::Mam as usize].runs.len(),
+        side_notes(sides, anchor, lost, due)
+    );
+    let col = |k: Kind, f: &dyn Fn(&FanRun) -> f64| sides[k as usize].runs.iter().map(f).collect::<Vec<f64>>();
+    r.detail = Some(serde_json::json!({
+        "due": due,
+        "mam": vals(Kind::Mam),
+        "mosquitto": vals(Kind::Mosquitto),
+        "duplicates": {"mam": col(Kind::Mam, &|x| x.f.duplicates as f64), "mosquitto": col(Kind::Mosquitto, &|x| x.f.duplicates as f64)},
+        "broker_cpu_s": {"mam": col(Kind::Mam, &|x| x.broker_cpu.as_secs_f64()), "mosquitto": col(Kind::Mosquitto, &|x| x.broker_cpu.as_secs_f64())},
+    }));
+    r
 }
 
 fn rss_row(n: usize, sides: &Sides<u64>, plan: &BrokerPlan, anchor: bool) -> Row {

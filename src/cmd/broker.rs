@@ -39,13 +39,14 @@ Runs the embedded MQTT 3.1.1 broker (CORE 11) until SIGTERM or SIGINT. Prints
 unless it runs anonymous; log lines go to stderr.
 
 Supported: MQTT 3.1.1 (protocol level 4) for one broker, with any 3.1.1 client (mosquitto_pub
-and mosquitto_sub, paho, mam's own):
+and mosquitto_sub, paho, mam's own), and MQTT 3.1 clients (`MQIsdp`, level 3) alike:
   - QoS 0, 1 and 2 in both directions (an inbound QoS 2 message is routed once, on PUBLISH;
     packet ids in flight are never reused);
   - retained messages (an empty retained payload clears the topic), replayed with retain=1 to
     a new subscription;
-  - will messages, sent on any end but DISCONNECT (the socket closed, a protocol error,
-    1.5 x keepalive of silence, a takeover by the same client id), with their QoS and retain flag;
+  - will messages, sent when the connection ends without DISCONNECT (the socket closed, a
+    protocol error, 1.5 x keepalive of silence), with their QoS and retain flag; not when the
+    same client id connects again (a takeover closes the older connection without its will);
   - persistent sessions (CleanSession=0): subscriptions and QoS 1/2 messages kept while the
     client is away, at most 1000 messages or 16 MiB per absent client (the newest dropped past
     that, logged); unacknowledged PUBLISHes re-sent with DUP=1, and PUBRELs, on reconnect;
@@ -59,7 +60,7 @@ and mosquitto_sub, paho, mam's own):
     changes of at most the last interval. A file that cannot be trusted or read (a symlink,
     not yours, open to group or others, over --max-state-bytes, truncated or damaged) is moved
     to broker.state.bad with a WARNING, and the broker starts without it.
-Not supported: MQTT 3.1 and 5 (CONNACK 0x01); TLS and websockets (put a proxy in front);
+Not supported: MQTT 5 (CONNACK 0x01); TLS and websockets (put a proxy in front);
 bridges and clusters; per-topic ACLs (one username for every client); $SYS topics but
 $SYS/broker/version (`mam broker <version>`, replayed as if retained, as mosquitto does); QoS 0
 messages for absent clients (not queued, as mosquitto's default); retransmission on a live
@@ -82,8 +83,10 @@ Options:
   --password-file F             (together) the password: the file's content without its
                                 trailing newline; no credential file is written
   --max-packet BYTES            largest accepted packet (default 1048576)
-  --max-connections N           open connections; more are closed at once (default 1000,
-                                lowered to fit the open-file limit, one descriptor each)
+  --max-connections N           open connections (default: every descriptor the open-file
+                                limit leaves after a reserve of 16, one each; a larger N is
+                                lowered to that); at the cap a new connection closes the
+                                oldest one that has not completed CONNECT, else it is closed
   --max-subscriptions N         subscriptions per client; more get 0x80 (default 100)
   --max-retained-bytes BYTES    retained topics and payloads in all (default 67108864)
   --max-retained-message BYTES  largest retained payload kept (default 1048576); a retained
@@ -110,7 +113,8 @@ struct Args {
     password_file: Option<PathBuf>,
     allow_anonymous: bool,
     max_packet: usize,
-    max_connections: usize,
+    /// None: as many as the open-file limit allows.
+    max_connections: Option<usize>,
     max_subscriptions: usize,
     max_retained_bytes: usize,
     max_retained_message: usize,
@@ -131,7 +135,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         password_file: None,
         allow_anonymous: false,
         max_packet: broker::DEFAULT_MAX_PACKET,
-        max_connections: broker::DEFAULT_MAX_CONNECTIONS,
+        max_connections: None,
         max_subscriptions: broker::DEFAULT_MAX_SUBSCRIPTIONS,
         max_retained_bytes: broker::DEFAULT_MAX_RETAINED_BYTES,
         max_retained_message: broker::DEFAULT_MAX_PACKET,
@@ -163,7 +167,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 a.max_packet = knob::flag("--max-packet", &p.value()?, 64)? as usize;
             }
             Long("allow-anonymous") => a.allow_anonymous = true,
-            Long("max-connections") => a.max_connections = knob::flag("--max-connections", &p.value()?, 1)? as usize,
+            Long("max-connections") => {
+                a.max_connections = Some(knob::flag("--max-connections", &p.value()?, 1)? as usize)
+            }
             Long("max-subscriptions") => {
                 a.max_subscriptions = knob::flag("--max-subscriptions", &p.value()?, 1)? as usize;
             }
@@ -233,15 +239,20 @@ fn workspace_creds(ctx: &Ctx, path: &std::path::Path) -> Result<Creds, Failure> 
     Creds::generate(0).map_err(|e| Failure::runtime(format!("broker credentials: no random bytes ({e})")))
 }
 
-/// Raises the soft open-file limit to the hard one, then lowers `max` so that `max` connections
-/// fit it (one descriptor each, 64 kept for everything else), with a NOTE when it had to be lowered.
-fn fit_descriptor_limit(ctx: &Ctx, max: usize) -> usize {
+/// Raises the soft open-file limit to the hard one; the connections that fit it then (one
+/// descriptor each, after those open now and `broker::RESERVED_FDS` for the broker's own files) are
+/// the cap, or `max` when given and smaller, with a NOTE when a given `max` had to be lowered
+/// (issue 31: every descriptor the limit allows serves a client, as with mosquitto).
+fn fit_descriptor_limit(ctx: &Ctx, max: Option<usize>) -> usize {
     let limit = sys::raise_nofile_limit().unwrap_or_else(|e| {
         ctx.diag(&format!("NOTE: broker: cannot raise the open-file limit: {e}"));
         sys::nofile_limit()
     });
-    let Some(limit) = limit else { return max };
-    let room = (usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(64) / broker::FDS_PER_CONNECTION).max(1);
+    let Some(limit) = limit else { return max.unwrap_or(broker::DEFAULT_MAX_CONNECTIONS) };
+    let open = sys::proc_fd_count(std::process::id() as i32).unwrap_or(8);
+    let used = open + broker::RESERVED_FDS;
+    let room = (usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(used) / broker::FDS_PER_CONNECTION).max(1);
+    let Some(max) = max else { return room };
     if max <= room {
         return max;
     }

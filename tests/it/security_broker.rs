@@ -404,3 +404,77 @@ fn i4_an_agents_publish_line_from_anywhere_reaches_the_default_broker() {
     s.expect_rc(0);
     assert!(s.stdout().contains("\"running\""), "{}", s.stdout());
 }
+
+/// Issue 31 item 2: under `ulimit -n 1024` the broker serves 1,000 logged-in clients and one more
+/// (it kept 64 descriptors back and capped at 1,000 before: 960 were served), every one of them
+/// still served at the end.
+#[test]
+fn i31_under_ulimit_1024_the_broker_serves_1000_clients_and_one_more() {
+    if !have_tool("prlimit", "MAM_REQUIRE_SETPRIV") {
+        return;
+    }
+    let td = TestDir::new("i31-slots");
+    let b = BrokerProc::start_under(&td, &["prlimit", "--nofile=1024:1024", "--"], &[]);
+    let pass = workspace_creds(&td).password.expose().to_string();
+    let mut clients = Vec::new();
+    for i in 0..1001 {
+        let (c, code) = login(b.addr, &format!("slot-{i}"), Some("mam"), Some(&pass));
+        assert_eq!(code, 0, "client {} of 1001 refused; log {:#?}", i + 1, b.log());
+        clients.push(c);
+    }
+    let (first, last) = (0, clients.len() - 1);
+    clients[last].subscribe(&[("slots/t", 1)]);
+    clients[first].publish("slots/t", b"served", 1, false);
+    assert_eq!(clients[last].expect_publish(), "publish slots/t \"served\" q1 r0");
+}
+
+/// Issue 29 item 6: another user (uid 65534) holds every connection slot with silent sockets and
+/// keeps opening more; an authorised client still gets in, 15 times of 15: at the cap a new
+/// connection takes the place of the oldest one that has not completed CONNECT.
+#[test]
+fn i29_an_authorised_client_gets_in_while_another_user_holds_every_slot() {
+    if !have_tool("setpriv", "MAM_REQUIRE_SETPRIV") || !have_tool("python3", "MAM_REQUIRE_PYTHON3") {
+        return;
+    }
+    let td = TestDir::new("i29-slots");
+    let b = BrokerProc::start(&td, &["--max-connections", "64"]);
+    let pass = workspace_creds(&td).password.expose().to_string();
+    // Opens 64 silent sockets, says so, then keeps opening one more every few milliseconds (each
+    // new one held, the oldest dropped when closed by the broker) until stdin closes.
+    let script = format!(
+        "import socket,sys,select,time\n\
+         held=[socket.create_connection(('127.0.0.1',{port})) for _ in range(64)]\n\
+         print('held',flush=True)\n\
+         while not select.select([sys.stdin],[],[],0.005)[0]:\n\
+         \x20   try: held.append(socket.create_connection(('127.0.0.1',{port}),timeout=1))\n\
+         \x20   except OSError: pass\n\
+         \x20   held=held[-400:]\n",
+        port = b.addr.port()
+    );
+    let python = if std::path::Path::new("/usr/bin/python3").exists() { "/usr/bin/python3" } else { "python3" };
+    let mut attacker = td
+        .command("setpriv")
+        // The system python: a pyenv shim under root's home is not another user's to run.
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", &script])
+        .cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(attacker.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "held", "the attacker holds its sockets");
+    b.wait_log("max-connections 64 reached");
+    let mut got_in = 0;
+    for i in 0..15 {
+        let mut r = Raw::open(b.addr);
+        r.send(&connect_bytes(&format!("root-{i}"), 60, true, Some("mam"), Some(pass.as_bytes())));
+        if let Next::Packet(Got::Connack { code: 0, .. }) = r.next(Duration::from_secs(5)) {
+            got_in += 1;
+        }
+    }
+    drop(attacker.stdin.take());
+    let _ = attacker.kill();
+    let _ = attacker.wait();
+    assert_eq!(got_in, 15, "authorised clients that got in while another user held every slot; log {:#?}", b.log());
+}

@@ -123,7 +123,7 @@ fn broker_help_states_what_is_supported_and_what_is_not() {
     ] {
         assert!(yes.contains(want), "supported: {want:?} missing from\n{help}");
     }
-    for want in ["MQTT 3.1 and 5", "TLS", "websockets", "bridges", "ACLs", "$SYS", "QoS 0"] {
+    for want in ["MQTT 5", "TLS", "websockets", "bridges", "ACLs", "$SYS", "QoS 0"] {
         assert!(no.split("\n\n").next().unwrap().contains(want), "not supported: {want:?} missing from\n{help}");
     }
 }

@@ -2,15 +2,16 @@
 
 use super::*;
 
-fn raw_connect_level(level: u8) -> Vec<u8> {
-    let name: &[u8] = if level == 3 { b"MQIsdp" } else { b"MQTT" };
+/// A CONNECT naming protocol `name` at `level`, CleanSession=1, keepalive 60, client id `id`.
+fn raw_connect(name: &[u8], level: u8, id: &str) -> Vec<u8> {
     let mut body = vec![0, name.len() as u8];
     body.extend_from_slice(name);
     body.extend_from_slice(&[level, 0x02, 0, 60]);
     if level == 5 {
         body.push(0); // properties length
     }
-    body.extend_from_slice(&[0, 2, b'c', b'x']);
+    body.extend_from_slice(&[0, id.len() as u8]);
+    body.extend_from_slice(id.as_bytes());
     let mut out = vec![0x10, body.len() as u8];
     out.extend(body);
     out
@@ -19,13 +20,49 @@ fn raw_connect_level(level: u8) -> Vec<u8> {
 #[test]
 fn k2_other_protocol_levels_get_0x01() {
     let b = start();
-    for level in [3u8, 5] {
-        let (mut c, code) = Raw::connect_with(b.addr(), &raw_connect_level(level));
-        assert_eq!(code, 1, "level {level}");
+    for (name, level) in [(&b"MQTT"[..], 5u8), (b"MQTT", 3), (b"MQIsdp", 4)] {
+        let (mut c, code) = Raw::connect_with(b.addr(), &raw_connect(name, level, "cx"));
+        assert_eq!(code, 1, "{} level {level}", String::from_utf8_lossy(name));
         c.expect_closed(WAIT);
-        wait_log(&b, &format!("unsupported protocol level {level}; only 4 (3.1.1)"));
+        wait_log(&b, &format!("unsupported protocol level {level}; only 4 (MQTT 3.1.1) and 3 (MQTT 3.1, MQIsdp)"));
     }
 }
+
+/// Issue 31 item 4: an MQTT 3.1 client (`MQIsdp`, level 3) is accepted as by mosquitto: it
+/// subscribes, publishes and receives like a 3.1.1 client; other levels of either name get 0x01,
+/// and an empty 3.1 client id 0x02.
+fn mqtt31(addr: SocketAddr) -> Vec<String> {
+    let t = prefix();
+    let mut out = Vec::new();
+    let (mut old, code) = Raw::connect_with(addr, &raw_connect(b"MQIsdp", 3, &format!("{t}-31")));
+    out.push(format!("MQIsdp 3: CONNACK {code}"));
+    out.push(format!("suback {:?}", old.subscribe(&[(&format!("{t}/a"), 1)])));
+    let mut new = Raw::connect(addr, &format!("{t}-311"));
+    new.subscribe(&[(&format!("{t}/b"), 1)]);
+    new.publish(&format!("{t}/a"), b"from 3.1.1", 1, false);
+    out.push(old.expect_publish().replace(&t, "T"));
+    old.publish(&format!("{t}/b"), b"from 3.1", 1, false);
+    out.push(new.expect_publish().replace(&t, "T"));
+    for (name, level, id) in [(&b"MQIsdp"[..], 3u8, ""), (b"MQIsdp", 4, "x"), (b"MQTT", 3, "x")] {
+        let (_, code) = Raw::connect_with(addr, &raw_connect(name, level, id));
+        out.push(format!("{} {level} id {id:?}: CONNACK {code}", String::from_utf8_lossy(name)));
+    }
+    out
+}
+
+same_on_both!(
+    mqtt_3_1_mqisdp_clients_are_accepted,
+    mqtt31,
+    [
+        "MQIsdp 3: CONNACK 0",
+        "suback [1]",
+        "publish T/a \"from 3.1.1\" q1 r0",
+        "publish T/b \"from 3.1\" q1 r0",
+        "MQIsdp 3 id \"\": CONNACK 2",
+        "MQIsdp 4 id \"x\": CONNACK 1",
+        "MQTT 3 id \"x\": CONNACK 1",
+    ]
+);
 
 #[test]
 fn k6_auth_codes() {

@@ -477,7 +477,29 @@ const PROC_WAIT: Duration = Duration::from_secs(10);
 
 impl BrokerProc {
     pub(crate) fn start(td: &TestDir, extra: &[&str]) -> BrokerProc {
-        let mut cmd = td.mam().args(["broker", "--port", "0"]).args(extra).cmd;
+        BrokerProc::start_under(td, &[], extra)
+    }
+
+    /// `start` with `mam` run by `wrapper` (a program and its arguments, `mam ...` appended; the
+    /// same environment and directory), e.g. `prlimit --nofile=1024:1024 --`.
+    pub(crate) fn start_under(td: &TestDir, wrapper: &[&str], extra: &[&str]) -> BrokerProc {
+        let mam = td.mam().args(["broker", "--port", "0"]).args(extra).cmd;
+        let mut cmd = match wrapper.split_first() {
+            None => mam,
+            Some((prog, args)) => {
+                let mut c = Command::new(prog);
+                c.args(args).arg(mam.get_program()).args(mam.get_args()).env_clear().stdin(Stdio::null());
+                for (k, v) in mam.get_envs() {
+                    if let Some(v) = v {
+                        c.env(k, v);
+                    }
+                }
+                if let Some(d) = mam.get_current_dir() {
+                    c.current_dir(d);
+                }
+                c
+            }
+        };
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         let (stdout, stderr) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));

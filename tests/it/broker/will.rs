@@ -47,6 +47,60 @@ fn graceful(addr: SocketAddr) -> Vec<String> {
 
 same_on_both!(mqtt_3_1_2_10_no_will_after_disconnect, graceful, [] as [&str; 0]);
 
+/// Issue 31 item 3: a takeover (the same client id connecting again, MQTT-3.1.4-2) closes the older
+/// connection without its will: the will is for an unexpected loss, and the client is back. The
+/// watcher sees only the sentinel, then (after the new connection's own abnormal end) its will once.
+/// `clean`: the CleanSession flag of both CONNECTs.
+fn takeover(addr: SocketAddr, clean: bool) -> Vec<String> {
+    let t = prefix();
+    let mut w = watcher(addr, &t);
+    let id = format!("{t}-w");
+    let connect = connect_will(&id, 60, clean, &format!("{t}/will"), b"gone", 1, false);
+    let (mut old, code) = Raw::connect_with(addr, &connect);
+    assert_eq!(code, 0, "the first CONNECT is accepted");
+    let (new, code) = Raw::connect_with(addr, &connect);
+    assert_eq!(code, 0, "the second CONNECT with the same id is accepted");
+    old.expect_closed(WAIT);
+    let mut p = Raw::connect(addr, &format!("{t}-p"));
+    p.publish(&format!("{t}/end"), b"", 0, false);
+    let mut out: Vec<String> = until_sentinel(&mut w, &format!("{t}/end")).iter().map(|l| l.replace(&t, "T")).collect();
+    // A will sent by mistake could come after the sentinel (two connections, no order).
+    if let Next::Packet(got) = w.next(Duration::from_millis(300)) {
+        out.push(format!("{got:?}").replace(&t, "T"));
+    }
+    out.push("-- new connection dropped".into());
+    drop(new);
+    out.push(w.expect_publish().replace(&t, "T"));
+    if !clean {
+        // Leave no stored session behind.
+        Raw::connect(addr, &id).disconnect();
+    }
+    out
+}
+
+same_on_both!(
+    takeover_of_a_persistent_session_closes_the_older_connection_without_its_will,
+    |addr| takeover(addr, false),
+    ["-- new connection dropped", "publish T/will \"gone\" q1 r0"]
+);
+
+/// The same with CleanSession=1, where mosquitto 2.0 differs (pinned here): it sends the old will
+/// when the takeover ends the session (the old or the new CONNECT has CleanSession=1), and a will
+/// watcher of a clean-session client sees a false "gone" at every reconnect. mam never does
+/// (docs/DESIGN.md).
+#[test]
+fn takeover_of_a_clean_session_closes_the_older_connection_without_its_will() {
+    let b = start();
+    let ours = takeover(b.addr(), true).join("\n");
+    eqnice!("-- new connection dropped\npublish T/will \"gone\" q1 r0", ours);
+    if have_tool("mosquitto", "MAM_REQUIRE_MOSQUITTO") {
+        let td = TestDir::new("mosquitto");
+        let m = Mosquitto::start(&td, anonymous);
+        let theirs = takeover(m.addr(), true).join("\n");
+        eqnice!("publish T/will \"gone\" q1 r0\n-- new connection dropped\npublish T/will \"gone\" q1 r0", theirs);
+    }
+}
+
 /// MQTT-3.1.2-17: a will with retain=1 is published as a retained message: live subscribers get
 /// it with retain 0 (MQTT-3.3.1-9), a later subscriber with retain 1; QoS 2 is honoured.
 fn retained_will(addr: SocketAddr) -> Vec<String> {
