@@ -12,6 +12,7 @@
 //! A foundation for pane, heartbeat, session and delegate: it imports only `sys`, `ctx` and `text`,
 //! never prints and never reads the process environment (the caller's variables come from `Ctx`).
 
+pub mod allow;
 pub mod artifacts;
 pub mod inuse;
 pub mod purge;

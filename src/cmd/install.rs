@@ -248,5 +248,29 @@ pub fn run_remove(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let o = options(ctx, t, "remove")?;
     let mut r = Report::default();
     let res = install::remove::remove(&o, &sessions, a.dry_run, &mut r);
+    if res.is_ok() && !a.dry_run {
+        revoke_approvals(ctx, &o.target, &sessions, &mut r);
+    }
     render(ctx, "remove", r, res)
+}
+
+/// Issue 30: what is left of mam's claude allow rule (`agents::allow`) goes with mam: from the
+/// repository's own `.claude/settings.local.json` and from the directory of each session it recorded
+/// (`stop` removes it too; this catches a rule a crash left behind).
+fn revoke_approvals(ctx: &Ctx, t: &std::path::Path, sessions: &std::path::Path, r: &mut Report) {
+    let Ok(mam) = crate::ops::mam_exe(ctx) else { return };
+    let rule = crate::agents::allow::claude_rule(&mam);
+    let mut dirs = vec![t.to_path_buf()];
+    if let Ok(doc) = crate::session::load(sessions) {
+        dirs.extend(doc.herdr_sessions.iter().filter_map(|row| row.cwd().map(std::path::PathBuf::from)));
+    }
+    dirs.sort();
+    dirs.dedup();
+    for d in dirs {
+        match crate::agents::allow::remove(&d, &rule) {
+            Ok(true) => r.note(format!("removed {rule} from {}", crate::agents::allow::claude_settings(&d).display())),
+            Ok(false) => {}
+            Err(e) => r.warn(format!("mam's allow rule not removed: {e}")),
+        }
+    }
 }
