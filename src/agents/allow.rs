@@ -1,8 +1,9 @@
 //! The one approval rule mam owns (issue 30 "Approvals"): in claude's default permission mode every
 //! Bash command not already allowed waits at "This command requires approval", mam's own publish
-//! lines included. `mam create claude` (and `resume`) adds ONE project-local allow rule,
-//! `Bash(<abs mam> publish *)`, to `<cwd>/.claude/settings.local.json`; `mam stop` and `mam remove`
-//! take exactly that string out again. Nothing else the agent does is approved by mam.
+//! lines included, and its Write tool asks "Create file" for the report the brief names. `mam create
+//! claude` (and `resume`) adds two project-local allow rules to `<cwd>/.claude/settings.local.json`:
+//! `Bash(<abs mam> publish *)` and `Edit(/<abs registry>/*/report.md)`; `mam stop` and `mam remove`
+//! take exactly those strings out again. Nothing else the agent does is approved by mam.
 //!
 //! Observed with claude 2.1.197 (docs/AGENTS.md "claude"): the rule matches the brief's lines, whose
 //! binary is single-quoted (`'/p/mam' publish --registry-dir '…' …`): claude compares the command
@@ -27,6 +28,14 @@ use crate::sys;
 /// The rule for the binary `mam` (its absolute path, as the brief's lines name it).
 pub fn claude_rule(mam: &Path) -> String {
     format!("Bash({} publish *)", mam.display())
+}
+
+/// The rules mam owns for a claude working with `registry`: its publish lines (`claude_rule`) and the
+/// report file each brief asks for, `<registry>/<jid>/report.md` (claude's Write tool asks "Create
+/// file" for it in default mode; an `Edit` rule covers every file-editing tool, and `//` starts an
+/// absolute path in its gitignore-style pattern).
+pub fn claude_rules(mam: &Path, registry: &Path) -> Vec<String> {
+    vec![claude_rule(mam), format!("Edit(/{}/*/report.md)", registry.display())]
 }
 
 /// `<dir>/.claude/settings.local.json`.
@@ -69,9 +78,9 @@ fn write_settings(path: &Path, m: &Map<String, Value>) -> Result<(), String> {
     sys::atomic_write_mode(path, text.as_bytes(), 0o644).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-/// Adds `rule` to `permissions.allow` of `<dir>/.claude/settings.local.json`, creating the file (and
+/// Adds `rules` to `permissions.allow` of `<dir>/.claude/settings.local.json`, creating the file (and
 /// `.claude`) when missing. Returns whether the file changed.
-pub fn add(dir: &Path, rule: &str) -> Result<bool, String> {
+pub fn add(dir: &Path, rules: &[String]) -> Result<bool, String> {
     let claude_dir = dir.join(".claude");
     match std::fs::symlink_metadata(&claude_dir) {
         Ok(m) if m.file_type().is_symlink() => {
@@ -94,17 +103,22 @@ pub fn add(dir: &Path, rule: &str) -> Result<bool, String> {
     let Some(allow) = allow.as_array_mut() else {
         return Err(format!("{}: `permissions.allow` is not a list; left as it is", path.display()));
     };
-    if allow.iter().any(|r| r.as_str() == Some(rule)) {
+    let before = allow.len();
+    for rule in rules {
+        if !allow.iter().any(|r| r.as_str() == Some(rule)) {
+            allow.push(Value::String(rule.clone()));
+        }
+    }
+    if allow.len() == before {
         return Ok(false);
     }
-    allow.push(Value::String(rule.to_string()));
     write_settings(&path, &m)?;
     Ok(true)
 }
 
-/// Takes exactly `rule` out of `permissions.allow` of `<dir>/.claude/settings.local.json`. Returns
+/// Takes exactly `rules` out of `permissions.allow` of `<dir>/.claude/settings.local.json`. Returns
 /// whether the file changed; a missing file or rule is no change.
-pub fn remove(dir: &Path, rule: &str) -> Result<bool, String> {
+pub fn remove(dir: &Path, rules: &[String]) -> Result<bool, String> {
     let path = claude_settings(dir);
     if std::fs::symlink_metadata(dir.join(".claude")).is_ok_and(|m| m.file_type().is_symlink()) {
         return Err(format!("{} is a symlink; mam does not write through it", dir.join(".claude").display()));
@@ -114,7 +128,7 @@ pub fn remove(dir: &Path, rule: &str) -> Result<bool, String> {
         return Ok(false);
     };
     let before = allow.len();
-    allow.retain(|r| r.as_str() != Some(rule));
+    allow.retain(|r| !rules.iter().any(|x| r.as_str() == Some(x)));
     if allow.len() == before {
         return Ok(false);
     }
@@ -145,12 +159,12 @@ mod tests {
         std::fs::create_dir_all(d.join(".claude")).unwrap();
         let user = r#"{"permissions":{"allow":["Bash(npm test)"],"deny":["Bash(rm *)"]},"env":{"A":"1"}}"#;
         std::fs::write(claude_settings(&d), user).unwrap();
-        let rule = claude_rule(Path::new("/opt/mam/mam"));
-        assert_eq!(rule, "Bash(/opt/mam/mam publish *)");
+        let rule = claude_rules(Path::new("/opt/mam/mam"), Path::new("/w/.mam/jobs"));
+        assert_eq!(rule, ["Bash(/opt/mam/mam publish *)", "Edit(//w/.mam/jobs/*/report.md)"]);
         assert!(add(&d, &rule).unwrap());
         assert!(!add(&d, &rule).unwrap(), "added once");
         let v: Value = serde_json::from_str(&std::fs::read_to_string(claude_settings(&d)).unwrap()).unwrap();
-        assert_eq!(v["permissions"]["allow"], json!(["Bash(npm test)", rule]));
+        assert_eq!(v["permissions"]["allow"], json!(["Bash(npm test)", rule[0], rule[1]]));
         assert_eq!(v["permissions"]["deny"], json!(["Bash(rm *)"]));
         assert_eq!(v["env"]["A"], "1");
         assert!(remove(&d, &rule).unwrap());
@@ -163,7 +177,7 @@ mod tests {
     #[test]
     fn a_file_mam_created_goes_with_its_rule() {
         let d = dir("own");
-        let rule = claude_rule(Path::new("/m"));
+        let rule = claude_rules(Path::new("/m"), Path::new("/r"));
         assert!(add(&d, &rule).unwrap());
         assert!(claude_settings(&d).is_file());
         assert!(remove(&d, &rule).unwrap());
@@ -178,11 +192,11 @@ mod tests {
         let target = d.join("elsewhere.json");
         std::fs::write(&target, "{}").unwrap();
         std::os::unix::fs::symlink(&target, claude_settings(&d)).unwrap();
-        assert!(add(&d, "Bash(x)").unwrap_err().contains("symlink"));
+        assert!(add(&d, &["Bash(x)".to_string()]).unwrap_err().contains("symlink"));
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "{}");
         std::fs::remove_file(claude_settings(&d)).unwrap();
         std::fs::write(claude_settings(&d), "[1]").unwrap();
-        assert!(add(&d, "Bash(x)").unwrap_err().contains("not a JSON object"));
+        assert!(add(&d, &["Bash(x)".to_string()]).unwrap_err().contains("not a JSON object"));
         assert_eq!(std::fs::read_to_string(claude_settings(&d)).unwrap(), "[1]");
         let _ = std::fs::remove_dir_all(&d);
     }

@@ -259,16 +259,25 @@ pub fn run_remove(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
 /// (`stop` removes it too; this catches a rule a crash left behind).
 fn revoke_approvals(ctx: &Ctx, t: &std::path::Path, sessions: &std::path::Path, r: &mut Report) {
     let Ok(mam) = crate::ops::mam_exe(ctx) else { return };
-    let rule = crate::agents::allow::claude_rule(&mam);
-    let mut dirs = vec![t.to_path_buf()];
+    let own = paths::resolve_unchecked(ctx, None).registry;
+    let mut places = vec![(t.to_path_buf(), own.clone()), (t.to_path_buf(), t.join(".mam").join("jobs"))];
     if let Ok(doc) = crate::session::load(sessions) {
-        dirs.extend(doc.herdr_sessions.iter().filter_map(|row| row.cwd().map(std::path::PathBuf::from)));
+        for row in doc.herdr_sessions.iter().filter(|row| row.agent == "claude") {
+            if let Some(cwd) = row.cwd() {
+                places.push((std::path::PathBuf::from(cwd), crate::session::stop::row_store(ctx, row).registry));
+            }
+        }
     }
-    dirs.sort();
-    dirs.dedup();
-    for d in dirs {
+    places.sort();
+    places.dedup();
+    for (d, registry) in places {
+        let rule = crate::agents::allow::claude_rules(&mam, &registry);
         match crate::agents::allow::remove(&d, &rule) {
-            Ok(true) => r.note(format!("removed {rule} from {}", crate::agents::allow::claude_settings(&d).display())),
+            Ok(true) => r.note(format!(
+                "removed {} from {}",
+                rule.join(" and "),
+                crate::agents::allow::claude_settings(&d).display()
+            )),
             Ok(false) => {}
             Err(e) => r.warn(format!("mam's allow rule not removed: {e}")),
         }

@@ -112,7 +112,7 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
     let b = pane::open(ctx, None)?;
     check_startable(ctx, b.name(), ad)?;
     let (args, chosen) = fresh_start(ad, &a.agent_args)?;
-    grant_approval(ctx, ad.kind, &w, notes);
+    grant_approval(ctx, ad.kind, &w, &resolved.registry, notes);
     let started_ms = clock::now_ms();
     let req = PlaceRequest {
         name: name.clone(),
@@ -125,13 +125,13 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
     let placed = match pane::place_and_start(b.as_ref(), &req, &knobs) {
         Ok(p) => p,
         Err(f) => {
-            revoke_approval(ctx, &doc, &name, &w, notes);
+            revoke_approval(ctx, &doc, &name, &w, &resolved.registry, notes);
             return Err(place_error(b.as_ref(), &f, &name, &w));
         }
     };
     let fail_after = |what: String, row_written: bool, notes: &mut Notes| -> SessionError {
         let left = verified_rollback(b.as_ref(), &placed, &name, &w, row_written.then_some(file.as_path()));
-        revoke_approval(ctx, &load(&file).unwrap_or_else(|_| doc.clone()), &name, &w, notes);
+        revoke_approval(ctx, &load(&file).unwrap_or_else(|_| doc.clone()), &name, &w, &resolved.registry, notes);
         SessionError::Failed(format!("{what}; {}", rollback_text(&left)))
     };
 

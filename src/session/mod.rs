@@ -269,17 +269,18 @@ impl Row {
 /// `<cwd>/.claude/settings.local.json` (`agents::allow`), so claude's default mode runs the brief's
 /// commands without an approval prompt. A failure is a warning: the agent then asks for approval, and
 /// `mam status` shows it waiting.
-pub fn grant_approval(ctx: &Ctx, kind: &str, cwd: &Path, notes: &mut Notes) {
+pub fn grant_approval(ctx: &Ctx, kind: &str, cwd: &Path, registry: &Path, notes: &mut Notes) {
     if kind != "claude" {
         return;
     }
     let rule = match crate::ops::mam_exe(ctx) {
-        Ok(m) => crate::agents::allow::claude_rule(&m),
+        Ok(m) => crate::agents::allow::claude_rules(&m, registry),
         Err(e) => return notes.warn(format!("no allow rule for mam's commands written ({e})")),
     };
     match crate::agents::allow::add(cwd, &rule) {
         Ok(true) => notes.note(format!(
-            "allowed {rule} in {} (removed again by stop)",
+            "allowed {} in {} (removed again by stop)",
+            rule.join(" and "),
             crate::text::show_path(&crate::agents::allow::claude_settings(cwd))
         )),
         Ok(false) => {}
@@ -289,7 +290,7 @@ pub fn grant_approval(ctx: &Ctx, kind: &str, cwd: &Path, notes: &mut Notes) {
 
 /// Issue 30: takes mam's allow rule out of `<cwd>/.claude/settings.local.json` once no running claude
 /// row of `doc` (other than `except`) works in that directory.
-pub fn revoke_approval(ctx: &Ctx, doc: &Sessions, except: &str, cwd: &Path, notes: &mut Notes) {
+pub fn revoke_approval(ctx: &Ctx, doc: &Sessions, except: &str, cwd: &Path, registry: &Path, notes: &mut Notes) {
     let shared = doc.herdr_sessions.iter().any(|r| {
         r.name != except && r.agent == "claude" && r.running() && r.cwd().is_some_and(|c| same_dir(Path::new(c), cwd))
     });
@@ -297,10 +298,11 @@ pub fn revoke_approval(ctx: &Ctx, doc: &Sessions, except: &str, cwd: &Path, note
         return;
     }
     let Ok(m) = crate::ops::mam_exe(ctx) else { return };
-    let rule = crate::agents::allow::claude_rule(&m);
+    let rule = crate::agents::allow::claude_rules(&m, registry);
     match crate::agents::allow::remove(cwd, &rule) {
         Ok(true) => notes.note(format!(
-            "removed {rule} from {}",
+            "removed {} from {}",
+            rule.join(" and "),
             crate::text::show_path(&crate::agents::allow::claude_settings(cwd))
         )),
         Ok(false) => {}

@@ -42,7 +42,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::ctx::Ctx;
-use crate::delegate::brief::{parse_commands, parse_prompt};
+use crate::delegate::brief::{parse_commands, parse_prompt, parse_report_path};
 
 const READ_DEADLINE: Duration = Duration::from_secs(30);
 const MAX_BODY: usize = 64 << 20;
@@ -51,6 +51,8 @@ const MAX_BODY: usize = 64 << 20;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     Shell(String),
+    /// Write a file: claude's `Write` tool; through the shell elsewhere.
+    Write(PathBuf, String),
     Text(String),
 }
 
@@ -181,8 +183,13 @@ fn serve(server: &Server, mut stream: TcpStream) -> std::io::Result<()> {
 impl Server {
     fn note(&self, api: &str, note: &Value, action: &Action) {
         let Some(log) = &self.log else { return };
+        let path;
         let (kind, text) = match action {
             Action::Shell(c) => ("shell", c),
+            Action::Write(p, _) => {
+                path = p.display().to_string();
+                ("write", &path)
+            }
             Action::Text(t) => ("text", t),
         };
         let mut line = json!({"t_ms": crate::clock::now_ms(), "api": api, "action": kind, "text": text});
@@ -336,6 +343,8 @@ pub fn behaviour(brief: &str) -> Behaviour {
 /// The plan for a brief: shell commands in order, ending in a text answer.
 pub fn plan(brief: &str, job: &str) -> Vec<Action> {
     let cmds = parse_commands(brief);
+    let report =
+        parse_report_path(brief).map(|p| Action::Write(p, format!("# Job {job}\n\nDone by mam's scripted model.\n")));
     let cmd = |k: &str| cmds.get(k).cloned().unwrap_or_else(|| format!("echo 'the brief has no {k} command'"));
     let start = Action::Shell(cmd("start"));
     let success = Action::Shell(cmd("success"));
@@ -345,11 +354,15 @@ pub fn plan(brief: &str, job: &str) -> Vec<Action> {
             start,
             Action::Shell(format!("echo 'mam-model: job {job} worked'")),
             Action::Shell(cmd("progress").replace("WHAT YOU ARE DOING", &format!("job {job} half done"))),
-            success,
-            done,
-        ],
+        ]
+        .into_iter()
+        .chain(report)
+        .chain([success, done])
+        .collect(),
         Behaviour::NeverRuns => vec![Action::Text("I read the brief but I will not run its commands.".into())],
-        Behaviour::WorksLong(s) => vec![start, Action::Shell(format!("sleep {s}")), success, done],
+        Behaviour::WorksLong(s) => {
+            [start, Action::Shell(format!("sleep {s}"))].into_iter().chain(report).chain([success, done]).collect()
+        }
         Behaviour::KilledMidCommand => {
             vec![start, Action::Shell("sleep 300".into()), Action::Text("The long command ended.".into())]
         }
@@ -368,9 +381,9 @@ pub fn decide(prompt: &str, done: usize) -> (Action, String) {
         return (Action::Text("I cannot read the brief this prompt names.".into()), job);
     };
     let plan = plan(&text, &job);
-    let shells = plan.iter().filter(|a| matches!(a, Action::Shell(_))).count();
-    let action = if done < shells {
-        plan.iter().filter(|a| matches!(a, Action::Shell(_))).nth(done).cloned()
+    let tools = plan.iter().filter(|a| !matches!(a, Action::Text(_))).count();
+    let action = if done < tools {
+        plan.iter().filter(|a| !matches!(a, Action::Text(_))).nth(done).cloned()
     } else {
         plan.iter().rev().find(|a| matches!(a, Action::Text(_))).cloned()
     };
@@ -388,6 +401,11 @@ fn anthropic_reply(stream: &mut TcpStream, n: u64, action: &Action, streaming: b
                    "input": {"command": c, "description": "Run the command the brief gives", "timeout": 600000}}),
             "tool_use",
         ),
+        Action::Write(p, t) => (
+            json!({"type": "tool_use", "id": format!("toolu_mam{n:06}"), "name": "Write",
+                   "input": {"file_path": p, "content": t}}),
+            "tool_use",
+        ),
     };
     if !streaming {
         let msg = json!({"id": id, "type": "message", "role": "assistant", "model": model, "content": [block],
@@ -400,7 +418,7 @@ fn anthropic_reply(stream: &mut TcpStream, n: u64, action: &Action, streaming: b
     sse(stream, "message_start", &start)?;
     let (empty, delta) = match action {
         Action::Text(t) => (json!({"type": "text", "text": ""}), json!({"type": "text_delta", "text": t})),
-        Action::Shell(_) => {
+        Action::Shell(_) | Action::Write(..) => {
             let mut b = block.clone();
             let input = b["input"].take();
             b["input"] = json!({});
@@ -421,17 +439,29 @@ fn anthropic_reply(stream: &mut TcpStream, n: u64, action: &Action, streaming: b
 
 fn responses_reply(stream: &mut TcpStream, n: u64, action: &Action, tools: &[String]) -> std::io::Result<()> {
     let id = format!("resp_mam{n:06}");
-    let item = match action {
-        Action::Text(t) => json!({"type": "message", "role": "assistant", "id": format!("msg_mam{n:06}"),
-            "content": [{"type": "output_text", "text": t, "annotations": []}]}),
-        Action::Shell(c) => {
+    let q = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let shell = match action {
+        Action::Shell(c) => Some(c.clone()),
+        // codex has no file tool of this shape: the report is written through its shell.
+        Action::Write(p, t) => Some(format!("printf '%s' {} > {}", q(t), q(&p.to_string_lossy()))),
+        Action::Text(_) => None,
+    };
+    let item = match (action, shell) {
+        (_, Some(c)) => {
+            // A long yield: the model waits for the command's end as a blocking tool would (a sleep
+            // of the plan is one step, not a poll).
             let (name, args) = if tools.iter().any(|t| t == "exec_command") || !tools.iter().any(|t| t == "shell") {
-                ("exec_command", json!({"cmd": c, "yield_time_ms": 10000}))
+                ("exec_command", json!({"cmd": c, "yield_time_ms": 600000}))
             } else {
                 ("shell", json!({"command": ["bash", "-lc", c], "timeout_ms": 600000}))
             };
             json!({"type": "function_call", "id": format!("fc_mam{n:06}"), "call_id": format!("call_mam{n:06}"),
                    "name": name, "arguments": args.to_string()})
+        }
+        (_, None) => {
+            let t = if let Action::Text(t) = action { t.as_str() } else { "" };
+            json!({"type": "message", "role": "assistant", "id": format!("msg_mam{n:06}"),
+                   "content": [{"type": "output_text", "text": t, "annotations": []}]})
         }
     };
     sse_head(stream)?;

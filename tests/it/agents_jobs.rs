@@ -1,0 +1,153 @@
+//! The real agent CLIs doing real jobs (issue 30): claude and codex, in their DEFAULT permission and
+//! sandbox modes, talk to the scripted model (`mam test-double model`, src/testdouble/model.rs) on
+//! loopback, which reads mam's prompt and brief and runs the brief's commands through the CLI's own
+//! shell tool. One session gets job after job: create's onboarding job, a job done, a job that never
+//! starts (`agent_blocked`), a job done again; then stop.
+//!
+//! What each CLI does on the way (docs/AGENTS.md "claude", "codex"): claude runs mam's publish lines
+//! without an approval prompt because create wrote one allow rule into the project's
+//! `.claude/settings.local.json` (stop takes it out again); codex's default sandbox keeps its commands
+//! off the loopback broker, so its events reach the broker from disk through the daemon.
+//!
+//! Like agents_real.rs: skipped without `MAM_AGENTS_BIN` unless `MAM_REQUIRE_AGENTS=1`; a private HOME,
+//! self-updates off; every model call goes to the scripted model.
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::agents_real::{agent_procs, Backend, W};
+use crate::support::*;
+
+/// The scripted model of one test, ended with it.
+struct Model {
+    bg: Background,
+    url: String,
+    log: std::path::PathBuf,
+}
+
+impl Model {
+    fn start(w: &W) -> Model {
+        let log = w.td.path("model.log");
+        let mut bg =
+            w.td.mam().args(["test-double", "model", "--log"]).args([log.as_os_str()]).spawn_bg(&w.td, "model");
+        bg.wait_stdout("http://127.0.0.1:", Duration::from_secs(10));
+        let url = bg.stdout().trim().to_string();
+        Model { bg, url, log }
+    }
+
+    /// The tool results the CLI sent back for job `jid`.
+    fn results(&self, jid: &str) -> Vec<String> {
+        fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["job"] == jid)
+            .flat_map(|v| v["tool_results"].as_array().cloned().unwrap_or_default())
+            .filter_map(|r| r.as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        self.bg.signal(15);
+    }
+}
+
+/// One job: its stdout's last line and rc, and how long delegate-job took. It is delegated once the
+/// agent is idle at its input line: a prompt tmux typed while claude still ran its last turn after
+/// `completed` was lost (not queued, not on screen; issue 30 item 5, which the lead is fixing in the
+/// tmux backend; this wait keeps the test about the jobs meanwhile).
+fn job(w: &W, session: &str, task: &str, ack: u32) -> (i32, String, String, Duration) {
+    let idle = poll(Duration::from_secs(30), || {
+        w.mam(["status", session]).run().stdout().contains("\trunning\tidle\t").then_some(())
+    });
+    if idle.is_none() {
+        panic!("{session} not idle: {}\n--- screen\n{}", w.mam(["status", session]).run().stdout(), w.screen(session));
+    }
+    let f = w.td.write(&format!("task-{}.md", rand_hex(3)), task);
+    let t = Instant::now();
+    let r = w
+        .mam(["delegate-job", "--session", session, "--brief-file"])
+        .args([f.as_os_str()])
+        .args(["--ack-timeout", &ack.to_string(), "--heartbeat", "2", "--heartbeat-misses", "10", "--timeout", "90"])
+        .run_within(Duration::from_secs(120));
+    let took = t.elapsed();
+    let last = r.stdout().lines().last().unwrap_or_default().to_string();
+    (r.rc(), last, r.stderr(), took)
+}
+
+fn jobs(backend: Backend, kind: &str) {
+    let Some(mut w) = W::new(&format!("jobs_{kind}_{backend:?}"), backend, kind) else { return };
+    let model = Model::start(&w);
+    // The CLI reaches the model on loopback, never through the (closed) proxy W sets.
+    w.env.push(("NO_PROXY".into(), "127.0.0.1,localhost".into()));
+    w.env.push(("no_proxy".into(), "127.0.0.1,localhost".into()));
+    w.env.push(("ANTHROPIC_BASE_URL".into(), model.url.clone().into()));
+    // Onboarding is a job too: T of 60 s (the model answers at once; a prompt waiting for approval
+    // would show as agent_blocked here).
+    w.env.push(("MAM_ACK_TIMEOUT_S".into(), "60".into()));
+    if kind == "codex" {
+        fs::create_dir_all(w.home.join(".codex")).unwrap();
+        fs::write(
+            w.home.join(".codex/config.toml"),
+            format!(
+                "model_provider = \"mam\"\nmodel = \"mam-scripted-model\"\n[model_providers.mam]\nname = \"mam\"\n\
+                 base_url = \"{}/v1\"\nwire_api = \"responses\"\nenv_key = \"OPENAI_API_KEY\"\n",
+                model.url
+            ),
+        )
+        .unwrap();
+    }
+    let t0 = Instant::now();
+    // 1. create, with its onboarding job done by the agent.
+    let r = w.mam(["create", kind, "--name", "j1"]).run_within(Duration::from_secs(150));
+    let created = t0.elapsed();
+    assert_eq!(r.rc(), 0, "{kind}: create: {}\n{}\n--- screen\n{}", r.stdout(), r.stderr(), w.screen("j1"));
+    let onboard = kv(&r.stdout(), "ONBOARD_JOB");
+    let settings = w.td.ws().join(".claude/settings.local.json");
+    if kind == "claude" {
+        let v: Value = serde_json::from_str(&fs::read_to_string(&settings).unwrap()).unwrap();
+        let bash = format!("Bash({} publish *)", mam_bin().display());
+        let report = format!("Edit(/{}/*/report.md)", w.td.ws().join(".mam/jobs").display());
+        assert_eq!(v["permissions"]["allow"], serde_json::json!([bash, report]), "{v}");
+    }
+    // 2. A job done: started, a real shell command, progress, completed.
+    let (rc, last, err, t_done) = job(&w, "j1", "This agent does the job.\n", 30);
+    assert_eq!(rc, 0, "{kind}: {last}\n{err}\n--- screen\n{}", w.screen("j1"));
+    let jid = kv(&last, "JOB_ID");
+    assert!(last.contains("STATUS=completed"), "{last}");
+    let worked = format!("mam-model: job {jid} worked");
+    assert!(model.results(&jid).iter().any(|r| r.contains(&worked)), "{kind}: {:?}", model.results(&jid));
+    // 3. A job that never starts: agent_blocked, T after the prompt (plus the delivery grace the lead
+    // is taking out of T's start: asserted loosely here, issue 30 item 4).
+    let (rc, last, err, t_blocked) = job(&w, "j1", "This agent never runs mam's commands.\n", 5);
+    assert_eq!(rc, 3, "{kind}: {last}\n{err}\n--- screen\n{}", w.screen("j1"));
+    assert!(last.contains("STATUS=agent_blocked"), "{last}");
+    assert!(t_blocked < Duration::from_secs(30), "{kind}: agent_blocked after {t_blocked:?}");
+    // 4. Done again: the session is not locked out by the verdict before.
+    let (rc, last, err, t_again) = job(&w, "j1", "This agent does the job again.\n", 30);
+    assert_eq!(rc, 0, "{kind}: {last}\n{err}\n--- screen\n{}", w.screen("j1"));
+    assert!(last.contains("STATUS=completed"), "{last}");
+    // 5. stop: the CLI is gone, and so is mam's allow rule (the file mam created with it).
+    w.mam(["stop", "j1"]).run_within(Duration::from_secs(30)).expect_rc(0);
+    wait_until(&format!("no {kind} process left"), Duration::from_secs(10), || agent_procs(&w.home).is_empty());
+    assert!(!settings.exists(), "{kind}: {:?}", fs::read_to_string(&settings));
+    eprintln!(
+        "{kind} on {backend:?}: create+onboard {created:?} ({onboard}), done {t_done:?}, agent_blocked (T=5) \
+         {t_blocked:?}, done {t_again:?}, all {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn real_claude_does_jobs_on_tmux() {
+    jobs(Backend::Tmux, "claude");
+}
+
+#[test]
+fn real_codex_does_jobs_on_tmux() {
+    jobs(Backend::Tmux, "codex");
+}
