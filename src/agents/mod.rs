@@ -118,12 +118,17 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::Chosen("--session-id"),
         resume_args: &["--resume"],
         layout: Layout::Claude,
-        ready_lines: &["? for shortcuts"],
+        // The footer under the input line: `? for shortcuts` in the default mode; a mode the user
+        // chose replaces it (`⏵⏵ accept edits on`, `⏵⏵ bypass permissions on`, `⏸ plan mode on`).
+        ready_lines: &["? for shortcuts", "accept edits on", "bypass permissions on", "plan mode on"],
         ready_hold_ms: 0,
         startup_busy: &[],
+        // The bypass warning shows only when claude starts in bypass mode, which only the user's own
+        // arguments or settings ask for (mam never adds a mode): "1. No, exit / 2. Yes, I accept".
         dialogs: &[
             Dialog { screen: "Yes, I trust this folder", keys: &["enter"] },
             Dialog { screen: "Detected a custom API key", keys: &["1"] },
+            Dialog { screen: "running in Bypass Permissions mode", keys: &["2"] },
         ],
         working_marks: &["esc to interrupt", "Retrying in"],
     },

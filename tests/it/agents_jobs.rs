@@ -79,8 +79,13 @@ fn job(w: &W, session: &str, task: &str, ack: u32) -> (i32, String, String, Dura
     (r.rc(), last, r.stderr(), took)
 }
 
-fn jobs(backend: Backend, kind: &str) {
-    let Some(mut w) = W::new(&format!("jobs_{kind}_{backend:?}"), backend, kind) else { return };
+/// The whole sequence for `kind` started with the user's `args` (a permission mode) and `env`.
+fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
+    let tag = if args.is_empty() { "default".to_string() } else { rand_hex(2) };
+    let Some(mut w) = W::new(&format!("jobs_{kind}_{backend:?}_{tag}"), backend, kind) else { return };
+    for (k, v) in env {
+        w.env.push((k.to_string(), v.into()));
+    }
     let model = Model::start(&w);
     // The CLI reaches the model on loopback, never through the (closed) proxy W sets.
     w.env.push(("NO_PROXY".into(), "127.0.0.1,localhost".into()));
@@ -103,7 +108,7 @@ fn jobs(backend: Backend, kind: &str) {
     }
     let t0 = Instant::now();
     // 1. create, with its onboarding job done by the agent.
-    let r = w.mam(["create", kind, "--name", "j1"]).run_within(Duration::from_secs(150));
+    let r = w.mam(["create", kind, "--name", "j1", "--"]).args(args).run_within(Duration::from_secs(150));
     let created = t0.elapsed();
     assert_eq!(r.rc(), 0, "{kind}: create: {}\n{}\n--- screen\n{}", r.stdout(), r.stderr(), w.screen("j1"));
     let onboard = kv(&r.stdout(), "ONBOARD_JOB");
@@ -144,7 +149,7 @@ fn jobs(backend: Backend, kind: &str) {
     wait_until(&format!("no {kind} process left"), Duration::from_secs(10), || agent_procs(&w.home).is_empty());
     assert!(!settings.exists(), "{kind}: {:?}", fs::read_to_string(&settings));
     eprintln!(
-        "{kind} on {backend:?}: create+onboard {created:?} ({onboard}), done {t_done:?}, agent_blocked (T=5) \
+        "{kind} {args:?} on {backend:?}: create+onboard {created:?} ({onboard}), done {t_done:?}, agent_blocked (T=5) \
          {t_blocked:?}, done {t_again:?}, all {:?}",
         t0.elapsed()
     );
@@ -152,10 +157,25 @@ fn jobs(backend: Backend, kind: &str) {
 
 #[test]
 fn real_claude_does_jobs_on_tmux() {
-    jobs(Backend::Tmux, "claude");
+    jobs(Backend::Tmux, "claude", &[], &[]);
 }
 
 #[test]
 fn real_codex_does_jobs_on_tmux() {
-    jobs(Backend::Tmux, "codex");
+    jobs(Backend::Tmux, "codex", &[], &[]);
+}
+
+/// Every mode a user may choose passes create's ready check (claude's footer is no longer `? for
+/// shortcuts`) and does the jobs; bypass's warning dialog is answered because the user asked for the
+/// mode. As root claude refuses bypass unless IS_SANDBOX=1 (docs/AGENTS.md).
+#[test]
+fn real_claude_does_jobs_in_the_modes_a_user_chooses() {
+    jobs(Backend::Tmux, "claude", &["--permission-mode", "acceptEdits"], &[]);
+    jobs(Backend::Tmux, "claude", &["--permission-mode", "bypassPermissions"], &[("IS_SANDBOX", "1")]);
+    jobs(Backend::Tmux, "claude", &["--dangerously-skip-permissions"], &[("IS_SANDBOX", "1")]);
+}
+
+#[test]
+fn real_codex_does_jobs_without_its_sandbox() {
+    jobs(Backend::Tmux, "codex", &["--dangerously-bypass-approvals-and-sandbox"], &[]);
 }
