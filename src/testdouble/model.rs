@@ -24,7 +24,9 @@
 //! - `works long without speaking` [`for <S> s`]: start, `sleep <S>` (default 20), success, text;
 //! - `killed mid-command`: start, then `sleep 300` (the test kills the agent meanwhile);
 //! - `finishes its turn without completed`: start, then a text answer;
-//! - `asks the user a question`: start, then a text answer ending in a question mark.
+//! - `asks the user a question`: start, then a text answer ending in a question mark;
+//! - `needs an approval first`: `touch mam-model-approval` before start (claude's default mode asks
+//!   approval for it; the job then waits at the dialog), then the job as `does the job`.
 //!
 //! With no mam prompt in the conversation (`claude -p "say hi"`, a title request) it answers a line
 //! of text. Every request is logged as one JSON line to `--log` (when given): the API, the job, the
@@ -312,6 +314,7 @@ pub enum Behaviour {
     KilledMidCommand,
     FinishesWithoutCompleted,
     AsksAQuestion,
+    NeedsApproval,
 }
 
 /// The behaviour named in the `## Task` section of a brief (the whole text when it has none).
@@ -335,6 +338,8 @@ pub fn behaviour(brief: &str) -> Behaviour {
         Behaviour::FinishesWithoutCompleted
     } else if task.contains("asks the user a question") {
         Behaviour::AsksAQuestion
+    } else if task.contains("needs an approval first") {
+        Behaviour::NeedsApproval
     } else {
         Behaviour::DoesTheJob
     }
@@ -349,16 +354,19 @@ pub fn plan(brief: &str, job: &str) -> Vec<Action> {
     let start = Action::Shell(cmd("start"));
     let success = Action::Shell(cmd("success"));
     let done = Action::Text(format!("Job {job} is done."));
-    match behaviour(brief) {
-        Behaviour::DoesTheJob => vec![
-            start,
-            Action::Shell(format!("echo 'mam-model: job {job} worked'")),
-            Action::Shell(cmd("progress").replace("WHAT YOU ARE DOING", &format!("job {job} half done"))),
-        ]
-        .into_iter()
-        .chain(report)
-        .chain([success, done])
-        .collect(),
+    let b = behaviour(brief);
+    let first = (b == Behaviour::NeedsApproval).then(|| Action::Shell("touch mam-model-approval".into()));
+    match b {
+        Behaviour::DoesTheJob | Behaviour::NeedsApproval => first
+            .into_iter()
+            .chain([
+                start,
+                Action::Shell(format!("echo 'mam-model: job {job} worked'")),
+                Action::Shell(cmd("progress").replace("WHAT YOU ARE DOING", &format!("job {job} half done"))),
+            ])
+            .chain(report)
+            .chain([success, done])
+            .collect(),
         Behaviour::NeverRuns => vec![Action::Text("I read the brief but I will not run its commands.".into())],
         Behaviour::WorksLong(s) => {
             [start, Action::Shell(format!("sleep {s}"))].into_iter().chain(report).chain([success, done]).collect()

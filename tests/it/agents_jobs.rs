@@ -144,7 +144,19 @@ fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
     let (rc, last, err, t_again) = job(&w, "j1", "This agent does the job again.\n", 30);
     assert_eq!(rc, 0, "{kind}: {last}\n{err}\n--- screen\n{}", w.screen("j1"));
     assert!(last.contains("STATUS=completed"), "{last}");
-    // 5. stop: the CLI is gone, and so is mam's allow rule (the file mam created with it).
+    // 5. (claude, default mode) A command mam did not allow waits at claude's approval dialog: the job
+    // closes agent_blocked, and the reason says which approval the agent waits for.
+    if kind == "claude" && args.is_empty() {
+        let (rc, last, err, _) = job(&w, "j1", "This agent needs an approval first.\n", 5);
+        assert_eq!(rc, 3, "{kind}: {last}\n{err}\n--- screen\n{}", w.screen("j1"));
+        assert!(
+            err.contains("the agent waits for an approval (Bash command: touch mam-model-approval)"),
+            "{err}\n--- screen\n{}",
+            w.screen("j1")
+        );
+        assert!(!w.td.ws().join("mam-model-approval").exists(), "nothing approved it");
+    }
+    // 6. stop: the CLI is gone, and so is mam's allow rule (the file mam created with it).
     w.mam(["stop", "j1"]).run_within(Duration::from_secs(30)).expect_rc(0);
     wait_until(&format!("no {kind} process left"), Duration::from_secs(10), || agent_procs(&w.home).is_empty());
     assert!(!settings.exists(), "{kind}: {:?}", fs::read_to_string(&settings));
