@@ -535,7 +535,12 @@ mod tests {
         assert_eq!(p[0], Action::Shell("/m publish --event started --heartbeat 30".into()));
         assert_eq!(p[1], Action::Shell("echo 'mam-model: job j1 worked'".into()));
         assert_eq!(p[2], Action::Shell("/m publish --event progress --message 'job j1 half done'".into()));
-        assert_eq!(p[3], Action::Shell("/m publish --event completed".into()));
-        assert!(matches!(p[4], Action::Text(_)));
+        assert_eq!(p[3], Action::Write("/r/j1/report.md".into(), "# Job j1\n\nDone by mam's scripted model.\n".into()));
+        assert_eq!(p[4], Action::Shell("/m publish --event completed".into()));
+        assert!(matches!(p[5], Action::Text(_)));
+        // One tool call per request: the place in the plan is the number of calls made.
+        let a = plan(&brief("needs an approval first"), "j1");
+        assert_eq!(a[0], Action::Shell("touch mam-model-approval".into()));
+        assert_eq!(a[1], p[0]);
     }
 }
