@@ -191,3 +191,13 @@ fn real_claude_does_jobs_in_the_modes_a_user_chooses() {
 fn real_codex_does_jobs_without_its_sandbox() {
     jobs(Backend::Tmux, "codex", &["--dangerously-bypass-approvals-and-sandbox"], &[]);
 }
+
+#[test]
+fn real_claude_does_jobs_on_real_herdr() {
+    jobs(Backend::Herdr, "claude", &[], &[]);
+}
+
+#[test]
+fn real_codex_does_jobs_on_real_herdr() {
+    jobs(Backend::Herdr, "codex", &[], &[]);
+}
