@@ -2,7 +2,10 @@
 //! sandbox modes, talk to the scripted model (`mam test-double model`, src/testdouble/model.rs) on
 //! loopback, which reads mam's prompt and brief and runs the brief's commands through the CLI's own
 //! shell tool. One session gets job after job: create's onboarding job, a job done, a job that never
-//! starts (`agent_blocked`), a job done again; then stop.
+//! starts (`agent_blocked`), a job done again; in the default modes then a job waiting at claude's
+//! approval dialog (`agent_blocked`, the reason names the command), one the agent leaves without
+//! `completed` (open until its deadline) and one whose agent is killed mid-command (unresponsive);
+//! then stop.
 //!
 //! What each CLI does on the way (docs/AGENTS.md "claude", "codex"): claude runs mam's publish lines
 //! without an approval prompt because create wrote one allow rule into the project's
@@ -144,19 +147,84 @@ fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
     let (rc, last, err, t_again) = job(&w, "j1", "This agent does the job again.\n", 30);
     assert_eq!(rc, 0, "{kind}: {last}\n{err}\n--- screen\n{}", w.screen("j1"));
     assert!(last.contains("STATUS=completed"), "{last}");
-    // 5. (claude, default mode) A command mam did not allow waits at claude's approval dialog: the job
-    // closes agent_blocked, and the reason says which approval the agent waits for.
-    if kind == "claude" && args.is_empty() {
-        let (rc, last, err, _) = job(&w, "j1", "This agent needs an approval first.\n", 5);
-        assert_eq!(rc, 3, "{kind}: {last}\n{err}\n--- screen\n{}", w.screen("j1"));
-        assert!(
-            err.contains("the agent waits for an approval (Bash command: touch mam-model-approval)"),
-            "{err}\n--- screen\n{}",
-            w.screen("j1")
-        );
-        assert!(!w.td.ws().join("mam-model-approval").exists(), "nothing approved it");
+    if args.is_empty() {
+        // 5. The agent returns to its input line without `completed`: its timer beats while it lives, so
+        // the job stays open until its deadline (the lead's "waiting for you" state comes on top).
+        let f = w.td.write("nocompleted.md", "This agent finishes its turn without completed.\n");
+        let t = Instant::now();
+        let r = w
+            .mam(["delegate-job", "--session", "j1", "--brief-file"])
+            .args([f.as_os_str()])
+            .args(["--ack-timeout", "30", "--heartbeat", "2", "--heartbeat-misses", "3", "--timeout", "12"])
+            .run_within(Duration::from_secs(60));
+        assert_eq!(r.rc(), 4, "{kind}: {}\n{}", r.stdout(), r.stderr());
+        // codex in its sandbox has no heartbeat yet (issue 30, the lead's part): unresponsive after K x N
+        // instead; either way the job closes by itself.
+        let how = if kind == "codex" { "(unresponsive)" } else { "deadline of 12 s reached" };
+        assert!(r.stderr().contains("deadline of 12 s reached") || r.stderr().contains(how), "{}", r.stderr());
+        let t_open = t.elapsed();
+        // 6. (claude, default mode) A command mam did not allow waits at claude's approval dialog: the job
+        // closes agent_blocked, and the reason says which approval the agent waits for.
+        if kind == "claude" && args.is_empty() {
+            let (rc, last, err, _) = job(&w, "j1", "This agent needs an approval first.\n", 5);
+            assert_eq!(rc, 3, "{kind}: {last}\n{err}\n--- screen\n{}", w.screen("j1"));
+            assert!(
+                err.contains("the agent waits for an approval (Bash command: touch mam-model-approval)"),
+                "{err}\n--- screen\n{}",
+                w.screen("j1")
+            );
+            assert!(!w.td.ws().join("mam-model-approval").exists(), "nothing approved it");
+            // The user says no (Esc), and the agent waits at its input line again.
+            let pane = w.row("j1")["pane"]["id"].as_str().unwrap().to_string();
+            match (&w.tmux, &w.real) {
+                (Some(sock), _) => {
+                    std::process::Command::new("tmux")
+                        .args(["-L", sock, "send-keys", "-t", &pane, "Escape"])
+                        .output()
+                        .unwrap();
+                }
+                (None, Some(h)) => {
+                    h.herdr(&["pane", "send-keys", &pane, "Escape"]);
+                }
+                _ => unreachable!(),
+            }
+        }
+        // 7. The agent is killed mid-command: no heartbeat without it; unresponsive after K x N.
+        wait_until("j1 idle at its input line", Duration::from_secs(30), || {
+            w.mam(["status", "j1"]).run().stdout().contains("\trunning\tidle\t")
+        });
+        let f = w.td.write("killed.md", "This agent is killed mid-command.\n");
+        let mut bg = w
+            .mam(["delegate-job", "--session", "j1", "--brief-file"])
+            .args([f.as_os_str()])
+            .args(["--ack-timeout", "30", "--heartbeat", "2", "--heartbeat-misses", "3", "--timeout", "90"])
+            .spawn_bg(&w.td, "killed");
+        wait_until("the agent runs `sleep 300`", Duration::from_secs(30), || {
+            fs::read_to_string(&model.log).unwrap_or_default().contains("\"text\":\"sleep 300\"")
+        });
+        let before: Vec<i32> = agent_procs(&w.home).iter().map(|p| p.0).collect();
+        let killed = Instant::now();
+        for &p in &before {
+            let _ = mam::sys::kill(p, 9);
+        }
+        let (rc, _) = bg.wait(Duration::from_secs(60));
+        let t_dead = killed.elapsed();
+        assert_eq!(rc, 4, "{kind}: {}\n{}", bg.stdout(), bg.stderr());
+        assert!(bg.stderr().contains("(unresponsive)"), "{}", bg.stderr());
+        // K x N = 6 s after the last beat, at most N later than the kill (the lead makes it N + 2 s).
+        assert!(t_dead < Duration::from_secs(12), "{kind}: unresponsive {t_dead:?} after the kill");
+        // The command the agent ran outlives it (an orphaned `sleep 300`): end it here.
+        for p in mam::sys::list_pids().unwrap_or_default() {
+            let argv = mam::sys::proc_cmdline(p).unwrap_or_default();
+            let ours = mam::sys::proc_environ_var(p, "HOME").ok().flatten().as_deref()
+                == Some(w.home.as_os_str().as_encoded_bytes());
+            if ours && argv.first().is_some_and(|a| a.ends_with(b"sleep")) {
+                let _ = mam::sys::kill(p, 9);
+            }
+        }
+        eprintln!("{kind} on {backend:?}: no completed: deadline after {t_open:?}; killed: unresponsive {t_dead:?} after the kill");
     }
-    // 6. stop: the CLI is gone, and so is mam's allow rule (the file mam created with it).
+    // 8. stop: the CLI is gone, and so is mam's allow rule (the file mam created with it).
     w.mam(["stop", "j1"]).run_within(Duration::from_secs(30)).expect_rc(0);
     wait_until(&format!("no {kind} process left"), Duration::from_secs(10), || agent_procs(&w.home).is_empty());
     assert!(!settings.exists(), "{kind}: {:?}", fs::read_to_string(&settings));
