@@ -137,9 +137,52 @@ pub fn remove(dir: &Path, rules: &[String]) -> Result<bool, String> {
         && m.get("permissions").and_then(Value::as_object).is_some_and(|p| p.len() == 1);
     if only_ours {
         std::fs::remove_file(&path).map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+        // `.claude` too when that leaves it empty (mam created it; an empty one holds nothing of anyone's).
+        let _ = std::fs::remove_dir(dir.join(".claude"));
         return Ok(true);
     }
     write_settings(&path, &m)?;
+    Ok(true)
+}
+
+/// In a git work tree, makes git ignore `.claude/settings.local.json` through the repository's
+/// `info/exclude` (unless something ignores it already), so that mam's rules never show as an
+/// untracked file in a worktree check or a review diff. The line stays after stop: it only hides a
+/// local settings file. Returns whether the exclude file changed; outside a repository, nothing.
+pub fn git_exclude(dir: &Path) -> Result<bool, String> {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .env_remove("GIT_DIR")
+            .env_remove("GIT_WORK_TREE")
+            .env_remove("GIT_INDEX_FILE")
+            .stdin(std::process::Stdio::null())
+            .output()
+    };
+    let Ok(out) = git(&["rev-parse", "--git-path", "info/exclude"]) else { return Ok(false) };
+    if !out.status.success() {
+        return Ok(false);
+    }
+    let rel = String::from_utf8_lossy(&out.stdout).trim_end_matches(['\n', '\r']).to_string();
+    if git(&["check-ignore", "-q", ".claude/settings.local.json"]).is_ok_and(|o| o.status.success()) {
+        return Ok(false);
+    }
+    let path = dir.join(rel);
+    let mut text = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    if !text.is_empty() && !text.ends_with(b"\n") {
+        text.push(b'\n');
+    }
+    text.extend_from_slice(b"# mam: claude's local settings, where mam writes its allow rules\n.claude/settings.local.json\n");
+    if let Some(parent) = path.parent() {
+        sys::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    sys::atomic_write_mode(&path, &text, 0o644).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(true)
 }
 
@@ -182,6 +225,7 @@ mod tests {
         assert!(claude_settings(&d).is_file());
         assert!(remove(&d, &rule).unwrap());
         assert!(!claude_settings(&d).exists());
+        assert!(!d.join(".claude").exists(), "the directory mam created goes too");
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -284,7 +284,10 @@ pub fn grant_approval(ctx: &Ctx, kind: &str, cwd: &Path, registry: &Path, notes:
             crate::text::show_path(&crate::agents::allow::claude_settings(cwd))
         )),
         Ok(false) => {}
-        Err(e) => notes.warn(format!("the agent will ask approval for mam's commands: {e}")),
+        Err(e) => return notes.warn(format!("the agent will ask approval for mam's commands: {e}")),
+    }
+    if let Err(e) = crate::agents::allow::git_exclude(cwd) {
+        notes.warn(format!("git may list .claude/settings.local.json as untracked: {e}"));
     }
 }
 
