@@ -13,14 +13,18 @@
 # Usage: scripts/demo.sh [--backend tmux|herdr] [--agent KIND] [--keep]
 #   --backend B   the pane backend: tmux (default) or herdr (a private herdr server with its own HOME)
 #   --agent KIND  job 1 goes to a real agent of KIND (claude, codex ...) when it is installed; jobs 2 and
-#                 3 always use the fake agent (a real agent cannot be told to crash or to ignore a prompt)
+#                 3 always use the fake agent. claude and codex talk to mam's scripted model on loopback
+#                 (`mam test-double model`, docs/AGENTS.md): offline, in their default permission and
+#                 sandbox modes, they read the brief and run its commands through their own shell tool;
+#                 the agent's screen is shown at the end. The CLI is taken from PATH, else from
+#                 MAM_AGENTS_BIN, else from scripts/install_agents.sh's cache
 #   --keep        keep the temp directory and the agents' panes (their server stays up); prints how to
 #                 attach to them and how to clean up afterwards
 # Env: MAM_BIN (use this mam binary; else a release build in the target directory that is newer than the
 # sources, else an installed `mam` of this version on PATH that is newer than the sources, else the script
 # builds a release binary with cargo; a binary older than the sources is passed over), HERDR_BIN (the herdr
 # to use with --backend herdr; else herdr on PATH, else ../shared/herdr/herdr beside the repository),
-# TMPDIR.
+# TMPDIR, MAM_AGENTS_BIN.
 set -u -o pipefail
 
 N=1 K=3 T=5
@@ -30,7 +34,7 @@ while [ $# -gt 0 ]; do
     --backend) BACKEND=${2:?--backend needs tmux or herdr}; shift 2 ;;
     --agent) AGENT=${2:?--agent needs a kind}; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ERROR: demo: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -111,6 +115,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# scripts/install_agents.sh's cache, under the caller's HOME (before HOME becomes the demo's own).
+agents_bin=${MAM_AGENTS_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/mam-agents/node_modules/.bin}
 # The environment of every mam call (and, through the tmux server, of every pane).
 export HOME=$tmp/home WORKSPACE_ROOT=$ws MAM_ENV_FILE=$tmp/absent.env MAM_BIN=$mam
 export MAM_NO_SUBSCRIBER_DAEMON=1
@@ -130,9 +136,26 @@ if [ "$BACKEND" = herdr ]; then
 else
     export MAM_PANE_BACKEND=tmux MAM_TMUX_SOCKET=$sock
 fi
-real_agent=''
+real_agent='' model=''
 if [ "$AGENT" != fake ]; then
-    real_agent=$(command -v "$AGENT") || die "--agent $AGENT: not installed"
+    real_agent=$(command -v "$AGENT" || { [ -x "$agents_bin/$AGENT" ] && echo "$agents_bin/$AGENT"; }) ||
+        die "--agent $AGENT: not installed (scripts/install_agents.sh installs it)"
+    ln -s "$real_agent" "$tmp/bin/$AGENT"
+fi
+if [ "$AGENT" = claude ] || [ "$AGENT" = codex ]; then
+    # The scripted model: the CLI's model calls go to it, on loopback, with a made-up key; the CLI's
+    # private HOME holds what a user with network would have (claude's onboarding done, codex's provider).
+    "$mam" test-double model --log "$tmp/out/model.log" >"$tmp/out/model.url" 2>"$tmp/out/model.err" &
+    pids+=($!)
+    for _ in $(seq 100); do grep -q http "$tmp/out/model.url" && break; sleep 0.05; done
+    model=$(head -n 1 "$tmp/out/model.url")
+    [ -n "$model" ] || die "the scripted model did not start: $(cat "$tmp/out/model.err")"
+    export ANTHROPIC_BASE_URL=$model ANTHROPIC_API_KEY=sk-ant-demo-not-a-key OPENAI_API_KEY=sk-demo-not-a-key \
+        DISABLE_AUTOUPDATER=1 NPM_CONFIG_PREFIX=$tmp/npm NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
+    printf '{"hasCompletedOnboarding":true,"theme":"dark"}\n' >"$HOME/.claude.json"
+    mkdir -p "$HOME/.codex"
+    printf 'model_provider = "mam"\nmodel = "mam-scripted-model"\n[model_providers.mam]\nname = "mam"\nbase_url = "%s/v1"\nwire_api = "responses"\nenv_key = "OPENAI_API_KEY"\n' \
+        "$model" >"$HOME/.codex/config.toml"
 fi
 # The fake agents' kind: claude, unless the real agent is a claude (then codex).
 fake=claude
@@ -180,6 +203,8 @@ create worker-silent $fake "$tmp/never.script"
 
 # --- the three delegations, in parallel ---------------------------------------------------------------
 printf 'Write a two-line report saying hello, then run the success command.\n' >"$tmp/task.md"
+# The scripted model does the job this phrase names (docs/AGENTS.md); the fake agents ignore it.
+[ -n "$model" ] && printf 'This agent does the job: write a two-line report saying hello, then run the success command.\n' >"$tmp/task.md"
 declare -A want_status want_rc launched
 delegate() { # label session status rc [knobs...]
     local label=$1 session=$2
@@ -192,7 +217,10 @@ delegate() { # label session status rc [knobs...]
     echo $! >"$tmp/out/$label.pid"
 }
 fast=(--heartbeat $N --heartbeat-misses $K --ack-timeout $T --timeout 120)
-if [ -n "$real_agent" ]; then
+if [ -n "$model" ]; then
+    # The scripted model answers at once: the default N and K, T of 60 s, two minutes in all.
+    delegate completes "$ok_session" completed 0 --ack-timeout 60 --timeout 120
+elif [ -n "$real_agent" ]; then
     # A real agent reads its brief at its own pace: the default N, K and T, ten minutes in all.
     delegate completes "$ok_session" completed 0 --timeout 600
 else
@@ -209,6 +237,7 @@ fails=0 ndone=0
 declare -A done_=([none]=1)
 limit=50
 [ -n "$real_agent" ] && limit=620
+[ -n "$model" ] && limit=140
 deadline=$(($(date +%s) + limit))
 while [ "$ndone" -lt 3 ]; do
     [ "$(date +%s)" -lt "$deadline" ] || die "jobs still running after $limit s"
@@ -238,6 +267,11 @@ while [ "$ndone" -lt 3 ]; do
             report=$(sed -n 's/.* REPORT=\(.*\)$/\1/p' <<<"$last")
             [ -s "$report" ] && say "     the agent's report ($report): $(head -n 1 "$report")" ||
                 { say "BAD  no report at $report"; fails=$((fails + 1)); }
+            if [ -n "$model" ] && [ "$BACKEND" = tmux ]; then
+                say "     what $AGENT shows (its model is mam's scripted model; every command ran through its own shell):"
+                tmux -L "$sock" capture-pane -p -t "$(sed -n 's/.*PANE=\([^ ]*\).*/\1/p' "$tmp/out/create-$ok_session.out")" |
+                    grep -v '^[[:space:]]*$' | tail -n 14 | cut -c1-150 | sed 's/^/       | /'
+            fi
             claimed=$(field "$jid" claimed_at)
             [ -n "$claimed" ] && say "     the agent published 'started' $(printf '%.2f' "$(echo "$(ts_s "$claimed") - ${launched[$label]}" | bc)") s after delegate-job began (that is what confirmed the prompt arrived)"
             ;;

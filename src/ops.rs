@@ -472,7 +472,8 @@ pub fn mam_exe(ctx: &Ctx) -> Result<PathBuf, OpsError> {
     }
 }
 
-/// The publish-cmd line of `rec` (CORE 4.5) without a trailing newline; the caller appends the event
+/// The publish-cmd line of `rec` (CORE 4.5: `<q mam> publish --registry-dir <q registry> --logs-dir <q logs>
+/// --job-id <id> --attempt <a> --dispatch-token <t> --event`) without a trailing newline; the caller appends the event
 /// and its options. Every path is quoted, so the line runs unchanged from any cwd (ORCH 0.3).
 pub fn publish_cmd_line(ctx: &Ctx, store: &Store, rec: &Record) -> Result<Vec<u8>, OpsError> {
     use std::os::unix::ffi::OsStrExt;
@@ -483,12 +484,13 @@ pub fn publish_cmd_line(ctx: &Ctx, store: &Store, rec: &Record) -> Result<Vec<u8
         .str("dispatch_token")
         .filter(|t| t.bytes().all(|b| b.is_ascii_hexdigit()) && !t.is_empty())
         .ok_or_else(|| OpsError::Record(format!("job {id}: record has no valid dispatch_token")))?;
-    let mut line = b"DELEGATE_JOB_LOGS_DIR=".to_vec();
-    line.extend(text::shell_quote_bytes(store.logs.as_os_str().as_bytes()));
-    line.push(b' ');
-    line.extend(text::shell_quote_bytes(mam.as_os_str().as_bytes()));
+    // No `VAR=value` prefix (issue 30): a command that starts with one matches no allow rule for
+    // mam's binary in claude, and an approval saved for it holds the value.
+    let mut line = text::shell_quote_bytes(mam.as_os_str().as_bytes());
     line.extend_from_slice(b" publish --registry-dir ");
     line.extend(text::shell_quote_bytes(store.registry.as_os_str().as_bytes()));
+    line.extend_from_slice(b" --logs-dir ");
+    line.extend(text::shell_quote_bytes(store.logs.as_os_str().as_bytes()));
     line.extend_from_slice(format!(" --job-id {id} --attempt {attempt} --dispatch-token {token} --event").as_bytes());
     Ok(line)
 }

@@ -12,6 +12,7 @@
 //! A foundation for pane, heartbeat, session and delegate: it imports only `sys`, `ctx` and `text`,
 //! never prints and never reads the process environment (the caller's variables come from `Ctx`).
 
+pub mod allow;
 pub mod artifacts;
 pub mod inuse;
 pub mod purge;
@@ -95,6 +96,47 @@ pub struct Adapter {
     pub working_marks: &'static [&'static str],
 }
 
+/// Screen text of a CLI's approval dialog for one action of the agent (claude: "This command
+/// requires approval", "Do you want to create …?" for its Write tool; codex: "Would you like to run the
+/// following command?"). Such a dialog waits for the user: a "needs you" state (issue 30).
+pub const APPROVAL_MARKS: &[&str] = &[
+    "This command requires approval",
+    "Do you want to proceed?",
+    "Do you want to create",
+    "Do you want to make this edit",
+    "Would you like to run the following command?",
+    "Would you like to make the following edits?",
+];
+
+/// When `screen` shows an approval dialog: what it asks about, as the dialog names it (claude's line
+/// under "Bash command", else the mark itself), on one line.
+pub fn approval_on(screen: &str) -> Option<String> {
+    let (at, mark) = APPROVAL_MARKS.iter().filter_map(|m| screen.rfind(m).map(|at| (at, *m))).min()?;
+    // claude names the action above its question: a "Bash command" / "Create file" head, then the line.
+    let above: Vec<&str> = screen[..at].lines().collect();
+    let claude =
+        above.iter().rposition(|l| matches!(l.trim(), "Bash command" | "Create file" | "Edit file")).and_then(|i| {
+            let named = above[i + 1..].iter().map(|l| l.trim()).find(|l| !l.is_empty())?;
+            Some(format!("{}: {named}", above[i].trim()))
+        });
+    // codex below it: `$ <command>`.
+    let codex =
+        || screen[at..].lines().map(str::trim).find_map(|l| l.strip_prefix("$ ").map(|c| format!("command: {c}")));
+    Some(crate::text::one_line(&claude.or_else(codex).unwrap_or_else(|| mark.to_string())))
+}
+
+#[cfg(test)]
+mod approval_tests {
+    #[test]
+    fn the_waiting_action_is_named() {
+        let claude = "● Bash(touch x)\n ⎿ Waiting…\n───\n Bash command\n\n   touch x\n   Run it\n This command requires approval\n Do you want to proceed?\n ❯ 1. Yes\n";
+        assert_eq!(super::approval_on(claude).as_deref(), Some("Bash command: touch x"));
+        let codex = "Would you like to run the following command?\n\n  $ touch x\n\n› 1. Yes, proceed\n";
+        assert_eq!(super::approval_on(codex).as_deref(), Some("command: touch x"));
+        assert_eq!(super::approval_on("❯ \n? for shortcuts"), None);
+    }
+}
+
 /// The adapter table. The order is the order `create` lists kinds in and `auto` tries layouts in.
 pub const ADAPTERS: &[Adapter] = &[
     Adapter {
@@ -117,12 +159,17 @@ pub const ADAPTERS: &[Adapter] = &[
         conversation: ConversationId::Chosen("--session-id"),
         resume_args: &["--resume"],
         layout: Layout::Claude,
-        ready_lines: &["? for shortcuts"],
+        // The footer under the input line: `? for shortcuts` in the default mode; a mode the user
+        // chose replaces it (`⏵⏵ accept edits on`, `⏵⏵ bypass permissions on`, `⏸ plan mode on`).
+        ready_lines: &["? for shortcuts", "accept edits on", "bypass permissions on", "plan mode on"],
         ready_hold_ms: 0,
         startup_busy: &[],
+        // The bypass warning shows only when claude starts in bypass mode, which only the user's own
+        // arguments or settings ask for (mam never adds a mode): "1. No, exit / 2. Yes, I accept".
         dialogs: &[
             Dialog { screen: "Yes, I trust this folder", keys: &["enter"] },
             Dialog { screen: "Detected a custom API key", keys: &["1"] },
+            Dialog { screen: "running in Bypass Permissions mode", keys: &["2"] },
         ],
         working_marks: &["esc to interrupt", "Retrying in"],
     },

@@ -267,5 +267,38 @@ pub fn run_remove(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let o = options(ctx, t, "remove")?;
     let mut r = Report::default();
     let res = install::remove::remove(&o, &sessions, a.dry_run, &mut r);
+    if res.is_ok() && !a.dry_run {
+        revoke_approvals(ctx, &o.target, &sessions, &mut r);
+    }
     render(ctx, "remove", r, res)
+}
+
+/// Issue 30: what is left of mam's claude allow rule (`agents::allow`) goes with mam: from the
+/// repository's own `.claude/settings.local.json` and from the directory of each session it recorded
+/// (`stop` removes it too; this catches a rule a crash left behind).
+fn revoke_approvals(ctx: &Ctx, t: &std::path::Path, sessions: &std::path::Path, r: &mut Report) {
+    let Ok(mam) = crate::ops::mam_exe(ctx) else { return };
+    let own = paths::resolve_unchecked(ctx, None).registry;
+    let mut places = vec![(t.to_path_buf(), own.clone()), (t.to_path_buf(), t.join(".mam").join("jobs"))];
+    if let Ok(doc) = crate::session::load(sessions) {
+        for row in doc.herdr_sessions.iter().filter(|row| row.agent == "claude") {
+            if let Some(cwd) = row.cwd() {
+                places.push((std::path::PathBuf::from(cwd), crate::session::stop::row_store(ctx, row).registry));
+            }
+        }
+    }
+    places.sort();
+    places.dedup();
+    for (d, registry) in places {
+        let rule = crate::agents::allow::claude_rules(&mam, &registry);
+        match crate::agents::allow::remove(&d, &rule) {
+            Ok(true) => r.note(format!(
+                "removed {} from {}",
+                rule.join(" and "),
+                crate::agents::allow::claude_settings(&d).display()
+            )),
+            Ok(false) => {}
+            Err(e) => r.warn(format!("mam's allow rule not removed: {e}")),
+        }
+    }
 }

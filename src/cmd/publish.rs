@@ -26,7 +26,7 @@ use crate::wire::Settings;
 pub const USAGE: &str = "
 Usage: mam publish --job-id ID --event started|progress|completed|failed|error [--message TEXT]
                    [--data JSON] [--attempt A] [--dispatch-token T] [--registry-dir D]
-                   [--heartbeat N [--watch-pid PID]] [--no-state]
+                   [--logs-dir D] [--heartbeat N [--watch-pid PID]] [--no-state]
 
 Records the event in the job's registry (one engine decision with its seq), appends the signed event
 to <registry>/<job_id>/events.log, and only then sends the event and the retained job state over one
@@ -45,6 +45,7 @@ Options:
   --attempt A            must match the record (default: the record's attempt)
   --dispatch-token T     must match the record (default: the record's token)
   --registry-dir D       the job registry; else MAM_JOBS_DIR; else <control root>/.mam/jobs
+  --logs-dir D           the audit-log root; else DELEGATE_JOB_LOGS_DIR; else beside the registry
   --heartbeat N          after a started/progress event, arm the heartbeat timer with N s beats
   --watch-pid PID        the process the timer watches (0 = none; default: the nearest agent
                          CLI among this process's ancestors); needs --heartbeat
@@ -66,6 +67,7 @@ but the broker failed after retries, 4 refused by the transition engine.
 struct Args {
     req: publish::Request,
     registry_dir: Option<std::path::PathBuf>,
+    logs_dir: Option<std::path::PathBuf>,
     heartbeat: Option<u32>,
     watch_pid: Option<i32>,
     /// `--data` numbers sent as strings, as (path, text), for the NOTE.
@@ -77,6 +79,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     let mut p = lexopt::Parser::from_args(args);
     let (mut job_id, mut event, mut message, mut data) = (None, None, String::new(), Map::new());
     let mut data_notes = Vec::new();
+    let mut logs_dir: Option<std::path::PathBuf> = None;
     let (mut attempt, mut token, mut registry_dir, mut heartbeat, mut watch_pid, mut no_state) =
         (None, None, None, None, None, false);
     while let Some(arg) = p.next()? {
@@ -123,6 +126,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 token = Some(v);
             }
             Long("registry-dir") => registry_dir = Some(p.value()?.into()),
+            Long("logs-dir") => logs_dir = Some(p.value()?.into()),
             Long("heartbeat") => heartbeat = Some(knob::flag("--heartbeat", &p.value()?, 1)?),
             Long("watch-pid") => {
                 let n = knob::flag("--watch-pid", &p.value()?, 0)?;
@@ -146,6 +150,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     Ok(Parsed::Run(Args {
         req: publish::Request { job_id, event, message, data, attempt, dispatch_token: token, no_state },
         registry_dir,
+        logs_dir,
         heartbeat,
         watch_pid,
         data_notes,
@@ -230,7 +235,13 @@ fn publish_cmd(ctx: &Ctx, a: Args, t: Instant) -> Result<i32, Failure> {
             "NOTE: publish: --data: {path} = {t} is not an integer; sent as the string \"{t}\" (signed payloads carry integers only)"
         ));
     }
-    let resolved = paths::resolve(ctx, a.registry_dir.as_deref())?;
+    // Issue 30: the agent's command lines name the log root as a flag, not as a `VAR=value` prefix,
+    // so that one allow rule for mam's binary matches them all (docs/AGENTS.md "claude").
+    let mut resolved = paths::resolve_unchecked(ctx, a.registry_dir.as_deref());
+    if let Some(l) = &a.logs_dir {
+        resolved.logs = crate::sys::absolutize(ctx.cwd(), l);
+    }
+    paths::check(ctx, &resolved.control_root, &[&resolved.registry, &resolved.logs, &resolved.sessions])?;
     let store = Store::from_resolved(&resolved);
     let settings = Settings::for_registry(ctx, Some(&store.registry))?;
     trace::span("parse", t);

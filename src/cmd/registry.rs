@@ -777,8 +777,8 @@ fn repoint(ctx: &Ctx, store: &Store, ids: &[String], broker: &str, dry_run: bool
     Ok(if missing { 1 } else { 0 })
 }
 
-/// CORE 4.5: `DELEGATE_JOB_LOGS_DIR=<q logs> <q abs-mam> publish --registry-dir <q registry>
-/// --job-id <id> --attempt <a> --dispatch-token <t> --event`.
+/// CORE 4.5: `<q abs-mam> publish --registry-dir <q registry> --logs-dir <q logs> --job-id <id>
+/// --attempt <a> --dispatch-token <t> --event`.
 fn publish_cmd(ctx: &Ctx, store: &Store, id: &str) -> Result<i32, Failure> {
     let rec = store.read_existing(id).map_err(store_failure)?;
     let mut line = ops::publish_cmd_line(ctx, store, &rec).map_err(ops_failure)?;

@@ -1,4 +1,4 @@
-//! `mam test-double herdr|agent` (ORCH 1.8): the thin, hidden entry to the test doubles in
+//! `mam test-double herdr|agent|model` (ORCH 1.8): the thin, hidden entry to the test doubles in
 //! `crate::testdouble`. Not listed in `mam --help`.
 
 use std::ffi::OsString;
@@ -14,6 +14,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     match which.as_str() {
         "herdr" => Ok(testdouble::herdr::run(ctx, rest)),
         "agent" => testdouble::agent::run(ctx, &rest).map_err(Failure::runtime),
-        _ => Err(Failure::usage("test-double: give herdr or agent")),
+        "model" => testdouble::model::run(ctx, &rest).map_err(Failure::runtime),
+        _ => Err(Failure::usage("test-double: give herdr, agent or model")),
     }
 }

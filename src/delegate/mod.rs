@@ -152,6 +152,7 @@ pub fn exit_code(status: &str, report_ok: bool) -> i32 {
 }
 
 /// Where the job goes.
+#[derive(Clone)]
 enum Target {
     Local { name: String, backend: String, server: String },
     Remote,
@@ -363,6 +364,8 @@ struct Delegation<'a> {
     tail: Tail,
     /// When the prompt was submitted (ms since the start), once it was.
     submitted_ms: Option<u64>,
+    /// Where the job went (set by `drive`): an `agent_blocked` close looks at its screen.
+    target: Option<Target>,
 }
 
 impl<'a> Delegation<'a> {
@@ -389,6 +392,7 @@ impl<'a> Delegation<'a> {
             sub_spawned: start,
             sub_warned: false,
             submitted_ms: None,
+            target: None,
             store,
             job_id,
             start,
@@ -410,6 +414,7 @@ impl<'a> Delegation<'a> {
     }
 
     fn drive(&mut self, target: &Target, diag: &mut dyn FnMut(&str)) -> Finished {
+        self.target = Some(target.clone());
         // A15: the wrapper's pid, so the daemon knows somebody waits for this job.
         self.set_meta(diag);
         if let Err(e) = self.write_brief(target) {
@@ -829,8 +834,18 @@ impl<'a> Delegation<'a> {
         self.read_record().map_or_else(|| "unknown".into(), |r| r.status().to_string())
     }
 
+    /// Issue 30: the action an approval dialog on the agent's screen waits for, if one does.
+    fn approval_waiting(&self) -> Option<String> {
+        let Some(Target::Local { name, backend, server }) = &self.target else { return None };
+        let b = pane::open_named(&no_autostart(self.ctx), backend, Some(server)).ok()?;
+        crate::agents::approval_on(&b.read_detection(name).ok()?)
+    }
+
     fn close_due(&mut self, due: &Due, diag: &mut dyn FnMut(&str)) {
-        let (status, reason) = due.status_reason(self.req.deadline_source == DeadlineSource::WallClock);
+        let (status, mut reason) = due.status_reason(self.req.deadline_source == DeadlineSource::WallClock);
+        if let (Due::AgentBlocked { .. }, Some(what)) = (due, self.approval_waiting()) {
+            reason = format!("{reason}; the agent waits for an approval ({what})");
+        }
         let msg = match due {
             Due::AgentBlocked { .. } => reason.clone(),
             Due::Deadline => format!("deadline of {} s reached", self.req.timeout_s),

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use super::{
     adapter_of, agent_pids_value, backend_kind, caller_binding, check_startable, command_line, default_name,
-    ensure_daemon, forward_env, learn_conversation, load, rollback_text, same_dir, update, verified_rollback, Notes,
-    PaneRef, Row, SessionError,
+    ensure_daemon, forward_env, grant_approval, learn_conversation, load, revoke_approval, rollback_text, same_dir,
+    update, verified_rollback, Notes, PaneRef, Row, SessionError,
 };
 use crate::agents;
 use crate::clock;
@@ -112,6 +112,7 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
     let b = pane::open(ctx, None)?;
     check_startable(ctx, b.name(), ad)?;
     let (args, chosen) = fresh_start(ad, &a.agent_args)?;
+    grant_approval(ctx, ad.kind, &w, &resolved.registry, notes);
     let started_ms = clock::now_ms();
     let req = PlaceRequest {
         name: name.clone(),
@@ -123,10 +124,14 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
     };
     let placed = match pane::place_and_start(b.as_ref(), &req, &knobs) {
         Ok(p) => p,
-        Err(f) => return Err(place_error(b.as_ref(), &f, &name, &w)),
+        Err(f) => {
+            revoke_approval(ctx, &doc, &name, &w, &resolved.registry, notes);
+            return Err(place_error(b.as_ref(), &f, &name, &w));
+        }
     };
-    let fail_after = |what: String, row_written: bool| -> SessionError {
+    let fail_after = |what: String, row_written: bool, notes: &mut Notes| -> SessionError {
         let left = verified_rollback(b.as_ref(), &placed, &name, &w, row_written.then_some(file.as_path()));
+        revoke_approval(ctx, &load(&file).unwrap_or_else(|_| doc.clone()), &name, &w, &resolved.registry, notes);
         SessionError::Failed(format!("{what}; {}", rollback_text(&left)))
     };
 
@@ -169,7 +174,7 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
         Ok(())
     });
     if let Err(e) = written {
-        return Err(fail_after(format!("cannot record session {name}: {e}"), false));
+        return Err(fail_after(format!("cannot record session {name}: {e}"), false, notes));
     }
 
     // 7. The control root's daemon (A26), then one reconcile against the control root.
@@ -180,7 +185,7 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
     let onboard_job = if a.onboard {
         match onboard(ctx, &name, &placed, notes) {
             Ok(job) => job,
-            Err(e) => return Err(fail_after(format!("onboarding of {name} failed: {e}"), true)),
+            Err(e) => return Err(fail_after(format!("onboarding of {name} failed: {e}"), true, notes)),
         }
     } else {
         None

@@ -265,6 +265,54 @@ impl Row {
     }
 }
 
+/// Issue 30: before a claude starts in `cwd`, the one allow rule for mam's publish lines goes into
+/// `<cwd>/.claude/settings.local.json` (`agents::allow`), so claude's default mode runs the brief's
+/// commands without an approval prompt. A failure is a warning: the agent then asks for approval, and
+/// `mam status` shows it waiting.
+pub fn grant_approval(ctx: &Ctx, kind: &str, cwd: &Path, registry: &Path, notes: &mut Notes) {
+    if kind != "claude" {
+        return;
+    }
+    let rule = match crate::ops::mam_exe(ctx) {
+        Ok(m) => crate::agents::allow::claude_rules(&m, registry),
+        Err(e) => return notes.warn(format!("no allow rule for mam's commands written ({e})")),
+    };
+    match crate::agents::allow::add(cwd, &rule) {
+        Ok(true) => notes.note(format!(
+            "allowed {} in {} (removed again by stop)",
+            rule.join(" and "),
+            crate::text::show_path(&crate::agents::allow::claude_settings(cwd))
+        )),
+        Ok(false) => {}
+        Err(e) => return notes.warn(format!("the agent will ask approval for mam's commands: {e}")),
+    }
+    if let Err(e) = crate::agents::allow::git_exclude(cwd) {
+        notes.warn(format!("git may list .claude/settings.local.json as untracked: {e}"));
+    }
+}
+
+/// Issue 30: takes mam's allow rule out of `<cwd>/.claude/settings.local.json` once no running claude
+/// row of `doc` (other than `except`) works in that directory.
+pub fn revoke_approval(ctx: &Ctx, doc: &Sessions, except: &str, cwd: &Path, registry: &Path, notes: &mut Notes) {
+    let shared = doc.herdr_sessions.iter().any(|r| {
+        r.name != except && r.agent == "claude" && r.running() && r.cwd().is_some_and(|c| same_dir(Path::new(c), cwd))
+    });
+    if shared {
+        return;
+    }
+    let Ok(m) = crate::ops::mam_exe(ctx) else { return };
+    let rule = crate::agents::allow::claude_rules(&m, registry);
+    match crate::agents::allow::remove(cwd, &rule) {
+        Ok(true) => notes.note(format!(
+            "removed {} from {}",
+            rule.join(" and "),
+            crate::text::show_path(&crate::agents::allow::claude_settings(cwd))
+        )),
+        Ok(false) => {}
+        Err(e) => notes.warn(format!("mam's allow rule not removed: {e}")),
+    }
+}
+
 /// The whole file: `{ "version": 1, "herdr_sessions": [...], "orchestrator_uuids": [...] }`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sessions {

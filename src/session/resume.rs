@@ -155,6 +155,7 @@ pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String
         }
         None => fresh()?,
     };
+    super::grant_approval(ctx, ad.kind, &w, &super::stop::row_store(ctx, &row).registry, notes);
     let mut started_ms = clock::now_ms();
     let mut req = PlaceRequest {
         name: row.name.clone(),

@@ -317,6 +317,9 @@ fn stop_one(ctx: &Ctx, file: &Path, name: &str, purge_too: bool, notes: &mut Not
             }
             Ok(())
         })?;
+        if let (Some(cwd), "claude") = (row.cwd(), row.agent.as_str()) {
+            super::revoke_approval(ctx, &load(file)?, name, Path::new(cwd), &store.registry, notes);
+        }
     }
     if purge_too {
         let row = load(file)?.row(name).cloned().unwrap_or(row);

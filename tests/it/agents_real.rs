@@ -28,7 +28,7 @@ use serde_json::Value;
 use crate::support::*;
 
 /// The directory holding the CLI `kind`, or `None` (skip, saying why); a required but missing one fails.
-fn agents_bin(kind: &str) -> Option<PathBuf> {
+pub(crate) fn agents_bin(kind: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("MAM_AGENTS_BIN").map(PathBuf::from).filter(|d| d.join(kind).exists());
     if dir.is_none() {
         if std::env::var("MAM_REQUIRE_AGENTS").as_deref() == Ok("1") {
@@ -40,21 +40,21 @@ fn agents_bin(kind: &str) -> Option<PathBuf> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
+pub(crate) enum Backend {
     Tmux,
     Herdr,
 }
 
 /// One world: a control root, an embedded broker, a pane backend, a private HOME for the CLI.
-struct W {
+pub(crate) struct W {
     /// The real herdr's world (dropped first: its server and every pane process end with it).
-    real: Option<HerdrHome>,
-    td: TestDir,
+    pub(crate) real: Option<HerdrHome>,
+    pub(crate) td: TestDir,
     _broker: Broker,
-    env: Vec<(String, OsString)>,
-    tmux: Option<String>,
+    pub(crate) env: Vec<(String, OsString)>,
+    pub(crate) tmux: Option<String>,
     /// The CLI's HOME (the herdr world's HOME on herdr: a pane inherits the server's).
-    home: PathBuf,
+    pub(crate) home: PathBuf,
 }
 
 impl Drop for W {
@@ -69,7 +69,7 @@ impl Drop for W {
 }
 
 impl W {
-    fn new(name: &str, backend: Backend, kind: &str) -> Option<W> {
+    pub(crate) fn new(name: &str, backend: Backend, kind: &str) -> Option<W> {
         let bin = agents_bin(kind)?;
         if backend == Backend::Tmux && !have_tool("tmux", "MAM_REQUIRE_TMUX") {
             return None;
@@ -137,7 +137,7 @@ impl W {
         Some(W { real, td, _broker: broker, env, tmux, home })
     }
 
-    fn mam<I: IntoIterator<Item = S>, S: AsRef<std::ffi::OsStr>>(&self, args: I) -> Cmd {
+    pub(crate) fn mam<I: IntoIterator<Item = S>, S: AsRef<std::ffi::OsStr>>(&self, args: I) -> Cmd {
         let mut c = self.td.mam().args(args);
         for (k, v) in &self.env {
             c = c.env(k, v);
@@ -145,20 +145,20 @@ impl W {
         c
     }
 
-    fn row(&self, name: &str) -> Value {
+    pub(crate) fn row(&self, name: &str) -> Value {
         let v: Value =
             serde_json::from_slice(&fs::read(self.td.ws().join(".mam/agent_sessions.json")).unwrap()).unwrap();
         v["herdr_sessions"].as_array().unwrap().iter().find(|r| r["name"] == name).cloned().unwrap()
     }
 
     /// The agent's visible screen.
-    fn screen(&self, name: &str) -> String {
+    pub(crate) fn screen(&self, name: &str) -> String {
         self.read(name, "visible")
     }
 
     /// The agent's screen (tmux: visible; herdr: `source`, `recent` includes its scrollback).
     /// A read that failed or came back blank (a herdr call at load 14 did) is asked again, for up to 5 s.
-    fn read(&self, name: &str, source: &str) -> String {
+    pub(crate) fn read(&self, name: &str, source: &str) -> String {
         let pane = self.row(name)["pane"]["id"].as_str().unwrap().to_string();
         let once = || match (&self.tmux, &self.real) {
             (Some(s), _) => {
@@ -192,7 +192,7 @@ impl W {
 
 /// Live processes of a CLI run with `home` as HOME (its argv is an agent's, or its executable lives
 /// in an npm tree), with their argv.
-fn agent_procs(home: &Path) -> Vec<(i32, Vec<String>)> {
+pub(crate) fn agent_procs(home: &Path) -> Vec<(i32, Vec<String>)> {
     let want = home.as_os_str().as_encoded_bytes().to_vec();
     mam::sys::list_pids()
         .unwrap_or_default()
@@ -209,7 +209,7 @@ fn agent_procs(home: &Path) -> Vec<(i32, Vec<String>)> {
 }
 
 /// The argv of the running CLI of `kind` (its first process the adapter recognises).
-fn cli_argv(home: &Path, kind: &str) -> Option<Vec<String>> {
+pub(crate) fn cli_argv(home: &Path, kind: &str) -> Option<Vec<String>> {
     agent_procs(home).into_iter().map(|(_, a)| a).find(|a| {
         let raw: Vec<Vec<u8>> = a.iter().map(|s| s.as_bytes().to_vec()).collect();
         mam::agents::agent_of_argv(&raw).is_some_and(|ad| ad.kind == kind)

@@ -346,8 +346,9 @@ fn o3_7_1_paths_are_absolute_and_lines_run_anywhere() {
         let cmds = mam::delegate::brief::parse_commands(&brief);
         for (k, line) in &cmds {
             // Absolute, quoted paths: the log root, the binary and the registry.
-            assert!(line.contains(&format!("DELEGATE_JOB_LOGS_DIR='{}'", h.logs().display())), "{k}: {line}");
-            assert!(line.contains(&format!("'{}' publish", mam_bin().display())), "{k}: {line}");
+            // Issue 30: the line starts with the binary (an allow rule for it matches), the log root a flag.
+            assert!(line.starts_with(&format!("'{}' publish", mam_bin().display())), "{k}: {line}");
+            assert!(line.contains(&format!("--logs-dir '{}'", h.logs().display())), "{k}: {line}");
             assert!(line.contains(&format!("--registry-dir '{}'", reg.display())), "{k}: {line}");
         }
         assert!(cmds["start"].ends_with("--event started --heartbeat 1"), "{}", cmds["start"]);

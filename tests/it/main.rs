@@ -5,6 +5,7 @@
 mod support;
 
 mod agents;
+mod agents_jobs;
 mod agents_real;
 mod bench;
 mod board;

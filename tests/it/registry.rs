@@ -697,10 +697,10 @@ fn publish_cmd_is_one_quoted_line() {
     let q = |s: &str| mam::text::shell_quote(s);
     let logs = td.path("a b/it's/delegate_job_logs");
     let want = format!(
-        "DELEGATE_JOB_LOGS_DIR={} {} publish --registry-dir {} --job-id pc1 --attempt 1 --dispatch-token {} --event\n",
-        q(logs.to_str().unwrap()),
+        "{} publish --registry-dir {} --logs-dir {} --job-id pc1 --attempt 1 --dispatch-token {} --event\n",
         q("/opt/m m/mam"),
         q(reg_s),
+        q(logs.to_str().unwrap()),
         rec["dispatch_token"].as_str().unwrap()
     );
     assert_eq!(r.expect_rc(0).stdout(), want);
