@@ -178,7 +178,9 @@ pub fn git_exclude(dir: &Path) -> Result<bool, String> {
     if !text.is_empty() && !text.ends_with(b"\n") {
         text.push(b'\n');
     }
-    text.extend_from_slice(b"# mam: claude's local settings, where mam writes its allow rules\n.claude/settings.local.json\n");
+    text.extend_from_slice(
+        b"# mam: claude's local settings, where mam writes its allow rules\n.claude/settings.local.json\n",
+    );
     if let Some(parent) = path.parent() {
         sys::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
     }

@@ -299,8 +299,8 @@ impl Table {
     /// client out; the oldest has had the longest to log in). False when there is none.
     /// Only connections with a token below `before` (accepted in an earlier round) are taken.
     pub(super) fn evict_unauthenticated(&mut self, before: u64) -> bool {
-        let new = |(&id, c): (&u64, &Box<Conn>)| (c.phase == Phase::New && id < before).then_some(id);
-        let Some(id) = self.conns.iter().filter_map(new).min() else {
+        let oldest = self.conns.iter().filter(|(&id, c)| c.phase == Phase::New && id < before).map(|(&id, _)| id).min();
+        let Some(id) = oldest else {
             return false;
         };
         if let Some(c) = self.conns.get_mut(&id) {

@@ -601,7 +601,7 @@ fn install_and_remove_against_a_looping_link_swapper_change_nothing_outside() {
     let mut attacker = td
         .command("timeout")
         .args(["120", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", &script])
-        .cwd(&repo.join(".agents"))
+        .cwd(repo.join(".agents"))
         .spawn_bg(&td, "swapper");
     for _ in 0..6 {
         let _ = td.mam().args(["install", "--target"]).args([&repo]).run();
