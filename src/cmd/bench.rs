@@ -81,7 +81,8 @@ order swapped every round), medians of the rounds:
     the mosquitto runs (target: at most 50%, so mosquitto's numbers are its own) and in mam's
 The soft RLIMIT_NOFILE is raised to the hard limit first; mosquitto, started after, inherits it.
   --rounds N     alternating rounds (default 5; --quick 1)
-  --messages N   messages per delivery run (default 100000; --quick 2000)
+  --messages N   messages per delivery run (default 100000; --quick 2000); each fan-in and
+                 fan-out publisher sends N/20 lines (at most 5000; --quick 1000)
   --clients LIST idle client counts, comma separated (default 1000,5000; --quick 100,500)
   --batched      the publisher writes every PUBLISH its window lets out (at QoS 0: 100) in one
                  write instead of one write each
@@ -356,6 +357,8 @@ impl Plan {
         }
         if let Some(n) = t.messages {
             p.broker.messages = n;
+            // The fan runs scale with it: each publisher sends N/20 lines, at most the default.
+            p.broker.fan_messages = p.broker.fan_messages.min((n / 20).max(1));
         }
         if let Some(c) = &t.clients {
             p.broker.clients = c.clone();

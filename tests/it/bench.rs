@@ -75,6 +75,9 @@ fn broker_ids(clients: &[usize]) -> Vec<String> {
     let metrics = ["throughput", "p50", "p99", "cpu"];
     let mut ids: Vec<String> = (0..=2).flat_map(|q| metrics.map(|m| format!("broker_q{q}_{m}"))).collect();
     ids.extend((0..=1).flat_map(|q| metrics.map(|m| format!("broker_idle_q{q}_{m}"))));
+    // Issue 31: fan-in from 1..32 publishers into one subscriber, fan-out to 8 subscribers.
+    ids.extend([1, 2, 4, 8, 32].map(|p| format!("broker_fanin_{p}")));
+    ids.push("broker_fanout_8".into());
     ids.extend(clients.iter().map(|n| format!("broker_rss_{n}")));
     ids.extend(["broker_generator_cpu".into(), "broker_generator_cpu_mam".into()]);
     ids
