@@ -38,6 +38,28 @@ pub fn claude_rules(mam: &Path, registry: &Path) -> Vec<String> {
     vec![claude_rule(mam), format!("Edit(/{}/*/report.md)", registry.display())]
 }
 
+/// claude's local settings file, relative to the directory it works in.
+pub const SETTINGS: &str = ".claude/settings.local.json";
+
+/// True when `<dir>/.claude/settings.local.json` holds nothing but allow rules of the shapes mam
+/// writes (`Bash(<…/mam> publish *)`, `Edit(/<…>/*/report.md)`): a file mam made and `stop` removes,
+/// not a user's work (a worktree check does not count it as an ignored file that would be lost).
+pub fn only_mam_rules(dir: &Path) -> bool {
+    let Ok(Some(m)) = read_settings(&claude_settings(dir)) else { return false };
+    let Some(allow) = m.get("permissions").and_then(|p| p.get("allow")).and_then(Value::as_array) else {
+        return false;
+    };
+    let ours = |r: &Value| {
+        r.as_str().is_some_and(|r| {
+            (r.starts_with("Bash(/") && r.ends_with("/mam publish *)"))
+                || (r.starts_with("Edit(/") && r.ends_with("/*/report.md)"))
+        })
+    };
+    m.len() == 1
+        && m.get("permissions").and_then(Value::as_object).is_some_and(|p| p.len() == 1)
+        && allow.iter().all(ours)
+}
+
 /// `<dir>/.claude/settings.local.json`.
 pub fn claude_settings(dir: &Path) -> PathBuf {
     dir.join(".claude").join("settings.local.json")
@@ -88,9 +110,8 @@ pub fn add(dir: &Path, rules: &[String]) -> Result<bool, String> {
         }
         Ok(m) if !m.is_dir() => return Err(format!("{} is not a directory", claude_dir.display())),
         Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir(&claude_dir).map_err(|e| format!("cannot create {}: {e}", claude_dir.display()))?
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => sys::create_dir_all_mode(&claude_dir, 0o755)
+            .map_err(|e| format!("cannot create {}: {e}", claude_dir.display()))?,
         Err(e) => return Err(format!("cannot stat {}: {e}", claude_dir.display())),
     }
     let path = claude_settings(dir);
@@ -142,49 +163,6 @@ pub fn remove(dir: &Path, rules: &[String]) -> Result<bool, String> {
         return Ok(true);
     }
     write_settings(&path, &m)?;
-    Ok(true)
-}
-
-/// In a git work tree, makes git ignore `.claude/settings.local.json` through the repository's
-/// `info/exclude` (unless something ignores it already), so that mam's rules never show as an
-/// untracked file in a worktree check or a review diff. The line stays after stop: it only hides a
-/// local settings file. Returns whether the exclude file changed; outside a repository, nothing.
-pub fn git_exclude(dir: &Path) -> Result<bool, String> {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args(args)
-            .env_remove("GIT_DIR")
-            .env_remove("GIT_WORK_TREE")
-            .env_remove("GIT_INDEX_FILE")
-            .stdin(std::process::Stdio::null())
-            .output()
-    };
-    let Ok(out) = git(&["rev-parse", "--git-path", "info/exclude"]) else { return Ok(false) };
-    if !out.status.success() {
-        return Ok(false);
-    }
-    let rel = String::from_utf8_lossy(&out.stdout).trim_end_matches(['\n', '\r']).to_string();
-    if git(&["check-ignore", "-q", ".claude/settings.local.json"]).is_ok_and(|o| o.status.success()) {
-        return Ok(false);
-    }
-    let path = dir.join(rel);
-    let mut text = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-    };
-    if !text.is_empty() && !text.ends_with(b"\n") {
-        text.push(b'\n');
-    }
-    text.extend_from_slice(
-        b"# mam: claude's local settings, where mam writes its allow rules\n.claude/settings.local.json\n",
-    );
-    if let Some(parent) = path.parent() {
-        sys::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-    }
-    sys::atomic_write_mode(&path, &text, 0o644).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(true)
 }
 

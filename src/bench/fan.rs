@@ -146,7 +146,7 @@ pub fn fan(tools: &Tools, addr: SocketAddr, pubs: usize, subs: usize, n: usize, 
         for s in 0..n {
             writeln!(text, "p{i}-{s}")?;
         }
-        std::fs::write(&path, text)?;
+        crate::sys::atomic_write(&path, &text)?;
         files.push(path);
     }
     let start = Instant::now();

@@ -287,7 +287,7 @@ fn revoke_approvals(ctx: &Ctx, t: &std::path::Path, sessions: &std::path::Path, 
             }
         }
     }
-    places.sort();
+    crate::sort::natural(&mut places);
     places.dedup();
     for (d, registry) in places {
         let rule = crate::agents::allow::claude_rules(&mam, &registry);

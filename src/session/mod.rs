@@ -286,9 +286,44 @@ pub fn grant_approval(ctx: &Ctx, kind: &str, cwd: &Path, registry: &Path, notes:
         Ok(false) => {}
         Err(e) => return notes.warn(format!("the agent will ask approval for mam's commands: {e}")),
     }
-    if let Err(e) = crate::agents::allow::git_exclude(cwd) {
+    if let Err(e) = git_exclude(ctx, cwd) {
         notes.warn(format!("git may list .claude/settings.local.json as untracked: {e}"));
     }
+}
+
+/// In a git work tree, makes git ignore `.claude/settings.local.json` through the repository's
+/// `info/exclude` (unless something ignores it already), so that mam's rules never show as an
+/// untracked file in a worktree check or a review diff. The line stays after stop: it only hides a
+/// local settings file. Returns whether the exclude file changed; outside a repository, nothing.
+fn git_exclude(ctx: &Ctx, dir: &Path) -> Result<bool, String> {
+    // Through the one git runner (issue 29): hooks and filters of the repository never run.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut g = crate::git::Git::new(ctx, dir.to_path_buf(), deadline);
+    let Ok(out) = g.run(&["rev-parse", "--git-path", "info/exclude"]) else { return Ok(false) };
+    if !out.status.success() {
+        return Ok(false);
+    }
+    let rel = String::from_utf8_lossy(&out.stdout).trim_end_matches(['\n', '\r']).to_string();
+    if g.run(&["check-ignore", "-q", crate::agents::allow::SETTINGS]).is_ok_and(|o| o.status.success()) {
+        return Ok(false);
+    }
+    let path = dir.join(rel);
+    let mut text = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    if !text.is_empty() && !text.ends_with(b"\n") {
+        text.push(b'\n');
+    }
+    text.extend_from_slice(
+        b"# mam: claude's local settings, where mam writes its allow rules\n.claude/settings.local.json\n",
+    );
+    if let Some(parent) = path.parent() {
+        sys::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    sys::atomic_write_mode(&path, &text, 0o644).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(true)
 }
 
 /// Issue 30: takes mam's allow rule out of `<cwd>/.claude/settings.local.json` once no running claude

@@ -82,10 +82,7 @@ pub fn run(ctx: &Ctx, args: &[String]) -> Result<i32, String> {
     let bound = listener.local_addr().map_err(|e| format!("test-double model: local address: {e}"))?;
     let log = match log {
         Some(p) => Some(Mutex::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&p)
+            crate::sys::open_append(&p)
                 .map_err(|e| format!("test-double model: cannot open --log {}: {e}", p.display()))?,
         )),
         None => None,

@@ -641,6 +641,10 @@ fn ignored(g: &mut Git<'_>, real: &Path) -> Result<Vec<IgnoredEntry>, String> {
     let mut entries = Vec::new();
     for e in out.stdout.split(|b| *b == 0) {
         let Some(p) = e.strip_prefix(b"!! ") else { continue };
+        // mam's own allow rules for a claude in the worktree (issue 30): `stop` takes them out.
+        if p == crate::agents::allow::SETTINGS.as_bytes() && crate::agents::allow::only_mam_rules(real) {
+            continue;
+        }
         let rel = Path::new(OsStr::from_bytes(p));
         let symlink = std::fs::symlink_metadata(real.join(rel)).is_ok_and(|m| m.file_type().is_symlink());
         entries.push(IgnoredEntry { path: String::from_utf8_lossy(p).into_owned(), dir: p.ends_with(b"/"), symlink });
