@@ -278,12 +278,8 @@ pub fn grant_approval(ctx: &Ctx, kind: &str, cwd: &Path, registry: &Path, notes:
         Err(e) => return notes.warn(format!("no allow rule for mam's commands written ({e})")),
     };
     match crate::agents::allow::add(cwd, &rule) {
-        Ok(true) => notes.note(format!(
-            "allowed {} in {} (removed again by stop)",
-            rule.join(" and "),
-            crate::text::show_path(&crate::agents::allow::claude_settings(cwd))
-        )),
-        Ok(false) => {}
+        // Said once in docs/AGENTS.md, not at every create: a note on every success is noise.
+        Ok(_) => {}
         Err(e) => return notes.warn(format!("the agent will ask approval for mam's commands: {e}")),
     }
     if let Err(e) = git_exclude(ctx, cwd) {
@@ -338,12 +334,7 @@ pub fn revoke_approval(ctx: &Ctx, doc: &Sessions, except: &str, cwd: &Path, regi
     let Ok(m) = crate::ops::mam_exe(ctx) else { return };
     let rule = crate::agents::allow::claude_rules(&m, registry);
     match crate::agents::allow::remove(cwd, &rule) {
-        Ok(true) => notes.note(format!(
-            "removed {} from {}",
-            rule.join(" and "),
-            crate::text::show_path(&crate::agents::allow::claude_settings(cwd))
-        )),
-        Ok(false) => {}
+        Ok(_) => {}
         Err(e) => notes.warn(format!("mam's allow rule not removed: {e}")),
     }
 }
