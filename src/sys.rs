@@ -668,6 +668,12 @@ pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
 }
 
 /// True when a process with this pid exists (zombies included) and may be signalled by us.
+/// True when `p` is a regular file (links followed, as a reader would) holding at least one byte: a
+/// job's report counts as written only then.
+pub fn is_nonempty_file(p: &Path) -> bool {
+    fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0)
+}
+
 pub fn process_exists(pid: i32) -> bool {
     pid > 0 && (kill(pid, 0).is_ok() || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
 }

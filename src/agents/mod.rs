@@ -94,6 +94,10 @@ pub struct Adapter {
     /// matched with its case: gemini's key box says "Esc to cancel" and its remains can stay on
     /// screen under an idle input line, while its working line says "(esc to cancel, 4s)".
     pub working_marks: &'static [&'static str],
+    /// In its default mode the CLI runs each command in a sandbox with its own PID namespace (codex's
+    /// workspace-write): a timer armed from inside sees no agent among its ancestors and ends with the
+    /// command, so the watcher beats for the job from outside (issue 30, docs/AGENTS.md "codex").
+    pub commands_in_own_pid_namespace: bool,
 }
 
 /// Screen text of a CLI's approval dialog for one action of the agent (claude: "This command
@@ -172,6 +176,7 @@ pub const ADAPTERS: &[Adapter] = &[
             Dialog { screen: "running in Bypass Permissions mode", keys: &["2"] },
         ],
         working_marks: &["esc to interrupt", "Retrying in"],
+        commands_in_own_pid_namespace: false,
     },
     Adapter {
         kind: "codex",
@@ -198,6 +203,7 @@ pub const ADAPTERS: &[Adapter] = &[
             Dialog { screen: "Trust and continue", keys: &["enter"] },
         ],
         working_marks: &["esc to interrupt", "Reconnecting..."],
+        commands_in_own_pid_namespace: true,
     },
     Adapter {
         kind: "gemini",
@@ -219,6 +225,7 @@ pub const ADAPTERS: &[Adapter] = &[
             Dialog { screen: "Enter Gemini API Key", keys: &["enter"] },
         ],
         working_marks: &["esc to cancel"],
+        commands_in_own_pid_namespace: false,
     },
     Adapter {
         kind: "qwen",
@@ -236,6 +243,7 @@ pub const ADAPTERS: &[Adapter] = &[
         startup_busy: &[],
         dialogs: &[],
         working_marks: &["esc to cancel"],
+        commands_in_own_pid_namespace: false,
     },
     Adapter {
         kind: "grok",
@@ -253,6 +261,7 @@ pub const ADAPTERS: &[Adapter] = &[
         startup_busy: &[],
         dialogs: &[],
         working_marks: &[],
+        commands_in_own_pid_namespace: false,
     },
     Adapter {
         kind: "opencode",
@@ -275,6 +284,7 @@ pub const ADAPTERS: &[Adapter] = &[
         dialogs: &[],
         // "[retrying in 2s attempt #2]", or "[retrying attempt #2]" in a narrow pane.
         working_marks: &["esc interrupt", "[retrying"],
+        commands_in_own_pid_namespace: false,
     },
     Adapter {
         kind: "agy",
@@ -292,6 +302,7 @@ pub const ADAPTERS: &[Adapter] = &[
         startup_busy: &[],
         dialogs: &[],
         working_marks: &[],
+        commands_in_own_pid_namespace: false,
     },
     Adapter {
         kind: "hermes",
@@ -309,6 +320,7 @@ pub const ADAPTERS: &[Adapter] = &[
         startup_busy: &[],
         dialogs: &[],
         working_marks: &[],
+        commands_in_own_pid_namespace: false,
     },
 ];
 

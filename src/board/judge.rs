@@ -131,7 +131,10 @@ fn finished(f: &Facts) -> Shown {
     let (state, text, source) = match status {
         "completed" | "failed" | "error" if by_agent => (Status::Idle, format!("job {id}: {status}"), Source::Signed),
         "cancelled" => (Status::Idle, format!("job {id}: cancelled ({reason})"), Source::Operator),
-        "deadline_timeout" if reason == "unresponsive" => {
+        "deadline_timeout" if reason == crate::registry::AGENT_GONE => {
+            (Status::Blocked, format!("job {id}: closed, the agent's process ended"), Source::Inferred)
+        }
+        "deadline_timeout" if reason == crate::registry::UNRESPONSIVE => {
             let gap = silence.map_or_else(String::new, |s| format!(", no evidence for {}", duration(s)));
             (Status::Blocked, format!("job {id}: closed unresponsive{gap}"), Source::Inferred)
         }

@@ -52,7 +52,8 @@ Also read: SKS_DELIVERY_GRACE_S and the other send-keys-safe knobs of `mam pane`
 DELEGATE_JOB_LOGS_DIR, WORKSPACE_ROOT, AGENT_SESSIONS_YAML, MQTT_*, MAM_DISPATCH_SECRET (remote),
 the env file. MAM_INJECT_ACK_GRACE_S is accepted and has no effect (T decides).
 
-Stdout (last line): JOB_ID=<jid> STATUS=<status> REPORT=<abs report path>
+Stdout (last line): JOB_ID=<jid> STATUS=<status> REPORT=<abs report path, or - when the agent
+wrote none>
 
 Exit codes: 0 completed with a report, 1 error or failed, completed without report, env-file or
 internal failure, 2 usage, invalid knob, brief file refused, session refused (nothing registered),
@@ -211,7 +212,9 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let out = ctx.clone();
     let mut diag = |l: &str| out.diag(l);
     let f = delegate::run(ctx, &req, &mut diag).map_err(cli::delegate_failure)?;
-    ctx.say(&format!("JOB_ID={} STATUS={} REPORT={}", f.job_id, f.status, f.report.to_string_lossy()));
+    // Issue 30: `-` when the agent wrote no report (a job closed before it did).
+    let report = if sys::is_nonempty_file(&f.report) { f.report.to_string_lossy() } else { "-".into() };
+    ctx.say(&format!("JOB_ID={} STATUS={} REPORT={report}", f.job_id, f.status));
     Ok(f.rc)
 }
 

@@ -55,6 +55,8 @@ use wait::{parse_log_line, parse_sub_line, proves_start, Due, Judge, SubLine};
 pub const MAX_TASK: usize = 1024 * 1024;
 /// One pass of the wait loop at most; a pass also wakes early on a subscriber line.
 const PASS: Duration = Duration::from_millis(200);
+/// How often the wait looks at the agent's recorded processes (issue 30).
+const AGENT_CHECK: Duration = Duration::from_secs(1);
 /// A subscriber that ended early is started again at most this often (3.4: re-probe the broker).
 const RESPAWN_GAP: Duration = Duration::from_secs(2);
 /// Budget of the closing publish (A4): the record is final before it, so a dead broker must not hold
@@ -267,6 +269,10 @@ pub fn run(ctx: &Ctx, req: &Request, diag: &mut dyn FnMut(&str)) -> Result<Finis
     let rec = register(ctx, &store, req, &resolved, remote, &mut clock::new_job_id, diag)?;
     let start = Instant::now();
     let mut d = Delegation::new(ctx, req, store, rec, start);
+    if let Target::Local { name, .. } = &target {
+        let doc = session::load(&resolved.sessions).ok();
+        d.agent = doc.as_ref().and_then(|doc| doc.row(name)).and_then(session::AgentLife::of);
+    }
     let finished = d.drive(&target, diag);
     d.notify_verdict(diag);
     Ok(finished)
@@ -366,6 +372,13 @@ struct Delegation<'a> {
     submitted_ms: Option<u64>,
     /// Where the job went (set by `drive`): an `agent_blocked` close looks at its screen.
     target: Option<Target>,
+    /// The session's agent as its row recorded it (a local session whose recorded processes live):
+    /// looked at once a second (issue 30: a gone agent, a sandboxed agent's heartbeat).
+    agent: Option<session::AgentLife>,
+    agent_checked: Option<Instant>,
+    /// When this wrapper last armed a timer from outside the agent's sandbox, and whether it warned.
+    outside_armed: Option<Instant>,
+    outside_warned: bool,
 }
 
 impl<'a> Delegation<'a> {
@@ -393,6 +406,10 @@ impl<'a> Delegation<'a> {
             sub_warned: false,
             submitted_ms: None,
             target: None,
+            agent: None,
+            agent_checked: None,
+            outside_armed: None,
+            outside_warned: false,
             store,
             job_id,
             start,
@@ -686,6 +703,7 @@ impl<'a> Delegation<'a> {
             if self.req.until_started && self.judge.is_started() {
                 return End::Started;
             }
+            self.look_at_agent(diag);
             let now = self.now();
             if let Some(due) = self.judge.due(now) {
                 self.close_due(&due, diag);
@@ -700,6 +718,67 @@ impl<'a> Delegation<'a> {
                 }
                 None => sys::sleep(sleep),
             }
+        }
+    }
+
+    /// Issue 30, once a second: an agent whose process has ended is noted (the judge closes the job
+    /// one grace later, within N + 2 s of the death instead of K x N); a living agent whose commands
+    /// run in their own PID namespace gets its heartbeat from a timer armed here, outside the sandbox,
+    /// watching the agent's recorded process (the one its own start command armed ends with the
+    /// command's namespace, and sees no agent to watch).
+    fn look_at_agent(&mut self, diag: &mut dyn FnMut(&str)) {
+        let Some(life) = self.agent.as_ref() else { return };
+        if self.agent_checked.is_some_and(|t| t.elapsed() < AGENT_CHECK) {
+            return;
+        }
+        self.agent_checked = Some(Instant::now());
+        if let Some(pid) = life.gone() {
+            let now = self.now();
+            self.judge.agent_gone(now, pid);
+            return;
+        }
+        if !life.sandboxed || !self.judge.is_started() {
+            return;
+        }
+        let pid = life.pid();
+        let every = Duration::from_secs(u64::from(self.req.heartbeat_sec.max(1)));
+        if self.outside_armed.is_some_and(|t| t.elapsed() < every)
+            || crate::heartbeat::timer::status(&self.store.registry, &self.job_id).is_some()
+        {
+            return;
+        }
+        let Some(rec) = self.read_record().filter(|r| {
+            r.status() == "running" && r.attempt() == Some(self.attempt) && r.str("dispatch_token") == Some(&self.token)
+        }) else {
+            return;
+        };
+        self.outside_armed = Some(Instant::now());
+        let armed = crate::wire::Settings::from_ctx(self.ctx).map_err(|e| e.to_string()).and_then(|settings| {
+            let a = crate::heartbeat::arm::Arm {
+                attempt: Some(self.attempt),
+                dispatch_token: Some(self.token.clone()),
+                interval: self.req.heartbeat_sec.max(1),
+                watch_pid: Some(pid),
+                lifetime: None,
+            };
+            crate::heartbeat::arm::arm(self.ctx, &self.store, &settings, &self.job_id, &rec, a)
+                .map_err(|e| e.to_string())
+        });
+        match armed {
+            Ok(a) if !self.outside_warned => {
+                self.outside_warned = true;
+                diag(&format!(
+                    "NOTE: job {}: the agent runs its commands in a sandbox; its heartbeat comes from a timer \
+                     outside it (pid {}) that watches the agent's process {pid}",
+                    self.job_id, a.started.pid
+                ));
+            }
+            Ok(_) => {}
+            Err(e) if !self.outside_warned => {
+                self.outside_warned = true;
+                diag(&format!("WARNING: job {}: cannot beat for the sandboxed agent ({e})", self.job_id));
+            }
+            Err(_) => {}
         }
     }
 
@@ -855,6 +934,7 @@ impl<'a> Delegation<'a> {
             Due::BrokerUnavailable => {
                 format!("broker unreachable and no event on disk for {} s", self.judge.idle_ms / 1000)
             }
+            Due::AgentGone { .. } => due.message(),
         };
         if self.close(status, &reason, diag) {
             diag(&format!("ERROR: job {}: {msg}; closed {status}", self.job_id));
@@ -924,7 +1004,7 @@ impl<'a> Delegation<'a> {
 }
 
 fn report_ok(p: &Path) -> bool {
-    fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0)
+    sys::is_nonempty_file(p)
 }
 
 fn cas(ctx: &Ctx) -> bool {

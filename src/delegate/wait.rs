@@ -20,7 +20,14 @@ pub enum Due {
     Unresponsive,
     /// No evidence for IDLE while the subscriber cannot reach the broker (A11).
     BrokerUnavailable,
+    /// The agent's process ended with the job open (issue 30): seen `GONE_GRACE_MS` ago, so a
+    /// terminal event it wrote on its way out is in. Before `started` it is `agent_blocked`.
+    AgentGone { pid: i32, started: bool },
 }
+
+/// How long a job stays open after its agent's process was seen gone: a terminal event written
+/// just before the exit lands first (issue 30: the close comes within N + 2 s of the death).
+pub const GONE_GRACE_MS: u64 = 1_000;
 
 impl Due {
     /// The engine's target status and reason for this close.
@@ -31,6 +38,8 @@ impl Due {
             Due::Deadline => ("deadline_timeout", "deadline".into()),
             Due::Unresponsive => ("deadline_timeout", "unresponsive".into()),
             Due::BrokerUnavailable => ("broker_unavailable", "broker unavailable".into()),
+            Due::AgentGone { started: false, .. } => ("agent_blocked", self.message()),
+            Due::AgentGone { started: true, .. } => ("deadline_timeout", crate::registry::AGENT_GONE.into()),
         }
     }
 
@@ -46,6 +55,8 @@ impl Due {
             Due::Deadline => "deadline reached".into(),
             Due::Unresponsive => "no evidence within the idle window (unresponsive)".into(),
             Due::BrokerUnavailable => "broker unreachable and no evidence on disk within the idle window".into(),
+            Due::AgentGone { pid, started: false } => format!("the agent's process (pid {pid}) ended before started"),
+            Due::AgentGone { pid, .. } => format!("the agent's process (pid {pid}) ended with the job open"),
         }
     }
 }
@@ -63,6 +74,8 @@ pub struct Judge {
     started_ms: Option<u64>,
     last_evidence_ms: Option<u64>,
     broker_down_since: Option<u64>,
+    /// When the agent's process was first seen gone, and its pid.
+    agent_gone: Option<(u64, i32)>,
 }
 
 impl Judge {
@@ -75,6 +88,7 @@ impl Judge {
             started_ms: None,
             last_evidence_ms: None,
             broker_down_since: None,
+            agent_gone: None,
         }
     }
 
@@ -119,10 +133,20 @@ impl Judge {
         self.broker_down_since.is_some()
     }
 
+    /// The agent's process `pid` was seen gone at `now` (the first sighting counts).
+    pub fn agent_gone(&mut self, now: u64, pid: i32) {
+        self.agent_gone.get_or_insert((now, pid));
+    }
+
     /// The close due at `now`, if any. Before `started`: T from the end of the injection, cut by the
     /// deadline, gives `agent_blocked`. After: the deadline, then the idle window (A14: due exactly
     /// IDLE after the last evidence; `broker_unavailable` when the broker is down then, A11).
     pub fn due(&self, now: u64) -> Option<Due> {
+        if let Some((seen, pid)) = self.agent_gone {
+            if now >= seen + GONE_GRACE_MS {
+                return Some(Due::AgentGone { pid, started: self.started_ms.is_some() });
+            }
+        }
         match self.started_ms {
             None => {
                 let from = self.inject_end_ms?;
@@ -160,6 +184,9 @@ impl Judge {
             (None, Some(from)) => next = next.min(from + self.ack_ms),
             (Some(_), _) => next = next.min(self.last_evidence_ms.unwrap_or(0) + self.idle_ms),
             (None, None) => {}
+        }
+        if let Some((seen, _)) = self.agent_gone {
+            next = next.min(seen + GONE_GRACE_MS);
         }
         next.max(now)
     }
@@ -261,6 +288,26 @@ mod tests {
         assert_eq!(j.due(9500), Some(Due::BrokerUnavailable));
         j.broker_up();
         assert_eq!(j.due(9500), Some(Due::Unresponsive));
+    }
+
+    #[test]
+    fn a_gone_agent_closes_the_job_one_grace_after_it_was_seen() {
+        let mut j = Judge::new(None, 60_000, 120_000);
+        j.injected(0);
+        j.started(500);
+        j.agent_gone(3000, 42);
+        j.agent_gone(3500, 43);
+        assert_eq!(j.next_check(3000), 3000 + GONE_GRACE_MS);
+        assert_eq!(j.due(3000 + GONE_GRACE_MS - 1), None, "the grace lets a last terminal event land");
+        let d = j.due(3000 + GONE_GRACE_MS).unwrap();
+        assert_eq!(d, Due::AgentGone { pid: 42, started: true });
+        assert_eq!(d.status_reason(false), ("deadline_timeout", "agent_gone".into()));
+        assert_eq!(d.message(), "the agent's process (pid 42) ended with the job open");
+        let mut j = Judge::new(None, 60_000, 120_000);
+        j.injected(0);
+        j.agent_gone(100, 7);
+        let d = j.due(100 + GONE_GRACE_MS).unwrap();
+        assert_eq!(d.status_reason(false).0, "agent_blocked", "it never started");
     }
 
     #[test]

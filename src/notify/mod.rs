@@ -81,7 +81,7 @@ impl Verdict {
             return None;
         }
         let reason = rec.str("reason").unwrap_or("").to_string();
-        let verdict = if status == "deadline_timeout" && reason == "unresponsive" { "unresponsive" } else { status };
+        let verdict = crate::registry::verdict_word(status, &reason);
         Some(Verdict {
             subject: Subject::Job,
             job_id: rec.str("job_id").unwrap_or("").to_string(),
@@ -91,7 +91,9 @@ impl Verdict {
             verdict: verdict.to_string(),
             status: status.to_string(),
             reason,
-            report: rec.str("report_path").map(PathBuf::from),
+            // Issue 30: only a report that exists is named (a job closed before its agent wrote one
+            // has none).
+            report: rec.str("report_path").map(PathBuf::from).filter(|p| crate::sys::is_nonempty_file(p)),
         })
     }
 
@@ -280,15 +282,24 @@ mod tests {
 
     #[test]
     fn a_record_verdict_names_unresponsive_and_keeps_every_value_on_one_line() {
+        let dir = std::env::temp_dir().join(format!("mam-notify-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let report = dir.join("report.md");
+        std::fs::write(&report, "# r\n").unwrap();
         let r = rec(json!({"job_id": "1abbcdef", "attempt": 2, "status": "deadline_timeout",
-            "reason": "unresponsive", "agent_session": "worker", "report_path": "/r/report.md"}));
+            "reason": "unresponsive", "agent_session": "worker", "report_path": report}));
         let v = Verdict::of_record(&r).unwrap();
         assert_eq!((v.verdict.as_str(), v.status.as_str()), ("unresponsive", "deadline_timeout"));
         assert_eq!(v.summary(), "job 1abbcdef (worker): unresponsive (deadline_timeout: unresponsive)");
         let env = v.env("daemon");
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("MAM_VERDICT_ATTEMPT"), Some("2"));
-        assert_eq!(get("MAM_VERDICT_REPORT"), Some("/r/report.md"));
+        assert_eq!(get("MAM_VERDICT_REPORT"), report.to_str());
+        std::fs::remove_dir_all(&dir).unwrap();
+        let none = rec(json!({"job_id": "j", "status": "agent_blocked", "report_path": "/nonexistent/report.md"}));
+        let env = Verdict::of_record(&none).unwrap().env("daemon");
+        let got = env.iter().find(|(n, _)| n == "MAM_VERDICT_REPORT").map(|(_, v)| v.as_str());
+        assert_eq!(got, Some(""), "no report is named when none was written");
         assert_eq!(get("MAM_VERDICT_BY"), Some("daemon"));
         assert!(Verdict::of_record(&rec(json!({"status": "running"}))).is_none());
         let r = rec(json!({"job_id": "j", "status": "failed", "reason": "bad\nline\u{1b}[31m"}));

@@ -38,6 +38,22 @@ pub fn is_terminal(s: &str) -> bool {
     TERMINAL.contains(&s)
 }
 
+/// The reasons of a `deadline_timeout` the watcher or daemon closes for lack of life: no evidence
+/// for the idle window, or the agent's process seen gone (issue 30, closed within N + 2 s).
+pub const UNRESPONSIVE: &str = "unresponsive";
+pub const AGENT_GONE: &str = "agent_gone";
+
+/// The verdict word of a terminal status and its reason, the one rule wait, notify, the board and
+/// the ui share: a job closed for lack of life (`deadline_timeout` with reason `unresponsive` or
+/// `agent_gone`) is `unresponsive`; every other status is its own word.
+pub fn verdict_word<'a>(status: &'a str, reason: &str) -> &'a str {
+    if status == "deadline_timeout" && (reason == UNRESPONSIVE || reason == AGENT_GONE) {
+        UNRESPONSIVE
+    } else {
+        status
+    }
+}
+
 /// `pending, running, completed, ...` for the invalid-status line of CORE 4.2.
 pub fn status_list() -> String {
     let all: Vec<&str> = NON_TERMINAL.iter().chain(TERMINAL.iter()).copied().collect();

@@ -538,6 +538,47 @@ pub fn recorded_procs(row: &Row) -> Vec<pane::proc::Proc> {
         .collect()
 }
 
+/// A running session's agent as its row recorded it, judged from outside (issue 30, "faster
+/// truth"): the recorded processes still alive when asked, and among them the agent CLIs.
+#[derive(Debug, Clone)]
+pub struct AgentLife {
+    procs: Vec<pane::proc::Proc>,
+    clis: Vec<pane::proc::Proc>,
+    /// The adapter runs the agent's commands in their own PID namespace (a timer armed from inside
+    /// cannot watch the agent).
+    pub sandboxed: bool,
+}
+
+impl AgentLife {
+    /// The row's agent as it runs now; `None` when nothing it recorded still lives (an agent that
+    /// restarted itself, a row from before agent pids were recorded): then nothing is judged.
+    pub fn of(row: &Row) -> Option<AgentLife> {
+        let procs: Vec<pane::proc::Proc> = recorded_procs(row).into_iter().filter(|p| p.alive()).collect();
+        if procs.is_empty() {
+            return None;
+        }
+        let clis = procs
+            .iter()
+            .copied()
+            .filter(|p| sys::proc_cmdline(p.pid).is_ok_and(|a| agents::argv_is_agent(&a)))
+            .collect();
+        let sandboxed = agents::adapter(&row.agent).is_some_and(|a| a.commands_in_own_pid_namespace);
+        Some(AgentLife { procs, clis, sandboxed })
+    }
+
+    /// The process a timer watches for this agent: the outermost agent CLI, else the first recorded.
+    pub fn pid(&self) -> i32 {
+        self.clis.first().or(self.procs.first()).map_or(0, |p| p.pid)
+    }
+
+    /// When the agent is gone: every agent CLI it ran has ended (or, with none recognised, every
+    /// process recorded for it), naming the pid that was watched.
+    pub fn gone(&self) -> Option<i32> {
+        let ended = |ps: &[pane::proc::Proc]| !ps.is_empty() && ps.iter().all(|p| !p.alive());
+        (ended(&self.clis) || ended(&self.procs)).then(|| self.pid())
+    }
+}
+
 /// `<agent>-NN`: the lowest two-digit suffix no row uses (2.1, decided).
 pub fn default_name(doc: &Sessions, kind: &str) -> Option<String> {
     (1..=99).map(|n| format!("{kind}-{n:02}")).find(|n| doc.row(n).is_none())

@@ -64,7 +64,7 @@ impl Found {
 
 /// The verdict word of a terminal status and reason.
 pub fn verdict_word(status: &str, reason: &str) -> String {
-    if status == "deadline_timeout" && reason == "unresponsive" { "unresponsive" } else { status }.to_string()
+    crate::registry::verdict_word(status, reason).to_string()
 }
 
 /// The evidence times a record carries from its agent (claim, beat, last event) in this dispatch.

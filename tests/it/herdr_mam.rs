@@ -268,7 +268,8 @@ fn o3_7_delegations_on_real_herdr_give_the_contract_verdicts() {
     assert_eq!(screen.matches(&format!("Job {id}:")).count(), 2, "echoed once, read once: {screen}");
     let (_, rc, status, id, err) = find("crash");
     assert_eq!((*rc, status.as_str()), (4, "deadline_timeout"), "{err}");
-    assert_eq!(w.record(id)["reason"], "unresponsive");
+    // Issue 30: the crashed agent's process is seen gone (before: K x N of silence).
+    assert_eq!(w.record(id)["reason"], "agent_gone");
     let (_, rc, status, _, err) = find("silent");
     assert_eq!((*rc, status.as_str()), (3, "agent_blocked"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(100), "{:?}", started.elapsed());
@@ -315,8 +316,9 @@ fn herdr_server_killed_mid_job_closes_the_job_by_the_contract() {
     let (jid, status) = verdict(&out);
     assert_eq!(jid, id);
     assert_eq!((rc, status.as_str()), (4, "deadline_timeout"), "{err}");
-    assert_eq!(w.record(&id)["reason"], "unresponsive");
-    // K x N = 3 s of silence, then the wrapper's idle margin: far below the job's 90 s budget.
+    // The server's death takes its panes' agents with it: their processes are seen gone.
+    assert_eq!(w.record(&id)["reason"], "agent_gone");
+    // N + 2 s: far below the job's 90 s budget.
     assert!(took < Duration::from_secs(20), "closed {took:?} after the kill");
     // The server is gone: mam says so instead of hanging or bootstrapping (status never autostarts).
     let st = w.mam().args(["pane", "status", "--target", "victim"]).env("MAM_NO_AUTOSTART", "1").run();
