@@ -16,6 +16,8 @@ pub enum Source {
     Signed,
     Inferred,
     Operator,
+    /// The agent's screen (an approval dialog, its empty input line): issue 30's "needs you".
+    Screen,
 }
 
 impl Source {
@@ -24,6 +26,7 @@ impl Source {
             Source::Signed => "signed",
             Source::Inferred => "inferred",
             Source::Operator => "operator",
+            Source::Screen => "screen",
         }
     }
 }
@@ -52,6 +55,18 @@ pub struct Facts {
     /// T, the budget for `started`.
     pub ack_ms: u64,
     pub last: Option<Evidence>,
+    /// What the agent's screen says it waits for while the job is open (read by the board).
+    pub needs_you: Option<NeedsYou>,
+}
+
+/// An open job whose agent waits for a person (issue 30).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NeedsYou {
+    /// An approval dialog is on screen, asking about this action.
+    Approval(String),
+    /// The agent is back at its empty input line, first seen so at `since_ms`; after `after_ms` of
+    /// that with the job still open, the job waits for you.
+    AtInputLine { since_ms: u64, after_ms: u64 },
 }
 
 /// The state a pane shows for one job.
@@ -87,6 +102,17 @@ pub fn judge(f: &Facts, now_ms: u64) -> Shown {
     let id = &f.job_id;
     if is_terminal(&f.status) {
         return finished(f);
+    }
+    match &f.needs_you {
+        Some(NeedsYou::Approval(what)) => {
+            let text = format!("job {id}: waiting for you: approve {what}?");
+            return shown(Status::Blocked, text, Source::Screen, true, None);
+        }
+        Some(NeedsYou::AtInputLine { since_ms, after_ms }) if now_ms >= since_ms + after_ms => {
+            let text = format!("job {id}: waiting for you: idle at its input line for {}", duration(now_ms - since_ms));
+            return shown(Status::Blocked, text, Source::Screen, true, None);
+        }
+        _ => {}
     }
     let Some(ev) = &f.last else {
         // Not started yet: unknown within T of the dispatch, blocked past it.
@@ -181,6 +207,7 @@ mod tests {
 
     fn facts(status: &str, last: Option<(u64, &str)>) -> Facts {
         Facts {
+            needs_you: None,
             job_id: "1abbcdef".into(),
             status: status.into(),
             reason: None,
@@ -204,6 +231,22 @@ mod tests {
         assert_eq!(s.message, "job 1abbcdef: no evidence for 6 s (inferred)");
         let s = judge(&f, NOW + 127_000);
         assert_eq!(s.message, "job 1abbcdef: no evidence for 2m10s (inferred)");
+    }
+
+    #[test]
+    fn an_open_job_waits_for_you_at_an_approval_or_long_enough_at_the_input_line() {
+        let mut f = facts("running", Some((1_000, "beat")));
+        f.needs_you = Some(NeedsYou::Approval("Bash command: touch x".into()));
+        let s = judge(&f, NOW);
+        assert_eq!((s.state, s.source), (Status::Blocked, Source::Screen));
+        assert_eq!(s.message, "job 1abbcdef: waiting for you: approve Bash command: touch x? (screen)");
+        f.needs_you = Some(NeedsYou::AtInputLine { since_ms: NOW - 9_000, after_ms: 10_000 });
+        assert_eq!(judge(&f, NOW).state, Status::Working, "not yet: 9 s at the input line");
+        let s = judge(&f, NOW + 3_000);
+        assert_eq!((s.state, s.source), (Status::Blocked, Source::Screen));
+        assert_eq!(s.message, "job 1abbcdef: waiting for you: idle at its input line for 12 s (screen)");
+        f.status = "completed".into();
+        assert_ne!(judge(&f, NOW + 3_000).source, Source::Screen, "a finished job waits for nobody");
     }
 
     #[test]

@@ -44,6 +44,8 @@ use judge::{Evidence, Facts, Shown};
 pub const TICK: Duration = Duration::from_secs(1);
 /// The default refresh of an open job's message (`MAM_BOARD_REFRESH_S`).
 pub const REFRESH_S: u32 = 10;
+/// The default of `MAM_WAITING_FOR_YOU_S`.
+pub const WAITING_FOR_YOU_S: u32 = 10;
 /// A pane whose report failed is tried again after this long.
 const RETRY: Duration = Duration::from_secs(10);
 /// The whole budget of the releases when the daemon stops (`daemon stop` waits 5 s).
@@ -61,6 +63,9 @@ pub struct Settings {
     pub tick: Duration,
     /// How often an open job's message is refreshed while its state holds; `None`: only changes.
     pub refresh: Option<Duration>,
+    /// How long an agent stays at its input line with its job open before the job shows "waiting for
+    /// you" (`MAM_WAITING_FOR_YOU_S`, issue 30); `None` (0): never.
+    pub waiting_after: Option<Duration>,
 }
 
 type Stamp = (SystemTime, u64);
@@ -127,16 +132,20 @@ pub struct Board {
     next: Instant,
     last_seq: u64,
     warned_registry: bool,
+    /// Per session: since when (ms) its agent has been seen at its input line with a job open.
+    at_input: HashMap<String, u64>,
 }
 
 /// The `MAM_BOARD*` knobs and whether a verdict hook is configured.
 pub fn settings(ctx: &Ctx) -> Result<Settings, crate::knob::ConfigError> {
     let refresh = crate::knob::env_or(ctx, "MAM_BOARD_REFRESH_S", 0, REFRESH_S)?;
+    let waiting = crate::knob::env_or(ctx, "MAM_WAITING_FOR_YOU_S", 0, WAITING_FOR_YOU_S)?;
     Ok(Settings {
         report: ctx.var("MAM_BOARD").as_deref() != Some("0"),
         hooks: notify::configured(ctx),
         tick: TICK,
         refresh: (refresh > 0).then(|| Duration::from_secs(refresh.into())),
+        waiting_after: (waiting > 0).then(|| Duration::from_secs(waiting.into())),
     })
 }
 
@@ -183,6 +192,7 @@ fn facts_of(rec: &Record, last: Option<Evidence>) -> Facts {
         idle_ms: idle_ms(rec),
         ack_ms: rec.u64("ack_timeout_sec").unwrap_or(300) * 1000,
         last,
+        needs_you: None,
     }
 }
 
@@ -215,6 +225,7 @@ impl Board {
             next: Instant::now(),
             last_seq: 0,
             warned_registry: false,
+            at_input: HashMap::new(),
         }
     }
 
@@ -355,7 +366,13 @@ impl Board {
                 continue;
             };
             let job_id = f.job_id.clone();
-            let s = judge::judge(f, now_ms);
+            let mut f = f.clone();
+            if !is_terminal(&f.status) && f.last.is_some() {
+                f.needs_you = self.needs_you(&t, now_ms);
+            } else {
+                self.at_input.remove(&t.session);
+            }
+            let s = judge::judge(&f, now_ms);
             if let Some(u) = s.until_ms {
                 due_at = Some(due_at.map_or(u, |d| d.min(u)));
             }
@@ -378,6 +395,30 @@ impl Board {
             self.send(&t, &job_id, &s, changed, log);
         }
         due_at
+    }
+
+    /// What the agent of `t`'s open, started job waits for, from its screen (issue 30): an approval
+    /// dialog at once; its empty input line once it has held `waiting_after`.
+    fn needs_you(&mut self, t: &Target, now_ms: u64) -> Option<judge::NeedsYou> {
+        let after = self.settings.waiting_after?;
+        let (approval, ready) = {
+            let b = self.backend(t)?;
+            let screen = b.read_detection(&t.session).ok()?;
+            match agents::approval_on(&screen) {
+                Some(what) => (Some(what), false),
+                None => (None, b.input_line(&t.session) == pane::InputLine::Ready),
+            }
+        };
+        if let Some(what) = approval {
+            self.at_input.remove(&t.session);
+            return Some(judge::NeedsYou::Approval(what));
+        }
+        if !ready {
+            self.at_input.remove(&t.session);
+            return None;
+        }
+        let since_ms = *self.at_input.entry(t.session.clone()).or_insert(now_ms);
+        Some(judge::NeedsYou::AtInputLine { since_ms, after_ms: after.as_millis() as u64 })
     }
 
     fn send(&mut self, t: &Target, job_id: &str, s: &Shown, changed: bool, log: &mut dyn FnMut(&str)) {

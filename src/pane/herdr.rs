@@ -548,8 +548,13 @@ impl Backend for Herdr {
         match self.query(&["agent", "list"]) {
             Reply::Ok(v) => match parse_agents(&v) {
                 Ok(mut list) => {
-                    for a in list.iter_mut().filter(|a| a.status == "working") {
-                        if self.stale_working(&a.name, &a.kind) {
+                    for a in list.iter_mut() {
+                        // Issue 30: herdr lists mam's own report once the daemon's board reported
+                        // the pane's job; the agent's state is what herdr's screen detection says.
+                        if let Some(own) = self.screen_state(&a.name) {
+                            a.status = own.state.word().to_string();
+                        }
+                        if a.status == "working" && self.stale_working(&a.name, &a.kind) {
                             a.status = "idle".into();
                         }
                     }

@@ -127,14 +127,40 @@ pub fn on_path(ctx: &Ctx, tool: &str) -> Option<PathBuf> {
     std::env::split_paths(&path).map(|d| d.join(tool)).find(|p| p.is_file())
 }
 
+/// The knobs of one orchestrating command (a delegation's budgets and delivery, create's start-up,
+/// the board, the verdict hook, the review loop): a server a `create` starts must not keep them,
+/// or every later pane of that server would inherit one command's settings (issue 30: a
+/// `MAM_ACK_TIMEOUT_S=90 mam create` was seen in the tmux server's environment).
+const PER_COMMAND: &[&str] = &[
+    "MAM_ACK_TIMEOUT_S",
+    "MAM_DELEGATE_TIMEOUT_S",
+    "MAM_HEARTBEAT_SEC",
+    "MAM_HEARTBEAT_MISSES",
+    "MAM_INJECT_ACK_GRACE_S",
+    "SKS_DELIVERY_GRACE_S",
+    "MAM_AGENT_START_TIMEOUT_MS",
+    "MAM_WAITING_FOR_YOU_S",
+    "MAM_BOARD",
+    "MAM_BOARD_REFRESH_S",
+    "MAM_ON_VERDICT",
+    "MAM_ON_VERDICT_TIMEOUT_S",
+];
+const PER_COMMAND_PREFIXES: &[&str] = &["MAM_SKS_", "MAM_STARTUP_DIALOG_", "MAM_LOOP_", "MAM_VERDICT_"];
+
+/// True for a knob of one orchestrating command (`PER_COMMAND`).
+pub fn per_command_knob(name: &str) -> bool {
+    PER_COMMAND.contains(&name) || PER_COMMAND_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 /// The environment for a child that may start a server: the context's minus the secrets (an agent
-/// pane inherits the server's environment), the denylist and the herdr addressing variables (1.3).
+/// pane inherits the server's environment), the denylist, the herdr addressing variables (1.3) and
+/// the knobs of the orchestrating command that starts it.
 pub fn server_env(ctx: &Ctx) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     ctx.child_env_for(ChildRole::Agent)
         .into_iter()
         .filter(|(k, _)| {
             let k = k.to_string_lossy();
-            !denied(&k) && k != "HERDR_SOCKET_PATH" && k != "HERDR_SESSION"
+            !denied(&k) && k != "HERDR_SOCKET_PATH" && k != "HERDR_SESSION" && !per_command_knob(&k)
         })
         .collect()
 }

@@ -39,6 +39,8 @@ struct RawScript {
 struct Script {
     ack_delay_s: f64,
     never_start: bool,
+    /// Runs the start command, works, then returns to its input line without `completed`.
+    no_completed: bool,
     work_s: f64,
     report_text: String,
     verdict: Option<String>,
@@ -78,6 +80,7 @@ impl Default for Script {
         Script {
             ack_delay_s: 0.0,
             never_start: false,
+            no_completed: false,
             work_s: 0.0,
             report_text: "fake agent report".into(),
             verdict: None,
@@ -143,6 +146,7 @@ impl Script {
         match k {
             "ack_delay_s" => self.ack_delay_s = num(),
             "never_start" => self.never_start = yes(),
+            "no_completed" => self.no_completed = yes(),
             "work_s" => self.work_s = num(),
             "report_text" => self.report_text = v.replace("\\n", "\n"),
             "verdict" => self.verdict = Some(v.to_string()).filter(|v| !v.is_empty()),
@@ -484,7 +488,9 @@ fn handle_prompt(agent: &Agent, raw: &RawScript, prompt: &str, handled: &mut u64
                 agent.run_line(sub, &[("MAM_PARENT_JOB_ID", job.as_str())]);
             }
             pause(s.work_s);
-            if s.verdict.as_deref().is_some_and(|v| v.eq_ignore_ascii_case("error")) {
+            if s.no_completed {
+                // Back at the input line with the job open (issue 30: "waiting for you").
+            } else if s.verdict.as_deref().is_some_and(|v| v.eq_ignore_ascii_case("error")) {
                 if let Some(l) = cmds.get("error") {
                     agent.run_line(l, &[]);
                 }

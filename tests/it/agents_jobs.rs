@@ -106,6 +106,7 @@ fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
     // Onboarding is a job too: T of 60 s (the model answers at once; a prompt waiting for approval
     // would show as agent_blocked here).
     w.env.push(("MAM_ACK_TIMEOUT_S".into(), "60".into()));
+    w.env.push(("MAM_WAITING_FOR_YOU_S".into(), "3".into()));
     if kind == "codex" {
         fs::create_dir_all(w.home.join(".codex")).unwrap();
         fs::write(
@@ -118,6 +119,11 @@ fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
         )
         .unwrap();
     }
+    // The workspace daemon, as a user's create starts it (the harness turns the autostart off): its
+    // board shows "waiting for you" (step 5) and it forwards a sandbox's events from disk.
+    let ws = w.td.ws();
+    fs::create_dir_all(ws.join(".mam")).unwrap();
+    let daemon = w.mam(["daemon", "run", "--workspace"]).args([ws.as_os_str()]).spawn_bg(&w.td, "daemon");
     let t0 = Instant::now();
     // 1. create, with its onboarding job done by the agent.
     let r = w.mam(["create", kind, "--name", "j1", "--"]).args(args).run_within(Duration::from_secs(150));
@@ -168,12 +174,37 @@ fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
         // the job stays open until its deadline (the lead's "waiting for you" state comes on top).
         let f = w.td.write("nocompleted.md", "This agent finishes its turn without completed.\n");
         let t = Instant::now();
-        let r = w
+        let mut bg = w
             .mam(["delegate-job", "--session", "j1", "--brief-file"])
             .args([f.as_os_str()])
             .args(["--ack-timeout", "30", "--heartbeat", "2", "--heartbeat-misses", "3", "--timeout", "12"])
-            .run_within(Duration::from_secs(60));
-        assert_eq!(r.rc(), 4, "{kind}: {}\n{}", r.stdout(), r.stderr());
+            .spawn_bg(&w.td, "nocompleted");
+        // Meanwhile the board shows the job waiting for the person (MAM_WAITING_FOR_YOU_S=3).
+        let pane = w.row("j1")["pane"]["id"].as_str().unwrap().to_string();
+        let shown = || match (&w.tmux, &w.real) {
+            (Some(sock), _) => String::from_utf8_lossy(
+                &std::process::Command::new("tmux")
+                    .args(["-L", sock, "display", "-p", "-t", &pane, "#{@mam_state}"])
+                    .output()
+                    .unwrap()
+                    .stdout,
+            )
+            .to_string(),
+            (None, Some(h)) => h.herdr(&["pane", "get", &pane]).stdout(),
+            _ => unreachable!(),
+        };
+        let waiting =
+            poll(Duration::from_secs(11), || shown().contains("waiting for you: idle at its input line").then_some(()));
+        assert!(
+            waiting.is_some(),
+            "{kind}: {}\n--- daemon\n{}\n--- screen\n{}",
+            shown(),
+            daemon.stdout(),
+            w.screen("j1")
+        );
+        let (rc, _) = bg.wait(Duration::from_secs(60));
+        let r = bg;
+        assert_eq!(rc, 4, "{kind}: {}\n{}", r.stdout(), r.stderr());
         // codex in its sandbox too: its heartbeat comes from a timer mam arms outside the sandbox.
         assert!(r.stderr().contains("deadline of 12 s reached"), "{kind}: {}", r.stderr());
         let t_open = t.elapsed();
@@ -240,6 +271,7 @@ fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
             "{kind} on {backend:?}: no completed: deadline after {t_open:?}; killed: closed {t_dead:?} after the kill"
         );
     }
+    daemon.signal(15);
     // 8. stop: the CLI is gone, and so is mam's allow rule (the file mam created with it).
     w.mam(["stop", "j1"]).run_within(Duration::from_secs(30)).expect_rc(0);
     wait_until(&format!("no {kind} process left"), Duration::from_secs(10), || agent_procs(&w.home).is_empty());

@@ -355,3 +355,37 @@ fn tmux_pane_title_shows_working_idle_then_blocked() {
     assert!(!title().starts_with("mam "), "{}", title());
     w.mam().args(["stop", "tb"]).run_within(Duration::from_secs(60)).expect_rc(0);
 }
+
+/// Issue 30, "waiting for you": an agent that started its job and went back to its input line
+/// without `completed` keeps its job open (its timer beats while it lives), and after
+/// `MAM_WAITING_FOR_YOU_S` (2 s here) at the input line the board shows the job as waiting for the
+/// person, from the screen; on herdr as the `blocked` sidebar state with the label, on tmux in the
+/// title and border.
+#[test]
+fn an_agent_back_at_its_input_line_with_its_job_open_shows_waiting_for_you() {
+    for w in [World::tmux("board_wait_tmux"), World::herdr("board_wait_herdr")].into_iter().flatten() {
+        let mut w = w;
+        w.env.push(("MAM_WAITING_FOR_YOU_S".into(), "2".into()));
+        let pane = w.create("wy", "no_completed=1\nwork_s=0.2\n");
+        let mut daemon = w.daemon();
+        let mut job = w.delegate("wy");
+        let id = w.running_job("wy", &[]);
+        let want = format!("job {id}: waiting for you: idle at its input line for ");
+        let shown = || match (&w.tmux, &w.herdr) {
+            (Some(sock), _) => tmux_show(sock, &pane, "#{@mam_state}"),
+            (None, Some(h)) => {
+                let (st, labels, _) = herdr_pane(h, &pane);
+                format!("{st}: {}", labels["blocked"].as_str().unwrap_or(""))
+            }
+            _ => unreachable!(),
+        };
+        let seen = poll(WAIT, || shown().starts_with(&format!("blocked: {want}")).then_some(()));
+        assert!(seen.is_some(), "{:?}\n{}", shown(), daemon.stdout());
+        assert!(shown().ends_with(" (screen)"), "{}", shown());
+        assert_eq!(w.record(&id)["status"], "running", "the job stays open; its deadline still ends it");
+        job.kill();
+        daemon.signal(15);
+        assert_eq!(daemon.wait(Duration::from_secs(10)).0, 0);
+        w.mam().args(["stop", "wy"]).run_within(Duration::from_secs(60)).expect_rc(0);
+    }
+}

@@ -1054,10 +1054,15 @@ fn o1_9_1_tmux_server_env_denylist_and_no_autostart() {
     for d in DENIED {
         c = c.env(d, "marker");
     }
+    // Issue 30: nor the knobs of the command that started it (every later pane would inherit them).
+    let per_command = ["MAM_ACK_TIMEOUT_S", "MAM_SKS_IDLE_WAIT_S", "SKS_DELIVERY_GRACE_S", "MAM_HEARTBEAT_SEC"];
+    for k in per_command {
+        c = c.env(k, "90");
+    }
     c.env("CLAUDE_PROJECT_DIR", "/proj/cfg").run().expect_rc(0);
     let out = Command::new("tmux").args(["-L", &sock, "show-environment", "-g"]).output().unwrap();
     let env = String::from_utf8_lossy(&out.stdout).into_owned();
-    for d in DENIED {
+    for d in DENIED.iter().chain(&per_command) {
         assert!(!env.lines().any(|l| l.starts_with(&format!("{d}="))), "{d} reached the tmux server");
     }
     assert!(env.lines().any(|l| l == "CLAUDE_PROJECT_DIR=/proj/cfg"), "{env}");
