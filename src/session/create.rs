@@ -136,6 +136,21 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
     };
 
     let conversation = chosen.or_else(|| learn_conversation(ctx, b.as_ref(), &name, ad, &w, started_ms));
+    // Issue 30: a rolled-back create names the conversation the agent already wrote (it holds the
+    // prompt), so the user can resume or purge it.
+    let kept_conversation = conversation.clone();
+    let fail_after = |what: String, row_written: bool, notes: &mut Notes| -> SessionError {
+        match fail_after(what, row_written, notes) {
+            SessionError::Failed(m) => SessionError::Failed(match &kept_conversation {
+                Some(id) => format!(
+                    "{m}; the agent's conversation {id} stays on disk (`mam agents purge {} {id}` deletes it)",
+                    ad.kind
+                ),
+                None => m,
+            }),
+            e => e,
+        }
+    };
 
     // 6. The row; B is persisted whenever it was computed, forwarded or not.
     let now = clock::now_ts();

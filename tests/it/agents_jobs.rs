@@ -142,6 +142,18 @@ fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
     assert_eq!(rc, 0, "{kind}: {last}\n{err}\n--- screen\n{}", w.screen("j1"));
     let jid = kv(&last, "JOB_ID");
     assert!(last.contains("STATUS=completed"), "{last}");
+    // Issue 30: delegate-job returns within 1 s of the verdict (the agent's `completed` on disk).
+    let returned = mam::clock::now_ms();
+    let log = fs::read_to_string(w.td.ws().join(".mam/jobs").join(&jid).join("events.log")).unwrap();
+    let completed_ms = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "completed")
+        .and_then(|v| mam::clock::parse_ts(v["ts"].as_str()?))
+        .unwrap_or_else(|| panic!("no completed in {log}"));
+    let after = returned.saturating_sub(completed_ms);
+    eprintln!("{kind} on {backend:?}: delegate-job returned {after} ms after the agent's completed");
+    assert!(after <= 1000 + SLACK.as_millis() as u64, "{kind}: returned {after} ms after completed");
     let worked = format!("mam-model: job {jid} worked");
     assert!(model.results(&jid).iter().any(|r| r.contains(&worked)), "{kind}: {:?}", model.results(&jid));
     // What the CLI's shell gave back for mam's own lines (codex's sandbox: the broker is out of reach).

@@ -1164,6 +1164,9 @@ fn o2_8_10_onboarding_without_started_within_t_rolls_back() {
         .run();
     r.expect_rc(1);
     assert!(r.stderr().contains("onboarding of ob2 failed"), "{}", r.stderr());
+    // Issue 30: the conversation the agent already wrote is named, with how to delete it.
+    assert!(r.stderr().contains("the agent's conversation "), "{}", r.stderr());
+    assert!(r.stderr().contains("stays on disk (`mam agents purge claude "), "{}", r.stderr());
     let doc = fs::read_to_string(h.root.join(".mam/agent_sessions.json")).unwrap_or_default();
     assert!(!doc.contains("\"ob2\""), "the row was removed: {doc}");
     let panes: Vec<_> = fs::read_dir(h.td.path("panes/panes")).into_iter().flatten().flatten().collect();
