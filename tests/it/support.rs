@@ -670,22 +670,21 @@ pub struct MosqSub {
 
 impl MosqSub {
     pub fn start(port: u16, filter: &str) -> MosqSub {
+        MosqSub::start_with(port, filter, &[])
+    }
+
+    /// `start` with a persistent session: CleanSession=0 under client id `id` (`-c -i ID`), so a
+    /// broker keeps what is published for it while it is away; mosquitto_sub reconnects by itself.
+    pub fn start_persistent(port: u16, filter: &str, id: &str) -> MosqSub {
+        MosqSub::start_with(port, filter, &["-c", "-i", id])
+    }
+
+    fn start_with(port: u16, filter: &str, extra: &[&str]) -> MosqSub {
         // stdbuf: a piped mosquitto_sub would otherwise block-buffer its lines.
         let mut child = Command::new("stdbuf")
-            .args([
-                "-oL",
-                "mosquitto_sub",
-                "-d",
-                "-v",
-                "-q",
-                "1",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-t",
-                filter,
-            ])
+            .args(["-oL", "mosquitto_sub", "-d", "-v", "-q", "1", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-t", filter])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
