@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::pub_::{self, parse_port, parse_qos, target, wire_failure, Mosq};
 use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
-use crate::mqtt::{self, codec, MqttConfig, MqttError, RetryPolicy, Role, Stop};
+use crate::mqtt::{self, codec, MqttConfig, MqttError, Persistent, RetryPolicy, Role, Stop};
 use crate::{knob, sys};
 
 pub const USAGE: &str = "
@@ -41,10 +41,13 @@ The mosquitto_sub flags that mam does not take say what to use instead: -P (a pa
 on the command line: set MQTT_PASSWORD), -k (MAM_MQTT_KEEPALIVE_S), --cafile (MQTT_TLS=1 and
 MQTT_CA_FILE), -V (MQTT 3.1.1 only), -c (always a clean session).
 
-SIGINT/SIGTERM disconnect cleanly and exit 0. A lost connection is not re-established: exit 3.
+SIGINT/SIGTERM disconnect cleanly and exit 0. A lost connection is made again through the broker
+list (from the broker after the lost one), the filters subscribed again (retained messages come
+again), with one `NOTE: sub: connection to A lost (...); now connected to B` line on stderr.
 
 Exit codes: 0 count reached or stopped by a signal, 1 env file unreadable, 2 usage or invalid
-configuration, 3 broker failure (after 3 connect attempts, or the connection was lost),
+configuration, 3 broker failure (after 3 connect attempts, or a broker refused the credentials,
+the TLS verification or a filter at the first subscription),
 27 the -W timeout expired (the value mosquitto_sub uses; stderr says `NOTE: sub: timed out ...`).
 ";
 
@@ -144,18 +147,21 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         Some(d) => Stop::from_fn(move || sys::pending_signal().is_some() || Instant::now() >= d),
         None => Stop::signals(),
     };
+    debug(format!("connecting to {}", cfg.addr()));
+    let mut conn = Persistent::new(cfg, Role::Sub, stop.clone());
+    if let Some(id) = id {
+        conn = conn.with_client_id(id);
+    }
     let connected = mqtt::with_retry(
         &RetryPolicy::standard("subscribe"),
         &stop,
         |w| ctx.diag(&w),
-        |_| {
-            debug(format!("connecting to {}", cfg.addr()));
-            let mut c = pub_::connect(&cfg, Role::Sub, id.as_deref(), &stop)?;
-            c.subscribe(&a.filters, a.qos)?;
-            debug(format!("subscribed to {} (qos {})", a.filters.join(", "), a.qos));
-            Ok(c)
-        },
+        |_| conn.subscribe_once(&a.filters, a.qos).map(|_| ()),
     );
+    if connected.is_ok() {
+        let to = conn.connected_to().unwrap_or_default().to_string();
+        debug(format!("subscribed to {} (qos {}) through {to}", a.filters.join(", "), a.qos));
+    }
     let mut received = 0u32;
     // Like mosquitto_sub's `Timed out`: rc 27 alone does not tell a person what happened.
     let timed_out_with = |received: u32| {
@@ -166,19 +172,19 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         ));
         RC_TIMEOUT
     };
-    let mut client = match connected {
-        Ok(c) => c,
+    match connected {
+        Ok(()) => {}
         Err(MqttError::Stopped) => return Ok(stopped_rc(&|| timed_out_with(0))),
         Err(e) if deadline.is_some_and(|d| Instant::now() >= d) && e.retryable() => return Ok(timed_out_with(0)),
         Err(e) => return Err(wire_failure(e)),
-    };
+    }
     loop {
         if a.count.is_some_and(|c| received >= c) {
-            client.disconnect();
+            conn.drop_connection();
             return Ok(0);
         }
         let wait_until = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-        match client.recv(wait_until) {
+        match conn.recv(wait_until) {
             Ok(Some(m)) if a.skip_retained && m.retain => {
                 debug(format!("skipped a retained message on '{}' (-R)", m.topic));
             }
@@ -208,21 +214,75 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
                 ctx.say_raw(&line);
                 if ctx.out_closed() {
                     // The reader is gone (or stdout failed): disconnect cleanly; main sets the rc.
-                    client.disconnect();
+                    conn.drop_connection();
                     return Ok(0);
                 }
                 received += 1;
             }
             Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => {
-                client.disconnect();
+                conn.drop_connection();
                 return Ok(timed_out_with(received));
             }
             Ok(None) => {}
             Err(MqttError::Stopped) => {
-                client.disconnect();
+                conn.drop_connection();
                 return Ok(stopped_rc(&|| timed_out_with(received)));
             }
+            // Issue 31: a lost connection is made again through the list, however long it takes;
+            // only a signal, -W, or a broker's final answer (credentials, TLS) ends the command.
+            Err(e) if keeps_trying(&e) => match reconnect(&mut conn, &stop, &mut |l| debug(l)) {
+                Ok(moved) => ctx.diag(&format!("NOTE: sub: {}", moved.describe())),
+                Err(MqttError::Stopped) => {
+                    conn.drop_connection();
+                    return Ok(stopped_rc(&|| timed_out_with(received)));
+                }
+                Err(e) => return Err(wire_failure(e)),
+            },
             Err(e) => return Err(wire_failure(e)),
+        }
+    }
+}
+
+/// How long `mam sub` waits between two walks of its broker list that found no broker.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// A failure after which `mam sub` reconnects: anything the next broker or a later moment may
+/// answer differently (a filter refused on a reconnect included: a cluster's failover); not a
+/// refused CONNACK 1, 2, 4, 5, a failed TLS verification or a missing openssl.
+fn keeps_trying(e: &MqttError) -> bool {
+    match e {
+        MqttError::SubackRefused { .. } => true,
+        MqttError::NoBroker { failures } => failures.iter().any(|(_, e)| keeps_trying(e)),
+        e => e.retryable(),
+    }
+}
+
+/// Connects `conn` again (it re-subscribes its filters), walking its list every `RECONNECT_PAUSE`
+/// until a broker answers; the move it made.
+fn reconnect(
+    conn: &mut Persistent,
+    stop: &Stop,
+    debug: &mut dyn FnMut(String),
+) -> Result<mqtt::client::Moved, MqttError> {
+    loop {
+        match conn.client().map(|_| ()) {
+            Ok(()) => {
+                let to = conn.connected_to().unwrap_or_default().to_string();
+                let unknown = || mqtt::client::Moved { from: String::new(), why: "lost".into(), to: to.clone() };
+                return Ok(conn.take_move().unwrap_or_else(unknown));
+            }
+            Err(e) if keeps_trying(&e) && !stop.is_set() => debug(format!("reconnect failed ({e}); trying again")),
+            Err(e) if stop.is_set() => {
+                return Err(if matches!(e, MqttError::Stopped) { e } else { MqttError::Stopped })
+            }
+            Err(e) => return Err(e),
+        }
+        let until = Instant::now() + RECONNECT_PAUSE;
+        while Instant::now() < until {
+            if stop.is_set() {
+                return Err(MqttError::Stopped);
+            }
+            sys::sleep(Duration::from_millis(100));
         }
     }
 }

@@ -592,8 +592,25 @@ fn wire_loop(slot: &Arc<Slot>, cfg: MqttConfig, settings: &Settings, store: &Sto
             if serviced.elapsed() >= CHECK_EVERY {
                 serviced = Instant::now();
                 let _ = conn.service(Instant::now() + Duration::from_millis(5));
+                // Issue 31: a second connection to another broker of the list, ready before the
+                // kept one's broker dies (a new session may then wait seconds for the cluster).
+                let idle_stop = {
+                    let s = slot.clone();
+                    Stop::from_fn(move || s.stopped() || s.has_pending())
+                };
+                // A failed try is tried again later; only a new standby is worth a line.
+                let before = conn.standby_to().map(str::to_string);
+                let _ = conn.keep_standby(&idle_stop);
+                if let Some(to) = conn.standby_to().filter(|to| before.as_deref() != Some(*to)) {
+                    log(&format!("standby connection to broker {to}"));
+                }
             }
         };
+        // A kept connection whose broker is gone is dropped now, so this beat's first attempt goes
+        // through the standby (or a new connection) instead of failing and waiting a retry delay.
+        if conn.is_connected() {
+            let _ = conn.service(Instant::now() + Duration::from_millis(5));
+        }
         if !conn.is_connected() {
             if let Ok(Some(rec)) = store.read(&job.job_id) {
                 let (fresh, _) = settings.mqtt_for(&rec);

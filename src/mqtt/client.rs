@@ -25,6 +25,9 @@ pub const REFUSED_PAUSE: Duration = Duration::from_millis(500);
 /// NATS 2.9 keeps a crashed node in new consumers' groups for tens of seconds (docs/CLUSTER.md).
 pub const RESUBSCRIBE_PATIENCE: u32 = 3;
 
+/// The pause before a connect walks a broker list again within its deadline (issue 31).
+pub const REWALK_PAUSE: Duration = Duration::from_millis(250);
+
 /// A connected MQTT session.
 pub struct Client {
     t: Transport,
@@ -57,6 +60,12 @@ impl Client {
     /// after any failure but a stop or a missing openssl (issue 19). Returns the client and the
     /// index of the broker that answered. With one broker the error is that broker's; with more it
     /// is `NoBroker`, naming each.
+    ///
+    /// When a walk ends early and some broker of it was up but not ready (`not_ready`: it closed
+    /// the connection before CONNACK, or answered CONNACK 3), the list is walked again,
+    /// `REWALK_PAUSE` later, until the deadline (issue 31): a NATS node whose cluster just lost a
+    /// peer closes a new session's connection while its JetStream session lookup fails, and
+    /// answers a moment later. A list of dead nodes (refused, unresolvable) fails at once as before.
     pub fn connect_from(
         cfg: &MqttConfig,
         client_id: &str,
@@ -65,26 +74,31 @@ impl Client {
     ) -> Result<(Client, usize), MqttError> {
         let deadline = Instant::now() + cfg.connect_timeout;
         let n = cfg.brokers.len();
-        let mut failures = Vec::new();
-        for k in 0..n {
-            let i = (first + k) % n;
-            let ep = &cfg.brokers[i];
-            let now = Instant::now();
-            if now >= deadline {
-                failures.push((ep.addr(), MqttError::NoConnack { addr: ep.addr(), phase: "connect (not tried)" }));
-                continue;
+        loop {
+            let mut failures = Vec::new();
+            for k in 0..n {
+                let i = (first + k) % n;
+                let ep = &cfg.brokers[i];
+                let now = Instant::now();
+                if now >= deadline {
+                    failures.push((ep.addr(), MqttError::NoConnack { addr: ep.addr(), phase: "connect (not tried)" }));
+                    continue;
+                }
+                let share = if k + 1 == n { deadline } else { now + (deadline - now) / (n - k) as u32 };
+                match Client::connect_one(cfg, ep, client_id, stop, share) {
+                    Ok(c) => return Ok((c, i)),
+                    Err(e) if n == 1 || !e.moves_on() => return Err(e),
+                    Err(e) => failures.push((ep.addr(), e)),
+                }
+                if stop.is_set() {
+                    return Err(MqttError::Stopped);
+                }
             }
-            let share = if k + 1 == n { deadline } else { now + (deadline - now) / (n - k) as u32 };
-            match Client::connect_one(cfg, ep, client_id, stop, share) {
-                Ok(c) => return Ok((c, i)),
-                Err(e) if n == 1 || !e.moves_on() => return Err(e),
-                Err(e) => failures.push((ep.addr(), e)),
-            }
-            if stop.is_set() {
-                return Err(MqttError::Stopped);
+            let again = failures.iter().any(|(_, e)| e.not_ready());
+            if !again || !sliced_pause(REWALK_PAUSE, deadline, stop) {
+                return Err(MqttError::NoBroker { failures });
             }
         }
-        Err(MqttError::NoBroker { failures })
     }
 
     /// One broker of the list, before `deadline`.
@@ -417,6 +431,25 @@ impl Drop for Client {
     }
 }
 
+/// Waits `pause` in `READ_SLICE` slices; false (without waiting) when the pause would end at or
+/// after `deadline`, or when `stop` is set meanwhile.
+fn sliced_pause(pause: Duration, deadline: Instant, stop: &Stop) -> bool {
+    let until = Instant::now() + pause;
+    if until >= deadline {
+        return false;
+    }
+    loop {
+        if stop.is_set() {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= until {
+            return true;
+        }
+        crate::sys::sleep((until - now).min(READ_SLICE));
+    }
+}
+
 fn frame_name(f: &Frame) -> &'static str {
     match f {
         Frame::Connack { .. } => "CONNACK",
@@ -449,6 +482,40 @@ pub struct Persistent {
     next_first: usize,
     /// The index of the broker the kept connection is to.
     current: usize,
+    /// The client id of every connection, when the caller fixed one (`mam sub -i`); else a fresh
+    /// random id per connection.
+    fixed_id: Option<String>,
+    /// `host:port` of the broker whose connection was lost, and why, until the next connect.
+    lost_from: Option<(String, String)>,
+    /// Said once by `take_move` after a reconnect: the broker lost, why, and the broker now used.
+    moved: Option<Moved>,
+    /// A second connection, to another broker of the list, kept ready by `keep_standby` and used
+    /// when the kept one is lost (issue 31), with that broker's index.
+    standby: Option<(Client, usize)>,
+    /// When `keep_standby` last tried to open one.
+    standby_tried: Option<Instant>,
+}
+
+/// How often `keep_standby` tries again to open a standby connection after a failed try.
+pub const STANDBY_RETRY: Duration = Duration::from_secs(5);
+
+/// A persistent connection that was lost and made again (issue 31), for the caller's one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moved {
+    pub from: String,
+    pub why: String,
+    pub to: String,
+}
+
+impl Moved {
+    /// `connection to A lost (why); now connected to B` (or `reconnected to A` when it is the same).
+    pub fn describe(&self) -> String {
+        if self.from == self.to {
+            format!("connection to {} lost ({}); reconnected to it", self.from, self.why)
+        } else {
+            format!("connection to {} lost ({}); now connected to {}", self.from, self.why, self.to)
+        }
+    }
 }
 
 impl Persistent {
@@ -465,7 +532,69 @@ impl Persistent {
             subscriptions: Vec::new(),
             next_first: 0,
             current: 0,
+            fixed_id: None,
+            lost_from: None,
+            moved: None,
+            standby: None,
+            standby_tried: None,
         }
+    }
+
+    /// Keeps a standby connection to another broker of the list (issue 31), for a publisher whose
+    /// next message must not wait for a new session after its broker dies: a NATS cluster whose
+    /// node leading the sessions stream died closes or stalls every new session's CONNECT until
+    /// the stream has a new leader (4-9 s of raft election), while a session made before goes on
+    /// publishing. Serves the standby's keepalive; when there is none (and the kept connection is
+    /// up, the list has two or more brokers, and `STANDBY_RETRY` passed since the last try), opens
+    /// one to the first other broker that answers, within the connect deadline or until `stop`.
+    /// Subscriptions are not made on it (it would receive every message twice); they are made
+    /// when it takes over. Returns the error of a failed try.
+    pub fn keep_standby(&mut self, stop: &Stop) -> Result<(), MqttError> {
+        if let Some((c, _)) = self.standby.as_mut() {
+            if c.peer_closed() || c.service(Instant::now() + Duration::from_millis(5)).is_err() {
+                self.standby = None;
+            }
+        }
+        let n = self.cfg.brokers.len();
+        if self.standby.is_some() || self.client.is_none() || n < 2 {
+            return Ok(());
+        }
+        if self.standby_tried.is_some_and(|t| t.elapsed() < STANDBY_RETRY) {
+            return Ok(());
+        }
+        self.standby_tried = Some(Instant::now());
+        let mut others = self.cfg.clone();
+        others.brokers.remove(self.current);
+        let id = self.next_client_id()?;
+        let first = self.current % others.brokers.len();
+        let (c, j) = Client::connect_from(&others, &id, stop, first)?;
+        let i = if j >= self.current { j + 1 } else { j };
+        self.standby = Some((c, i));
+        Ok(())
+    }
+
+    /// `host:port` of the standby connection's broker, if there is one.
+    pub fn standby_to(&self) -> Option<&str> {
+        self.standby.as_ref().map(|(c, _)| c.addr())
+    }
+
+    fn next_client_id(&self) -> Result<String, MqttError> {
+        match &self.fixed_id {
+            Some(id) => Ok(id.clone()),
+            None => config::client_id(self.role).map_err(|e| MqttError::Internal(format!("random client id: {e}"))),
+        }
+    }
+
+    /// Every connection with `id` as its client id instead of a fresh random one.
+    pub fn with_client_id(mut self, id: String) -> Persistent {
+        self.fixed_id = Some(id);
+        self
+    }
+
+    /// The last reconnect after a lost connection, once: which broker was lost, why, and which
+    /// one answered instead (issue 31: long-lived clients say one line when they move).
+    pub fn take_move(&mut self) -> Option<Moved> {
+        self.moved.take()
     }
 
     pub fn identity(&self) -> &Identity {
@@ -496,13 +625,20 @@ impl Persistent {
             if c.peer_closed() {
                 let addr = c.addr().to_string();
                 self.client = None;
+                self.lost_from = Some((addr.clone(), "closed by the broker".into()));
                 self.lost();
                 return Err(MqttError::NotConnected { addr });
             }
         }
         if self.client.is_none() {
-            let id = config::client_id(self.role).map_err(|e| MqttError::Internal(format!("random client id: {e}")))?;
-            let (mut c, i) = Client::connect_from(&self.cfg, &id, &self.stop, self.next_first)?;
+            let ready = self.standby.take().and_then(|(mut c, i)| (!c.peer_closed()).then_some((c, i)));
+            let (mut c, i) = match ready {
+                Some(ready) => ready,
+                None => {
+                    let id = self.next_client_id()?;
+                    Client::connect_from(&self.cfg, &id, &self.stop, self.next_first)?
+                }
+            };
             self.current = i;
             self.next_first = i;
             for (filters, qos) in &self.subscriptions {
@@ -512,6 +648,9 @@ impl Persistent {
                 }
             }
             self.connects += 1;
+            if let Some((from, why)) = self.lost_from.take() {
+                self.moved = Some(Moved { from, why, to: c.addr().to_string() });
+            }
             self.client = Some(c);
         }
         self.client.as_mut().ok_or_else(|| MqttError::Internal("no client".into()))
@@ -524,6 +663,9 @@ impl Persistent {
         let r = op(c);
         if let Err(e) = &r {
             if !matches!(e, MqttError::Encode { .. } | MqttError::SubackRefused { .. } | MqttError::Stopped) {
+                if let Some(addr) = self.connected_to() {
+                    self.lost_from = Some((addr.to_string(), e.to_string()));
+                }
                 self.drop_connection();
                 self.lost();
             }
@@ -549,6 +691,15 @@ impl Persistent {
     pub fn subscribe(&mut self, filters: &[String], qos: u8) -> Result<Vec<u8>, MqttError> {
         let patience = self.cfg.connect_timeout;
         let granted = self.with_client(|c| c.subscribe_each(filters, qos, patience))?;
+        self.subscriptions.push((filters.to_vec(), qos));
+        Ok(granted)
+    }
+
+    /// `subscribe` with a single SUBSCRIBE whose refusal is final (`Client::subscribe`), as a
+    /// one-off subscriber such as `mam sub` asks the first time; the filters are remembered and
+    /// subscribed again, patiently, after every reconnect.
+    pub fn subscribe_once(&mut self, filters: &[String], qos: u8) -> Result<Vec<u8>, MqttError> {
+        let granted = self.with_client(|c| c.subscribe(filters, qos))?;
         self.subscriptions.push((filters.to_vec(), qos));
         Ok(granted)
     }

@@ -115,6 +115,13 @@ impl MqttError {
         !matches!(self, MqttError::Stopped | MqttError::OpensslNotFound { .. } | MqttError::Internal(_))
     }
 
+    /// The broker answered but was not ready for a session: it closed the connection before CONNACK
+    /// or answered CONNACK 3 (server unavailable). A NATS node does both while its cluster fails
+    /// over (issue 31); asked again a moment later, it answers.
+    pub fn not_ready(&self) -> bool {
+        matches!(self, MqttError::ClosedBeforeConnack { .. } | MqttError::ConnackRefused { code: 3, .. })
+    }
+
     /// The failure without the broker address and without advice: one item of `NoBroker`'s list.
     fn brief(&self) -> String {
         match self {

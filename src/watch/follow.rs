@@ -402,6 +402,11 @@ impl Watch<'_> {
                             down = None;
                             self.audit("reconnected", rest);
                             self.line("broker up");
+                            // Issue 31: one line when the watch moved to another broker of its list.
+                            if let Some(m) = conn.take_move().filter(|m| m.from != m.to) {
+                                let msg = format!("NOTE: watch: job {}: {}", self.job.job_id, m.describe());
+                                self.diag(&msg);
+                            }
                         }
                         Err(MqttError::Stopped) => d.attempts -= 1,
                         Err(_) => {

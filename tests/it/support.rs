@@ -447,6 +447,9 @@ pub enum Fake {
     Connack(u8),
     /// Keeps it open and never answers.
     Silent,
+    /// Closes the first N before any CONNACK (a NATS node whose cluster is electing a leader of
+    /// its sessions stream), then answers CONNACK 0 like `Connack(0)`.
+    CloseFirst(usize),
 }
 
 /// A loopback listener that misbehaves on purpose; counts connections; held by the test (so no
@@ -471,10 +474,15 @@ impl FakeBroker {
             while !s2.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((mut s, _)) => {
-                        a2.fetch_add(1, Ordering::SeqCst);
+                        let nth = a2.fetch_add(1, Ordering::SeqCst);
                         s.set_nonblocking(false).unwrap();
+                        let mode = match mode {
+                            Fake::CloseFirst(n) if nth < n => Fake::Close,
+                            Fake::CloseFirst(_) => Fake::Connack(0),
+                            m => m,
+                        };
                         match mode {
-                            Fake::Close => continue, // dropped here
+                            Fake::Close | Fake::CloseFirst(_) => continue, // dropped here
                             Fake::Connack(code) => {
                                 s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
                                 let mut buf = [0u8; 256];
@@ -670,22 +678,21 @@ pub struct MosqSub {
 
 impl MosqSub {
     pub fn start(port: u16, filter: &str) -> MosqSub {
+        MosqSub::start_with(port, filter, &[])
+    }
+
+    /// `start` with a persistent session: CleanSession=0 under client id `id` (`-c -i ID`), so a
+    /// broker keeps what is published for it while it is away; mosquitto_sub reconnects by itself.
+    pub fn start_persistent(port: u16, filter: &str, id: &str) -> MosqSub {
+        MosqSub::start_with(port, filter, &["-c", "-i", id])
+    }
+
+    fn start_with(port: u16, filter: &str, extra: &[&str]) -> MosqSub {
         // stdbuf: a piped mosquitto_sub would otherwise block-buffer its lines.
         let mut child = Command::new("stdbuf")
-            .args([
-                "-oL",
-                "mosquitto_sub",
-                "-d",
-                "-v",
-                "-q",
-                "1",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-t",
-                filter,
-            ])
+            .args(["-oL", "mosquitto_sub", "-d", "-v", "-q", "1", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-t", filter])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

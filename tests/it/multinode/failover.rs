@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::{accepted, longest_gap, Bridged, Machine, NatsCluster, CONNECT_S};
-use crate::support::{wait_for, wait_until, TimerGuard};
+use crate::support::{poll, wait_for, wait_until, TimerGuard};
 use mam::mqtt::config::{window_floor_s, CLUSTER_STALL_S};
 
 /// Every non-beat event on the agent's disk reached the remote watcher, each accepted once.
@@ -344,4 +344,100 @@ fn nats_killing_the_watchers_node_the_watch_reconnects_and_recovers_the_terminal
         "watcher's node killed: the watch was back through another node after {} ms",
         ms(" broker up") - ms(" broker down")
     );
+}
+
+/// `(seq, heartbeat)` of each JSON event payload of `lines` (`TOPIC PAYLOAD` or the payload alone).
+fn event_seqs<'a>(lines: impl Iterator<Item = &'a str>) -> Vec<(u64, bool)> {
+    lines
+        .filter_map(|l| {
+            let json = &l[l.find('{')?..];
+            let v: serde_json::Value = serde_json::from_str(json).ok()?;
+            Some((v["seq"].as_u64()?, v["heartbeat"] == true))
+        })
+        .collect()
+}
+
+/// Issue 31: the node the heartbeat timer is connected to dies (drained first, so the cluster
+/// itself does not stall: what is left is mam's failover); a beat made after the death reaches a
+/// subscriber on another node within N + 3 s. Before the fix the timer's reconnect met the other
+/// nodes closing new sessions before CONNACK, gave the beat up, and tried again a beat later.
+#[test]
+fn nats_killing_the_timers_node_a_beat_reaches_a_subscriber_on_another_node_within_n_plus_3_s() {
+    let td = crate::support::TestDir::new("mn-beat");
+    let Some(mut c) = NatsCluster::start(&td) else { return };
+    let victim = c.sessions_leader_only();
+    let others: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    let agent = Machine::new("mn-beat-a", c.list(&[victim, others[0], others[1]]));
+    let n = 1;
+    let id = agent.register(n, window_floor_s(n, CONNECT_S));
+    let _timers = TimerGuard(id.clone());
+    let prefix = agent.record(&id)["topic_prefix"].as_str().unwrap().to_string();
+    let sub = crate::support::MosqSub::start(c.nodes[others[1]].mqtt, &format!("{prefix}/events"));
+    agent.publish(&id, "started", &["--heartbeat", &n.to_string(), "--watch-pid", "0"]).expect_rc(0);
+    let addr = c.nodes[victim].addr();
+    wait_until("a beat through the victim", Duration::from_secs(10), || {
+        deliveries(&agent.hb_log(&id)).iter().any(|(_, a)| *a == addr)
+    });
+    let beats = |sub: &crate::support::MosqSub| {
+        let msgs = sub.messages(&prefix);
+        event_seqs(msgs.iter().map(|(_, p)| p.as_str())).into_iter().filter(|(_, hb)| *hb).count()
+    };
+    wait_until("beats at the subscriber", Duration::from_secs(10), || beats(&sub) >= 2);
+    wait_until("the timer's standby connection", Duration::from_secs(10), || {
+        agent.hb_log(&id).contains("standby connection to broker")
+    });
+    // The subscriber's consumers are moved off too (they were made after the choice).
+    c.evacuate_keeping(victim, Some("$MQTT_sess"));
+    c.nodes[victim].kill();
+    let killed = std::time::Instant::now();
+    // Every beat with a seq above the last one on disk now was made after the death.
+    let last = agent.events(&id).last().unwrap()["seq"].as_u64().unwrap();
+    let after = wait_for("a beat made after the death at the subscriber", Duration::from_secs(30), || {
+        let msgs = sub.messages(&prefix);
+        event_seqs(msgs.iter().map(|(_, p)| p.as_str()))
+            .iter()
+            .any(|(s, hb)| *hb && *s > last)
+            .then(std::time::Instant::now)
+    });
+    let ms = after.duration_since(killed).as_millis() as u64;
+    eprintln!("node death -> next beat delivered on another node: {ms} ms (N = {n} s)\n{}", agent.hb_log(&id));
+    assert!(ms <= (n + 3) * 1000, "{ms} ms is over N + 3 s\n{}", agent.hb_log(&id));
+}
+
+/// Issue 31: `mam sub` follows its broker list across its node's death like every long-lived
+/// client: it reconnects to the next node, subscribes again, says so in one line on stderr, and
+/// goes on printing; before, it exited 3 when its connection dropped.
+#[test]
+fn nats_mam_sub_follows_its_broker_list_across_its_nodes_death() {
+    let td = crate::support::TestDir::new("mn-sub");
+    let Some(mut c) = NatsCluster::start(&td) else { return };
+    let victim = c.victim();
+    let others: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    let agent = Machine::new("mn-sub-a", c.list(&[others[0]]));
+    let id = agent.register(1, 60);
+    let _timers = TimerGuard(id.clone());
+    let topic = format!("{}/events", agent.record(&id)["topic_prefix"].as_str().unwrap());
+    let mut sub = agent
+        .mam()
+        .env("MQTT_BROKER", c.list(&[victim, others[1], others[0]]))
+        .args(["sub", "-d", "-t", &topic])
+        .spawn_bg(&agent.td, "sub");
+    wait_until("mam sub to subscribe", Duration::from_secs(15), || sub.stderr().contains("subscribed to"));
+    agent.publish(&id, "started", &["--heartbeat", "1", "--watch-pid", "0"]).expect_rc(0);
+    wait_until("beats at mam sub", Duration::from_secs(10), || event_seqs(sub.stdout().lines()).len() >= 2);
+    let killed = c.drain_and_kill(victim);
+    let last = agent.events(&id).last().unwrap()["seq"].as_u64().unwrap();
+    let back = poll(Duration::from_secs(30), || {
+        event_seqs(sub.stdout().lines()).iter().any(|(s, _)| *s > last).then(std::time::Instant::now)
+    });
+    let err = sub.stderr();
+    assert!(back.is_some(), "no beat after the death at mam sub (exited: {})\n{err}", sub.exited());
+    eprintln!("mam sub: node death -> next message {} ms", back.unwrap().duration_since(killed).as_millis());
+    let moved: Vec<&str> = err.lines().filter(|l| l.contains("now connected to")).collect();
+    let want = format!("NOTE: sub: connection to {} lost", c.nodes[victim].addr());
+    assert_eq!(moved.len(), 1, "one line for the move\n{err}");
+    assert!(moved[0].starts_with(&want) && moved[0].ends_with(&c.nodes[others[1]].addr()), "{err}");
+    sub.signal(libc::SIGTERM);
+    let (rc, _) = sub.wait(Duration::from_secs(10));
+    assert_eq!(rc, 0, "{err}");
 }

@@ -272,3 +272,68 @@ fn pub_and_sub_take_a_broker_list_after_h_like_mqtt_broker() {
         );
     }
 }
+
+/// Issue 31: a broker of the list that is up but not ready (it closes the connection before
+/// CONNACK, as a NATS node does while its cluster elects a leader of its sessions stream) is asked
+/// again within the one connect deadline, the list walked again: one connect, no retry of
+/// CORE 3.3. Before, the walk ended after one round (the other broker refused) and the publish
+/// needed the retries' 1 s and 2 s waits.
+#[test]
+fn a_connect_walks_the_list_again_while_a_broker_is_up_but_not_ready() {
+    let td = TestDir::new("mn-rewalk");
+    let dead = free_port();
+    let busy = FakeBroker::start(Fake::CloseFirst(2));
+    let list = format!("127.0.0.1:{dead},127.0.0.1:{}", busy.port);
+    let vars = [("MQTT_BROKER", list), ("MAM_MQTT_CONNECT_TIMEOUT_S", "4".to_string())];
+    let ctx = mam::ctx::Ctx::with_env(vars, &td.ws());
+    let cfg = mam::mqtt::MqttConfig::from_ctx(&ctx).unwrap();
+    let started = std::time::Instant::now();
+    let r = mam::mqtt::Client::connect_from(&cfg, "mam-t-rewalk", &mam::mqtt::Stop::never(), 0);
+    let took = started.elapsed();
+    let (c, i) = r.unwrap_or_else(|e| panic!("no connect: {e}"));
+    assert_eq!((i, c.addr().to_string()), (1, format!("127.0.0.1:{}", busy.port)));
+    assert_eq!(busy.accepts(), 3, "closed twice, answered the third time");
+    assert!(took < Duration::from_secs(2), "two pauses of 250 ms, not a deadline: {took:?}");
+    c.disconnect();
+    // A list of dead brokers still fails at once: nothing there may answer later.
+    let vars = [("MQTT_BROKER", format!("127.0.0.1:{dead},127.0.0.1:{}", free_port()))];
+    let cfg = mam::mqtt::MqttConfig::from_ctx(&mam::ctx::Ctx::with_env(vars, &td.ws())).unwrap();
+    let started = std::time::Instant::now();
+    assert!(mam::mqtt::Client::connect_from(&cfg, "mam-t-rewalk", &mam::mqtt::Stop::never(), 0).is_err());
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+}
+
+/// Issue 31: `mam sub` with a broker list follows it when its broker dies, like every long-lived
+/// client: it reconnects to the next broker, subscribes again, says so in one line on stderr and
+/// goes on printing; a signal still ends it with 0. Before, it exited 3 on the lost connection.
+#[test]
+fn mam_sub_reconnects_through_its_list_when_its_broker_dies() {
+    let td = TestDir::new("mn-subre");
+    let start = || {
+        let bind = "127.0.0.1:0".parse().unwrap();
+        mam::broker::start(mam::broker::BrokerConfig { bind, ..Default::default() }).unwrap()
+    };
+    let (a, b) = (start(), start());
+    let (pa, pb) = (a.addr().port(), b.addr().port());
+    let mut sub = td
+        .mam()
+        .env("MQTT_BROKER", format!("127.0.0.1:{pa},127.0.0.1:{pb}"))
+        .args(["sub", "-d", "-v", "-t", "re/#"])
+        .spawn_bg(&td, "sub");
+    crate::support::wait_until("mam sub to subscribe", Duration::from_secs(10), || {
+        sub.stderr().contains("subscribed to")
+    });
+    crate::support::publish_raw(pa, "re/1", b"one", false);
+    sub.wait_stdout("re/1 one", Duration::from_secs(10));
+    a.shutdown();
+    let moved = format!("NOTE: sub: connection to 127.0.0.1:{pa} lost");
+    crate::support::wait_until("mam sub to move", Duration::from_secs(10), || {
+        sub.stderr().lines().any(|l| l.starts_with(&moved) && l.ends_with(&format!("now connected to 127.0.0.1:{pb}")))
+    });
+    crate::support::publish_raw(pb, "re/2", b"two", false);
+    sub.wait_stdout("re/2 two", Duration::from_secs(10));
+    assert_eq!(sub.stderr().lines().filter(|l| l.contains("now connected to")).count(), 1, "{}", sub.stderr());
+    sub.signal(libc::SIGTERM);
+    let (rc, _) = sub.wait(Duration::from_secs(10));
+    assert_eq!(rc, 0, "{}", sub.stderr());
+}

@@ -277,12 +277,18 @@ impl NatsCluster {
     /// happen within 20 s. The meta group is not moved (that needs the system account): pick an
     /// `i` that does not lead it.
     pub fn evacuate(&mut self, i: usize) {
+        self.evacuate_keeping(i, None);
+    }
+
+    /// `evacuate`, except that node `i` keeps leading the stream `keep` (not its consumers).
+    pub fn evacuate_keeping(&mut self, i: usize, keep: Option<&str>) {
         let name = self.nodes[i].name.clone();
         let client = self.nodes[(i + 1) % 3].client;
         let mut last = Vec::new();
         let mut quiet_since: Option<std::time::Instant> = None;
         let done = poll(Duration::from_secs(20), || {
-            let (led, leaderless) = self.led_by(&name)?;
+            let (mut led, leaderless) = self.led_by(&name)?;
+            led.retain(|(s, c)| !(c.is_none() && Some(s.as_str()) == keep));
             // Done once the node leads nothing and every group has a leader, for 500 ms: a kill
             // during the elections the stepdowns started would be a kill during a failover.
             if led.is_empty() && leaderless == 0 {
@@ -301,6 +307,52 @@ impl NatsCluster {
             None
         });
         assert!(done.is_some(), "{name} still leads {last:?}");
+    }
+
+    /// The node that leads the MQTT sessions stream `$MQTT_sess` and not the meta group (the
+    /// stream's leadership is moved until that holds), with every other leadership moved off it:
+    /// its death leaves the cluster unable to store a new session's record until the stream elects
+    /// a new leader, so the other nodes close new connections before CONNACK meanwhile (issue 31),
+    /// while deliveries go on.
+    pub fn sessions_leader_only(&mut self) -> usize {
+        let client = self.nodes[0].client;
+        let mut asked: Option<std::time::Instant> = None;
+        let found = poll(Duration::from_secs(20), || {
+            let meta = self.meta_leader()?;
+            let sess = self.leader("$MQTT_sess")?;
+            if sess != meta {
+                return Some(self.index_of(&sess));
+            }
+            // One stepdown a second: each starts an election that must end before the next.
+            if asked.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                asked = Some(std::time::Instant::now());
+                let _ = nats_request(client, "$JS.API.STREAM.LEADER.STEPDOWN.$MQTT_sess");
+            }
+            None
+        });
+        let victim = found.expect("a leader of $MQTT_sess that is not the meta leader");
+        self.evacuate_keeping(victim, Some("$MQTT_sess"));
+        victim
+    }
+
+    /// A node to kill later with `drain_and_kill`: `follower()`, or the next node when that one
+    /// is the meta leader (which `evacuate` cannot move).
+    pub fn victim(&mut self) -> usize {
+        let meta = self.meta_leader();
+        match self.follower() {
+            v if Some(&self.nodes[v].name) == meta.as_ref() => (v + 1) % 3,
+            v => v,
+        }
+    }
+
+    /// Moves every stream and consumer leadership off node `i` (`evacuate`, as an operator drains
+    /// a node; the consumers of the clients connected by now included), then SIGKILLs it. What
+    /// its death costs is then mam's own failover, not a cluster's re-election. The kill's time.
+    pub fn drain_and_kill(&mut self, i: usize) -> std::time::Instant {
+        self.evacuate(i);
+        assert_ne!(self.meta_leader().as_ref(), Some(&self.nodes[i].name), "the meta leader moved to the victim");
+        self.nodes[i].kill();
+        std::time::Instant::now()
     }
 
     pub fn index_of(&self, name: &str) -> usize {
