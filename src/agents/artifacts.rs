@@ -282,6 +282,12 @@ pub fn codex_rollout_id(home: &Path, cwd: &Path, since_ms: u64) -> Option<String
                     if !meta.is_file() || ms + 2000 < since_ms {
                         continue;
                     }
+                    // Issue 30: a conversation begun before this start is another session's, however
+                    // recently that one wrote to it (codex's ids are uuidv7: their first 48 bits are
+                    // the creation time in ms).
+                    if uuid_v7_ms(&id).is_some_and(|created| created + 2000 < since_ms) {
+                        continue;
+                    }
                     let Ok(mut f) = sys::open_nofollow_read(&e.path()) else { continue };
                     let mut buf = Vec::new();
                     let _ = f.by_ref().take(64 * 1024).read_to_end(&mut buf);
@@ -299,6 +305,37 @@ pub fn codex_rollout_id(home: &Path, cwd: &Path, since_ms: u64) -> Option<String
         }
     }
     best.map(|(_, id)| id)
+}
+
+/// The creation time (ms since the epoch) a version-7 uuid carries in its first 48 bits.
+fn uuid_v7_ms(id: &str) -> Option<u64> {
+    let hex: String = id.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 || hex.as_bytes()[12] != b'7' {
+        return None;
+    }
+    u64::from_str_radix(&hex[..12], 16).ok()
+}
+
+/// The uuid of the codex rollout one of `pids` holds open under `<home>/.codex/sessions` (codex keeps
+/// its session's rollout file open while it runs): exact where several codex sessions work in one
+/// directory and the newest rollout may be another's (issue 30).
+pub fn codex_rollout_held_by(pids: &[i32], home: &Path) -> Option<String> {
+    let root = home.join(".codex/sessions");
+    for &pid in pids {
+        let Ok(rd) = fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+        for e in rd.flatten() {
+            let Ok(target) = fs::read_link(e.path()) else { continue };
+            if !target.starts_with(&root) {
+                continue;
+            }
+            let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let Some(stem) = name.strip_prefix("rollout-").and_then(|n| n.strip_suffix(".jsonl")) else { continue };
+            if let Some(id) = stem.len().checked_sub(36).and_then(|i| super::canonical_uuid(&stem[i..])) {
+                return Some(id);
+            }
+        }
+    }
+    None
 }
 
 /// opencode's conversation id, learnt without its sqlite database (A58): opencode logs every session
@@ -408,6 +445,13 @@ fn log_fields(line: &str) -> Vec<(&str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_uuid_v7_carries_its_creation_time() {
+        assert_eq!(uuid_v7_ms("01a247f7-1eed-74b0-a0da-109b0876b3cb"), Some(0x01a2_47f7_1eed));
+        assert_eq!(uuid_v7_ms("01a247f7-1eed-44b0-a0da-109b0876b3cb"), None, "version 4");
+        assert_eq!(uuid_v7_ms("nonsense"), None);
+    }
 
     #[test]
     fn opencode_ids_come_from_its_log() {

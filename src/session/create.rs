@@ -135,7 +135,10 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
         SessionError::Failed(format!("{what}; {}", rollback_text(&left)))
     };
 
-    let conversation = chosen.or_else(|| learn_conversation(ctx, b.as_ref(), &name, ad, &w, started_ms));
+    let conversation = chosen.or_else(|| {
+        let pids: Vec<i32> = pane::proc::tree_of(&b.pane_pids(&placed.pane)).iter().map(|p| p.pid).collect();
+        learn_conversation(ctx, b.as_ref(), &name, ad, &w, started_ms, &pids)
+    });
     // Issue 30: a rolled-back create names the conversation the agent already wrote (it holds the
     // prompt), so the user can resume or purge it.
     let kept_conversation = conversation.clone();

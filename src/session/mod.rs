@@ -476,7 +476,8 @@ pub fn backend_kind(backend: &str, ad: &agents::Adapter) -> String {
 /// The conversation id of a started agent when mam could not choose it (2.2, 6.1): the backend's
 /// native session reference (herdr `agent_session`), else for codex the uuid of the newest rollout
 /// file under the agent's HOME written for `cwd` since `since_ms`, for opencode the newest session
-/// its log says it created in `cwd` since then.
+/// its log says it created in `cwd` since then. For codex the rollout one of the agent's processes
+/// `pids` holds open comes first (several codex sessions in one directory, issue 30).
 pub fn learn_conversation(
     ctx: &Ctx,
     b: &dyn Backend,
@@ -484,6 +485,7 @@ pub fn learn_conversation(
     ad: &agents::Adapter,
     cwd: &Path,
     since_ms: u64,
+    pids: &[i32],
 ) -> Option<String> {
     if matches!(ad.conversation, agents::ConversationId::None | agents::ConversationId::Chosen(_)) {
         return None;
@@ -493,7 +495,9 @@ pub fn learn_conversation(
     }
     match ad.conversation {
         agents::ConversationId::CodexRollout => {
-            agents::artifacts::codex_rollout_id(&ctx.path_var("HOME")?, cwd, since_ms)
+            let home = ctx.path_var("HOME")?;
+            agents::artifacts::codex_rollout_held_by(pids, &home)
+                .or_else(|| agents::artifacts::codex_rollout_id(&home, cwd, since_ms))
         }
         agents::ConversationId::OpencodeLog => {
             // XDG_DATA_HOME when absolute (the XDG rule), else ~/.local/share.

@@ -197,7 +197,10 @@ pub fn resume(ctx: &Ctx, a: &ResumeArgs, notes: &mut Notes) -> Result<Vec<String
         }
         Err(f) => return Err(place_error(b.as_ref(), &f, &row.name, &w)),
     };
-    let conversation = conversation.or_else(|| learn_conversation(ctx, b.as_ref(), &row.name, ad, &w, started_ms));
+    let conversation = conversation.or_else(|| {
+        let pids: Vec<i32> = pane::proc::tree_of(&b.pane_pids(&placed.pane)).iter().map(|p| p.pid).collect();
+        learn_conversation(ctx, b.as_ref(), &row.name, ad, &w, started_ms, &pids)
+    });
     let pids = super::agent_pids_value(b.as_ref(), &placed.pane, &w);
     let now = clock::now_ts();
     let cmd = command_line(&row.agent, &row.agent_args);

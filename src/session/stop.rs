@@ -242,7 +242,8 @@ fn learn_before_close(ctx: &Ctx, file: &Path, row: &Row) {
     };
     let Ok(b) = pane::open_named(ctx, &backend, Some(&server)) else { return };
     let since = row.resumed_at.as_deref().or(row.created_at.as_deref()).and_then(clock::parse_ts).unwrap_or(0);
-    if let Some(c) = learn_conversation(ctx, b.as_ref(), &row.name, ad, Path::new(cwd), since) {
+    let pids: Vec<i32> = super::recorded_procs(row).iter().filter(|p| p.alive()).map(|p| p.pid).collect();
+    if let Some(c) = learn_conversation(ctx, b.as_ref(), &row.name, ad, Path::new(cwd), since, &pids) {
         let _ = update(file, |doc| {
             if let Some(r) = doc.row_mut(&row.name) {
                 if r.conversation_id.is_none() {

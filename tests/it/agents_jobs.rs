@@ -91,14 +91,10 @@ fn job_k(w: &W, session: &str, task: &str, ack: u32, misses: u32) -> (i32, Strin
     (r.rc(), last, r.stderr(), took)
 }
 
-/// The whole sequence for `kind` started with the user's `args` (a permission mode) and `env`.
-fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
-    let tag = if args.is_empty() { "default".to_string() } else { rand_hex(2) };
-    let Some(mut w) = W::new(&format!("jobs_{kind}_{backend:?}_{tag}"), backend, kind) else { return };
-    for (k, v) in env {
-        w.env.push((k.to_string(), v.into()));
-    }
-    let model = Model::start(&w);
+/// The scripted model for `kind` in `w`: the environment and (codex) the config that point the CLI at
+/// it, onboarding's T of 60 s and a short "waiting for you".
+fn with_model(w: &mut W, kind: &str) -> Model {
+    let model = Model::start(w);
     // The CLI reaches the model on loopback, never through the (closed) proxy W sets.
     w.env.push(("NO_PROXY".into(), "127.0.0.1,localhost".into()));
     w.env.push(("no_proxy".into(), "127.0.0.1,localhost".into()));
@@ -119,6 +115,17 @@ fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
         )
         .unwrap();
     }
+    model
+}
+
+/// The whole sequence for `kind` started with the user's `args` (a permission mode) and `env`.
+fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
+    let tag = if args.is_empty() { "default".to_string() } else { rand_hex(2) };
+    let Some(mut w) = W::new(&format!("jobs_{kind}_{backend:?}_{tag}"), backend, kind) else { return };
+    for (k, v) in env {
+        w.env.push((k.to_string(), v.into()));
+    }
+    let model = with_model(&mut w, kind);
     // The workspace daemon, as a user's create starts it (the harness turns the autostart off): its
     // board shows "waiting for you" (step 5) and it forwards a sandbox's events from disk.
     let ws = w.td.ws();
@@ -328,4 +335,49 @@ fn real_claude_does_jobs_on_real_herdr() {
 #[test]
 fn real_codex_does_jobs_on_real_herdr() {
     jobs(Backend::Herdr, "codex", &[], &[]);
+}
+
+/// Issue 30 item 7: two codex sessions in one directory each keep their own conversation at stop
+/// (before, both got the newest rollout's id): the rollout a session's codex holds open is its own.
+#[test]
+fn real_codex_sessions_in_one_directory_keep_their_own_conversations() {
+    let Some(mut w) = W::new("codex_two", Backend::Tmux, "codex") else { return };
+    let _model = with_model(&mut w, "codex");
+    let mut onboard = Vec::new();
+    for name in ["c1", "c2"] {
+        let r = w.mam(["create", "codex", "--name", name]).run_within(Duration::from_secs(150));
+        assert_eq!(r.rc(), 0, "create {name}: {}\n{}", r.stdout(), r.stderr());
+        onboard.push(kv(&r.stdout(), "ONBOARD_JOB"));
+    }
+    for name in ["c1", "c2"] {
+        w.mam(["stop", name]).run_within(Duration::from_secs(30)).expect_rc(0);
+    }
+    let ids: Vec<String> = ["c1", "c2"]
+        .iter()
+        .map(|n| w.row(n)["conversation_id"].as_str().unwrap_or_else(|| panic!("{n}: no conversation")).to_string())
+        .collect();
+    assert_ne!(ids[0], ids[1], "both sessions got one conversation");
+    // Each id's rollout holds its own session's onboarding prompt.
+    for (id, job) in ids.iter().zip(&onboard) {
+        let rollout = walk(&w.home.join(".codex/sessions"))
+            .into_iter()
+            .find(|p| p.to_string_lossy().ends_with(&format!("{id}.jsonl")))
+            .unwrap_or_else(|| panic!("no rollout for {id}"));
+        let text = fs::read_to_string(&rollout).unwrap();
+        assert!(text.contains(&format!("Job {job}:")), "{id}'s rollout lacks job {job}");
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }
