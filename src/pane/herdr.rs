@@ -21,6 +21,7 @@ use super::contract::{
 };
 use super::knobs::Knobs;
 use super::proc::{no_autostart, on_path, run_capture, server_env};
+use super::sock;
 use crate::agents;
 use crate::ctx::{ChildRole, Ctx};
 use crate::sys;
@@ -278,10 +279,22 @@ impl Herdr {
         c
     }
 
+    /// The server name is a plain name and its socket is the user's own (issue 29): checked before
+    /// every call, since any call may start or reach a server.
+    fn safe(&self) -> Result<(), String> {
+        if let Some(why) = sock::bad_name(&self.server) {
+            return Err(format!("herdr server name '{}' {why}", one_line(&self.server)));
+        }
+        match sock::herdr_socket(&self.ctx, &self.server) {
+            Some(path) => sock::check(&path, sys::geteuid()).map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+
     /// One call, raw: the exit code and both streams, or the reply that ended it early (an unsupported
     /// version, a spawn failure, our deadline).
     fn call(&self, args: &[&str], limit: Duration) -> Result<Output, Reply> {
-        if let Err(why) = self.version() {
+        if let Err(why) = self.version().and_then(|()| self.safe()) {
             return Err(Reply::Bad(why));
         }
         let mut c = self.command();
@@ -402,7 +415,7 @@ impl Herdr {
     /// start fails as `Exited` with the pane's last lines.
     fn start_watching(&self, args: &[&str], limit: Duration, pane: &str) -> PaneResult<Value> {
         use std::os::unix::process::CommandExt;
-        if let Err(why) = self.version() {
+        if let Err(why) = self.version().and_then(|()| self.safe()) {
             return Err(PaneError::Failed(format!("herdr agent start on server {}: {why}", self.server)));
         }
         let mut c = self.command();
@@ -479,6 +492,8 @@ impl Herdr {
         if no_autostart(&self.ctx) {
             return Err(PaneError::NoServer(format!("server {} not running (MAM_NO_AUTOSTART=1)", self.server)));
         }
+        // The name is part of the log's path, and the server's socket goes where it says.
+        self.safe().map_err(PaneError::Failed)?;
         let logs = crate::paths::control_root(&self.ctx)
             .map_err(|e| PaneError::Failed(e.to_string()))?
             .join(".mam")

@@ -20,6 +20,7 @@ use super::contract::{
 };
 use super::knobs::Knobs;
 use super::proc::{no_autostart, run_capture, server_env};
+use super::sock;
 use crate::agents;
 use crate::ctx::Ctx;
 use crate::sys;
@@ -100,7 +101,18 @@ impl Tmux {
         Tmux { ctx: ctx.clone(), socket, knobs }
     }
 
+    /// The server name is a plain name and its socket is the user's own (issue 29): checked before
+    /// every call, since any call may start or reach a server.
+    fn safe(&self) -> PaneResult<()> {
+        if let Some(why) = sock::bad_name(&self.socket) {
+            return Err(PaneError::Usage(format!("tmux server name '{}' {why}", one_line(&self.socket))));
+        }
+        sock::check(&sock::tmux_socket(&self.ctx, &self.socket), sys::geteuid())
+            .map_err(|e| PaneError::Failed(e.to_string()))
+    }
+
     fn raw(&self, args: &[&str]) -> PaneResult<Output> {
+        self.safe()?;
         let mut c = Command::new("tmux");
         c.env_clear().envs(server_env(&self.ctx));
         c.env_remove("TMUX").env_remove("TMUX_PANE");
