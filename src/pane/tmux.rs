@@ -24,7 +24,7 @@ use super::sock;
 use crate::agents;
 use crate::ctx::Ctx;
 use crate::sys;
-use crate::text::{one_line, shell_quote, show_path};
+use crate::text::{display_value, one_line, shell_quote, show_path};
 
 /// Default socket name (1.1).
 pub const DEFAULT_SOCKET: &str = "mam";
@@ -512,7 +512,9 @@ impl Backend for Tmux {
         if !self.server_up()? {
             return Err(PaneError::Failed(format!("tmux server {} not running", self.socket)));
         }
-        let text = format!("{}: {}", r.state.word(), r.message);
+        // What agents wrote, shown on the border and in the title (issue 29): `text::display_value`.
+        let text = display_value(&format!("{}: {}", r.state.word(), r.message), 200);
+        let title = display_value(&r.title, 80);
         self.ok(&[
             "set-option",
             "-g",
@@ -535,7 +537,7 @@ impl Backend for Tmux {
             "-t",
             pane,
             "-T",
-            &r.title,
+            &title,
         ])
         .map(|_| ())
     }
