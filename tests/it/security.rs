@@ -704,3 +704,87 @@ fn i29_root_never_talks_to_another_users_tmux_server() {
     );
     assert_eq!(line.lines().count(), 1, "one line: {line}");
 }
+
+/// The attacker's own herdr server (uid 65534) for session `name` under the config directory
+/// `config` it made in a shared directory; stopped and reaped on drop.
+struct AttackerHerdr<'a> {
+    td: &'a TestDir,
+    env: Vec<(&'static str, PathBuf)>,
+    herdr: PathBuf,
+    name: String,
+    server: Option<Background>,
+}
+
+impl AttackerHerdr<'_> {
+    fn command(&self) -> Cmd {
+        let mut c = self.td.command("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        for (k, v) in &self.env {
+            c = c.env(k, v);
+        }
+        c.env("HERDR_DISABLE_SOUND", "1")
+            .env("SHELL", "/bin/sh")
+            .args([self.herdr.as_os_str()])
+            .args(["--session", &self.name])
+    }
+}
+
+impl Drop for AttackerHerdr<'_> {
+    fn drop(&mut self) {
+        let _ = self.command().args(["server", "stop"]).run();
+        drop(self.server.take());
+    }
+}
+
+/// Root's herdr config directory lies in a shared directory where uid 65534 made
+/// `cfg/herdr/sessions/<name>/` first and runs its own herdr server: root's mam refuses it, naming
+/// the path and its owner, where it listed the attacker's server before.
+#[test]
+fn i29_root_never_talks_to_another_users_herdr_server() {
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("i29-herdr");
+    let Some(h) = HerdrHome::new(&td) else { return };
+    let shared = base_dir().join(format!("hs-{}", rand_hex(2)));
+    fs::create_dir_all(&shared).unwrap();
+    chmod(&shared, 0o1777);
+    as_attacker(
+        &td,
+        &shared,
+        "mkdir -p cfg/herdr home run && chmod 700 run && printf 'onboarding = false\\n[terminal]\\n\
+         default_shell = \"/bin/sh\"\\n[update]\\nversion_check = false\\nmanifest_check = false\\n' \
+         > cfg/herdr/config.toml",
+    );
+    let config = shared.join("cfg");
+    let mut attacker = AttackerHerdr {
+        td: &td,
+        env: vec![
+            ("HOME", shared.join("home")),
+            ("XDG_CONFIG_HOME", config.clone()),
+            ("XDG_RUNTIME_DIR", shared.join("run")),
+        ],
+        herdr: h.herdr.clone(),
+        name: "evil".into(),
+        server: None,
+    };
+    attacker.server = Some(attacker.command().args(["server"]).spawn_bg(&td, "attacker-herdr"));
+    let sock = config.join("herdr/sessions/evil/herdr.sock");
+    wait_until("the attacker's herdr socket", std::time::Duration::from_secs(15), || sock.exists());
+    assert_eq!(fs::symlink_metadata(&sock).unwrap().uid(), NOBODY);
+    let r = h
+        .apply(td.mam())
+        .env("XDG_CONFIG_HOME", &config)
+        .env("MAM_PANE_BACKEND", "herdr")
+        .env("MAM_NO_AUTOSTART", "1")
+        .env("MAM_HERDR_SESSION", "evil")
+        .args(["pane", "ls"])
+        .run();
+    // `pane ls` exits 3 (state unknown) when it cannot list; 0 would be the attacker's list.
+    assert_eq!(r.rc(), 3, "root's mam reached the attacker's herdr:\n{}{}", r.stdout(), r.stderr());
+    let err = r.stderr();
+    assert!(
+        err.contains(&format!("REFUSED: server socket {}:", sock.display()))
+            && err.contains(&format!("owned by uid {NOBODY}, not you (uid 0) or root")),
+        "{err}"
+    );
+}
