@@ -34,6 +34,22 @@ pub fn one_line_clipped(s: &str) -> String {
     }
 }
 
+/// Untrusted text for another program's display (herdr's sidebar, a tmux pane title and border,
+/// issue 29): every control character (ESC of a terminal sequence, a newline, C1) becomes a space,
+/// at most `max` characters (cut with `…`), and never a leading `-`, so that passed as the value of
+/// a flag it cannot be read as another flag.
+pub fn display_value(s: &str, max: usize) -> String {
+    let mut out: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if out.starts_with('-') {
+        out.insert(0, ' ');
+    }
+    if out.chars().count() > max {
+        out = out.chars().take(max.saturating_sub(1)).collect();
+        out.push('…');
+    }
+    out
+}
+
 /// A path for a one-line diagnostic.
 pub fn show_path(p: &Path) -> String {
     one_line(&p.to_string_lossy())

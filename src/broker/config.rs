@@ -89,6 +89,12 @@ pub struct BrokerConfig {
     /// either, new messages for that session are dropped and the first drop is logged.
     pub session_messages: usize,
     pub session_bytes: usize,
+    /// Broker-wide limits on the QoS 1/2 messages held by every session whose client is away
+    /// (count and topic plus payload bytes, each session's copy counted); past either, a new
+    /// message for an away session is dropped (the newest, as past a session's own limits), one
+    /// WARNING per session until it queues again. Connected clients are not affected.
+    pub max_queued_messages: usize,
+    pub max_queued_bytes: usize,
     /// Keep retained messages and persistent sessions in a file across restarts (None: memory only,
     /// the library and test default).
     pub persist: Option<Persist>,
@@ -113,6 +119,8 @@ impl Default for BrokerConfig {
             max_sessions: DEFAULT_MAX_SESSIONS,
             session_messages: super::session::DEFAULT_SESSION_MESSAGES,
             session_bytes: super::session::DEFAULT_SESSION_BYTES,
+            max_queued_messages: super::session::DEFAULT_MAX_QUEUED_MESSAGES,
+            max_queued_bytes: super::session::DEFAULT_MAX_QUEUED_BYTES,
             persist: None,
         }
     }
@@ -137,6 +145,8 @@ impl fmt::Debug for BrokerConfig {
             .field("max_sessions", &self.max_sessions)
             .field("session_messages", &self.session_messages)
             .field("session_bytes", &self.session_bytes)
+            .field("max_queued_messages", &self.max_queued_messages)
+            .field("max_queued_bytes", &self.max_queued_bytes)
             .field("persist", &self.persist)
             .finish()
     }

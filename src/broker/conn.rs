@@ -614,6 +614,10 @@ impl Table {
         let (old, out) = {
             let mut st = lock(&self.shared.state);
             let old = st.clients.remove(&cid);
+            if let Some(cl) = old.as_ref().filter(|cl| cl.link.is_none()) {
+                // Back (or discarded): its messages no longer count as held for an away client.
+                st.away.remove(&cl.session);
+            }
             if !c.clean_session || old.as_ref().is_some_and(|cl| cl.persistent) {
                 // A persistent session is created, resumed (its resends change it) or discarded.
                 self.shared.changed();
@@ -796,7 +800,7 @@ impl Table {
                 match cl.session.deliver(msg, true, &lim) {
                     Delivered::Send(s) => out.push(Out::Owned(encode(&s))),
                     Delivered::Dropped { first } => dropped |= first,
-                    Delivered::Queued | Delivered::Skipped => {}
+                    Delivered::Queued | Delivered::Skipped | Delivered::DroppedTotal { .. } => {}
                 }
             }
             (out, decided.over_cap, dropped)
@@ -860,12 +864,13 @@ impl Table {
     fn publish(&mut self, msg: &Publish<'_>) -> Result<Routed, End> {
         let shared = self.shared.clone();
         let lim = shared.session_limits();
+        let total = shared.away_limits();
         let mut sends: Vec<(u64, Out)> = Vec::new();
         let mut windowed: Vec<u64> = Vec::new();
-        let mut full_sessions: Vec<String> = Vec::new();
+        let mut full_sessions: Vec<(String, String)> = Vec::new();
         let refused_retain = {
             let mut st = lock(&shared.state);
-            let State { clients, retained, retained_bytes, index, .. } = &mut *st;
+            let State { clients, retained, retained_bytes, index, away, .. } = &mut *st;
             // The clients that may get it: those with a filter matching the topic, once each (the
             // index may name more; `route` decides from each session's own filters).
             let mut targets: Vec<&str> = Vec::new();
@@ -912,7 +917,11 @@ impl Table {
                 } else {
                     let (topic, body) = kept.get_or_insert_with(|| (t.into(), payload.into())).clone();
                     let m = Msg { topic, payload: body, qos: d.qos, retain: false };
-                    let d = cl.session.deliver(m, cl.link.is_some(), &lim);
+                    let d = if cl.link.is_some() {
+                        cl.session.deliver(m, true, &lim)
+                    } else {
+                        cl.session.deliver_away(m, &lim, away, &total)
+                    };
                     if cl.persistent && matches!(d, Delivered::Send(_) | Delivered::Queued) {
                         shared.changed();
                     }
@@ -924,10 +933,17 @@ impl Table {
                             Out::Owned(encode(&s))
                         }
                         Delivered::Dropped { first: true } => {
-                            full_sessions.push(cid.to_string());
+                            full_sessions.push((cid.to_string(), session_full_text(&lim)));
                             continue;
                         }
-                        Delivered::Dropped { .. } | Delivered::Queued | Delivered::Skipped => continue,
+                        Delivered::DroppedTotal { first: true } => {
+                            full_sessions.push((cid.to_string(), queued_full_text(&total, away)));
+                            continue;
+                        }
+                        Delivered::Dropped { .. }
+                        | Delivered::DroppedTotal { .. }
+                        | Delivered::Queued
+                        | Delivered::Skipped => continue,
                     }
                 };
                 if let Some(link) = &cl.link {
@@ -939,8 +955,8 @@ impl Table {
             }
             refused_retain
         };
-        for cid in full_sessions {
-            shared.log(format!("WARNING: broker: client {}: {}", short_id(&cid), session_full_text(&lim)));
+        for (cid, why) in full_sessions {
+            shared.log(format!("WARNING: broker: client {}: {why}", short_id(&cid)));
         }
         let mut full = Vec::new();
         for (to, out) in sends {
@@ -1174,9 +1190,11 @@ impl Table {
                 let persistent = st.clients.get(cid).is_some_and(|cl| cl.persistent);
                 if persistent {
                     // MQTT-3.1.2-4: the session outlives the connection; queued messages wait for it.
-                    if let Some(cl) = st.clients.get_mut(cid) {
+                    let State { clients, away, .. } = &mut *st;
+                    if let Some(cl) = clients.get_mut(cid) {
                         cl.link = None;
                         cl.session.shrink();
+                        away.add(&cl.session);
                     }
                 } else if let Some(cl) = st.clients.remove(cid) {
                     st.unindex_session(cid, &cl.session);
@@ -1240,6 +1258,14 @@ fn session_full_text(lim: &session::Limits) -> String {
     format!(
         "session full ({} QoS 1/2 messages or {} bytes unacknowledged or queued); dropping new messages for it until it drains",
         lim.messages, lim.bytes
+    )
+}
+
+fn queued_full_text(total: &session::Limits, held: &session::Away) -> String {
+    format!(
+        "away sessions hold {} QoS 1/2 messages, {} bytes (max-queued-messages {}, max-queued-bytes {}); \
+         dropping new messages for this away client until it queues again",
+        held.messages, held.bytes, total.messages, total.bytes
     )
 }
 

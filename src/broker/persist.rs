@@ -372,7 +372,7 @@ pub struct Restored {
 pub(super) fn restore(st: &mut State, snap: Snapshot, cfg: &BrokerConfig) -> Restored {
     let mut r = Restored::default();
     let limits = route::RetainLimits { max_message: cfg.max_retained_message, max_total: cfg.max_retained_bytes };
-    let State { retained, retained_bytes, clients, index, .. } = st;
+    let State { retained, retained_bytes, clients, index, away, .. } = st;
     for (t, m) in snap.retained {
         match route::apply_retain(retained, retained_bytes, &t, route::RetainOp::Set(m), &limits) {
             Ok(()) => r.retained += 1,
@@ -386,6 +386,9 @@ pub(super) fn restore(st: &mut State, snap: Snapshot, cfg: &BrokerConfig) -> Res
         }
         let session = Session::restore(saved);
         r.messages += session.pending();
+        // Restored whole, even past `max_queued_*` (they were within the caps of the broker
+        // that saved them): only new messages for away clients are refused until it drains.
+        away.add(&session);
         r.sessions += 1;
         for (f, _) in &session.subs {
             index.add(f, &id);

@@ -209,6 +209,13 @@ impl BrokerHandle {
         lock(&self.shared.state).retained_bytes
     }
 
+    /// QoS 1/2 messages and their bytes held by the sessions of away clients together (what
+    /// `max_queued_messages` and `max_queued_bytes` cap).
+    pub fn queued_away(&self) -> (usize, usize) {
+        let away = lock(&self.shared.state).away;
+        (away.messages, away.bytes)
+    }
+
     /// The most recent log lines (up to 2000), oldest first.
     pub fn log_lines(&self) -> Vec<String> {
         lock(&self.shared.log_ring).iter().cloned().collect()

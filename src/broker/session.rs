@@ -21,6 +21,11 @@ pub const DEFAULT_SESSION_BYTES: usize = 16 * 1024 * 1024;
 pub const LIVE_MESSAGES: usize = u16::MAX as usize - 1;
 /// ... and at most this many times the away limit's bytes.
 pub const LIVE_BYTES_FACTOR: usize = 4;
+/// Default broker-wide limit on the QoS 1/2 messages held by every session whose client is away
+/// (issue 29: without it 1000 stored sessions could hold 1000 messages each).
+pub const DEFAULT_MAX_QUEUED_MESSAGES: usize = 100_000;
+/// Default broker-wide limit on the topic and payload bytes of those messages.
+pub const DEFAULT_MAX_QUEUED_BYTES: usize = 128 * 1024 * 1024;
 
 /// One message as a session holds it: shared by every session it was routed to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +91,38 @@ pub enum Delivered {
     /// Over the session's limits; `first` is true for the first drop since the session was last
     /// under them (the caller logs that one).
     Dropped { first: bool },
+    /// For a client that is away, over the broker-wide limits of `Away`: `first` as above, per
+    /// session.
+    DroppedTotal { first: bool },
+}
+
+/// What the sessions of every away client hold together (QoS 1/2 messages in flight when the
+/// client left, and queued since), against the broker-wide limits. Only a delivery to an away
+/// session adds to it (acknowledgements need a connected client); a client's return or discard
+/// takes its session's share out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Away {
+    pub messages: usize,
+    pub bytes: usize,
+}
+
+impl Away {
+    /// `s`'s client left (or `s` came back from the state file): its messages count from now on.
+    pub fn add(&mut self, s: &Session) {
+        self.messages += s.pending();
+        self.bytes += s.bytes;
+    }
+
+    /// `s`'s client returned, or the away session was discarded.
+    pub fn remove(&mut self, s: &Session) {
+        self.messages = self.messages.saturating_sub(s.pending());
+        self.bytes = self.bytes.saturating_sub(s.bytes);
+    }
+
+    /// Whether one more message of `cost` bytes (`Msg::cost`) stays within `max` (messages, bytes).
+    fn room(&self, cost: usize, max: &Limits) -> bool {
+        self.messages < max.messages && self.bytes + cost <= max.bytes
+    }
 }
 
 /// A session as `Session::save` exports it and `Session::restore` takes it back.
@@ -166,6 +203,25 @@ impl Session {
     #[cfg(test)]
     pub fn pending_bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Takes one routed message for this client whose client is away, within the session's limits
+    /// `lim` and the limits `total` of every away session together (`away` holds their count and is
+    /// updated when the message is queued). Past the total the newest message is dropped, as past
+    /// the session's own limits: what was queued first is what its client gets.
+    pub fn deliver_away(&mut self, msg: Msg, lim: &Limits, away: &mut Away, total: &Limits) -> Delivered {
+        if msg.qos != 0 && !away.room(msg.cost(), total) {
+            let first = !self.over_limit;
+            self.over_limit = true;
+            return Delivered::DroppedTotal { first };
+        }
+        let cost = msg.cost();
+        let d = self.deliver(msg, false, lim);
+        if d == Delivered::Queued {
+            away.messages += 1;
+            away.bytes += cost;
+        }
+        d
     }
 
     /// Takes one routed message for this client; `online` is whether its client is connected.
@@ -419,6 +475,36 @@ mod tests {
         // A connected client gets more room: the packet-id space and 4 x the bytes.
         assert!(matches!(s.deliver(big.clone(), true, &LIM), Delivered::Send(_)));
         assert_eq!(s.deliver(big, true, &LIM), Delivered::Dropped { first: true }, "4 x 100 bytes at most");
+    }
+
+    #[test]
+    fn issue_29_away_sessions_together_stay_within_the_total_and_drop_the_newest() {
+        let total = Limits { messages: 4, bytes: 1000 };
+        let mut away = Away::default();
+        let (mut a, mut b) = (Session::default(), Session::default());
+        for p in ["a1", "a2", "a3"] {
+            assert_eq!(a.deliver_away(msg(p, 1), &LIM, &mut away, &total), Delivered::Queued);
+        }
+        assert_eq!(b.deliver_away(msg("b1", 2), &LIM, &mut away, &total), Delivered::Queued);
+        assert_eq!(away, Away { messages: 4, bytes: 12 });
+        assert_eq!(b.deliver_away(msg("b2", 1), &LIM, &mut away, &total), Delivered::DroppedTotal { first: true });
+        assert_eq!(b.deliver_away(msg("b3", 1), &LIM, &mut away, &total), Delivered::DroppedTotal { first: false });
+        assert_eq!(b.deliver_away(msg("q0", 0), &LIM, &mut away, &total), Delivered::Skipped, "QoS 0 is never held");
+        // a's client returns: its share is out of the total, and b queues again.
+        away.remove(&a);
+        assert_eq!(away, Away { messages: 1, bytes: 3 });
+        assert_eq!(a.resume().len(), 3, "what was queued first is delivered");
+        assert_eq!(b.deliver_away(msg("b4", 1), &LIM, &mut away, &total), Delivered::Queued);
+        // ... and when it leaves again with those three unacknowledged, they count again.
+        away.add(&a);
+        assert_eq!(away, Away { messages: 5, bytes: 15 });
+        let byte_cap = Limits { messages: 100, bytes: 18 };
+        let big = Msg { payload: vec![0u8; 3].into(), ..msg("", 1) };
+        assert_eq!(
+            b.deliver_away(big, &LIM, &mut away, &byte_cap),
+            Delivered::DroppedTotal { first: true },
+            "bytes too"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::config::BrokerConfig;
 use super::route::{Publish, RetainedStore};
-use super::session::{Limits, Session};
+use super::session::{Away, Limits, Session};
 use super::subindex::SubIndex;
 
 /// Records kept for `received()`: at most this many messages and this many payload bytes.
@@ -66,6 +66,8 @@ pub(super) struct State {
     pub(super) retained: RetainedStore,
     /// Bytes held by `retained` (`route::retained_cost` summed).
     pub(super) retained_bytes: usize,
+    /// What the sessions of away clients hold together (`max_queued_*` caps it).
+    pub(super) away: Away,
     pub(super) received: VecDeque<(String, Vec<u8>, bool)>,
     pub(super) received_bytes: usize,
     pub(super) connects: Vec<String>,
@@ -127,6 +129,11 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     pub(super) fn session_limits(&self) -> Limits {
         Limits { messages: self.cfg.session_messages, bytes: self.cfg.session_bytes }
+    }
+
+    /// The broker-wide limits of every away session together.
+    pub(super) fn away_limits(&self) -> Limits {
+        Limits { messages: self.cfg.max_queued_messages, bytes: self.cfg.max_queued_bytes }
     }
 
     /// Something the state file keeps changed.

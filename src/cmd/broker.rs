@@ -30,6 +30,7 @@ Usage: mam broker [--bind ADDR] [--port N] [--allow-remote]
                   [--allow-anonymous | --username U --password-file F] [--max-packet BYTES]
                   [--max-connections N] [--max-subscriptions N] [--max-retained-bytes BYTES]
                   [--max-retained-message BYTES] [--max-sessions N]
+                  [--max-queued-messages N] [--max-queued-bytes BYTES]
                   [--no-persist | --persist-interval SECS] [--max-state-bytes BYTES]
 
        mam broker check [--heartbeat N] [--heartbeat-misses K] [--json]   (see its --help)
@@ -48,8 +49,9 @@ and mosquitto_sub, paho, mam's own), and MQTT 3.1 clients (`MQIsdp`, level 3) al
     protocol error, 1.5 x keepalive of silence), with their QoS and retain flag; not when the
     same client id connects again (a takeover closes the older connection without its will);
   - persistent sessions (CleanSession=0): subscriptions and QoS 1/2 messages kept while the
-    client is away, at most 1000 messages or 16 MiB per absent client (the newest dropped past
-    that, logged); unacknowledged PUBLISHes re-sent with DUP=1, and PUBRELs, on reconnect;
+    client is away, at most 1000 messages or 16 MiB per absent client and 100000 messages or
+    128 MiB for all absent clients together (the newest dropped past either, logged once per
+    client until it queues again); unacknowledged PUBLISHes re-sent with DUP=1, and PUBRELs, on reconnect;
   - `+` and `#` filters (not matching `$` topics at the first level); overlapping filters of
     one client give one copy at the highest QoS granted;
   - every CONNACK return code: 0x01 protocol level, 0x02 empty client id with CleanSession=0,
@@ -93,6 +95,10 @@ Options:
                                 message over either cap is forwarded but not stored
   --max-sessions N              persistent sessions kept for absent clients (default 1000);
                                 a CONNECT that would store one more gets CONNACK 0x03
+  --max-queued-messages N       QoS 1/2 messages held for all absent clients together
+                                (default 100000); past it a new message for an absent
+                                client is dropped (connected clients are not affected)
+  --max-queued-bytes BYTES      their topic and payload bytes (default 134217728); as above
   --no-persist                  keep retained messages and sessions in memory only
   --persist-interval SECS       write a change to the state file at most SECS after it
                                 (default 5)
@@ -119,6 +125,8 @@ struct Args {
     max_retained_bytes: usize,
     max_retained_message: usize,
     max_sessions: usize,
+    max_queued_messages: usize,
+    max_queued_bytes: usize,
     persist: bool,
     persist_interval: u32,
     max_state_bytes: usize,
@@ -140,6 +148,8 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
         max_retained_bytes: broker::DEFAULT_MAX_RETAINED_BYTES,
         max_retained_message: broker::DEFAULT_MAX_PACKET,
         max_sessions: broker::DEFAULT_MAX_SESSIONS,
+        max_queued_messages: broker::DEFAULT_MAX_QUEUED_MESSAGES,
+        max_queued_bytes: broker::DEFAULT_MAX_QUEUED_BYTES,
         persist: true,
         persist_interval: broker::DEFAULT_PERSIST_INTERVAL.as_secs() as u32,
         max_state_bytes: broker::DEFAULT_MAX_STATE_BYTES,
@@ -180,6 +190,12 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
                 a.max_retained_message = knob::flag("--max-retained-message", &p.value()?, 0)? as usize;
             }
             Long("max-sessions") => a.max_sessions = knob::flag("--max-sessions", &p.value()?, 0)? as usize,
+            Long("max-queued-messages") => {
+                a.max_queued_messages = knob::flag("--max-queued-messages", &p.value()?, 0)? as usize;
+            }
+            Long("max-queued-bytes") => {
+                a.max_queued_bytes = knob::flag("--max-queued-bytes", &p.value()?, 0)? as usize;
+            }
             Long("no-persist") => a.persist = false,
             Long("persist-interval") => {
                 a.persist_interval = knob::flag("--persist-interval", &p.value()?, 1)?;
@@ -337,6 +353,8 @@ pub fn run(ctx: &mut Ctx, mut args: Vec<OsString>) -> Result<i32, Failure> {
         max_retained_bytes: a.max_retained_bytes,
         max_retained_message: a.max_retained_message,
         max_sessions: a.max_sessions,
+        max_queued_messages: a.max_queued_messages,
+        max_queued_bytes: a.max_queued_bytes,
         persist,
         ..BrokerConfig::default()
     };

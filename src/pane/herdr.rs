@@ -21,10 +21,11 @@ use super::contract::{
 };
 use super::knobs::Knobs;
 use super::proc::{no_autostart, on_path, run_capture, server_env};
+use super::sock;
 use crate::agents;
 use crate::ctx::{ChildRole, Ctx};
 use crate::sys;
-use crate::text::{one_line, show_path};
+use crate::text::{display_value, one_line, show_path};
 
 /// How long `agent start` is retried while herdr says the new pane has no shell yet.
 const PANE_SHELL_WAIT: Duration = Duration::from_secs(10);
@@ -253,6 +254,35 @@ pub fn layout_positions(result: &Value) -> Vec<(String, (i64, i64))> {
         .collect()
 }
 
+/// The longest message and state label a report shows in herdr's sidebar (characters).
+const REPORT_TEXT_MAX: usize = 200;
+/// The longest pane title (herdr's cap).
+const REPORT_TITLE_MAX: usize = 80;
+
+/// The argv of one state report: `pane report-agent ...` and `pane report-metadata ...`. The message
+/// and title carry what agents wrote (a job's reason, its events), so they go through
+/// `text::display_value` (issue 29): no terminal escapes or newlines in herdr's sidebar, bounded,
+/// never read as a flag.
+pub fn report_args(pane: &str, kind: &str, r: &StateReport) -> (Vec<String>, Vec<String>) {
+    let message = display_value(&r.message, REPORT_TEXT_MAX);
+    let seq = r.seq.to_string();
+    let word = r.state.word();
+    let agent = ["pane", "report-agent", pane, "--source", REPORT_SOURCE, "--agent", kind, "--state", word];
+    let mut agent: Vec<String> = agent.iter().map(|s| s.to_string()).collect();
+    agent.extend(["--message".into(), message.clone(), "--seq".into(), seq.clone()]);
+    let label = display_value(&format!("{word}={message}"), REPORT_TEXT_MAX);
+    let title = display_value(&r.title, REPORT_TITLE_MAX);
+    let mut meta: Vec<String> = ["pane", "report-metadata", pane, "--source", REPORT_SOURCE, "--state-label"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    meta.extend([label, "--title".into(), title, "--seq".into(), seq]);
+    if let Some(t) = r.ttl_ms {
+        meta.extend(["--ttl-ms".into(), t.clamp(1, 86_400_000).to_string()]);
+    }
+    (agent, meta)
+}
+
 /// The herdr backend on one server (herdr session).
 pub struct Herdr {
     ctx: Ctx,
@@ -278,10 +308,22 @@ impl Herdr {
         c
     }
 
+    /// The server name is a plain name and its socket is the user's own (issue 29): checked before
+    /// every call, since any call may start or reach a server.
+    fn safe(&self) -> Result<(), String> {
+        if let Some(why) = sock::bad_name(&self.server) {
+            return Err(format!("herdr server name '{}' {why}", one_line(&self.server)));
+        }
+        match sock::herdr_socket(&self.ctx, &self.server) {
+            Some(path) => sock::check(&path, sys::geteuid()).map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+
     /// One call, raw: the exit code and both streams, or the reply that ended it early (an unsupported
     /// version, a spawn failure, our deadline).
     fn call(&self, args: &[&str], limit: Duration) -> Result<Output, Reply> {
-        if let Err(why) = self.version() {
+        if let Err(why) = self.version().and_then(|()| self.safe()) {
             return Err(Reply::Bad(why));
         }
         let mut c = self.command();
@@ -402,7 +444,7 @@ impl Herdr {
     /// start fails as `Exited` with the pane's last lines.
     fn start_watching(&self, args: &[&str], limit: Duration, pane: &str) -> PaneResult<Value> {
         use std::os::unix::process::CommandExt;
-        if let Err(why) = self.version() {
+        if let Err(why) = self.version().and_then(|()| self.safe()) {
             return Err(PaneError::Failed(format!("herdr agent start on server {}: {why}", self.server)));
         }
         let mut c = self.command();
@@ -479,6 +521,8 @@ impl Herdr {
         if no_autostart(&self.ctx) {
             return Err(PaneError::NoServer(format!("server {} not running (MAM_NO_AUTOSTART=1)", self.server)));
         }
+        // The name is part of the log's path, and the server's socket goes where it says.
+        self.safe().map_err(PaneError::Failed)?;
         let logs = crate::paths::control_root(&self.ctx)
             .map_err(|e| PaneError::Failed(e.to_string()))?
             .join(".mam")
@@ -805,30 +849,10 @@ impl Backend for Herdr {
     /// report's message to itself, and it ignores lifecycle reports for a pane whose agent process
     /// exited, while metadata still shows there (docs/DESIGN.md). Never bootstraps a server.
     fn report_state(&self, pane: &str, kind: &str, r: &StateReport) -> PaneResult<()> {
-        let seq = r.seq.to_string();
-        let agent = [
-            "pane",
-            "report-agent",
-            pane,
-            "--source",
-            REPORT_SOURCE,
-            "--agent",
-            kind,
-            "--state",
-            r.state.word(),
-            "--message",
-            &r.message,
-            "--seq",
-            &seq,
-        ];
+        let (agent, meta) = report_args(pane, kind, r);
+        let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
         self.expect_ok(&agent, self.run(&agent, REPORT_LIMIT))?;
-        let label = format!("{}={}", r.state.word(), r.message);
-        let ttl = r.ttl_ms.map(|t| t.clamp(1, 86_400_000).to_string());
-        let mut meta = vec!["pane", "report-metadata", pane, "--source", REPORT_SOURCE, "--state-label", &label];
-        meta.extend(["--title", &r.title, "--seq", &seq]);
-        if let Some(t) = &ttl {
-            meta.extend(["--ttl-ms", t]);
-        }
+        let meta: Vec<&str> = meta.iter().map(String::as_str).collect();
         self.expect_ok(&meta, self.run(&meta, REPORT_LIMIT)).map(|_| ())
     }
 
@@ -848,6 +872,28 @@ impl Backend for Herdr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 29 item 3: a forged job reason with terminal escapes, newlines and a leading `--`
+    /// reaches herdr's sidebar as one plain, bounded line that no flag parser takes for a flag.
+    #[test]
+    fn i29_a_forged_report_text_reaches_herdr_without_escapes_newlines_or_a_flag() {
+        let forged = format!("--help\x1b]0;owned\x07\x1b[2J\nline two\r{}", "x".repeat(500));
+        let r = StateReport { state: Status::Blocked, message: forged.clone(), title: forged, ttl_ms: None, seq: 7 };
+        let (agent, meta) = report_args("p_1", "claude", &r);
+        let at = |v: &[String], flag: &str| v[v.iter().position(|a| a == flag).unwrap() + 1].clone();
+        for (v, flag, max) in [(&agent, "--message", 200), (&meta, "--state-label", 200), (&meta, "--title", 80)] {
+            let text = at(v, flag);
+            assert!(!text.starts_with('-'), "{flag} {text:?}");
+            assert!(!text.chars().any(char::is_control), "{flag} {text:?}");
+            assert!(text.chars().count() <= max, "{flag}: {} characters", text.chars().count());
+        }
+        assert!(
+            at(&agent, "--message").starts_with(" --help ]0;owned  [2J line two "),
+            "{:?}",
+            at(&agent, "--message")
+        );
+        assert_eq!(agent.iter().filter(|a| a.starts_with("--")).count(), 5, "the flags are mam's: {agent:?}");
+    }
 
     #[test]
     fn classify_the_three_list_outcomes() {

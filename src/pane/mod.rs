@@ -16,6 +16,7 @@ pub mod knobs;
 pub mod place;
 pub mod proc;
 pub mod sks;
+pub mod sock;
 pub mod tmux;
 
 use std::fmt;

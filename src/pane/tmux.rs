@@ -20,10 +20,11 @@ use super::contract::{
 };
 use super::knobs::Knobs;
 use super::proc::{no_autostart, run_capture, server_env};
+use super::sock;
 use crate::agents;
 use crate::ctx::Ctx;
 use crate::sys;
-use crate::text::{one_line, shell_quote, show_path};
+use crate::text::{display_value, one_line, shell_quote, show_path};
 
 /// Default socket name (1.1).
 pub const DEFAULT_SOCKET: &str = "mam";
@@ -100,7 +101,18 @@ impl Tmux {
         Tmux { ctx: ctx.clone(), socket, knobs }
     }
 
+    /// The server name is a plain name and its socket is the user's own (issue 29): checked before
+    /// every call, since any call may start or reach a server.
+    fn safe(&self) -> PaneResult<()> {
+        if let Some(why) = sock::bad_name(&self.socket) {
+            return Err(PaneError::Usage(format!("tmux server name '{}' {why}", one_line(&self.socket))));
+        }
+        sock::check(&sock::tmux_socket(&self.ctx, &self.socket), sys::geteuid())
+            .map_err(|e| PaneError::Failed(e.to_string()))
+    }
+
     fn raw(&self, args: &[&str]) -> PaneResult<Output> {
+        self.safe()?;
         let mut c = Command::new("tmux");
         c.env_clear().envs(server_env(&self.ctx));
         c.env_remove("TMUX").env_remove("TMUX_PANE");
@@ -500,7 +512,9 @@ impl Backend for Tmux {
         if !self.server_up()? {
             return Err(PaneError::Failed(format!("tmux server {} not running", self.socket)));
         }
-        let text = format!("{}: {}", r.state.word(), r.message);
+        // What agents wrote, shown on the border and in the title (issue 29): `text::display_value`.
+        let text = display_value(&format!("{}: {}", r.state.word(), r.message), 200);
+        let title = display_value(&r.title, 80);
         self.ok(&[
             "set-option",
             "-g",
@@ -523,7 +537,7 @@ impl Backend for Tmux {
             "-t",
             pane,
             "-T",
-            &r.title,
+            &title,
         ])
         .map(|_| ())
     }

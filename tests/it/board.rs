@@ -389,3 +389,33 @@ fn an_agent_back_at_its_input_line_with_its_job_open_shows_waiting_for_you() {
         w.mam().args(["stop", "wy"]).run_within(Duration::from_secs(60)).expect_rc(0);
     }
 }
+
+/// Issue 29 item 3: a state report whose text an agent forged (terminal escapes, a newline, a leading
+/// `--help`, 500 characters) reaches the real herdr as one plain bounded line: the report succeeds and
+/// the pane's title and state label carry no control character.
+#[test]
+fn i29_a_forged_report_text_reaches_the_real_herdr_as_one_plain_bounded_line() {
+    let td = TestDir::new("i29-report");
+    let Some(mut h) = HerdrHome::new(&td) else { return };
+    h.start_server();
+    let v = h.herdr_json(&["workspace", "create", "--cwd", td.ws().to_str().unwrap()]);
+    let pane = v["result"]["root_pane"]["pane_id"].as_str().unwrap_or_else(|| panic!("no root pane: {v}")).to_string();
+    let ctx = mam::ctx::Ctx::with_env(h.env(), &td.ws());
+    let b = mam::pane::open_named(&ctx, "herdr", Some(&h.session)).unwrap_or_else(|e| panic!("{e}"));
+    let forged = format!("--help\x1b]0;owned\x07\x1b[2J\nline two\r{}", "x".repeat(500));
+    let r = mam::pane::StateReport {
+        state: mam::pane::Status::Blocked,
+        message: forged.clone(),
+        title: forged,
+        ttl_ms: None,
+        seq: 1,
+    };
+    b.report_state(&pane, "claude", &r).unwrap_or_else(|e| panic!("the report failed: {e}"));
+    let (_, labels, title) = herdr_pane(&h, &pane);
+    let labels = labels.to_string();
+    assert!(!labels.contains("\\u001b") && !labels.contains("\\n") && !labels.contains("\\u0007"), "{labels}");
+    assert!(labels.contains("--help ]0;owned  [2J line two x"), "{labels}");
+    // herdr trims the space mam puts before a leading `-`.
+    assert!(title.trim_start().starts_with("--help ]0;owned  [2J line two x"), "{title:?}");
+    assert!(!title.chars().any(char::is_control) && title.chars().count() <= 80, "{title:?}");
+}

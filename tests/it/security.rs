@@ -612,3 +612,179 @@ fn install_and_remove_against_a_looping_link_swapper_change_nothing_outside() {
         tree(&outside).into_iter().map(|p| (p.clone(), fs::read(outside.join(&p)).unwrap_or_default())).collect();
     assert_eq!(before, after, "the directory behind the swapped-in link changed");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 29 item 2: another user's tmux or herdr server
+
+/// The attacker's own tmux server (uid 65534) on `sock`, killed on drop.
+struct AttackerTmux<'a> {
+    td: &'a TestDir,
+    sock: PathBuf,
+}
+
+impl<'a> AttackerTmux<'a> {
+    /// Creates `sock`'s directory (mode 0777, the attacker's) and starts a server with one session.
+    fn start(td: &'a TestDir, sock: PathBuf) -> AttackerTmux<'a> {
+        let dir = sock.parent().unwrap().to_path_buf();
+        let parent = dir.parent().unwrap();
+        as_attacker(
+            td,
+            parent,
+            &format!(
+                // SHELL: nobody's login shell is nologin, which would end the session at once.
+                "mkdir -p -m 777 {d} && SHELL=/bin/sh tmux -S {s} new-session -d -s bait 'sleep 120'",
+                d = dir.display(),
+                s = sock.display()
+            ),
+        );
+        assert_eq!(fs::symlink_metadata(&sock).unwrap().uid(), NOBODY, "the attacker's socket");
+        let r = td.command("tmux").args(["-S"]).args([&sock]).args(["list-sessions", "-F", "#{session_name}"]).run();
+        assert_eq!(r.stdout(), "bait\n", "the attacker's server answers root: {}", r.stderr());
+        AttackerTmux { td, sock }
+    }
+}
+
+impl Drop for AttackerTmux<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .td
+            .command("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "tmux", "-S"])
+            .args([&self.sock])
+            .args(["kill-server"])
+            .run();
+    }
+}
+
+/// A server name that leads out of root's tmux socket directory (`-L ../../<path>`) reaches the
+/// attacker's server: refused as a name before tmux runs. A `TMUX_TMPDIR` where the attacker made
+/// `tmux-0/` first and runs a server: refused with the path and its owner (tmux refuses that
+/// directory too, but with no word of whose it is).
+#[test]
+fn i29_root_never_talks_to_another_users_tmux_server() {
+    if !can_attack() || !have_tool("tmux", "MAM_REQUIRE_TMUX") {
+        return;
+    }
+    let td = TestDir::new("i29-tmux");
+    let shared = td.path("shared");
+    fs::create_dir_all(&shared).unwrap();
+    chmod(&shared, 0o1777);
+    let pane = |server: Option<&str>, tmpdir: &Path, sock: &str| {
+        let mut c = td
+            .mam()
+            .env("MAM_PANE_BACKEND", "tmux")
+            .env("MAM_NO_AUTOSTART", "1")
+            .env("TMUX_TMPDIR", tmpdir)
+            .env("MAM_TMUX_SOCKET", sock)
+            .args(["pane", "ls"]);
+        if let Some(s) = server {
+            c = c.args(["--server", s]);
+        }
+        c.run()
+    };
+    // 1. The traversal: `-L ../../<the attacker's socket>` from /tmp/tmux-0.
+    let evil = AttackerTmux::start(&td, shared.join("evil/sock"));
+    let name = format!("../..{}", evil.sock.display());
+    let r = pane(Some(&name), Path::new("/tmp"), "mam");
+    // `pane ls` exits 3 (state unknown) when it cannot list; 0 would be the attacker's list.
+    assert_eq!(r.rc(), 3, "root's mam reached the attacker's server:\n{}{}", r.stdout(), r.stderr());
+    assert!(r.stderr().contains("tmux server name '../..") && r.stderr().contains("contains '/'"), "{}", r.stderr());
+    drop(evil);
+    // 2. The attacker's tmux-0 in a shared TMUX_TMPDIR.
+    let uid = mam::sys::getuid();
+    let sock = shared.join(format!("tmux-{uid}/mam-i29"));
+    let _evil = AttackerTmux::start(&td, sock.clone());
+    let r = pane(None, &shared, "mam-i29");
+    r.expect_rc(3);
+    let line = r.stderr();
+    assert!(
+        line.contains(&format!("REFUSED: server socket {}:", sock.display()))
+            && line.contains(&format!("owned by uid {NOBODY}, not you (uid 0) or root")),
+        "{line}"
+    );
+    assert_eq!(line.lines().count(), 1, "one line: {line}");
+}
+
+/// The attacker's own herdr server (uid 65534) for session `name` under the config directory
+/// `config` it made in a shared directory; stopped and reaped on drop.
+struct AttackerHerdr<'a> {
+    td: &'a TestDir,
+    env: Vec<(&'static str, PathBuf)>,
+    herdr: PathBuf,
+    name: String,
+    server: Option<Background>,
+}
+
+impl AttackerHerdr<'_> {
+    fn command(&self) -> Cmd {
+        let mut c = self.td.command("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        for (k, v) in &self.env {
+            c = c.env(k, v);
+        }
+        c.env("HERDR_DISABLE_SOUND", "1")
+            .env("SHELL", "/bin/sh")
+            .args([self.herdr.as_os_str()])
+            .args(["--session", &self.name])
+    }
+}
+
+impl Drop for AttackerHerdr<'_> {
+    fn drop(&mut self) {
+        let _ = self.command().args(["server", "stop"]).run();
+        drop(self.server.take());
+    }
+}
+
+/// Root's herdr config directory lies in a shared directory where uid 65534 made
+/// `cfg/herdr/sessions/<name>/` first and runs its own herdr server: root's mam refuses it, naming
+/// the path and its owner, where it listed the attacker's server before.
+#[test]
+fn i29_root_never_talks_to_another_users_herdr_server() {
+    if !can_attack() {
+        return;
+    }
+    let td = TestDir::new("i29-herdr");
+    let Some(h) = HerdrHome::new(&td) else { return };
+    let shared = base_dir().join(format!("hs-{}", rand_hex(2)));
+    fs::create_dir_all(&shared).unwrap();
+    chmod(&shared, 0o1777);
+    as_attacker(
+        &td,
+        &shared,
+        "mkdir -p cfg/herdr home run && chmod 700 run && printf 'onboarding = false\\n[terminal]\\n\
+         default_shell = \"/bin/sh\"\\n[update]\\nversion_check = false\\nmanifest_check = false\\n' \
+         > cfg/herdr/config.toml",
+    );
+    let config = shared.join("cfg");
+    let mut attacker = AttackerHerdr {
+        td: &td,
+        env: vec![
+            ("HOME", shared.join("home")),
+            ("XDG_CONFIG_HOME", config.clone()),
+            ("XDG_RUNTIME_DIR", shared.join("run")),
+        ],
+        herdr: h.herdr.clone(),
+        name: "evil".into(),
+        server: None,
+    };
+    attacker.server = Some(attacker.command().args(["server"]).spawn_bg(&td, "attacker-herdr"));
+    let sock = config.join("herdr/sessions/evil/herdr.sock");
+    wait_until("the attacker's herdr socket", std::time::Duration::from_secs(15), || sock.exists());
+    assert_eq!(fs::symlink_metadata(&sock).unwrap().uid(), NOBODY);
+    let r = h
+        .apply(td.mam())
+        .env("XDG_CONFIG_HOME", &config)
+        .env("MAM_PANE_BACKEND", "herdr")
+        .env("MAM_NO_AUTOSTART", "1")
+        .env("MAM_HERDR_SESSION", "evil")
+        .args(["pane", "ls"])
+        .run();
+    // `pane ls` exits 3 (state unknown) when it cannot list; 0 would be the attacker's list.
+    assert_eq!(r.rc(), 3, "root's mam reached the attacker's herdr:\n{}{}", r.stdout(), r.stderr());
+    let err = r.stderr();
+    assert!(
+        err.contains(&format!("REFUSED: server socket {}:", sock.display()))
+            && err.contains(&format!("owned by uid {NOBODY}, not you (uid 0) or root")),
+        "{err}"
+    );
+}

@@ -478,3 +478,73 @@ fn i29_an_authorised_client_gets_in_while_another_user_holds_every_slot() {
     let _ = attacker.wait();
     assert_eq!(got_in, 15, "authorised clients that got in while another user held every slot; log {:#?}", b.log());
 }
+
+/// Issue 29 item 1: many persistent sessions (CleanSession=0) subscribe at QoS 1 and go away, then
+/// a publisher floods. Each session alone is within its own 1000-message limit, so before the
+/// broker-wide bound they held sessions x messages between them; now what the away sessions hold
+/// together stays within `max_queued_messages` (the newest dropped past it, one WARNING per
+/// session), a connected subscriber still gets every message, and a returning client gets what
+/// was queued for it first. The same bound set through `mam broker --max-queued-messages`.
+#[test]
+fn i29_away_sessions_together_hold_no_more_than_the_broker_wide_queue_bound() {
+    let cfg = mam::broker::BrokerConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        max_queued_messages: 2000,
+        ..mam::broker::BrokerConfig::default()
+    };
+    let b = mam::broker::start(cfg).unwrap();
+    let sessions: Vec<String> = (0..20).map(|i| format!("away-{i:02}")).collect();
+    for id in &sessions {
+        let (mut r, code) = Raw::connect_with(b.addr(), &connect_bytes(id, 60, false, None, None));
+        assert_eq!(code, 0);
+        r.subscribe(&[("flood/#", 1)]);
+        r.disconnect();
+    }
+    wait_until("20 stored sessions", WAIT, || b.sessions().len() == 20);
+    let mut live = Raw::connect(b.addr(), "online");
+    live.subscribe(&[("flood/#", 1)]);
+    let n = 500;
+    let reader = std::thread::spawn(move || (0..n).map(|_| live.expect_publish()).collect::<Vec<_>>());
+    let mut p = Raw::connect(b.addr(), "flooder");
+    for i in 0..n {
+        p.publish("flood/m", format!("{i}").as_bytes(), 1, false);
+    }
+    let got = reader.join().unwrap();
+    assert_eq!(got.len(), n, "the connected subscriber gets every message");
+    assert_eq!(got[n - 1], format!("publish flood/m \"{}\" q1 r0", n - 1));
+    let (held, bytes) = b.queued_away();
+    assert_eq!(
+        held, 2000,
+        "away sessions hold {held} messages ({bytes} bytes) for a bound of 2000 (20 x {n} without it)"
+    );
+    let warnings = b.log_lines().iter().filter(|l| l.contains("max-queued-messages 2000")).count();
+    assert!((1..=20).contains(&warnings), "{warnings} WARNING lines: at most one per away session");
+    // A returning client gets the oldest messages queued for it, and its share leaves the total.
+    let (mut r, code) = Raw::connect_with(b.addr(), &connect_bytes(&sessions[0], 60, false, None, None));
+    assert_eq!(code, 0);
+    assert_eq!(r.expect_publish(), "publish flood/m \"0\" q1 r0");
+    wait_until("the returned session's share to leave the total", WAIT, || b.queued_away().0 < 2000);
+    drop(b);
+
+    // The flag of `mam broker`.
+    let td = TestDir::new("i29-queued");
+    let b = BrokerProc::start(&td, &["--allow-anonymous", "--max-queued-messages", "30"]);
+    for id in ["q-a", "q-b"] {
+        let (mut r, _) = Raw::connect_with(b.addr, &connect_bytes(id, 60, false, None, None));
+        r.subscribe(&[("q/#", 1)]);
+        r.disconnect();
+    }
+    let mut p = Raw::connect(b.addr, "q-pub");
+    for i in 0..40 {
+        p.publish("q/m", format!("{i}").as_bytes(), 1, false);
+    }
+    b.wait_log("(max-queued-messages 30, max-queued-bytes 134217728)");
+    let mut kept = 0;
+    for id in ["q-a", "q-b"] {
+        let (mut r, _) = Raw::connect_with(b.addr, &connect_bytes(id, 60, false, None, None));
+        while let Next::Packet(Got::Publish { .. }) = r.next(Duration::from_millis(300)) {
+            kept += 1;
+        }
+    }
+    assert_eq!(kept, 30, "the two away sessions together kept 30 of 80 messages");
+}
