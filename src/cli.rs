@@ -138,6 +138,13 @@ impl From<crate::paths::Untrusted> for Failure {
     }
 }
 
+/// rc 2 `REFUSED: <cmd>: ...; nothing changed` when no control root was set up (issue 32): for the
+/// commands that start agents or jobs, before they change anything.
+pub fn need_control_root(ctx: &Ctx, cmd: &str) -> Result<(), Failure> {
+    crate::paths::require_control_root(ctx)
+        .map_err(|e| Failure::new(rc::USAGE, format!("REFUSED: {cmd}: {e}; nothing changed")))
+}
+
 impl From<lexopt::Error> for Failure {
     fn from(e: lexopt::Error) -> Failure {
         Failure::usage(one_line(&e.to_string()))

@@ -72,6 +72,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
+    cli::need_control_root(ctx, "create")?;
     let mut notes = Notes::default();
     let r = create(ctx, &a, &mut notes, &mut onboard::onboard);
     // Issue 18: say how to look at the agent (stdout stays KEY=VALUE lines for scripts).

@@ -168,6 +168,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
+    cli::need_control_root(ctx, "delegate-job")?;
     let session = a.session.clone().unwrap_or_default();
     let mut req = Request::new(&session, "");
     req.timeout_s = match a.timeout {

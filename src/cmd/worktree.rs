@@ -255,6 +255,7 @@ fn failure(verb: &str, e: WorktreeError) -> Failure {
 }
 
 fn run_prepare(ctx: &Ctx, a: &PrepareArgs) -> Result<i32, Failure> {
+    cli::need_control_root(ctx, "worktree prepare")?;
     let mut notes = Notes::default();
     let done = prepare(ctx, a, &mut notes, &mut onboard::onboard);
     for n in &notes.0 {

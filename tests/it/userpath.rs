@@ -100,3 +100,62 @@ fn heartbeat_is_armed_while_the_wire_retries_and_the_record_s_n_wins() {
         std::fs::read_to_string(&log).unwrap_or_default().matches("\"heartbeat\":true").count() >= 2
     });
 }
+
+// ---- Issue 32: the user's path, round 2 -------------------------------------------------------
+
+/// Issue 32 item 2: a command that starts agents or jobs, run outside any control root, is refused
+/// before it changes anything and names `mam install` (it used to make the cwd a control root with
+/// its own `.mam/` and daemon).
+#[test]
+fn i32_outside_a_control_root_is_refused_naming_mam_install() {
+    let td = TestDir::new("noroot");
+    let plain = td.path("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    td.write("plain/task.md", "hello\n");
+    let cases: &[&[&str]] = &[
+        &["create", "claude", "--name", "w"],
+        &["resume", "w"],
+        &["delegate-job", "--session", "w", "--brief-file", "task.md"],
+        &["loop", "--creator", "w", "--reviewer", "r", "--task-file", "task.md"],
+        &["worktree", "prepare", "x"],
+    ];
+    for args in cases {
+        let r = td.mam().cwd(&plain).env("MAM_PANE_BACKEND", "fake").args(*args).run();
+        assert_eq!(r.rc(), 2, "{args:?}: {}", r.stderr());
+        let line = r.stderr();
+        assert!(line.starts_with(&format!("REFUSED: {}", args[0])), "{args:?}: {line}");
+        assert!(line.contains("not inside a control root") && line.contains("`mam install`"), "{line}");
+        assert!(line.trim_end().ends_with("nothing changed"), "{line}");
+        assert!(!plain.join(".mam").exists(), "{args:?} made a control root: {line}");
+    }
+    // Inside one (here: below the control root) the same create goes ahead.
+    let sub = td.ws().join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    let r = td
+        .mam()
+        .cwd(&sub)
+        .env("MAM_PANE_BACKEND", "fake")
+        .args(["create", "claude", "--name", "w", "--no-onboard"])
+        .run();
+    assert_eq!(r.rc(), 0, "{}", r.stderr());
+    td.mam().env("MAM_PANE_BACKEND", "fake").args(["stop", "w"]).run();
+}
+
+/// Issue 32 item 8: `mam loop` without `--reviewer` is refused (rc 2, nothing started) unless
+/// `--self-review` says the creator reviews itself; both together are refused too.
+#[test]
+fn i32_loop_without_reviewer_needs_self_review() {
+    let td = TestDir::new("selfrev");
+    td.write("ws/task.md", "hello\n");
+    let r = td.mam().args(["loop", "--creator", "cr", "--task-file", "task.md"]).run();
+    assert_eq!(r.rc(), 2, "{}", r.stderr());
+    assert!(r.stderr().contains("--reviewer NAME") && r.stderr().contains("--self-review"), "{}", r.stderr());
+    assert!(!td.ws().join(".mam/loop").exists(), "a loop dir was made");
+    let r =
+        td.mam().args(["loop", "--creator", "cr", "--reviewer", "rv", "--self-review", "--task-file", "task.md"]).run();
+    assert_eq!(r.rc(), 2, "{}", r.stderr());
+    assert!(r.stderr().contains("--self-review excludes --reviewer"), "{}", r.stderr());
+    // With --self-review the flag check passes: the loop goes on to find no session cr (rc 2, another line).
+    let r = td.mam().args(["loop", "--creator", "cr", "--self-review", "--task-file", "task.md"]).run();
+    assert!(!r.stderr().contains("--self-review"), "{}", r.stderr());
+}
