@@ -159,3 +159,36 @@ fn i32_loop_without_reviewer_needs_self_review() {
     let r = td.mam().args(["loop", "--creator", "cr", "--self-review", "--task-file", "task.md"]).run();
     assert!(!r.stderr().contains("--self-review"), "{}", r.stderr());
 }
+
+/// Issue 32 items 1 and 10: a missing agent CLI is refused with the way to install it and the
+/// pretend agent; `mam create --help` and the unknown-kind refusal list the same kinds, every kind
+/// of the adapter table; the pretend agent and `mam test-double agent` print their help.
+#[test]
+fn i32_kinds_come_from_the_adapter_table_and_a_missing_cli_says_how_to_install_it() {
+    let td = TestDir::new("kinds");
+    let empty = td.path("emptybin");
+    std::fs::create_dir_all(&empty).unwrap();
+    let r =
+        td.mam().env("PATH", &empty).env("MAM_PANE_BACKEND", "tmux").args(["create", "claude", "--name", "w"]).run();
+    assert_eq!(r.rc(), 2, "{}", r.stderr());
+    let line = r.stderr();
+    assert!(line.contains("not found on PATH"), "{line}");
+    assert!(
+        line.contains("npm install -g @anthropic-ai/claude-code") && line.contains("scripts/install_agents.sh"),
+        "{line}"
+    );
+    assert!(line.contains("`mam create pretend`"), "{line}");
+    let help = td.mam().args(["create", "--help"]).run().stdout();
+    let unknown = td.mam().args(["create", "nosuch"]).run().stderr();
+    let kinds = mam::agents::kinds().join(", ");
+    assert!(help.contains(&format!("Agents: {kinds}.")), "{help}");
+    assert!(unknown.contains(&format!("(known: {kinds})")), "{unknown}");
+    assert!(kinds.contains("pretend"), "{kinds}");
+    let r = td.mam().args(["pretend-agent", "--help"]).run();
+    assert_eq!(r.rc(), 0);
+    assert!(r.stdout().starts_with("Usage: mam pretend-agent "), "{}", r.stdout());
+    assert!(td.mam().args(["--help"]).run().stdout().contains("  pretend-agent "));
+    let r = td.mam().args(["test-double", "agent", "--help"]).run_within(std::time::Duration::from_secs(5));
+    assert_eq!(r.rc(), 0, "{}", r.stderr());
+    assert!(r.stdout().starts_with("Usage: mam test-double ") && r.stdout().contains("mam pretend-agent --help"));
+}
