@@ -141,3 +141,28 @@ fn shim_envfile_runs_mam_env() {
     r.expect_rc(0);
     eqnice!("export A='1'\n", r.stdout());
 }
+
+/// Issue 32 item 10: an extra argument names the command and its help (it said only
+/// `ERROR: unexpected argument "extra"`).
+#[test]
+fn an_unexpected_argument_names_the_command_and_its_help() {
+    let td = TestDir::new("extra-arg");
+    let r = td.mam().args(["jobs", "extra"]).run();
+    r.expect_rc(2);
+    assert_eq!(r.stderr(), "ERROR: mam jobs: unexpected argument \"extra\" (see mam jobs --help)\n");
+}
+
+/// Issue 32 item 10: built from a git checkout, `mam --version` carries the commit.
+#[test]
+fn the_version_carries_the_commit_of_a_git_build() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    if !root.join(".git").exists() || std::env::var_os("MAM_SOURCE_COMMIT").is_some() {
+        return;
+    }
+    let out = std::process::Command::new("git").arg("-C").arg(root).args(["rev-parse", "--short=12", "HEAD"]).output();
+    let Some(out) = out.ok().filter(|o| o.status.success()) else { return };
+    let head = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let td = TestDir::new("version-commit");
+    let v = td.mam().args(["--version"]).run().stdout();
+    assert_eq!(v, format!("mam {} ({head})\n", env!("CARGO_PKG_VERSION")));
+}
