@@ -70,8 +70,8 @@ fn help() -> String {
         s.push_str(&format!("  {name:<13} {summary}{tag}\n"));
     }
     s.push_str(
-        "\nExit codes: 0 ok, 1 runtime error, 2 usage, 3 broker failure after retries, 4 refused,\n\
-         5 lock held; `mam watch` adds 10-13. See `mam <command> --help`.\n",
+        "\nExit codes: 0 ok, 1 runtime error, 2 usage or refused before any change; 3 and up say how a\n\
+         command ended and are its own, listed in `mam <command> --help` and in README.md's table.\n",
     );
     s
 }

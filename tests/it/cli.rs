@@ -166,3 +166,43 @@ fn the_version_carries_the_commit_of_a_git_build() {
     let v = td.mam().args(["--version"]).run().stdout();
     assert_eq!(v, format!("mam {} ({head})\n", env!("CARGO_PKG_VERSION")));
 }
+
+/// Issue 32 item 10: every command of `mam --help` prints its help with exit codes (rc 0) and
+/// refuses an unknown flag with rc 2 on one line naming `mam <command>` and its `--help`; the README's
+/// exit-code table names every command whose codes go past 2.
+#[test]
+fn every_command_documents_its_exit_codes_and_names_itself_in_usage_errors() {
+    let td = TestDir::new("every-cmd");
+    let top = td.mam().args(["--help"]).run().stdout();
+    let cmds: Vec<String> = top
+        .split("Commands:\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect();
+    assert!(cmds.len() > 30, "{cmds:?}");
+    let readme = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let table = readme.split("### Exit codes").nth(1).expect("README's exit-code table");
+    for c in &cmds {
+        let r = td.mam().args([c.as_str(), "--help"]).run();
+        assert_eq!(r.rc(), 0, "{c}");
+        assert!(r.stdout().contains("Exit codes"), "mam {c} --help lists no exit codes");
+        let beyond = r
+            .stdout()
+            .split("Exit codes")
+            .nth(1)
+            .unwrap()
+            .split([',', ';'])
+            .any(|p| p.split_whitespace().any(|w| w.parse::<u32>().is_ok_and(|n| (3..100).contains(&n))));
+        if beyond && !["bench", "install", "update", "resume", "worktree"].contains(&c.as_str()) {
+            assert!(table.contains(&format!("`{c}`")), "README's exit-code table lacks `{c}`");
+        }
+        let r = td.mam().args([c.as_str(), "--no-such-flag"]).run();
+        assert_eq!(r.rc(), 2, "{c}: {}", r.stderr());
+        let line = r.stderr();
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(line.contains(&format!("mam {c}")) && line.contains("--help"), "{line}");
+    }
+}
