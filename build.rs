@@ -13,6 +13,11 @@
 //! turns it off; `MAM_LINK_MAP=<file>` also writes the linker's map (`scripts/beat_order.sh`).
 //! The same script leaves the unwind tables out (`DISCARD_UNWIND_TABLES`).
 //! It never changes what is compiled, only where the linker puts it.
+//!
+//! It also names the source commit (issue 32): `MAM_SOURCE_COMMIT` for `version::COMMIT`, from the
+//! environment when set, else `git rev-parse HEAD` of the checkout when it is one (a tarball without
+//! `.git`, or no git, leaves it unset: `unknown`). Uncommitted changes are not marked: watching the
+//! index would rebuild the crate on every `git add`.
 
 use std::env;
 use std::fs;
@@ -26,6 +31,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=MAM_NO_BEAT_ORDER");
     println!("cargo:rerun-if-env-changed=MAM_KEEP_EH_FRAME");
     let var = |k: &str| env::var(k).unwrap_or_default();
+    source_commit(&var("CARGO_MANIFEST_DIR"));
     let lld = var("TARGET") == "x86_64-unknown-linux-gnu"
         && env::var_os("RUSTC_LINKER").is_none()
         && !var("CARGO_ENCODED_RUSTFLAGS").contains("link")
@@ -49,6 +55,30 @@ fn main() {
     if let Some(map) = env::var_os("MAM_LINK_MAP") {
         println!("cargo:rustc-link-arg-bins=-Wl,-Map={}", map.to_string_lossy());
     }
+}
+
+/// `cargo:rustc-env=MAM_SOURCE_COMMIT=<sha>` from git when the variable is not set, with
+/// rerun triggers on HEAD and the branch it points to (a new commit rebuilds the version).
+fn source_commit(dir: &str) {
+    println!("cargo:rerun-if-env-changed=MAM_SOURCE_COMMIT");
+    if env::var_os("MAM_SOURCE_COMMIT").is_some() {
+        return;
+    }
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git").arg("-C").arg(dir).args(args).output().ok()?;
+        let text = String::from_utf8(out.stdout).ok()?.trim().to_string();
+        (out.status.success() && !text.is_empty()).then_some(text)
+    };
+    let Some(sha) = git(&["rev-parse", "--short=12", "HEAD"]) else { return };
+    if let Some(d) = git(&["rev-parse", "--path-format=absolute", "--git-dir"]) {
+        println!("cargo:rerun-if-changed={d}/HEAD");
+    }
+    if let (Some(d), Some(head)) =
+        (git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]), git(&["symbolic-ref", "-q", "HEAD"]))
+    {
+        println!("cargo:rerun-if-changed={d}/{head}");
+    }
+    println!("cargo:rustc-env=MAM_SOURCE_COMMIT={sha}");
 }
 
 /// The unwind tables left out of the release binary (about 0.24 MB, issue 20): with `panic =

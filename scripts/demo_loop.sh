@@ -170,6 +170,8 @@ run_loop() { # label creator reviewers...
     local args=(loop --creator "$creator" --task-file "$tmp/task.md" --base "$base" --max-rounds 3
         --job-timeout 300 --wall-clock 600 --stall-notify 0)
     for r in "$@"; do args+=(--reviewer "$r"); done
+    [ $# -gt 0 ] || args+=(--self-review)
+    [ $# -gt 0 ] || args+=(--self-review)
     refs >"$tmp/out/$label.refs-before"
     git -C "$ws" diff --cached --stat >"$tmp/out/$label.index-before"
     say "run $label: mam ${args[*]}"

@@ -138,6 +138,13 @@ impl From<crate::paths::Untrusted> for Failure {
     }
 }
 
+/// rc 2 `REFUSED: <cmd>: ...; nothing changed` when no control root was set up (issue 32): for the
+/// commands that start agents or jobs, before they change anything.
+pub fn need_control_root(ctx: &Ctx, cmd: &str) -> Result<(), Failure> {
+    crate::paths::require_control_root(ctx)
+        .map_err(|e| Failure::new(rc::USAGE, format!("REFUSED: {cmd}: {e}; nothing changed")))
+}
+
 impl From<lexopt::Error> for Failure {
     fn from(e: lexopt::Error) -> Failure {
         Failure::usage(one_line(&e.to_string()))
@@ -199,12 +206,16 @@ pub fn usage_flags(usage: &str) -> Vec<&str> {
     out
 }
 
-/// `invalid option '--x'` from lexopt, rewritten to name the command, the closest flag and the help.
+/// `invalid option '--x'` from lexopt, rewritten to name the command, the closest flag and the help;
+/// `unexpected argument "x"` to name the command and the help (issue 32).
 fn explain_unknown_flag(usage: &str, f: Failure) -> Failure {
+    let cmd = usage_command(usage).unwrap_or("");
+    if let Some(arg) = f.line.strip_prefix("ERROR: unexpected argument ") {
+        return Failure::usage(format!("mam {cmd}: unexpected argument {arg} (see mam {cmd} --help)"));
+    }
     let Some(opt) = f.line.strip_prefix("ERROR: invalid option '").and_then(|r| r.strip_suffix('\'')) else {
         return f;
     };
-    let cmd = usage_command(usage).unwrap_or("");
     let flags = usage_flags(usage);
     let hint = match crate::text::closest(opt, flags.iter().copied()) {
         Some(c) => format!("; did you mean '{c}'?"),

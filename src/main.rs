@@ -35,6 +35,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ("sub", "print MQTT messages arriving on a filter (like mosquitto_sub)", true),
     ("pane", "pane backends (herdr, tmux, fake): ls, new-session, send-keys-safe, status, close", true),
     ("create", "start a named agent session in a pane", true),
+    ("pretend-agent", "a pretend coding agent to try mam without one (`mam create pretend`)", true),
     ("attach", "go to an agent session's pane (tmux: switch or attach; herdr: focus or attach)", true),
     ("resume", "resume a stopped agent session", true),
     ("stop", "stop agent sessions and cancel their open jobs", true),
@@ -69,8 +70,8 @@ fn help() -> String {
         s.push_str(&format!("  {name:<13} {summary}{tag}\n"));
     }
     s.push_str(
-        "\nExit codes: 0 ok, 1 runtime error, 2 usage, 3 broker failure after retries, 4 refused,\n\
-         5 lock held; `mam watch` adds 10-13. See `mam <command> --help`.\n",
+        "\nExit codes: 0 ok, 1 runtime error, 2 usage or refused before any change; 3 and up say how a\n\
+         command ended and are its own, listed in `mam <command> --help` and in README.md's table.\n",
     );
     s
 }
@@ -102,6 +103,7 @@ fn dispatch(ctx: &mut Ctx, name: &str, args: Vec<OsString>) -> Result<i32, Failu
         "agents" => cmd::agents::run(ctx, args),
         "orc-onboard" => cmd::orc_onboard::run(ctx, args),
         "create" => cmd::create::run(ctx, args),
+        "pretend-agent" => cmd::pretend_agent::run(ctx, args),
         "attach" => cmd::attach::run(ctx, args),
         "resume" => cmd::resume::run(ctx, args),
         "stop" => cmd::stop::run(ctx, args),

@@ -112,6 +112,37 @@ pub fn find_control_root(ctx: &Ctx) -> PathBuf {
     cwd
 }
 
+/// No control root was set up where a command that starts agents or jobs runs (issue 32): no `.mam/`
+/// in the cwd or above it and no `WORKSPACE_ROOT`. Such a command would otherwise make the cwd (or its
+/// git top level) a control root of its own, with its own `.mam/` and daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoControlRoot {
+    pub cwd: PathBuf,
+}
+
+impl fmt::Display for NoControlRoot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} is not inside a control root (no .mam/ here or above, no WORKSPACE_ROOT): set one up with \
+             `mam install` in your repository (or `mkdir .mam` at its top), or run this from inside one",
+            show_path(&self.cwd)
+        )
+    }
+}
+
+/// The check behind `NoControlRoot`: `WORKSPACE_ROOT` is set, or the cwd or an ancestor holds `.mam/`.
+pub fn require_control_root(ctx: &Ctx) -> Result<(), NoControlRoot> {
+    if ctx.path_var("WORKSPACE_ROOT").is_some() {
+        return Ok(());
+    }
+    let cwd = absolutize(Path::new("/"), ctx.cwd());
+    if cwd.ancestors().any(|a| a.join(".mam").is_dir()) {
+        return Ok(());
+    }
+    Err(NoControlRoot { cwd })
+}
+
 /// Resolves everything and checks that it may be trusted (`check`). `registry_flag` is
 /// `--registry-dir`, relative to cwd (A1 step 4).
 pub fn resolve(ctx: &Ctx, registry_flag: Option<&Path>) -> Result<Resolved, Untrusted> {

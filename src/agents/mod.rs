@@ -90,6 +90,9 @@ pub struct Adapter {
     /// Screen text the CLI shows while it acts on an answer (gemini restarts itself after its trust
     /// dialog, which stays on screen meanwhile): below a dialog's text, the dialog is not answered again.
     pub startup_busy: &'static [&'static str],
+    /// The npm package that installs the CLI (`scripts/install_agents.sh` installs these), when it
+    /// comes from npm; the "not found on PATH" refusal names it (issue 32).
+    pub npm: Option<&'static str>,
     /// Screen text that means the agent is busy (a model call, also one stuck in its network retry),
     /// matched with its case: gemini's key box says "Esc to cancel" and its remains can stay on
     /// screen under an idle input line, while its working line says "(esc to cancel, 4s)".
@@ -175,6 +178,7 @@ pub const ADAPTERS: &[Adapter] = &[
             Dialog { screen: "Detected a custom API key", keys: &["1"] },
             Dialog { screen: "running in Bypass Permissions mode", keys: &["2"] },
         ],
+        npm: Some("@anthropic-ai/claude-code"),
         working_marks: &["esc to interrupt", "Retrying in"],
         commands_in_own_pid_namespace: false,
     },
@@ -202,6 +206,7 @@ pub const ADAPTERS: &[Adapter] = &[
             Dialog { screen: "Detected OPENAI_API_KEY", keys: &["enter"] },
             Dialog { screen: "Trust and continue", keys: &["enter"] },
         ],
+        npm: Some("@openai/codex"),
         working_marks: &["esc to interrupt", "Reconnecting..."],
         commands_in_own_pid_namespace: true,
     },
@@ -224,6 +229,7 @@ pub const ADAPTERS: &[Adapter] = &[
             Dialog { screen: "Use Gemini API Key", keys: &["enter"] },
             Dialog { screen: "Enter Gemini API Key", keys: &["enter"] },
         ],
+        npm: Some("@google/gemini-cli"),
         working_marks: &["esc to cancel"],
         commands_in_own_pid_namespace: false,
     },
@@ -242,6 +248,7 @@ pub const ADAPTERS: &[Adapter] = &[
         ready_hold_ms: 0,
         startup_busy: &[],
         dialogs: &[],
+        npm: Some("@qwen-code/qwen-code"),
         working_marks: &["esc to cancel"],
         commands_in_own_pid_namespace: false,
     },
@@ -260,6 +267,7 @@ pub const ADAPTERS: &[Adapter] = &[
         ready_hold_ms: 0,
         startup_busy: &[],
         dialogs: &[],
+        npm: Some("@vibe-kit/grok-cli"),
         working_marks: &[],
         commands_in_own_pid_namespace: false,
     },
@@ -283,6 +291,7 @@ pub const ADAPTERS: &[Adapter] = &[
         startup_busy: &[],
         dialogs: &[],
         // "[retrying in 2s attempt #2]", or "[retrying attempt #2]" in a narrow pane.
+        npm: Some("opencode-ai"),
         working_marks: &["esc interrupt", "[retrying"],
         commands_in_own_pid_namespace: false,
     },
@@ -301,6 +310,7 @@ pub const ADAPTERS: &[Adapter] = &[
         ready_hold_ms: 0,
         startup_busy: &[],
         dialogs: &[],
+        npm: None,
         working_marks: &[],
         commands_in_own_pid_namespace: false,
     },
@@ -319,10 +329,43 @@ pub const ADAPTERS: &[Adapter] = &[
         ready_hold_ms: 0,
         startup_busy: &[],
         dialogs: &[],
+        npm: None,
+        working_marks: &[],
+        commands_in_own_pid_namespace: false,
+    },
+    // The pretend agent (issue 32, docs/DESIGN.md "The pretend agent"): mam itself as
+    // `mam pretend-agent`, for trying mam without an agent CLI or a network. It re-executes itself
+    // under the name `pretend`, the name its process is recognised by.
+    Adapter {
+        kind: PRETEND,
+        executable: BUILTIN_EXECUTABLE,
+        process_names: &[PRETEND],
+        herdr_kind: None,
+        session_vars: &[],
+        markers: &[],
+        start_args: &[],
+        conversation: ConversationId::None,
+        resume_args: &[],
+        layout: Layout::Unsupported,
+        ready_lines: &[PRETEND_READY],
+        ready_hold_ms: 0,
+        startup_busy: &[],
+        dialogs: &[],
+        npm: None,
         working_marks: &[],
         commands_in_own_pid_namespace: false,
     },
 ];
+
+/// The kind of the pretend agent.
+pub const PRETEND: &str = "pretend";
+/// The executable of a kind mam runs itself (the pretend agent): the running mam binary, with
+/// `PRETEND_SUBCOMMAND`.
+pub const BUILTIN_EXECUTABLE: &str = "mam";
+/// The subcommand the pretend agent runs as.
+pub const PRETEND_SUBCOMMAND: &str = "pretend-agent";
+/// The pretend agent's input line.
+pub const PRETEND_READY: &str = "pretend agent: ready for a prompt";
 
 /// Interpreters whose script argument names the CLI (CORE 7.6).
 const INTERPRETERS: &[&str] = &["node", "bun", "deno", "python", "python3"];
@@ -376,6 +419,23 @@ impl Adapter {
         v.extend(self.resume_args.iter().map(|s| s.to_string()));
         v.push(conversation.to_string());
         v
+    }
+
+    /// True when mam runs this kind itself (the pretend agent): no executable to look up on PATH.
+    pub fn is_builtin(&self) -> bool {
+        self.executable == BUILTIN_EXECUTABLE
+    }
+
+    /// What to do when the executable is not on PATH: install it, or try the pretend agent.
+    pub fn install_hint(&self) -> String {
+        let how = match self.npm {
+            Some(pkg) => format!(
+                "install it with `npm install -g {pkg}` (or run scripts/install_agents.sh from the mam checkout, \
+                 which installs the npm CLIs into the directory it prints, and put its node_modules/.bin on PATH)"
+            ),
+            None => format!("install {} the way its vendor says (docs/AGENTS.md)", self.executable),
+        };
+        format!("{how}; to try mam without an agent CLI: `mam create {PRETEND}`")
     }
 
     /// True when mam picks the conversation id at start.

@@ -88,6 +88,16 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         }
         return Ok(0);
     }
+    // Issue 32: without a terminal the attach client only said tmux's `open terminal failed: not a
+    // terminal`. Say what to do instead, before anything runs.
+    if plan.takes_terminal && !(crate::sys::is_tty(0) && crate::sys::is_tty(1)) {
+        return Err(Failure::usage(format!(
+            "attach: {} needs a terminal (stdin and stdout are not one here); run it from a terminal, or \
+             print the command with `mam attach {} --print`",
+            text::one_line(&a.name),
+            text::one_line(&a.name)
+        )));
+    }
     if let Some(n) = &plan.note {
         ctx.diag(n);
     }

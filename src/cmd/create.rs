@@ -14,11 +14,14 @@ pub const USAGE: &str = "
 Usage: mam create <agent> [--name N] [--workspace DIR] [--onboard | --no-onboard] [--label L]
                   [-- AGENT_ARGS...]
 
-Starts agent <agent> (claude, agy, hermes, grok, opencode, codex) in a pane (workspace packing of
-`mam pane new-session`) and records it in the sessions file with its control-plane binding. When
+Starts agent <agent> in a pane (workspace packing of `mam pane new-session`) and records it in the sessions file with its control-plane binding. When
 DIR is not the control root, the binding (WORKSPACE_ROOT, AGENT_SESSIONS_YAML, MAM_JOBS_DIR,
 DELEGATE_JOB_LOGS_DIR) is forwarded to the pane as --env on the pane creation.
 Then ensures the control root's daemon (`mam daemon ensure`) and onboards the agent.
+
+Agents: {KINDS}. `pretend` is mam's own pretend agent, to try mam without an agent CLI
+(`mam pretend-agent --help`); a missing CLI is refused with the way to install it. Outside a control
+root (no .mam/ here or above, no WORKSPACE_ROOT) create is refused: set one up with `mam install`.
 
 Options:
   --name N          session name [a-z][a-z0-9_-]{0,31} (default <agent>-NN, lowest free NN)
@@ -36,8 +39,9 @@ Environment: WORKSPACE_ROOT, AGENT_SESSIONS_YAML, MAM_JOBS_DIR, DELEGATE_JOB_LOG
 MAM_NO_SUBSCRIBER_DAEMON (only `1` opts out), MAM_NO_AUTOSTART, MAM_WS_LABEL, MAM_PANE_BACKEND.
 
 Exit codes: 0 created, 1 start failure (verified rollback ran), 2 refused before any change
-(unknown agent, bad or running name, missing directory, binding not computable for a worktree,
-a forwarded binding path with whitespace, sessions file not JSON).
+(unknown agent, agent CLI not installed, no control root, bad or running name, missing
+directory, binding not computable for a worktree, a forwarded binding path with whitespace,
+sessions file not JSON).
 ";
 
 fn parse_args(mut raw: Vec<OsString>) -> Result<Parsed<CreateArgs>, Failure> {
@@ -68,10 +72,13 @@ fn parse_args(mut raw: Vec<OsString>) -> Result<Parsed<CreateArgs>, Failure> {
 }
 
 pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
-    let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
+    // The kinds come from the adapter table (issue 32: the help listed six of them).
+    let usage = USAGE.replace("{KINDS}", &crate::agents::kinds().join(", "));
+    let Some(a) = cli::parse_or_help(ctx, &usage, args, parse_args)? else {
         return Ok(0);
     };
     cli::load_env(ctx)?;
+    cli::need_control_root(ctx, "create")?;
     let mut notes = Notes::default();
     let r = create(ctx, &a, &mut notes, &mut onboard::onboard);
     // Issue 18: say how to look at the agent (stdout stays KEY=VALUE lines for scripts).

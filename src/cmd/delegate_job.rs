@@ -46,6 +46,9 @@ Options:
                         listed in orchestrator_uuids, else the parent's; A42)
   --context-file PATH   a block rendered in brief.md before the task (the review loop's
                         [worktree context]; same limits as --brief-file)
+  --detach              return once the prompt is delivered (rc 0, the last line's STATUS is the
+                        job's status then); the job runs on under the control root's daemon and
+                        `mam wait <JOB_ID>` gives its verdict
   -h, --help            print this help
 
 Also read: SKS_DELIVERY_GRACE_S and the other send-keys-safe knobs of `mam pane`,
@@ -55,7 +58,7 @@ the env file. MAM_INJECT_ACK_GRACE_S is accepted and has no effect (T decides).
 Stdout (last line): JOB_ID=<jid> STATUS=<status> REPORT=<abs report path, or - when the agent
 wrote none>
 
-Exit codes: 0 completed with a report, 1 error or failed, completed without report, env-file or
+Exit codes: 0 completed with a report (--detach: delivered), 1 error or failed, completed without report, env-file or
 internal failure, 2 usage, invalid knob, brief file refused, session refused (nothing registered),
 3 agent_blocked (not submitted, or no started within T), 4 deadline_timeout (deadline or
 unresponsive) or wall_clock_timeout, 5 broker_unavailable, 6 cancelled (the session was stopped),
@@ -78,6 +81,7 @@ struct Args {
     deadline_source: DeadlineSource,
     context_file: Option<PathBuf>,
     orchestrator: Option<String>,
+    detach: bool,
 }
 
 fn job_id_flag(flag: &str, v: OsString) -> Result<String, Failure> {
@@ -108,6 +112,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Long("orchestrator") => {
                 a.orchestrator = Some(super::registry::orchestrator_arg(cli::utf8("--orchestrator", p.value()?)?)?)
             }
+            Long("detach") => a.detach = true,
             Long("context-file") => a.context_file = Some(PathBuf::from(p.value()?)),
             Long("job-id") => a.job_id = Some(job_id_flag("--job-id", p.value()?)?),
             Long("parent") => a.parent = Some(job_id_flag("--parent", p.value()?)?),
@@ -169,6 +174,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
+    cli::need_control_root(ctx, "delegate-job")?;
     let session = a.session.clone().unwrap_or_default();
     let mut req = Request::new(&session, "");
     req.timeout_s = match a.timeout {
@@ -193,6 +199,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     req.job_id = a.job_id.clone();
     req.deadline_source = a.deadline_source;
     req.orchestrator = a.orchestrator.clone();
+    req.detach = a.detach;
     req.parent = match a.parent.clone() {
         Some(p) => Some(p),
         None => match ctx.var_nonempty("MAM_PARENT_JOB_ID") {

@@ -213,7 +213,9 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             write_json(&rows, now, !a.follow, &mut out).map_err(|e| Failure::runtime(format!("jobs: {e}")))?;
             out.line("");
         } else {
-            let clear = if a.follow { "\x1b[H\x1b[2J" } else { "" };
+            // Issue 32: piped (`mam jobs --follow | cat`, `mam ui | cat`), plain text: one table per
+            // refresh, no clear-screen codes.
+            let clear = if a.follow && sys::is_tty(1) { "\x1b[H\x1b[2J" } else { "" };
             out.line(&format!(
                 "{clear}registry {}: {} job(s) at {}",
                 text::show_path(&store.registry),

@@ -18,8 +18,9 @@ use crate::sys;
 use crate::text::{one_line, show_path};
 
 pub const USAGE: &str = "
-Usage: mam loop --creator NAME --task-file PATH [--reviewer NAME]... [options]
-       mam loop --creator NAME --review-only --base REF [--worktree PATH] [--reviewer NAME]...
+Usage: mam loop --creator NAME --task-file PATH (--reviewer NAME... | --self-review) [options]
+       mam loop --creator NAME --review-only --base REF [--worktree PATH]
+                (--reviewer NAME... | --self-review)
        mam loop status [LOOP_ID] [--json]
        mam loop prune [--older-than SECONDS]
 
@@ -31,7 +32,9 @@ the loop dir; the checkpoint is <loop dir>/checkpoint.json.
 
 Options:
   --creator NAME          the creator: a running local session (required)
-  --reviewer NAME         a reviewer session (repeatable); none: the creator reviews itself
+  --reviewer NAME         a reviewer session (repeatable); one of --reviewer or --self-review
+                          is required
+  --self-review           no reviewer: the creator reviews its own change (excludes --reviewer)
   --task-file PATH        the task (UTF-8 text, at most 1 MiB); required unless --review-only
   --plan                  write and review a plan first
   --plan-file PATH        use this plan (excludes --plan)
@@ -83,6 +86,7 @@ struct Args {
     stall: Option<u32>,
     registry_dir: Option<PathBuf>,
     json: bool,
+    self_review: bool,
 }
 
 enum Sub {
@@ -138,6 +142,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Sub>, Failure> {
             Short('h') | Long("help") => return Ok(Parsed::Help),
             Long("creator") => a.creator = Some(cli::utf8("--creator", p.value()?)?),
             Long("reviewer") => a.reviewers.push(cli::utf8("--reviewer", p.value()?)?),
+            Long("self-review") => a.self_review = true,
             Long("task-file") => a.task_file = Some(PathBuf::from(p.value()?)),
             Long("plan") => a.plan = true,
             Long("plan-file") => a.plan_file = Some(PathBuf::from(p.value()?)),
@@ -193,6 +198,17 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Sub>, Failure> {
         }
         _ => {}
     }
+    // Issue 32: a loop without a reviewer used to make the creator its own reviewer silently.
+    match (a.reviewers.is_empty(), a.self_review) {
+        (true, false) => {
+            return Err(Failure::usage(
+                "loop: name a reviewer (--reviewer NAME) or say --self-review to have the creator review its own \
+                 change (see mam loop --help)",
+            ))
+        }
+        (false, true) => return Err(Failure::usage("loop: --self-review excludes --reviewer")),
+        _ => {}
+    }
     for r in &a.reviewers {
         if !crate::pane::valid_name(r) {
             return Err(Failure::usage(format!(
@@ -211,7 +227,10 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     };
     cli::load_env(ctx)?;
     match sub {
-        Sub::Run(a) => run_loop(ctx, a),
+        Sub::Run(a) => {
+            cli::need_control_root(ctx, "loop")?;
+            run_loop(ctx, a)
+        }
         Sub::Status { id, json } => status(ctx, id, json),
         Sub::Prune { older_than } => prune(ctx, older_than),
     }

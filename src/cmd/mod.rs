@@ -19,6 +19,7 @@ pub mod notify;
 pub mod orc_onboard;
 pub mod pane;
 pub mod paths;
+pub mod pretend_agent;
 pub mod pub_;
 pub mod publish;
 pub mod reconcile;

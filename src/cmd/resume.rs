@@ -51,6 +51,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         return Ok(0);
     };
     cli::load_env(ctx)?;
+    cli::need_control_root(ctx, "resume")?;
     let mut notes = Notes::default();
     let r = resume(ctx, &a, &mut notes);
     super::session::finish(ctx, "resume", notes, r)

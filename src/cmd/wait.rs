@@ -54,14 +54,18 @@ Options:
                     <control root>/.mam/jobs
   -h, --help        print this help
 
-With nothing to wait for (a session without open jobs) it ends at once, rc 0.
+With nothing to wait for (no JOB given, and the sessions or the registry have no open job) it
+says so and exits 14 at once.
 
 Exit codes (which case ended the wait): 0 the verdicts are `completed` (--any: the first one),
 10 a verdict is another terminal status (failed, error, cancelled, deadline_timeout, ...),
 11 a job is unresponsive, 12 a job never started (no_started, agent_blocked); with --all the
-first of 11, 12, 10 that occurs among the verdicts; 13 --timeout came first; 1 runtime error
+first of 11, 12, 10 that occurs among the verdicts; 13 --timeout came first; 14 nothing to wait for; 1 runtime error
 (unknown job, unreadable registry); 2 usage; 130 SIGINT; 143 SIGTERM.
 ";
+
+/// The exit code of a wait with an empty selection.
+pub const NOTHING_TO_WAIT_FOR: i32 = 14;
 
 #[derive(Debug, Default)]
 struct Args {
@@ -183,8 +187,17 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
             }
         }
     }
+    // Issue 32: nothing to wait for is not a verdict (it used to end at once with rc 0).
     if records.is_empty() {
-        ctx.diag("NOTE: wait: no open job to wait for");
+        let which = if a.all_open {
+            "the registry has no open job".to_string()
+        } else {
+            format!("session {} has no open job", a.sessions.join(", "))
+        };
+        return Err(Failure::new(
+            NOTHING_TO_WAIT_FOR,
+            format!("ERROR: wait: nothing to wait for: {which} (see `mam jobs`)"),
+        ));
     }
     let mode = if a.any == Some(true) { Mode::Any } else { Mode::All };
     let settings = Settings {

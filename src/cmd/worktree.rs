@@ -23,6 +23,8 @@ Usage: mam worktree prepare <branch> [--path DIR] [--base REF] [--submodules]
 
 A creator works in its own git worktree beside the control root; `remove` removes one only when
 nothing in it could be lost. See `mam worktree <verb> --help`.
+
+Exit codes: those of each verb (`mam worktree <verb> --help`); 2 usage.
 ";
 
 pub const PREPARE_USAGE: &str = "
@@ -115,7 +117,10 @@ fn parse_args(mut raw: Vec<OsString>) -> Result<Parsed<Verb>, Failure> {
         Some("prepare" | "remove" | "list") => raw.remove(0).into_string().unwrap_or_default(),
         Some("-h" | "--help") | None => return Ok(Parsed::Help),
         Some(other) => {
-            return Err(Failure::usage(format!("worktree: unknown verb '{}' (prepare, remove, list)", one_line(other))))
+            return Err(Failure::usage(format!(
+                "mam worktree: unknown verb '{}' (prepare, remove, list; see mam worktree --help)",
+                one_line(other)
+            )))
         }
     };
     match verb.as_str() {
@@ -255,6 +260,7 @@ fn failure(verb: &str, e: WorktreeError) -> Failure {
 }
 
 fn run_prepare(ctx: &Ctx, a: &PrepareArgs) -> Result<i32, Failure> {
+    cli::need_control_root(ctx, "worktree prepare")?;
     let mut notes = Notes::default();
     let done = prepare(ctx, a, &mut notes, &mut onboard::onboard);
     for n in &notes.0 {

@@ -100,6 +100,9 @@ pub struct Request {
     /// Return as soon as `started` is in (onboarding, ORCH 2.3 step 8): the job runs on under the
     /// daemon's watch (A15).
     pub until_started: bool,
+    /// `--detach` (issue 32): return once the prompt is delivered; the job runs on under the
+    /// daemon's watch (A15) and `mam wait` gives its verdict.
+    pub detach: bool,
     /// `--orchestrator UUID` (A42); else resolved by `orchestrator_for`.
     pub orchestrator: Option<String>,
 }
@@ -122,6 +125,7 @@ impl Request {
             deadline_source: DeadlineSource::Job,
             context: None,
             until_started: false,
+            detach: false,
             orchestrator: None,
         }
     }
@@ -131,7 +135,7 @@ impl Request {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
     pub job_id: String,
-    /// The record's status at the end (non-terminal only for `until_started` or an interrupt).
+    /// The record's status at the end (non-terminal only for `until_started`, `detach` or an interrupt).
     pub status: String,
     pub report: PathBuf,
     /// The exit code of 3.5.
@@ -453,6 +457,10 @@ impl<'a> Delegation<'a> {
             // Issue 30 item 4: T counts from the moment the prompt was submitted, not from the end
             // of the delivery grace that follows it.
             Ok(submitted) => self.judge.injected(submitted.unwrap_or_else(|| self.now())),
+        }
+        if self.req.detach {
+            self.reap();
+            return self.finished(&self.record_status(), 0);
         }
         let end = self.wait(diag);
         self.reap();

@@ -378,9 +378,22 @@ impl Backend for Tmux {
         self.ok(&["set-option", "-p", "-t", pane, "@mam_agent", name])?;
         self.ok(&["set-option", "-p", "-t", pane, "@mam_kind", &exe_base])?;
         // Resolved on the caller's PATH: tmux panes run login shells, whose profile may reset PATH.
-        let exe =
-            super::proc::on_path(&self.ctx, kind).map(|p| p.to_string_lossy().into_owned()).unwrap_or(kind.to_string());
+        let builtin = agents::adapter_of_started(kind).filter(|a| a.is_builtin());
+        let exe = match builtin {
+            // The pretend agent is this very binary (issue 32).
+            Some(_) => std::env::current_exe()
+                .map_err(|e| PaneError::Failed(format!("cannot find the mam binary: {e}")))?
+                .to_string_lossy()
+                .into_owned(),
+            None => super::proc::on_path(&self.ctx, kind)
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or(kind.to_string()),
+        };
         let mut line = shell_quote(&exe);
+        if builtin.is_some() {
+            line.push(' ');
+            line.push_str(agents::PRETEND_SUBCOMMAND);
+        }
         for a in args {
             line.push(' ');
             line.push_str(&shell_quote(a));

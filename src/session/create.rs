@@ -109,7 +109,12 @@ pub fn create(ctx: &Ctx, a: &CreateArgs, notes: &mut Notes, onboard: Onboard<'_>
 
     // 5. Place and start, with the adapter's start arguments (the conversation id chosen where the
     // CLI lets mam choose it, ORCH 6.1). A missing executable fails here, before any pane exists.
-    let b = pane::open(ctx, None)?;
+    // herdr starts only its own kinds: a kind mam runs itself (the pretend agent) goes to tmux unless
+    // MAM_PANE_BACKEND chose a backend (issue 32).
+    let b = match ctx.var_nonempty("MAM_PANE_BACKEND") {
+        None if ad.is_builtin() => pane::open_named(ctx, "tmux", None)?,
+        _ => pane::open(ctx, None)?,
+    };
     check_startable(ctx, b.name(), ad)?;
     let (args, chosen) = fresh_start(ad, &a.agent_args)?;
     grant_approval(ctx, ad.kind, &w, &resolved.registry, notes);

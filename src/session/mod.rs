@@ -450,16 +450,24 @@ pub fn check_startable(ctx: &Ctx, backend: &str, ad: &agents::Adapter) -> Result
     if backend == "fake" {
         return Ok(());
     }
+    if backend == "herdr" && ad.is_builtin() {
+        return Err(SessionError::Refused(format!(
+            "the {} agent runs in tmux panes only (herdr starts only its own agent kinds); use MAM_PANE_BACKEND=tmux",
+            ad.kind
+        )));
+    }
     if backend == "herdr" && ad.herdr_kind.is_none() {
         return Err(SessionError::Refused(format!(
             "herdr has no agent kind for {}; use MAM_PANE_BACKEND=tmux",
             ad.kind
         )));
     }
-    if pane::on_path(ctx, ad.executable).is_none() {
+    if !ad.is_builtin() && pane::on_path(ctx, ad.executable).is_none() {
         return Err(SessionError::Refused(format!(
-            "agent executable '{}' (kind {}) not found on PATH",
-            ad.executable, ad.kind
+            "agent executable '{}' (kind {}) not found on PATH: {}",
+            ad.executable,
+            ad.kind,
+            ad.install_hint()
         )));
     }
     Ok(())

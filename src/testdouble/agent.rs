@@ -6,7 +6,9 @@
 //! its rounds.
 //!
 //! A stand-in for an agent CLI: like one, it writes its screen itself. Nothing in mam's own flows
-//! calls it.
+//! calls it. It is also the engine of the pretend agent (`mam pretend-agent`, issue 32): `pretend`
+//! runs it with a script made from that command's flags and the `pretend` key, which decides per
+//! brief whether it is a review, the onboarding job or a job that changes a file.
 //!
 //! Two modes. With `MAM_FAKE_PANE_DIR` (the fake backend) it reports its state in files of that
 //! directory. Without it (a real terminal: tmux, herdr) it prints to stdout, reads prompts as lines on
@@ -57,6 +59,9 @@ struct Script {
     refuse_arg: Option<String>,
     /// Terminal mode: the shortest time the working title stays up (default `MIN_WORKING_S`).
     min_working_s: Option<f64>,
+    /// The pretend agent's rules (`pretend`): `verdict` and the IDENTITY echo only for a review,
+    /// `edit` only for a job that is neither a review, a plan nor the onboarding.
+    pretend: bool,
     #[cfg(feature = "test-hooks")]
     on_stop_write: Option<PathBuf>,
 }
@@ -94,6 +99,7 @@ impl Default for Script {
             startup_blocked: 0,
             refuse_arg: None,
             min_working_s: None,
+            pretend: false,
             #[cfg(feature = "test-hooks")]
             on_stop_write: None,
         }
@@ -166,6 +172,7 @@ impl Script {
             "startup_blocked" => self.startup_blocked = v.parse().unwrap_or(0),
             "refuse_arg" => self.refuse_arg = Some(v.to_string()).filter(|v| !v.is_empty()),
             "min_working_s" => self.min_working_s = Some(v).filter(|v| !v.is_empty()).map(|_| num()),
+            "pretend" => self.pretend = yes(),
             #[cfg(feature = "test-hooks")]
             "on_stop_write" => self.on_stop_write = path(),
             _ => {}
@@ -298,6 +305,55 @@ fn pause(secs: f64) {
     if secs > 0.0 {
         sys::sleep(Duration::from_secs_f64(secs));
     }
+}
+
+/// The pretend agent's main (`mam pretend-agent`): the fake agent in terminal mode with a script of
+/// `settings` (script keys) and the pretend rules; returns the exit code.
+pub fn pretend(ctx: &Ctx, settings: &[(&str, String)]) -> Result<i32, String> {
+    let mut pairs: Vec<(String, String)> = vec![("pretend".into(), "1".into())];
+    pairs.extend(settings.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    println!("mam pretend-agent: a stand-in for a coding agent (see `mam pretend-agent --help`)");
+    serve(ctx, &RawScript { pairs })
+}
+
+/// What the pretend agent makes of a brief: a review (a loop's review or plan review round), a job
+/// that must change no file (a plan, the onboarding job), or a job to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PretendJob {
+    Review,
+    HandsOff,
+    Work,
+}
+
+fn pretend_job(brief: &str) -> PretendJob {
+    let round = |l: &str, head: &str| l.strip_prefix(head).is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
+    if parse_review_identity(brief).is_some()
+        || brief.lines().any(|l| round(l, "Review round ") || round(l, "Plan round "))
+    {
+        return PretendJob::Review;
+    }
+    if brief.contains("Do not change any file") || brief.lines().any(|l| l.starts_with("Onboarding of session ")) {
+        return PretendJob::HandsOff;
+    }
+    PretendJob::Work
+}
+
+/// The script of one prompt under the pretend rules.
+fn pretend_script(s: &Script, brief: &str) -> Script {
+    let mut s = s.clone();
+    match pretend_job(brief) {
+        PretendJob::Review => {
+            s.edit = None;
+            s.identity = Identity::Echo;
+            s.verdict = Some(s.verdict.unwrap_or_else(|| "PASS".into()));
+        }
+        PretendJob::HandsOff => {
+            s.edit = None;
+            s.verdict = None;
+        }
+        PretendJob::Work => s.verdict = None,
+    }
+    s
 }
 
 /// The fake agent's main: follow the script, answer prompts, run brief lines; returns the exit code.
@@ -456,7 +512,8 @@ fn handle_prompt(agent: &Agent, raw: &RawScript, prompt: &str, handled: &mut u64
         return false;
     }
     *handled += 1;
-    let s = &raw.resolve(*handled);
+    let resolved = raw.resolve(*handled);
+    let mut s = &resolved;
     let working_since = std::time::Instant::now();
     if s.report_working {
         agent.status("working");
@@ -470,8 +527,13 @@ fn handle_prompt(agent: &Agent, raw: &RawScript, prompt: &str, handled: &mut u64
     }
     pause(s.ack_delay_s);
     let (brief, job) = parse_prompt(prompt);
+    let pretended;
     if let Some(brief) = brief {
         let text = std::fs::read_to_string(&brief).unwrap_or_default();
+        if s.pretend {
+            pretended = pretend_script(s, &text);
+            s = &pretended;
+        }
         let cmds = parse_commands(&text);
         let job = job.unwrap_or_default();
         if !s.never_start {
@@ -479,7 +541,8 @@ fn handle_prompt(agent: &Agent, raw: &RawScript, prompt: &str, handled: &mut u64
                 agent.run_line(l, &[]);
             }
             if let Some(p) = &s.edit {
-                let _ = sys::append_locked(p, format!("edited by the fake agent (prompt {handled})\n").as_bytes());
+                let who = if s.pretend { "the pretend agent" } else { "the fake agent" };
+                let _ = sys::append_locked(p, format!("edited by {who} (prompt {handled})\n").as_bytes());
             }
             if let Some(p) = &s.touch_during_review {
                 let _ = sys::append_locked(p, b"touched by the fake agent during review\n");

@@ -141,3 +141,68 @@ fn shim_envfile_runs_mam_env() {
     r.expect_rc(0);
     eqnice!("export A='1'\n", r.stdout());
 }
+
+/// Issue 32 item 10: an extra argument names the command and its help (it said only
+/// `ERROR: unexpected argument "extra"`).
+#[test]
+fn an_unexpected_argument_names_the_command_and_its_help() {
+    let td = TestDir::new("extra-arg");
+    let r = td.mam().args(["jobs", "extra"]).run();
+    r.expect_rc(2);
+    assert_eq!(r.stderr(), "ERROR: mam jobs: unexpected argument \"extra\" (see mam jobs --help)\n");
+}
+
+/// Issue 32 item 10: built from a git checkout, `mam --version` carries the commit.
+#[test]
+fn the_version_carries_the_commit_of_a_git_build() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    if !root.join(".git").exists() || std::env::var_os("MAM_SOURCE_COMMIT").is_some() {
+        return;
+    }
+    let out = std::process::Command::new("git").arg("-C").arg(root).args(["rev-parse", "--short=12", "HEAD"]).output();
+    let Some(out) = out.ok().filter(|o| o.status.success()) else { return };
+    let head = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let td = TestDir::new("version-commit");
+    let v = td.mam().args(["--version"]).run().stdout();
+    assert_eq!(v, format!("mam {} ({head})\n", env!("CARGO_PKG_VERSION")));
+}
+
+/// Issue 32 item 10: every command of `mam --help` prints its help with exit codes (rc 0) and
+/// refuses an unknown flag with rc 2 on one line naming `mam <command>` and its `--help`; the README's
+/// exit-code table names every command whose codes go past 2.
+#[test]
+fn every_command_documents_its_exit_codes_and_names_itself_in_usage_errors() {
+    let td = TestDir::new("every-cmd");
+    let top = td.mam().args(["--help"]).run().stdout();
+    let cmds: Vec<String> = top
+        .split("Commands:\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect();
+    assert!(cmds.len() > 30, "{cmds:?}");
+    let readme = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let table = readme.split("### Exit codes").nth(1).expect("README's exit-code table");
+    for c in &cmds {
+        let r = td.mam().args([c.as_str(), "--help"]).run();
+        assert_eq!(r.rc(), 0, "{c}");
+        assert!(r.stdout().contains("Exit codes"), "mam {c} --help lists no exit codes");
+        let beyond = r
+            .stdout()
+            .split("Exit codes")
+            .nth(1)
+            .unwrap()
+            .split([',', ';'])
+            .any(|p| p.split_whitespace().any(|w| w.parse::<u32>().is_ok_and(|n| (3..100).contains(&n))));
+        if beyond && !["bench", "install", "update", "resume", "worktree"].contains(&c.as_str()) {
+            assert!(table.contains(&format!("`{c}`")), "README's exit-code table lacks `{c}`");
+        }
+        let r = td.mam().args([c.as_str(), "--no-such-flag"]).run();
+        assert_eq!(r.rc(), 2, "{c}: {}", r.stderr());
+        let line = r.stderr();
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(line.contains(&format!("mam {c}")) && line.contains("--help"), "{line}");
+    }
+}

@@ -1276,3 +1276,22 @@ fn a42_which_orchestrator_a_job_records() {
     r.expect_rc(2);
     assert!(r.stderr().contains("--orchestrator: invalid value 'two words'"), "{}", r.stderr());
 }
+
+/// Issue 32 item 9: `--detach` registers, delivers, prints `JOB_ID=` and returns before the agent
+/// has finished; `mam wait <id>` then gives the verdict.
+#[test]
+fn i32_detach_returns_after_delivery_and_wait_gives_the_verdict() {
+    let Some(h) = H::new("dj_detach", Target::Embedded) else { return };
+    h.create("w1", "work_s=3\nreport_text=hello from the detached job\n");
+    let task = h.task("Say hello.\n");
+    let r = h.delegate("w1", &task, &[FAST, &["--detach"]].concat()).run();
+    assert_eq!(r.rc(), 0, "{}", r.stderr());
+    let (jid, status, report) = last_line(&r.stdout());
+    assert_ne!(status, "completed", "it returned before the job's 3 s of work: {}", r.stdout());
+    assert!(!report.exists(), "no report yet");
+    assert!(h.registry().join(&jid).join("brief.md").is_file());
+    let w = h.mam().args(["wait", &jid, "--timeout", "30"]).run_within(Duration::from_secs(40));
+    assert_eq!(w.rc(), 0, "{}{}", w.stdout(), w.stderr());
+    assert!(w.stdout().contains(&format!("JOB_ID={jid} SESSION=w1 VERDICT=completed")), "{}", w.stdout());
+    assert!(fs::read_to_string(&report).unwrap().contains("hello from the detached job"));
+}

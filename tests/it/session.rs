@@ -1515,6 +1515,14 @@ fn tmux_attach_prints_and_brings_the_user_to_the_pane() {
         ),
         r.stdout()
     );
+    // Issue 32: without a terminal it says what to do, not tmux's `open terminal failed`.
+    let r = h.mam(["attach", "t1"]).env_remove("TMUX").run();
+    r.expect_rc(2);
+    eqnice!(
+        "ERROR: attach: t1 needs a terminal (stdin and stdout are not one here); run it from a terminal, or print \
+         the command with `mam attach t1 --print`\n",
+        r.stderr()
+    );
     // The person's own tmux server (a second private one), and `mam attach` run "inside" it.
     let user = format!("user-{}", rand_hex(4));
     struct Kill(String);

@@ -100,3 +100,95 @@ fn heartbeat_is_armed_while_the_wire_retries_and_the_record_s_n_wins() {
         std::fs::read_to_string(&log).unwrap_or_default().matches("\"heartbeat\":true").count() >= 2
     });
 }
+
+// ---- Issue 32: the user's path, round 2 -------------------------------------------------------
+
+/// Issue 32 item 2: a command that starts agents or jobs, run outside any control root, is refused
+/// before it changes anything and names `mam install` (it used to make the cwd a control root with
+/// its own `.mam/` and daemon).
+#[test]
+fn i32_outside_a_control_root_is_refused_naming_mam_install() {
+    let td = TestDir::new("noroot");
+    let plain = td.path("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    td.write("plain/task.md", "hello\n");
+    let cases: &[&[&str]] = &[
+        &["create", "claude", "--name", "w"],
+        &["resume", "w"],
+        &["delegate-job", "--session", "w", "--brief-file", "task.md"],
+        &["loop", "--creator", "w", "--reviewer", "r", "--task-file", "task.md"],
+        &["worktree", "prepare", "x"],
+    ];
+    for args in cases {
+        let r = td.mam().cwd(&plain).env("MAM_PANE_BACKEND", "fake").args(*args).run();
+        assert_eq!(r.rc(), 2, "{args:?}: {}", r.stderr());
+        let line = r.stderr();
+        assert!(line.starts_with(&format!("REFUSED: {}", args[0])), "{args:?}: {line}");
+        assert!(line.contains("not inside a control root") && line.contains("`mam install`"), "{line}");
+        assert!(line.trim_end().ends_with("nothing changed"), "{line}");
+        assert!(!plain.join(".mam").exists(), "{args:?} made a control root: {line}");
+    }
+    // Inside one (here: below the control root) the same create goes ahead.
+    let sub = td.ws().join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    let r = td
+        .mam()
+        .cwd(&sub)
+        .env("MAM_PANE_BACKEND", "fake")
+        .args(["create", "claude", "--name", "w", "--no-onboard"])
+        .run();
+    assert_eq!(r.rc(), 0, "{}", r.stderr());
+    td.mam().env("MAM_PANE_BACKEND", "fake").args(["stop", "w"]).run();
+}
+
+/// Issue 32 item 8: `mam loop` without `--reviewer` is refused (rc 2, nothing started) unless
+/// `--self-review` says the creator reviews itself; both together are refused too.
+#[test]
+fn i32_loop_without_reviewer_needs_self_review() {
+    let td = TestDir::new("selfrev");
+    td.write("ws/task.md", "hello\n");
+    let r = td.mam().args(["loop", "--creator", "cr", "--task-file", "task.md"]).run();
+    assert_eq!(r.rc(), 2, "{}", r.stderr());
+    assert!(r.stderr().contains("--reviewer NAME") && r.stderr().contains("--self-review"), "{}", r.stderr());
+    assert!(!td.ws().join(".mam/loop").exists(), "a loop dir was made");
+    let r =
+        td.mam().args(["loop", "--creator", "cr", "--reviewer", "rv", "--self-review", "--task-file", "task.md"]).run();
+    assert_eq!(r.rc(), 2, "{}", r.stderr());
+    assert!(r.stderr().contains("--self-review excludes --reviewer"), "{}", r.stderr());
+    // With --self-review the flag check passes: the loop goes on to find no session cr (rc 2, another line).
+    let r = td.mam().args(["loop", "--creator", "cr", "--self-review", "--task-file", "task.md"]).run();
+    assert!(!r.stderr().contains("--self-review"), "{}", r.stderr());
+}
+
+/// Issue 32 items 1 and 10: a missing agent CLI is refused with the way to install it and the
+/// pretend agent; `mam create --help` and the unknown-kind refusal list the same kinds, every kind
+/// of the adapter table; the pretend agent and `mam test-double agent` print their help.
+#[test]
+fn i32_kinds_come_from_the_adapter_table_and_a_missing_cli_says_how_to_install_it() {
+    let td = TestDir::new("kinds");
+    let empty = td.path("emptybin");
+    std::fs::create_dir_all(&empty).unwrap();
+    let r =
+        td.mam().env("PATH", &empty).env("MAM_PANE_BACKEND", "tmux").args(["create", "claude", "--name", "w"]).run();
+    assert_eq!(r.rc(), 2, "{}", r.stderr());
+    let line = r.stderr();
+    assert!(line.contains("not found on PATH"), "{line}");
+    assert!(
+        line.contains("npm install -g @anthropic-ai/claude-code") && line.contains("scripts/install_agents.sh"),
+        "{line}"
+    );
+    assert!(line.contains("`mam create pretend`"), "{line}");
+    let help = td.mam().args(["create", "--help"]).run().stdout();
+    let unknown = td.mam().args(["create", "nosuch"]).run().stderr();
+    let kinds = mam::agents::kinds().join(", ");
+    assert!(help.contains(&format!("Agents: {kinds}.")), "{help}");
+    assert!(unknown.contains(&format!("(known: {kinds})")), "{unknown}");
+    assert!(kinds.contains("pretend"), "{kinds}");
+    let r = td.mam().args(["pretend-agent", "--help"]).run();
+    assert_eq!(r.rc(), 0);
+    assert!(r.stdout().starts_with("Usage: mam pretend-agent "), "{}", r.stdout());
+    assert!(td.mam().args(["--help"]).run().stdout().contains("  pretend-agent "));
+    let r = td.mam().args(["test-double", "agent", "--help"]).run_within(std::time::Duration::from_secs(5));
+    assert_eq!(r.rc(), 0, "{}", r.stderr());
+    assert!(r.stdout().starts_with("Usage: mam test-double ") && r.stdout().contains("mam pretend-agent --help"));
+}

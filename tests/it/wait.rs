@@ -227,9 +227,11 @@ fn any_all_json_sessions_and_exit_codes() {
     let r = w.mam().args(["wait", &d, "--timeout", "10"]).run();
     assert_eq!(r.rc(), 12, "{}", r.stdout());
     assert!(r.stdout().contains("VERDICT=no_started"), "{}", r.stdout());
-    // Nothing open for a session: at once, rc 0. An unknown job: rc 1. No selection: rc 2.
+    // Nothing open for a session: at once, said, rc 14 (issue 32: it was rc 0). An unknown job:
+    // rc 1. No selection: rc 2.
     let r = w.mam().args(["wait", "--session", "nobody"]).run();
-    assert_eq!((r.rc(), r.stdout().trim()), (0, "WAIT=all VERDICTS=0 PENDING=-"));
+    assert_eq!((r.rc(), r.stdout().trim()), (14, ""));
+    assert_eq!(r.stderr(), "ERROR: wait: nothing to wait for: session nobody has no open job (see `mam jobs`)\n");
     assert_eq!(w.mam().args(["wait", "0badc0de"]).run().rc(), 1);
     let r = w.mam().args(["wait"]).run();
     assert_eq!(r.rc(), 2);

@@ -442,7 +442,7 @@ fn t05_a_git_failure_in_the_guard_ends_the_loop() {
 fn t29_the_empty_change_guard_runs_before_self_review() {
     let w = World::new("rounds-t29");
     w.session("cr", "work_s=0.2\nidentity=echo\nverdict=PASS\n");
-    let r = w.run_loop(&["--creator", "cr", "--review-only", "--base", "HEAD"]);
+    let r = w.run_loop(&["--creator", "cr", "--self-review", "--review-only", "--base", "HEAD"]);
     let id = expect(&r, 1, "failed");
     let cp = w.checkpoint(&id);
     assert_eq!(cp["reason"], "empty_change_set");
@@ -450,7 +450,7 @@ fn t29_the_empty_change_guard_runs_before_self_review() {
     assert!(prompts(&w.loop_dir(&id)).is_empty());
     // The same loop with a change does self-review (the guard, not the setup, stopped it).
     dirty(&w);
-    let r = w.run_loop(&["--creator", "cr", "--review-only", "--base", "HEAD"]);
+    let r = w.run_loop(&["--creator", "cr", "--self-review", "--review-only", "--base", "HEAD"]);
     let id = expect(&r, 0, "promoted");
     assert_eq!(roles(&w.checkpoint(&id)), ["self-reviewer"]);
 }
@@ -969,7 +969,7 @@ fn t15_self_review_is_pinned_and_its_not_pass_re_reviews() {
     let t = task(&w);
     let base = w.base();
 
-    let r = w.run_loop(&["--creator", "cr", "--task-file", &t, "--base", &base]);
+    let r = w.run_loop(&["--creator", "cr", "--self-review", "--task-file", &t, "--base", &base]);
     let id = expect(&r, 0, "promoted");
     let cp = w.checkpoint(&id);
     assert_eq!(roles(&cp), ["implementer", "self-reviewer"]);
@@ -984,7 +984,7 @@ fn t15_self_review_is_pinned_and_its_not_pass_re_reviews() {
     assert!(body.contains("review your own change") && body.contains("IDENTITY: <tree>"), "{body}");
     assert!(ctx.unwrap().contains("[review identity]\n"));
 
-    let r = w.run_loop(&["--creator", "cn", "--task-file", &t, "--base", &base]);
+    let r = w.run_loop(&["--creator", "cn", "--self-review", "--task-file", &t, "--base", &base]);
     let id = expect(&r, 0, "promoted");
     let cp = w.checkpoint(&id);
     assert_eq!(roles(&cp), ["implementer", "self-reviewer", "self-reviewer"], "no correction job");

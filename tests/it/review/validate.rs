@@ -359,8 +359,13 @@ fn t27_mam_loop_py_0_prints_the_note_and_the_one_runner_runs() {
     promoted(&r);
     assert_eq!(r.stderr().lines().filter(|l| *l == note).count(), 1, "{}", r.stderr());
     // Any other value selects nothing either, silently.
-    let err =
-        refused_rc(&w, &[("MAM_LOOP_PY", "1")], &["--creator", "ghost", "--task-file", s(&task)], 2, &["'ghost'"]);
+    let err = refused_rc(
+        &w,
+        &[("MAM_LOOP_PY", "1")],
+        &["--creator", "ghost", "--self-review", "--task-file", s(&task)],
+        2,
+        &["'ghost'"],
+    );
     assert!(!err.contains("MAM_LOOP_PY"), "{err}");
 }
 
@@ -412,28 +417,31 @@ fn a41_bad_session_lists_and_flags_exit_2_before_the_lock() {
             vec!["the creator gone is stopped, not running".into()],
         ),
         (
-            vec!["--creator", "cr", "--task-file", t, "--review-isolation", "env"],
+            vec!["--creator", "cr", "--self-review", "--task-file", t, "--review-isolation", "env"],
             vec!["--review-isolation needs --worktree or --base".into()],
         ),
         (
-            vec!["--creator", "cr", "--task-file", t, "--remote-review", "diff-only"],
+            vec!["--creator", "cr", "--self-review", "--task-file", t, "--remote-review", "diff-only"],
             vec!["--remote-review needs --worktree or --base".into()],
         ),
-        (vec!["--creator", "cr", "--task-file", t, "--max-rounds", "0"], vec!["--max-rounds".into(), "'0'".into()]),
         (
-            vec!["--creator", "cr", "--task-file", t, "--plan", "--plan-file", s(&plan)],
+            vec!["--creator", "cr", "--self-review", "--task-file", t, "--max-rounds", "0"],
+            vec!["--max-rounds".into(), "'0'".into()],
+        ),
+        (
+            vec!["--creator", "cr", "--self-review", "--task-file", t, "--plan", "--plan-file", s(&plan)],
             vec!["--plan".into(), "--plan-file".into(), "not both".into()],
         ),
         (
-            vec!["--creator", "cr", "--task-file", t, "--plan-file", s(&empty)],
+            vec!["--creator", "cr", "--self-review", "--task-file", t, "--plan-file", s(&empty)],
             vec![format!("--plan-file {}: the file is empty", s(&empty))],
         ),
         (
-            vec!["--creator", "cr", "--task-file", t, "--plan-file", s(&blank)],
+            vec!["--creator", "cr", "--self-review", "--task-file", t, "--plan-file", s(&blank)],
             vec![format!("--plan-file {}: the file is empty", s(&blank))],
         ),
         (
-            vec!["--creator", "cr", "--task-file", t, "--plan-file", s(&missing)],
+            vec!["--creator", "cr", "--self-review", "--task-file", t, "--plan-file", s(&missing)],
             vec![format!("--plan-file {}: cannot read", s(&missing))],
         ),
         (
@@ -497,12 +505,16 @@ fn bad_input_a_remote_creator_and_unknown_sessions_exit_2_naming_them() {
     remote_row(&w, "far");
     let task = w.task("Add a line to app.txt.");
     let t = s(&task);
-    refused(&w, &["--creator", "far", "--task-file", t], &["the creator far is a remote session"]);
-    refused(&w, &["--creator", "ghost", "--task-file", t], &["unknown session 'ghost'", "agent_sessions.json"]);
+    refused(&w, &["--creator", "far", "--self-review", "--task-file", t], &["the creator far is a remote session"]);
+    refused(
+        &w,
+        &["--creator", "ghost", "--self-review", "--task-file", t],
+        &["unknown session 'ghost'", "agent_sessions.json"],
+    );
     refused(&w, &["--creator", "cr", "--reviewer", "ghost", "--task-file", t], &["unknown session 'ghost'"]);
     // Names that cannot be sessions, a remote address among them, are refused while parsing.
     refused(&w, &["--creator", "cr", "--reviewer", "remote:far", "--task-file", t], &["'remote:far'"]);
-    refused(&w, &["--creator", "Not A Name", "--task-file", t], &["'Not A Name'"]);
+    refused(&w, &["--creator", "Not A Name", "--self-review", "--task-file", t], &["'Not A Name'"]);
     refused(&w, &["--task-file", t], &["--creator"]);
 }
 
@@ -525,7 +537,7 @@ fn bad_input_a_base_that_is_not_a_commit_exits_2_and_a_tag_or_a_short_sha_works(
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
         refused(&w, &a, &[&format!("--base '{bad}': not a commit")]);
     }
-    refused(&w, &["--creator", "cr", "--review-only", "--base", ""], &["--base"]);
+    refused(&w, &["--creator", "cr", "--self-review", "--review-only", "--base", ""], &["--base"]);
     // A value with a line break is still one line, escaped.
     refused(&w, &ro("v1\nmain").iter().map(String::as_str).collect::<Vec<_>>(), &["--base 'v1\\nmain': not a commit"]);
     for (good, origin) in
@@ -633,7 +645,7 @@ fn a37_loop_status_shows_a_finished_loop_and_prune_keeps_a_running_one() {
     assert!(r.stderr().contains("'nothex!!'"), "{}", r.stderr());
 
     // A running loop: shown as running, kept by prune; the finished one is removed.
-    let mut running = w.spawn_loop(&["--creator", "slow", "--task-file", s(&task)]);
+    let mut running = w.spawn_loop(&["--creator", "slow", "--self-review", "--task-file", s(&task)]);
     running.wait_stdout("implement · implementer slow", Duration::from_secs(30));
     let id = running.stdout().lines().find_map(|l| l.strip_prefix("loop ")?.split(':').next()).unwrap().to_string();
     let r = w.mam().args(["loop", "status", &id]).run();
