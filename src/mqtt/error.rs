@@ -155,7 +155,16 @@ impl fmt::Display for MqttError {
             }
             MqttError::ClosedBeforeConnack { addr } => write!(f, "broker {addr} closed the connection before CONNACK"),
             MqttError::ConnackRefused { addr, code } => {
-                write!(f, "broker {addr} refused the connection: CONNACK {code} ({})", codec::connack_reason(*code))
+                write!(f, "broker {addr} refused the connection: CONNACK {code} ({})", codec::connack_reason(*code))?;
+                if matches!(code, 4 | 5) {
+                    // Issue 32: most often another repository's broker on the default port.
+                    f.write_str(
+                        "; if it is not this repository's broker, start this one's with `mam broker` (its port \
+                         and credentials go to .mam/broker.cred, where mam finds them), else set MQTT_USERNAME \
+                         and MQTT_PASSWORD",
+                    )?;
+                }
+                Ok(())
             }
             MqttError::Timeout { addr, phase, what } => write!(f, "{phase} timeout: broker {addr} {what}"),
             MqttError::Lost { addr, during, detail } => {
