@@ -739,7 +739,7 @@ impl<'a> Delegation<'a> {
         while let Some(l) = s.next_line(Duration::ZERO) {
             rest.push(l);
         }
-        let tail = s.stderr_tail();
+        let last = s.last_error();
         for l in rest {
             self.on_sub_line(&l, diag);
         }
@@ -749,10 +749,12 @@ impl<'a> Delegation<'a> {
         }
         if !self.sub_warned && rc != 0 && rc != 10 {
             self.sub_warned = true;
+            // One message: what it died of, not its retries' warnings joined (issue 32).
+            let what = if rc == 3 { "no broker answers".to_string() } else { format!("subscriber exited {rc}") };
             diag(&format!(
-                "WARNING: job {}: subscriber exited {rc} ({}); re-probing the broker every {} s",
+                "WARNING: job {}: {what} ({}); following events.log, re-probing the broker every {} s",
                 self.job_id,
-                one_line(&tail),
+                one_line(&last),
                 RESPAWN_GAP.as_secs()
             ));
         }

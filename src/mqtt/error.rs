@@ -116,7 +116,7 @@ impl MqttError {
     }
 
     /// The failure without the broker address and without advice: one item of `NoBroker`'s list.
-    fn brief(&self) -> String {
+    pub fn brief(&self) -> String {
         match self {
             MqttError::Tcp { source, .. } => source.to_string(),
             MqttError::Resolve { detail, .. } => format!("cannot resolve ({detail})"),
@@ -146,7 +146,7 @@ impl fmt::Display for MqttError {
             MqttError::Tcp { addr, source } if source.kind() == io::ErrorKind::ConnectionRefused => write!(
                 f,
                 "cannot connect to broker {addr}: {source}; no broker is running there: start one with \
-                 `mam broker --port PORT` (see mam broker --help) or set MQTT_BROKER and MQTT_PORT to yours"
+                 `mam broker` (see mam broker --help) or set MQTT_BROKER and MQTT_PORT to yours"
             ),
             MqttError::Tcp { addr, source } => write!(f, "cannot connect to broker {addr}: {source}"),
             MqttError::Resolve { addr, detail, .. } => write!(f, "cannot resolve broker {addr}: {detail}"),

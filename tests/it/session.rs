@@ -788,6 +788,8 @@ fn o2_8_9_body(h: &S) {
             lines.pop().is_some_and(|l| l.starts_with("NOTE: look at the agent's pane with `mam attach ")),
             "{lines:?}"
         );
+        // Issue 32: no broker runs here, which create says in one WARNING.
+        lines.retain(|l| !l.starts_with("WARNING: no broker answers at "));
         assert_eq!(lines.len(), 1, "exactly one stderr line before it: {lines:?}");
         assert!(lines[0].contains("daemon"), "{lines:?}");
         // The control root's daemon, never the worktree's.

@@ -100,3 +100,63 @@ fn heartbeat_is_armed_while_the_wire_retries_and_the_record_s_n_wins() {
         std::fs::read_to_string(&log).unwrap_or_default().matches("\"heartbeat\":true").count() >= 2
     });
 }
+
+/// Issue 32 item 4: no broker running does not go unnoticed. `mam create` warns once, in one short
+/// line that says how to start one; delegate-job's warnings are one message per line (never the
+/// subscriber's retries joined into one).
+#[test]
+fn no_broker_is_one_short_warning_each() {
+    use std::time::Duration;
+    let td = TestDir::new("nobroker_create");
+    let port = free_port().to_string();
+    let script = td.write("w1.script", "work_s=4\nreport_text=done\n");
+    let env = [
+        ("MAM_PANE_BACKEND", "fake".to_string()),
+        ("MAM_FAKE_PANES_DIR", td.path("panes").display().to_string()),
+        ("MQTT_PORT", port.clone()),
+        ("MAM_FAKE_AGENT_SCRIPT", script.display().to_string()),
+    ];
+    let mam = || {
+        let mut c = td.mam();
+        for (k, v) in &env {
+            c = c.env(k, v);
+        }
+        c
+    };
+    let r = mam().args(["create", "claude", "--name", "w1", "--no-onboard", "--", "test-double", "agent"]).run();
+    r.expect_rc(0);
+    let pid: i32 = std::fs::read_to_string(td.path("panes/panes").join(kv(&r.stdout(), "PANE")).join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    struct Kill(i32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = mam::sys::kill(-self.0, 9);
+        }
+    }
+    let _agent = Kill(pid);
+    let err = r.stderr();
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("WARNING:")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    let w = warnings[0];
+    assert!(w.starts_with(&format!("WARNING: no broker answers at 127.0.0.1:{port} (")), "{w}");
+    assert!(w.contains("start one with `mam broker &`") && w.len() < 220, "{} chars: {w}", w.len());
+
+    let task = td.write("task.md", "Say hi.\n");
+    let r = mam()
+        .args(["delegate-job", "--session", "w1", "--brief-file"])
+        .args([&task])
+        .args(["--heartbeat", "1", "--heartbeat-misses", "10", "--ack-timeout", "5", "--timeout", "60"])
+        .run_within(Duration::from_secs(60));
+    r.expect_rc(0);
+    let err = r.stderr();
+    let id = kv(&r.stdout(), "JOB_ID");
+    let _timers = TimerGuard(id.clone());
+    assert!(err.contains(&format!("WARNING: job {id}: no broker answers (cannot connect to broker")), "{err}");
+    for l in err.lines() {
+        let prefixes = ["WARNING:", "ERROR:", "NOTE:"].iter().map(|p| l.matches(p).count()).sum::<usize>();
+        assert!(prefixes == 1 && !l.contains(" | ") && l.len() < 300, "one message per line: {l}");
+    }
+}
