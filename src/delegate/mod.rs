@@ -609,8 +609,12 @@ impl<'a> Delegation<'a> {
             SksOutcome::NotSubmitted(why) => {
                 Err(self.close_now("agent_blocked", &format!("not submitted: {why}"), 3, diag))
             }
-            SksOutcome::Delivered(how) => {
-                diag(&format!("NOTE: job {}: prompt delivered to {name}: {how}", self.job_id));
+            SksOutcome::Delivered(d) => {
+                // Issue 32 item 5: the started NOTE says the job began; the delivery only when it
+                // took an unusual path.
+                if d.notable {
+                    diag(&format!("NOTE: job {}: prompt delivered to {name}: {}", self.job_id, d.how));
+                }
                 Ok(submitted)
             }
             SksOutcome::Unconfirmed(why) => {
