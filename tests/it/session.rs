@@ -752,7 +752,8 @@ fn o2_8_8_body(h: &S) {
         lines[1],
         format!("s1\tclaude\t{backend}\t{pane}\t{}\trunning\tidle\t{conv}\trunning", h.td.ws().display())
     );
-    assert_eq!(lines[2..], ["  job j1 task pending"], "only open jobs");
+    // Issue 32 item 6 (A61): open jobs and the latest finished ones, oldest first.
+    assert_eq!(lines[2..], ["  job j1 task pending", "  job j2 task completed"]);
     let r = h.mam(["status", "s1", "--json"]).run();
     r.expect_rc(0);
     let v: Value = serde_json::from_str(&r.stdout()).unwrap();
@@ -763,7 +764,8 @@ fn o2_8_8_body(h: &S) {
     h.mam(["stop", "s1"]).run().expect_rc(0);
     let r = h.mam(["status", "s1"]).run();
     r.expect_rc(0);
-    assert_eq!(r.stdout().lines().count(), 2);
+    assert_eq!(r.stdout().lines().count(), 4, "{}", r.stdout());
+    assert!(r.stdout().contains("  job j1 task cancelled"), "{}", r.stdout());
     assert!(r.stdout().contains("\tgone\tgone\t"), "{}", r.stdout());
 }
 

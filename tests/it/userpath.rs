@@ -160,3 +160,57 @@ fn no_broker_is_one_short_warning_each() {
         assert!(prefixes == 1 && !l.contains(" | ") && l.len() < 300, "one message per line: {l}");
     }
 }
+
+/// Issue 32 item 6: `mam status` shows each session's latest jobs (every open one and the latest
+/// three finished, oldest first), not only its onboarding job; `--help` explains every state word.
+#[test]
+fn status_shows_each_session_s_latest_jobs() {
+    let td = TestDir::new("status_latest");
+    let script = td.write("w1.script", "");
+    let mam = || {
+        td.mam()
+            .env("MAM_PANE_BACKEND", "fake")
+            .env("MAM_FAKE_PANES_DIR", td.path("panes"))
+            .env("MAM_FAKE_AGENT_SCRIPT", &script)
+            .env("MQTT_PORT", "1")
+    };
+    let r = mam().args(["create", "claude", "--name", "w1", "--no-onboard", "--", "test-double", "agent"]).run();
+    r.expect_rc(0);
+    let pid: i32 = std::fs::read_to_string(td.path("panes/panes").join(kv(&r.stdout(), "PANE")).join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    struct Kill(i32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = mam::sys::kill(-self.0, 9);
+        }
+    }
+    let _agent = Kill(pid);
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let r = mam().args(["registry", "register", "--session", "w1"]).run();
+        r.expect_rc(0);
+        let id = r.stdout().trim().to_string();
+        if n < 4 {
+            mam().args(["registry", "finalize", &id, "--status", "cancelled", "--no-publish"]).run().expect_rc(0);
+        }
+        ids.push(id);
+        // created_at has millisecond resolution: keep the order unambiguous.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let out = mam().args(["status"]).run().stdout();
+    let jobs: Vec<&str> = out.lines().filter(|l| l.starts_with("  job ")).collect();
+    let want: Vec<String> = vec![
+        format!("  job {} task cancelled", ids[1]),
+        format!("  job {} task cancelled", ids[2]),
+        format!("  job {} task cancelled", ids[3]),
+        format!("  job {} task pending", ids[4]),
+    ];
+    assert_eq!(jobs, want, "{out}");
+    let help = mam().args(["status", "--help"]).run().stdout();
+    for word in ["running:", "gone:", "unknown:", "working:", "idle:", "done:", "blocked:", "stopped"] {
+        assert!(help.contains(word), "--help explains `{word}`: {help}");
+    }
+}
