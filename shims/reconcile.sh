@@ -11,4 +11,6 @@ if [ -z "$bin" ] || ! [ -x "$bin" ]; then
   echo "ERROR: reconcile.sh: mam binary not found (looked at MAM_BIN=${MAM_BIN:-<unset>}, $dir/../bin/mam, mam on PATH)" >&2
   exit 127
 fi
+# The legacy trap exited 143 on SIGTERM (130 on SIGINT); the daemon does too when asked (issue 32).
+export MAM_LEGACY_SIGNAL_RC=1
 exec "$bin" reconcile "$@"

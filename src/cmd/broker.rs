@@ -72,13 +72,21 @@ the same control root keeps its state in memory only, with a WARNING).
 Every client must authenticate. By default the broker uses the workspace's credential file
 <control root>/.mam/broker.cred (username mam, a random password; created 0600 on first start,
 kept across restarts, rewritten with the bound port). Every mam command of the workspace that has
-no MQTT_USERNAME/MQTT_PASSWORD and a loopback MQTT_BROKER without TLS reads it. The file is also a
+no MQTT_USERNAME/MQTT_PASSWORD and a loopback MQTT_BROKER without TLS reads it; without MQTT_PORT
+and MQTT_BROKER it also takes the port from it.
+
+Several repositories on one machine: each runs its own broker. Without --port and MQTT_PORT the
+broker listens on the port its credential file recorded last, else 1883; when that port is taken
+(another repository's broker) it listens on a free port instead, with a NOTE, and records it in
+the credential file, where that repository's mam commands find it. A port named by --port or
+MQTT_PORT is that port or an error saying what to do. The file is also a
 mosquitto client options file: `cp .mam/broker.cred ~/.config/mosquitto_sub` (or mosquitto_pub)
 lets those clients in without the password on their command line. Delete it to rotate.
 
 Options:
   --bind ADDR                   IP address to listen on (default 127.0.0.1)
-  --port N                      TCP port (default 1883; 0 picks a free port)
+  --port N                      TCP port (default: MQTT_PORT, else the recorded port or 1883,
+                                else a free one; 0 picks a free port)
   --allow-remote                allow a non-loopback --bind
   --allow-anonymous             accept clients without credentials (no credential file)
   --username U                  the operator's credentials instead of the generated ones
@@ -113,7 +121,9 @@ credential file not writable, the control root's .mam/ not trustworthy), 2 usage
 #[derive(Debug)]
 struct Args {
     bind: IpAddr,
-    port: u16,
+    /// `--port`; None: MQTT_PORT, else the workspace's recorded port or 1883 with a free port as
+    /// the fallback (issue 32).
+    port: Option<u16>,
     allow_remote: bool,
     username: Option<String>,
     password_file: Option<PathBuf>,
@@ -137,7 +147,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     let mut p = lexopt::Parser::from_args(args);
     let mut a = Args {
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        port: 1883,
+        port: None,
         allow_remote: false,
         username: None,
         password_file: None,
@@ -167,7 +177,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
             Long("port") => {
                 let raw = p.value()?;
                 let n = knob::flag("--port", &raw, 0)?;
-                a.port = u16::try_from(n).map_err(|_| Failure::usage(format!("--port: {n} is above 65535")))?;
+                a.port = Some(u16::try_from(n).map_err(|_| Failure::usage(format!("--port: {n} is above 65535")))?);
             }
             Long("allow-remote") => a.allow_remote = true,
             Long("username") => a.username = Some(cli::utf8("--username", p.value()?)?),
@@ -255,6 +265,76 @@ fn workspace_creds(ctx: &Ctx, path: &std::path::Path) -> Result<Creds, Failure> 
     Creds::generate(0).map_err(|e| Failure::runtime(format!("broker credentials: no random bytes ({e})")))
 }
 
+/// The port `mam broker` listens on (issue 32): one the user named is bound or the start fails;
+/// the workspace's own (its recorded port, else 1883) falls back to a free port when taken, and
+/// the credential file records it for the workspace's clients.
+enum PortChoice {
+    /// `--port N` or `MQTT_PORT`: this one or none; the `&str` names where it came from.
+    Named(u16, &'static str),
+    /// The workspace's recorded port or 1883, with a free port as the fallback.
+    Preferred(u16),
+}
+
+impl PortChoice {
+    fn port(&self) -> u16 {
+        match self {
+            PortChoice::Named(p, _) | PortChoice::Preferred(p) => *p,
+        }
+    }
+}
+
+fn choose_port(ctx: &Ctx, a: &Args, creds: Option<&Creds>) -> Result<PortChoice, Failure> {
+    if let Some(p) = a.port {
+        return Ok(PortChoice::Named(p, "--port"));
+    }
+    if ctx.var_nonempty("MQTT_PORT").is_some() {
+        let (_, p) = crate::mqtt::config::tls_and_port(ctx)?;
+        return Ok(PortChoice::Named(p, "MQTT_PORT"));
+    }
+    match creds {
+        // Without a credential file nobody could find a fallback port: 1883 or nothing.
+        None => Ok(PortChoice::Named(crate::mqtt::config::default_port(false), "the default port")),
+        Some(c) if c.port != 0 => Ok(PortChoice::Preferred(c.port)),
+        Some(_) => Ok(PortChoice::Preferred(crate::mqtt::config::default_port(false))),
+    }
+}
+
+/// Starts the broker on `choice`'s port; a taken preferred port moves to a free one with a NOTE,
+/// a taken named port is an error that says what to do.
+fn bind(
+    ctx: &Ctx,
+    cfg: BrokerConfig,
+    choice: &PortChoice,
+    cred_file: Option<&std::path::Path>,
+) -> Result<broker::BrokerHandle, Failure> {
+    let in_use = |e: &std::io::Error| e.kind() == std::io::ErrorKind::AddrInUse;
+    let fail = |e: std::io::Error| Failure::runtime(text::one_line(&e.to_string()));
+    match (broker::start(cfg.clone()), choice) {
+        (Ok(h), _) => Ok(h),
+        (Err(e), PortChoice::Preferred(p)) if in_use(&e) => {
+            let file = cred_file.map_or_else(|| "the credential file".to_string(), text::show_path);
+            ctx.diag(&format!(
+                "NOTE: broker: port {p} is taken (another repository's broker?); listening on a free port, \
+                 recorded in {file} for this workspace's mam commands"
+            ));
+            let any = BrokerConfig { bind: SocketAddr::new(cfg.bind.ip(), 0), ..cfg };
+            broker::start(any).map_err(fail)
+        }
+        (Err(e), PortChoice::Named(p, from)) if in_use(&e) => {
+            let how = match (*from, cred_file.is_some()) {
+                ("MQTT_PORT", true) => "remove MQTT_PORT (env file or environment) and mam picks a free port",
+                ("--port", true) => "leave out --port and mam picks a free port",
+                _ => "pass a free --port N",
+            };
+            Err(Failure::runtime(format!(
+                "{}; another broker (another repository's?) listens on port {p} ({from}): stop it, or {how}",
+                text::one_line(&e.to_string())
+            )))
+        }
+        (Err(e), _) => Err(fail(e)),
+    }
+}
+
 /// Raises the soft open-file limit to the hard one; the connections that fit it then (one
 /// descriptor each, after those open now and `broker::RESERVED_FDS` for the broker's own files) are
 /// the cap, or `max` when given and smaller, with a NOTE when a given `max` had to be lowered
@@ -295,6 +375,7 @@ pub fn run(ctx: &mut Ctx, mut args: Vec<OsString>) -> Result<i32, Failure> {
     let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
         return Ok(0);
     };
+    cli::load_env(ctx)?;
     // The credentials: the operator's, none, or the workspace's (reused or generated).
     let (username, password, cred_file) = match (&a.username, &a.password_file) {
         (Some(u), Some(p)) => (Some(u.clone()), Some(read_password(p)?), None),
@@ -305,6 +386,7 @@ pub fn run(ctx: &mut Ctx, mut args: Vec<OsString>) -> Result<i32, Failure> {
             (Some(creds.username.clone()), Some(creds.password.expose().to_string()), Some((path, creds)))
         }
     };
+    let choice = choose_port(ctx, &a, cred_file.as_ref().map(|(_, c)| c))?;
     let persist = if a.persist {
         let dir = paths::control_root(ctx)?.join(".mam");
         cred::check_dir(&dir).map_err(|e| {
@@ -341,7 +423,7 @@ pub fn run(ctx: &mut Ctx, mut args: Vec<OsString>) -> Result<i32, Failure> {
     sys::fix_malloc_thresholds();
     sys::install_stop_handlers().map_err(|e| Failure::runtime(format!("cannot install signal handlers: {e}")))?;
     let cfg = BrokerConfig {
-        bind: SocketAddr::new(a.bind, a.port),
+        bind: SocketAddr::new(a.bind, choice.port()),
         allow_remote: a.allow_remote,
         username,
         password,
@@ -358,7 +440,7 @@ pub fn run(ctx: &mut Ctx, mut args: Vec<OsString>) -> Result<i32, Failure> {
         persist,
         ..BrokerConfig::default()
     };
-    let handle = broker::start(cfg).map_err(|e| Failure::runtime(text::one_line(&e.to_string())))?;
+    let handle = bind(ctx, cfg, &choice, cred_file.as_ref().map(|(p, _)| p.as_path()))?;
     let addr = handle.addr();
     // The file names the bound port, and is in place before anyone is told the broker is up.
     if let Some((path, creds)) = &cred_file {

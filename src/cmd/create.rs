@@ -7,8 +7,13 @@ use std::path::PathBuf;
 use crate::cli::{self, Failure, Parsed};
 use crate::ctx::Ctx;
 use crate::delegate::onboard;
+use crate::mqtt::MqttConfig;
 use crate::session::create::{create, CreateArgs};
 use crate::session::Notes;
+use crate::text;
+
+/// How long `mam create` waits for a broker to answer before it warns.
+const PROBE: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub const USAGE: &str = "
 Usage: mam create <agent> [--name N] [--workspace DIR] [--onboard | --no-onboard] [--label L]
@@ -32,8 +37,9 @@ Options:
   -h, --help        print this help
 
 Stdout: SESSION=<name> PANE=<id> WORKSPACE=<id> CWD=<dir>, then ONBOARD_JOB=<jid> and
-DAEMON_PID=<pid> when there are such values. Stderr ends with a NOTE naming `mam attach <name>`,
-the way to look at the agent's pane.
+DAEMON_PID=<pid> when there are such values. When no broker answers within 2 s, one WARNING says
+so and how to start one (the session works; its jobs are followed through events.log only).
+Stderr ends with a NOTE naming `mam attach <name>`, the way to look at the agent's pane.
 
 Environment: WORKSPACE_ROOT, AGENT_SESSIONS_YAML, MAM_JOBS_DIR, DELEGATE_JOB_LOGS_DIR,
 MAM_NO_SUBSCRIBER_DAEMON (only `1` opts out), MAM_NO_AUTOSTART, MAM_WS_LABEL, MAM_PANE_BACKEND.
@@ -86,10 +92,27 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         lines.iter().find_map(|l| l.strip_prefix("SESSION=")?.split_whitespace().next()).map(str::to_string)
     });
     let rc = super::session::finish(ctx, "create", notes, r)?;
+    if name.is_some() {
+        warn_without_broker(ctx);
+    }
     if let Some(name) = name {
         ctx.diag(&format!(
             "NOTE: look at the agent's pane with `mam attach {name}` (`mam attach {name} --print` shows the command)"
         ));
     }
     Ok(rc)
+}
+
+/// Issue 32 item 4: a session whose jobs no broker will carry says so, in one line, with how to
+/// start one (jobs still work, followed through events.log, but nothing reaches the wire).
+fn warn_without_broker(ctx: &Ctx) {
+    let Ok(cfg) = MqttConfig::from_ctx(ctx) else { return };
+    if let Err(e) = crate::mqtt::client::probe(&cfg, PROBE) {
+        ctx.diag(&format!(
+            "WARNING: no broker answers at {} ({}); jobs are followed through events.log only: start one \
+             with `mam broker &` in this repository, or set MQTT_BROKER",
+            cfg.addr(),
+            text::one_line(&e.brief())
+        ));
+    }
 }

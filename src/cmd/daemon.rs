@@ -255,6 +255,11 @@ fn run_daemon(ctx: &mut Ctx, a: &Args, workspace: &Path) -> Result<i32, Failure>
         daemon::run(&cfg, &held, Stop::never(), &mut log);
     }
     drop(held);
+    // The legacy `reconcile.sh --subscribe` trap exited 128 + the signal (issue 32 item 11); its
+    // shim asks for that, `mam daemon run` itself stops with 0.
+    if let Some(sig) = sys::pending_signal().filter(|_| ctx.var("MAM_LEGACY_SIGNAL_RC").as_deref() == Some("1")) {
+        return Ok(128 + sig);
+    }
     Ok(0)
 }
 

@@ -279,7 +279,7 @@ fn send_keys_safe(ctx: &mut Ctx, a: &Args) -> Result<i32, Failure> {
     let confirm = job.as_mut().map(|j| j as &mut dyn pane::Confirm);
     let outcome = pane::send_keys_safe(b.as_ref(), target, text, confirm, &knobs);
     match &outcome {
-        pane::SksOutcome::Delivered(how) => ctx.diag(&format!("NOTE: prompt delivered to {target}: {how}")),
+        pane::SksOutcome::Delivered(d) => ctx.diag(&format!("NOTE: prompt delivered to {target}: {}", d.how)),
         pane::SksOutcome::NotSubmitted(why) | pane::SksOutcome::Unconfirmed(why) => {
             ctx.diag(&format!("ERROR: {}", one_line(why)))
         }

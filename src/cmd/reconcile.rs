@@ -35,7 +35,8 @@ Options:
 
 Exit codes: one-shot: 0 done, 1 I/O, 2 usage or a sessions file that is not JSON, 3 some server's
 state was unknown. --subscribe: as `mam daemon run` (0 clean stop, 5 another daemon holds the
-lock); 2 usage.
+lock; with MAM_LEGACY_SIGNAL_RC=1, which the reconcile.sh shim sets, 128 + the signal on SIGTERM
+or SIGINT, as the legacy trap: 143, 130); 2 usage.
 ";
 
 #[derive(Debug, Default)]
@@ -104,6 +105,10 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         .arg(a.idle_timeout.unwrap_or(0).to_string())
         .env_clear()
         .envs(ctx.child_env_for(ChildRole::BrokerClient));
+    // The reconcile.sh shim's request for the legacy exit code on a signal (143 on SIGTERM).
+    if ctx.var("MAM_LEGACY_SIGNAL_RC").as_deref() == Some("1") {
+        cmd.env("MAM_LEGACY_SIGNAL_RC", "1");
+    }
     // exec only returns on failure.
     let e = cmd.exec();
     Err(Failure::runtime(format!("cannot exec mam daemon run ({e})")))

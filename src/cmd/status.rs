@@ -12,12 +12,27 @@ pub const USAGE: &str = "
 Usage: mam status [<name>] [--json]
 
 A header row (NAME AGENT SERVER PANE CWD LIVENESS STATE CONVERSATION STATUS), then one line per
-session: name, agent, backend/server, pane, cwd, liveness (running, gone, unknown), agent state as
-its backend knows it (working, idle, done, blocked; herdr reports it, tmux reads it from the agent's
-screen; unknown when it cannot tell, gone when not listed), conversation id, row status (tab
-separated; `-` when unknown), then `  job <id> <type> <status>` for each open
-job addressed to it (and its onboarding job). Jobs are looked up in MAM_JOBS_DIR, the row's
-registry, $WORKSPACE_ROOT/.mam/jobs, then the default registry; the first holding a job wins.
+session (tab separated; `-` when there is no value), then `  job <id> <type> <status>` for each
+of its jobs, oldest first: every open job, the latest 3 finished ones, and its onboarding job.
+Jobs are looked up in MAM_JOBS_DIR, the row's registry, $WORKSPACE_ROOT/.mam/jobs, then the
+default registry; the first holding a job wins.
+
+The words:
+  SERVER        the pane backend and its server: tmux/<socket>, herdr/<session>
+                (`HERDR_SESSION=<session> herdr ...` reaches it), fake/fake, remote/-
+  LIVENESS      is the agent's process in its pane?  running: yes;  gone: its pane or
+                process is not there any more (`mam reconcile` tidies the row);  unknown:
+                the server did not answer (exit 3)
+  STATE         what the agent is doing:  working: busy with a prompt;  idle: at its input
+                line, waiting for the next one;  done: finished its turn (herdr, fake);
+                blocked: waiting for a person (a dialog, a permission question);  gone: not
+                running;  unknown: the server did not answer, or the agent's screen shows
+                none of the above (e.g. an agent mam has no screen rules for)
+  CONVERSATION  the agent CLI's conversation id (what `mam resume` resumes)
+  STATUS        the session's record in the sessions file: running, or stopped after
+                `mam stop` (a stopped row stays until `mam reconcile` or a new create)
+  job status    registered, running, completed, failed, cancelled, agent_blocked,
+                unresponsive, ... (docs/spec/CORE.md 5; `mam jobs` shows their evidence)
 With no sessions at all it prints `no sessions (start one with `mam create <agent>`)`.
 
 Options:

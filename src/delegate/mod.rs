@@ -634,8 +634,12 @@ impl<'a> Delegation<'a> {
             SksOutcome::NotSubmitted(why) => {
                 Err(self.close_now("agent_blocked", &format!("not submitted: {why}"), 3, diag))
             }
-            SksOutcome::Delivered(how) => {
-                diag(&format!("NOTE: job {}: prompt delivered to {name}: {how}", self.job_id));
+            SksOutcome::Delivered(d) => {
+                // Issue 32 item 5: the started NOTE says the job began; the delivery only when it
+                // took an unusual path.
+                if d.notable {
+                    diag(&format!("NOTE: job {}: prompt delivered to {name}: {}", self.job_id, d.how));
+                }
                 Ok(submitted)
             }
             SksOutcome::Unconfirmed(why) => {
@@ -826,7 +830,7 @@ impl<'a> Delegation<'a> {
         while let Some(l) = s.next_line(Duration::ZERO) {
             rest.push(l);
         }
-        let tail = s.stderr_tail();
+        let last = s.last_error();
         for l in rest {
             self.on_sub_line(&l, diag);
         }
@@ -836,10 +840,12 @@ impl<'a> Delegation<'a> {
         }
         if !self.sub_warned && rc != 0 && rc != 10 {
             self.sub_warned = true;
+            // One message: what it died of, not its retries' warnings joined (issue 32).
+            let what = if rc == 3 { "no broker answers".to_string() } else { format!("subscriber exited {rc}") };
             diag(&format!(
-                "WARNING: job {}: subscriber exited {rc} ({}); re-probing the broker every {} s",
+                "WARNING: job {}: {what} ({}); following events.log, re-probing the broker every {} s",
                 self.job_id,
-                one_line(&tail),
+                one_line(&last),
                 RESPAWN_GAP.as_secs()
             ));
         }

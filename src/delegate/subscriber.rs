@@ -157,10 +157,14 @@ impl Subscriber {
         self.status
     }
 
-    /// The last lines watch wrote on stderr, joined for a one-line diagnostic.
-    pub fn stderr_tail(&self) -> String {
+    /// The last non-empty stderr line, without its `ERROR: ` and `watch <id>: ` prefixes: what the
+    /// subscriber died of, as one message (issue 32: not its retries' warnings joined).
+    pub fn last_error(&self) -> String {
         let t = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
-        t.iter().filter(|l| !l.is_empty()).cloned().collect::<Vec<_>>().join(" | ")
+        let last = t.iter().rev().find(|l| !l.trim().is_empty()).map_or("", |l| l.trim());
+        let msg = crate::text::without_error_prefix(last);
+        let msg = msg.strip_prefix("watch ").and_then(|m| m.split_once(": ")).map_or(msg, |(_, rest)| rest);
+        msg.to_string()
     }
 
     /// TERM, then KILL after a grace, and wait: returns true once the process is confirmed gone.

@@ -42,6 +42,14 @@ pub struct Client {
     closed: bool,
 }
 
+/// Whether a broker of `cfg` takes a connection within `within` (at most the configured connect
+/// timeout): CONNECT, CONNACK, DISCONNECT. Issue 32: `mam create` says so when none does.
+pub fn probe(cfg: &MqttConfig, within: Duration) -> Result<(), MqttError> {
+    let cfg = MqttConfig { connect_timeout: cfg.connect_timeout.min(within), ..cfg.clone() };
+    Client::connect(&cfg, Role::Chk, &Stop::signals())?.disconnect();
+    Ok(())
+}
+
 impl Client {
     /// Connects with a fresh client id for `role`.
     pub fn connect(cfg: &MqttConfig, role: Role, stop: &Stop) -> Result<Client, MqttError> {

@@ -217,8 +217,14 @@ impl MqttConfig {
         let mut password = ctx.var_nonempty("MQTT_PASSWORD").map(Secret);
         // The embedded broker's generated credentials go only to the one loopback broker they are for.
         let single_loopback = brokers.len() == 1 && is_loopback(&brokers[0].host);
+        // Neither MQTT_BROKER nor MQTT_PORT: the workspace's own broker, on the port its credential
+        // file records (issue 32: each repository's broker may listen on its own port).
+        let port_named = ctx.var_nonempty("MQTT_BROKER").is_some() || ctx.var_nonempty("MQTT_PORT").is_some();
+        let mut brokers = brokers;
         if username.is_none() && password.is_none() && !tls && single_loopback {
-            if let Some(c) = workspace_creds(ctx, brokers[0].port, registry) {
+            let want = if port_named { Some(brokers[0].port) } else { None };
+            if let Some(c) = workspace_creds(ctx, want, registry) {
+                brokers[0].port = c.port;
                 username = Some(c.username);
                 password = Some(Secret(c.password.expose().to_string()));
             }
@@ -354,8 +360,8 @@ pub fn is_loopback(host: &str) -> bool {
 
 /// The embedded broker's generated credentials for `port` from the workspace's credential file
 /// (`<control root>/.mam/broker.cred`, issue 12 item 4), if it is there, trustworthy and names this
-/// port. An untrustworthy or broken file is ignored with one WARNING per file and process.
-fn workspace_creds(ctx: &Ctx, port: u16, registry: Option<&Path>) -> Option<cred::Creds> {
+/// port (any port when `port` is None: nothing named one). An untrustworthy or broken file is ignored with one WARNING per file and process.
+fn workspace_creds(ctx: &Ctx, port: Option<u16>, registry: Option<&Path>) -> Option<cred::Creds> {
     // An untrusted control root (another user's) gives no credentials.
     let mut roots: Vec<PathBuf> = crate::paths::control_root(ctx).ok().into_iter().collect();
     // The control root that holds the registry: the parent of its nearest `.mam` ancestor.
@@ -366,7 +372,7 @@ fn workspace_creds(ctx: &Ctx, port: u16, registry: Option<&Path>) -> Option<cred
     roots.iter().find_map(|root| {
         let path = cred::path(root);
         match cred::read(&path) {
-            Ok(c) if c.port == port => Some(c),
+            Ok(c) if port.is_none_or(|p| c.port == p) => Some(c),
             Ok(_) | Err(cred::ReadError::Missing) => None,
             Err(e) => {
                 static WARNED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
@@ -814,6 +820,10 @@ mod tests {
         let want = (Some("mam".to_string()), Some(creds.password.expose().to_string()), String::new());
         assert_eq!(at(&[("MQTT_PORT", "1999")]), want);
         assert_eq!(at(&[("MQTT_PORT", "1999"), ("MQTT_BROKER", "localhost")]), want);
+        // Issue 32: nothing names a port: the workspace's broker on the port its file records.
+        assert_eq!(at(&[]), want);
+        let c = Ctx::with_env(std::iter::empty::<(String, String)>(), &root);
+        assert_eq!(MqttConfig::from_ctx(&c).unwrap().addr(), "127.0.0.1:1999");
         for vars in [
             &[("MQTT_PORT", "1883")][..],
             &[("MQTT_PORT", "1999"), ("MQTT_BROKER", "10.0.0.9")],

@@ -123,7 +123,7 @@ impl MqttError {
     }
 
     /// The failure without the broker address and without advice: one item of `NoBroker`'s list.
-    fn brief(&self) -> String {
+    pub fn brief(&self) -> String {
         match self {
             MqttError::Tcp { source, .. } => source.to_string(),
             MqttError::Resolve { detail, .. } => format!("cannot resolve ({detail})"),
@@ -153,7 +153,7 @@ impl fmt::Display for MqttError {
             MqttError::Tcp { addr, source } if source.kind() == io::ErrorKind::ConnectionRefused => write!(
                 f,
                 "cannot connect to broker {addr}: {source}; no broker is running there: start one with \
-                 `mam broker --port PORT` (see mam broker --help) or set MQTT_BROKER and MQTT_PORT to yours"
+                 `mam broker` (see mam broker --help) or set MQTT_BROKER and MQTT_PORT to yours"
             ),
             MqttError::Tcp { addr, source } => write!(f, "cannot connect to broker {addr}: {source}"),
             MqttError::Resolve { addr, detail, .. } => write!(f, "cannot resolve broker {addr}: {detail}"),
@@ -162,7 +162,16 @@ impl fmt::Display for MqttError {
             }
             MqttError::ClosedBeforeConnack { addr } => write!(f, "broker {addr} closed the connection before CONNACK"),
             MqttError::ConnackRefused { addr, code } => {
-                write!(f, "broker {addr} refused the connection: CONNACK {code} ({})", codec::connack_reason(*code))
+                write!(f, "broker {addr} refused the connection: CONNACK {code} ({})", codec::connack_reason(*code))?;
+                if matches!(code, 4 | 5) {
+                    // Issue 32: most often another repository's broker on the default port.
+                    f.write_str(
+                        "; if it is not this repository's broker, start this one's with `mam broker` (its port \
+                         and credentials go to .mam/broker.cred, where mam finds them), else set MQTT_USERNAME \
+                         and MQTT_PASSWORD",
+                    )?;
+                }
+                Ok(())
             }
             MqttError::Timeout { addr, phase, what } => write!(f, "{phase} timeout: broker {addr} {what}"),
             MqttError::Lost { addr, during, detail } => {

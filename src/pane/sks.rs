@@ -23,12 +23,22 @@ pub trait Confirm {
 /// The outcome of `send_keys_safe`, with its exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SksOutcome {
-    /// rc 0: settled, or accepted and confirmed (the text says by what).
-    Delivered(String),
+    /// rc 0: settled, or accepted and confirmed (the words say by what).
+    Delivered(Delivery),
     /// rc 3: nothing submitted (agent busy, transport error, agent not running, unknown target).
     NotSubmitted(String),
     /// rc 4: accepted but not confirmed within the grace (fail closed).
     Unconfirmed(String),
+}
+
+/// How a prompt was delivered, in plain words, and whether that is worth a NOTE to someone who
+/// only wants to know the job started (issue 32 item 5: the usual way of a backend is not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub how: String,
+    /// The delivery took an unusual path: the agent's prompt stalled, or a backend that sees
+    /// agents settle did not see this one.
+    pub notable: bool,
 }
 
 impl SksOutcome {
@@ -132,25 +142,32 @@ pub fn send_keys_safe(
     }
     // 3-6. Submit and judge.
     let why = match b.prompt(target, text, k.prompt_timeout_ms) {
-        PromptOutcome::Settled => return SksOutcome::Delivered("the agent took the prompt and settled".into()),
+        PromptOutcome::Settled => {
+            return SksOutcome::Delivered(Delivery {
+                how: "the agent took the prompt and settled".into(),
+                notable: false,
+            })
+        }
         PromptOutcome::TransportError(e) => return SksOutcome::NotSubmitted(format!("{e}; nothing submitted")),
         PromptOutcome::Accepted(Accepted::Timeout) => "timeout",
         PromptOutcome::Accepted(Accepted::Stalled) => "agent_prompt_stalled",
     };
-    // Issue 18: what happened, in words, and what confirmed it.
-    let took = match why {
-        "timeout" => "the pane took the prompt but did not settle within the prompt timeout",
-        _ => "the pane took the prompt but the agent's prompt stalled",
+    // Issue 18, issue 32 item 5: what happened, in plain words, and what confirmed it. A backend
+    // without lifecycle (tmux) never sees an agent settle: the prompt is typed and the job's own
+    // evidence confirms it, the usual way there, not worth a NOTE.
+    let (took, notable) = match why {
+        "timeout" if !b.has_lifecycle() => ("the prompt was typed into the pane", false),
+        "timeout" => ("the pane took the prompt but the agent was not seen to take it within the prompt timeout", true),
+        _ => ("the pane took the prompt but the agent's prompt stalled (agent_prompt_stalled)", true),
     };
     let deadline = Instant::now() + Duration::from_millis(k.grace_ms);
     loop {
         if b.agent_status(target) == Status::Working {
-            return SksOutcome::Delivered(format!(
-                "{took} ({why}); the agent then started working, which confirms delivery"
-            ));
+            let how = format!("{took}; the agent then started working, which confirms delivery");
+            return SksOutcome::Delivered(Delivery { how, notable });
         }
         if let Some(by) = confirm.as_deref_mut().and_then(|c| c.confirmed()) {
-            return SksOutcome::Delivered(format!("{took} ({why}); {by}, which confirms delivery"));
+            return SksOutcome::Delivered(Delivery { how: format!("{took}; {by}, which confirms delivery"), notable });
         }
         if Instant::now() >= deadline {
             return SksOutcome::Unconfirmed(format!(
@@ -327,11 +344,10 @@ mod tests {
         let o = send_keys_safe(&b, "a", "hi", Some(&mut later), &fast());
         assert_eq!(
             o,
-            SksOutcome::Delivered(
-                "the pane took the prompt but did not settle within the prompt timeout (timeout); job j1 reported \
-                 started, which confirms delivery"
-                    .into()
-            )
+            SksOutcome::Delivered(Delivery {
+                how: "the prompt was typed into the pane; job j1 reported started, which confirms delivery".into(),
+                notable: false
+            })
         );
         // `working` after an accepted submission confirms delivery.
         let b = scripted(true, Status::Idle, Status::Working, PromptOutcome::Accepted(Accepted::Stalled));

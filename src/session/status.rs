@@ -24,6 +24,8 @@ use crate::sys;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobLine {
     pub id: String,
+    /// The record's `created_at` (the order jobs are shown in: oldest first).
+    pub created_at: String,
     pub job_type: String,
     pub status: String,
     pub registry: PathBuf,
@@ -146,6 +148,7 @@ fn registries(ctx: &Ctx, row: &Row) -> Vec<Store> {
 #[derive(Debug, Clone)]
 struct Lite {
     id: String,
+    created_at: String,
     session: Option<String>,
     status: String,
     job_type: String,
@@ -153,8 +156,9 @@ struct Lite {
 
 /// The records of each registry that some row may show, read once per `status` run however many
 /// rows share the registry (100 rows over 10,000 records would otherwise be a million record
-/// reads). Only those are kept: an open job of a session in the report, or a row's onboarding job
-/// (a registry of 100,000 finished jobs keeps none).
+/// reads). Only those are kept: an open job of a session in the report, its latest `LATEST`
+/// finished ones (issue 32 item 6), or a row's onboarding job (a registry of 100,000 finished jobs
+/// keeps `LATEST` per session).
 type Cache = BTreeMap<PathBuf, Vec<Lite>>;
 
 /// Which records `status` can show: the rows' names and onboarding jobs.
@@ -165,9 +169,32 @@ struct Wanted {
 }
 
 impl Wanted {
-    fn keeps(&self, id: &str, session: Option<&str>, status: &str) -> bool {
-        self.onboarding.contains(id) || (!is_terminal(status) && session.is_some_and(|s| self.names.contains(s)))
+    fn keeps(&self, id: &str, session: Option<&str>) -> bool {
+        self.onboarding.contains(id) || session.is_some_and(|s| self.names.contains(s))
     }
+}
+
+/// Finished jobs shown per session besides its open ones (issue 32 item 6: a session's later jobs,
+/// not only its onboarding job).
+pub const LATEST: usize = 3;
+
+/// `all` cut to what a row may show: every open job, the `LATEST` newest finished jobs of each
+/// session, and the onboarding jobs.
+fn latest(all: Vec<Lite>, wanted: &Wanted) -> Vec<Lite> {
+    let mut finished: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
+    for l in all.iter().filter(|l| is_terminal(&l.status)) {
+        if let Some(s) = l.session.as_deref() {
+            finished.entry(s).or_default().push((l.created_at.as_str(), l.id.as_str()));
+        }
+    }
+    let mut keep: BTreeSet<String> = BTreeSet::new();
+    for v in finished.values_mut() {
+        crate::sort::by(v, |a, b| b.cmp(a));
+        keep.extend(v.iter().take(LATEST).map(|(_, id)| id.to_string()));
+    }
+    all.into_iter()
+        .filter(|l| !is_terminal(&l.status) || keep.contains(&l.id) || wanted.onboarding.contains(&l.id))
+        .collect()
 }
 
 fn records<'c>(cache: &'c mut Cache, store: &Store, wanted: &Wanted) -> &'c [Lite] {
@@ -176,8 +203,9 @@ fn records<'c>(cache: &'c mut Cache, store: &Store, wanted: &Wanted) -> &'c [Lit
             let Ok(rec) = e.bytes.map_err(drop).and_then(|b| Picked::parse(b, FIELDS).map_err(drop)) else {
                 return;
             };
-            if wanted.keeps(e.id, rec.str("agent_session"), rec.status()) {
+            if wanted.keeps(e.id, rec.str("agent_session")) {
                 out.push(Lite {
+                    created_at: rec.str("created_at").unwrap_or("").to_string(),
                     session: rec.str("agent_session").map(str::to_string),
                     status: rec.status().to_string(),
                     job_type: rec.str("type").unwrap_or("task").to_string(),
@@ -186,14 +214,15 @@ fn records<'c>(cache: &'c mut Cache, store: &Store, wanted: &Wanted) -> &'c [Lit
             }
         });
         // The order does not matter: a registry holds one record per id.
-        parts.map(|p| p.into_iter().flatten().collect()).unwrap_or_default()
+        latest(parts.map(|p| p.into_iter().flatten().collect()).unwrap_or_default(), wanted)
     })
 }
 
 /// The fields `status` reads from a record.
-const FIELDS: &[&str] = &["agent_session", "status", "type"];
+const FIELDS: &[&str] = &["agent_session", "status", "type", "created_at"];
 
-/// The jobs shown for a row: its open jobs, plus its onboarding job whatever its status.
+/// The jobs shown for a row, oldest first: its open jobs, its latest finished ones, and its
+/// onboarding job whatever its status.
 fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache, wanted: &Wanted) -> Vec<JobLine> {
     let mut found: BTreeMap<String, JobLine> = BTreeMap::new();
     let stores = registries(ctx, row);
@@ -206,13 +235,11 @@ fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache, wanted: &Wanted) -> Vec<JobL
             if rec.session.as_deref() != Some(row.name.as_str()) && !onboarding {
                 continue;
             }
-            if is_terminal(&rec.status) && !onboarding {
-                continue;
-            }
             found.insert(
                 rec.id.clone(),
                 JobLine {
                     id: rec.id.clone(),
+                    created_at: rec.created_at.clone(),
                     job_type: rec.job_type.clone(),
                     status: rec.status.clone(),
                     registry: store.registry.clone(),
@@ -232,6 +259,7 @@ fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache, wanted: &Wanted) -> Vec<JobL
                 j.clone(),
                 JobLine {
                     id: j.clone(),
+                    created_at: get("created_at"),
                     job_type: get("type"),
                     status: get("status"),
                     registry: store.registry.clone(),
@@ -240,7 +268,9 @@ fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache, wanted: &Wanted) -> Vec<JobL
             break;
         }
     }
-    found.into_values().collect()
+    let mut jobs: Vec<JobLine> = found.into_values().collect();
+    crate::sort::by_key(&mut jobs, |j| (j.created_at.clone(), j.id.clone()));
+    jobs
 }
 
 /// 2.6 for all rows, or for `only`. An unknown name is refused (rc 2).

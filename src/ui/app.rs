@@ -208,7 +208,15 @@ pub fn shown<'a>(world: &'a World, filter: &str) -> Shown<'a> {
             .iter()
             .filter(|j| matches(filter, &[j.job_id(), j.status(), j.session(), j.job_type(), j.reason().unwrap_or("")]))
             .collect(),
-        loops: world.loops.iter().filter(|l| matches(filter, &[&l.id, &l.state, &l.phase, &l.creator])).collect(),
+        // A loop matches its reviewers and their verdicts too (issue 32 item 6).
+        loops: world
+            .loops
+            .iter()
+            .filter(|l| {
+                matches(filter, &[&l.id, &l.state, &l.phase, &l.creator])
+                    || l.reviewers.iter().any(|(s, v)| matches(filter, &[s, v]))
+            })
+            .collect(),
     }
 }
 

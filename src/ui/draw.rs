@@ -246,8 +246,9 @@ fn session_cells(s: &SessionView, now: u64) -> Cells {
         "gone" | "unknown" => Style::fg(RED),
         _ => base,
     };
+    // The pane id first (issue 32 item 6): a narrow column cuts the server's name, never the id.
     let pane =
-        if s.backend == "remote" { "remote".to_string() } else { format!("{}:{} {}", s.backend, s.server, s.pane) };
+        if s.backend == "remote" { "remote".to_string() } else { format!("{} {}:{}", s.pane, s.backend, s.server) };
     let (job, job_age) = match &s.job {
         Some((id, st, since)) => (format!("{id} {st}"), age(*since, now)),
         None => ("-".to_string(), "-".to_string()),
@@ -646,6 +647,26 @@ mod tests {
 
     fn text(lines: &[Line], w: usize) -> Vec<String> {
         lines.iter().map(|l| strip(&l.render(w))).collect()
+    }
+
+    /// Issue 32 item 6: the filter `rev` keeps the loop whose reviewers are rev-a and rev-b.
+    #[test]
+    fn the_filter_matches_a_loop_s_reviewers() {
+        let w = world(0);
+        assert_eq!(crate::ui::app::shown(&w, "rev").loops.len(), 1);
+        assert_eq!(crate::ui::app::shown(&w, "pending").loops.len(), 1);
+        assert_eq!(crate::ui::app::shown(&w, "nobody").loops.len(), 0);
+    }
+
+    /// Issue 32 item 6: on herdr the PANE column keeps the pane id whatever the server's name.
+    #[test]
+    fn the_pane_column_keeps_the_pane_id() {
+        let mut w = world(0);
+        w.sessions[0].backend = "herdr".into();
+        w.sessions[0].server = "multi-agent-mux".into();
+        w.sessions[0].pane = "w1:p3".into();
+        let t = text(&draw(&w, &mut App::default(), 80, 24, 12_000), 80);
+        assert!(t[2].starts_with("> worker-ok") && t[2].contains("w1:p3"), "{}", t[2]);
     }
 
     #[test]

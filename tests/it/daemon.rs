@@ -949,3 +949,24 @@ fn a_replay_cut_mid_publish_is_tried_again_at_the_next_sweep() {
         fx.finish();
     }
 }
+
+/// Issue 32 item 11: `reconcile.sh --subscribe` on SIGTERM exits 143, as the legacy trap did (the
+/// shim asks the daemon for it); `mam daemon run` itself still stops with 0.
+#[test]
+fn reconcile_sh_subscribe_exits_143_on_sigterm() {
+    let mut fx = Fx::bare("rec143");
+    let broker = start_target(Target::Embedded, &fx.td).unwrap();
+    fx.env = broker_env(broker.port());
+    let (td, env) = (&fx.td, &fx.env);
+    let shim = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("shims/reconcile.sh");
+    let mut cmd = td.command(shim).env("MAM_BIN", mam_bin()).args(["--subscribe"]);
+    for (k, v) in env {
+        cmd = cmd.env(k, v);
+    }
+    let mut d = Daemon::spawn(cmd, td.path("rec143.log"));
+    d.wait_log("subscribed ", Duration::from_secs(10));
+    mam::sys::kill(d.pid(), libc::SIGTERM).unwrap();
+    let (st, _) = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(143), "{}", d.text());
+    fx.finish();
+}

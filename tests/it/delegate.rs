@@ -1295,3 +1295,51 @@ fn i32_detach_returns_after_delivery_and_wait_gives_the_verdict() {
     assert!(w.stdout().contains(&format!("JOB_ID={jid} SESSION=w1 VERDICT=completed")), "{}", w.stdout());
     assert!(fs::read_to_string(&report).unwrap().contains("hello from the detached job"));
 }
+
+/// Issue 32 item 3: several repositories on one machine. Two control roots each start `mam broker`
+/// with no port at all while 1883 is taken (by the first of them, or by anyone): each broker falls
+/// back to a free port with a NOTE and records it in its `.mam/broker.cred`, and each repository's
+/// delegation (no MQTT_PORT anywhere) reaches its own broker and completes. A port named with
+/// `--port` that is taken is an error that says what to do.
+#[test]
+fn two_repositories_on_one_machine_each_get_their_own_broker() {
+    // 1883 taken for the whole test: ours when free, else someone's already.
+    let _hold = std::net::TcpListener::bind("127.0.0.1:1883").ok();
+    let mut brokers = Vec::new();
+    let mut worlds = Vec::new();
+    for name in ["two_repos_a", "two_repos_b"] {
+        let td = TestDir::new(name);
+        let root = td.ws();
+        let mut h = H::build(td, None, 0, root);
+        h.env.retain(|(k, _)| k != "MQTT_PORT");
+        let mut b = h.mam().args(["broker"]).spawn_bg(&h.td, "broker");
+        b.wait_stdout("mam broker listening on 127.0.0.1:", Duration::from_secs(20));
+        let err = b.stderr();
+        assert!(err.contains("NOTE: broker: port 1883 is taken") && err.contains("broker.cred"), "{err}");
+        let port: u16 = b.stdout().lines().next().unwrap().rsplit(':').next().unwrap().parse().unwrap();
+        assert_ne!(port, 1883);
+        let cred = fs::read_to_string(h.root.join(".mam/broker.cred")).unwrap();
+        assert!(cred.contains(&format!("-p {port}\n")), "{cred}");
+        brokers.push(b);
+        worlds.push(h);
+    }
+    for h in &worlds {
+        h.create("w1", "work_s=0.2\nreport_text=hello from my own repository\n");
+        let r = h.delegate("w1", &h.task("Say hello.\n"), FAST).run();
+        r.expect_rc(0);
+        let (jid, status, report) = last_line(&r.stdout());
+        assert_eq!(status, "completed", "{}", r.stderr());
+        assert!(fs::read_to_string(report).unwrap().contains("hello from my own repository"));
+        let published = h.audit(&jid).into_iter().filter(|e| e["kind"] == "published").count();
+        assert!(published >= 2, "the agent's events went over this repository's broker: {:?}", h.audit(&jid));
+    }
+    // A named port that is taken: the error says what to do.
+    let taken = worlds[1].mam().args(["broker"]).env("MQTT_PORT", "1883").run();
+    taken.expect_rc(1);
+    let err = taken.stderr();
+    assert!(err.contains("cannot bind broker to 127.0.0.1:1883") && err.contains("remove MQTT_PORT"), "{err}");
+    for mut b in brokers {
+        b.signal(15);
+        b.wait(Duration::from_secs(10));
+    }
+}

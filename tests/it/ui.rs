@@ -655,3 +655,28 @@ fn ui_enter_inside_herdr_focuses_the_agents_pane() {
     w.mam(["stop", "w1"]).run().expect_rc(0);
     drop(home);
 }
+
+/// Issue 32 item 5: a successful delegation on tmux says that the job started, and no note that
+/// reads like a failure (tmux never sees an agent settle; typing the prompt and the job's own
+/// `started` is its usual way).
+#[test]
+fn a_tmux_delegation_that_works_prints_no_timeout_note() {
+    let Some(mut w) = World::new("tmux_note") else { return };
+    w.broker();
+    w.td.write("agent.script", "work_s=0.2\nreport_text=done\n");
+    w.session("w1");
+    let task = w.td.write("task.md", "Say hi.\n");
+    let r = w
+        .mam(["delegate-job", "--session", "w1", "--heartbeat", "1", "--ack-timeout", "20", "--timeout", "60"])
+        .args(["--brief-file"])
+        .args([&task])
+        .env("MAM_PUBLISH_BUDGET_S", "20")
+        .run_within(Duration::from_secs(90));
+    r.expect_rc(0);
+    let err = r.stderr();
+    let id = kv(&r.stdout(), "JOB_ID");
+    let _timers = TimerGuard(id.clone());
+    assert!(err.contains(&format!("NOTE: job {id}: started ")), "{err}");
+    assert!(!err.contains("settle") && !err.contains("(timeout)") && !err.contains("prompt timeout"), "{err}");
+    assert!(!err.contains("prompt delivered"), "nothing unusual to say about the delivery: {err}");
+}

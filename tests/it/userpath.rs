@@ -192,3 +192,117 @@ fn i32_kinds_come_from_the_adapter_table_and_a_missing_cli_says_how_to_install_i
     assert_eq!(r.rc(), 0, "{}", r.stderr());
     assert!(r.stdout().starts_with("Usage: mam test-double ") && r.stdout().contains("mam pretend-agent --help"));
 }
+
+/// Issue 32 item 4: no broker running does not go unnoticed. `mam create` warns once, in one short
+/// line that says how to start one; delegate-job's warnings are one message per line (never the
+/// subscriber's retries joined into one).
+#[test]
+fn no_broker_is_one_short_warning_each() {
+    use std::time::Duration;
+    let td = TestDir::new("nobroker_create");
+    let port = free_port().to_string();
+    let script = td.write("w1.script", "work_s=4\nreport_text=done\n");
+    let env = [
+        ("MAM_PANE_BACKEND", "fake".to_string()),
+        ("MAM_FAKE_PANES_DIR", td.path("panes").display().to_string()),
+        ("MQTT_PORT", port.clone()),
+        ("MAM_FAKE_AGENT_SCRIPT", script.display().to_string()),
+    ];
+    let mam = || {
+        let mut c = td.mam();
+        for (k, v) in &env {
+            c = c.env(k, v);
+        }
+        c
+    };
+    let r = mam().args(["create", "claude", "--name", "w1", "--no-onboard", "--", "test-double", "agent"]).run();
+    r.expect_rc(0);
+    let pid: i32 = std::fs::read_to_string(td.path("panes/panes").join(kv(&r.stdout(), "PANE")).join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    struct Kill(i32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = mam::sys::kill(-self.0, 9);
+        }
+    }
+    let _agent = Kill(pid);
+    let err = r.stderr();
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("WARNING:")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    let w = warnings[0];
+    assert!(w.starts_with(&format!("WARNING: no broker answers at 127.0.0.1:{port} (")), "{w}");
+    assert!(w.contains("start one with `mam broker &`") && w.len() < 220, "{} chars: {w}", w.len());
+
+    let task = td.write("task.md", "Say hi.\n");
+    let r = mam()
+        .args(["delegate-job", "--session", "w1", "--brief-file"])
+        .args([&task])
+        .args(["--heartbeat", "1", "--heartbeat-misses", "10", "--ack-timeout", "5", "--timeout", "60"])
+        .run_within(Duration::from_secs(60));
+    r.expect_rc(0);
+    let err = r.stderr();
+    let id = kv(&r.stdout(), "JOB_ID");
+    let _timers = TimerGuard(id.clone());
+    assert!(err.contains(&format!("WARNING: job {id}: no broker answers (cannot connect to broker")), "{err}");
+    for l in err.lines() {
+        let prefixes = ["WARNING:", "ERROR:", "NOTE:"].iter().map(|p| l.matches(p).count()).sum::<usize>();
+        assert!(prefixes == 1 && !l.contains(" | ") && l.len() < 300, "one message per line: {l}");
+    }
+}
+
+/// Issue 32 item 6: `mam status` shows each session's latest jobs (every open one and the latest
+/// three finished, oldest first), not only its onboarding job; `--help` explains every state word.
+#[test]
+fn status_shows_each_session_s_latest_jobs() {
+    let td = TestDir::new("status_latest");
+    let script = td.write("w1.script", "");
+    let mam = || {
+        td.mam()
+            .env("MAM_PANE_BACKEND", "fake")
+            .env("MAM_FAKE_PANES_DIR", td.path("panes"))
+            .env("MAM_FAKE_AGENT_SCRIPT", &script)
+            .env("MQTT_PORT", "1")
+    };
+    let r = mam().args(["create", "claude", "--name", "w1", "--no-onboard", "--", "test-double", "agent"]).run();
+    r.expect_rc(0);
+    let pid: i32 = std::fs::read_to_string(td.path("panes/panes").join(kv(&r.stdout(), "PANE")).join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    struct Kill(i32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = mam::sys::kill(-self.0, 9);
+        }
+    }
+    let _agent = Kill(pid);
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let r = mam().args(["registry", "register", "--session", "w1"]).run();
+        r.expect_rc(0);
+        let id = r.stdout().trim().to_string();
+        if n < 4 {
+            mam().args(["registry", "finalize", &id, "--status", "cancelled", "--no-publish"]).run().expect_rc(0);
+        }
+        ids.push(id);
+        // created_at has millisecond resolution: keep the order unambiguous.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let out = mam().args(["status"]).run().stdout();
+    let jobs: Vec<&str> = out.lines().filter(|l| l.starts_with("  job ")).collect();
+    let want: Vec<String> = vec![
+        format!("  job {} task cancelled", ids[1]),
+        format!("  job {} task cancelled", ids[2]),
+        format!("  job {} task cancelled", ids[3]),
+        format!("  job {} task pending", ids[4]),
+    ];
+    assert_eq!(jobs, want, "{out}");
+    let help = mam().args(["status", "--help"]).run().stdout();
+    for word in ["running:", "gone:", "unknown:", "working:", "idle:", "done:", "blocked:", "stopped"] {
+        assert!(help.contains(word), "--help explains `{word}`: {help}");
+    }
+}
