@@ -232,6 +232,12 @@ pub trait Backend {
     fn send_keys(&self, target: &str, keys: &str) -> PaneResult<()>;
     fn close_pane(&self, pane: &str) -> PaneResult<()>;
     fn close_workspace(&self, id: &str) -> PaneResult<()>;
+    /// Stops the server when mam started it and no agent is left on it (issue 32 item 7); true when
+    /// it stopped it. A server the user started is never stopped. The default: nothing to stop
+    /// (tmux's server ends with its last session by itself).
+    fn stop_server_if_ours(&self) -> PaneResult<bool> {
+        Ok(false)
+    }
     /// The pane's own processes (its shell, the processes in its foreground), the roots of the tree
     /// `stop` ends after closing the pane. Empty when the backend cannot tell.
     fn pane_pids(&self, _pane: &str) -> Vec<i32> {

@@ -545,6 +545,11 @@ impl Herdr {
             // A server that forks and exits (or a double) must not stay a zombie of ours.
             let _ = child.try_wait();
             if let ListOutcome::Confirmed(_) = self.list_agents() {
+                // Issue 32 item 7: mam started this server, so mam stops it with its last agent.
+                let marker = started_marker(&logs, &self.server);
+                if let Err(e) = sys::atomic_write(&marker, format!("{}\n", child.id()).as_bytes()) {
+                    return Err(PaneError::Failed(format!("cannot write {}: {e}", show_path(&marker))));
+                }
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -567,6 +572,12 @@ impl Herdr {
     }
 }
 
+/// `<control root>/.mam/logs/herdr-server-<server>.started`: written when mam bootstrapped the
+/// server, removed when mam stopped it; without it mam never stops a server.
+fn started_marker(logs: &Path, server: &str) -> std::path::PathBuf {
+    logs.join(format!("herdr-server-{server}.started"))
+}
+
 fn env_args(env: &[(String, String)]) -> Vec<String> {
     env.iter().flat_map(|(k, v)| ["--env".to_string(), format!("{k}={v}")]).collect()
 }
@@ -578,6 +589,32 @@ impl Backend for Herdr {
 
     fn server(&self) -> String {
         self.server.clone()
+    }
+
+    fn stop_server_if_ours(&self) -> PaneResult<bool> {
+        let Ok(root) = crate::paths::control_root(&self.ctx) else { return Ok(false) };
+        let marker = started_marker(&root.join(".mam").join("logs"), &self.server);
+        if !marker.exists() {
+            return Ok(false);
+        }
+        match self.list_agents() {
+            ListOutcome::Confirmed(list) if list.is_empty() => {}
+            ListOutcome::NoServer => {
+                let _ = std::fs::remove_file(&marker);
+                return Ok(false);
+            }
+            _ => return Ok(false),
+        }
+        match self.query(&["server", "stop"]) {
+            Reply::Ok(_) | Reply::NoServer => {
+                let _ = std::fs::remove_file(&marker);
+                Ok(true)
+            }
+            Reply::Error { code, message } => {
+                Err(PaneError::Failed(one_line(&format!("herdr server stop: {code} {message}"))))
+            }
+            Reply::Bad(d) | Reply::TimedOut(d) => Err(PaneError::Failed(format!("herdr server stop: {d}"))),
+        }
     }
 
     fn ensure_server(&self) -> PaneResult<()> {

@@ -183,6 +183,14 @@ fn close_and_confirm(ctx: &Ctx, row: &Row, notes: &mut Notes) -> Result<(), Sess
         _ => Ok(()),
     };
     reap_left(&row.name, &tree, notes);
+    if confirmed.is_ok() {
+        // Issue 32 item 7: a herdr server mam started goes with mam's last agent on it.
+        match b.stop_server_if_ours() {
+            Ok(true) => notes.note(format!("{} server {server} stopped (mam started it; no agent is left)", b.name())),
+            Ok(false) => {}
+            Err(e) => notes.warn(format!("{} server {server}: not stopped ({e})", b.name())),
+        }
+    }
     confirmed
 }
 

@@ -1575,3 +1575,25 @@ fn attach_refuses_unknown_sessions_and_the_fake_backend() {
     assert!(r.stderr().contains("no pane to look at"), "{}", r.stderr());
     h.mam(["stop", "s1"]).run().expect_rc(0);
 }
+
+/// Issue 32 item 7: a herdr server mam started (bootstrapped for `create`) is stopped when mam's
+/// last agent on it stops, with a NOTE naming it; `mam status` names the herdr session.
+#[test]
+fn a_herdr_server_mam_started_stops_with_its_last_agent() {
+    let Some(h) = S::on(Kind::RealHerdr, "herdr_srv") else { return };
+    let session = h.real().session.clone();
+    let r = h.create(&["--name", "s1"]).run();
+    r.expect_rc(0);
+    let marker = h.td.ws().join(format!(".mam/logs/herdr-server-{session}.started"));
+    assert!(marker.is_file(), "mam notes that it started the server");
+    let st = h.mam(["status"]).run();
+    assert!(st.stdout().contains(&format!("\therdr/{session}\t")), "{}", st.stdout());
+    assert_eq!(h.real().herdr(&["agent", "list"]).rc(), 0, "the server runs");
+    let r = h.mam(["stop", "s1"]).run();
+    r.expect_rc(0);
+    assert!(r.stderr().contains(&format!("NOTE: herdr server {session} stopped (mam started it")), "{}", r.stderr());
+    wait_until("the herdr server to end", std::time::Duration::from_secs(10), || {
+        h.real().herdr(&["agent", "list"]).rc() != 0
+    });
+    assert!(!marker.exists());
+}

@@ -1154,6 +1154,10 @@ impl HerdrHome {
 
     /// `herdr ARGS` that must succeed; its stdout parsed as JSON.
     pub fn herdr_json<S: AsRef<OsStr>>(&self, args: &[S]) -> serde_json::Value {
+        // A list of a server that is not running is empty (see `herdr_json_or_none`).
+        if args.get(1).is_some_and(|a| a.as_ref() == "list") {
+            return self.herdr_json_or_none(args);
+        }
         let r = self.herdr(args);
         r.expect_rc(0);
         serde_json::from_str(&r.stdout())
@@ -1181,9 +1185,22 @@ impl HerdrHome {
         })
     }
 
-    /// Pane ids of every workspace of this world's server, sorted.
+    /// `herdr_json`, or `Null` when the server is not running (issue 32 item 7: mam stops a server
+    /// it started with its last agent, so a world after `mam stop` may have none: no panes, no
+    /// workspaces).
+    fn herdr_json_or_none<S: AsRef<OsStr>>(&self, args: &[S]) -> serde_json::Value {
+        let r = self.herdr(args);
+        if r.rc() != 0 && r.stderr().contains("server_not_running") {
+            return serde_json::Value::Null;
+        }
+        r.expect_rc(0);
+        serde_json::from_str(&r.stdout())
+            .unwrap_or_else(|e| panic!("herdr printed no JSON ({e}):\n--- stdout\n{}", r.stdout()))
+    }
+
+    /// Pane ids of every workspace of this world's server, sorted (none without a server).
     pub fn pane_ids(&self) -> Vec<String> {
-        let v = self.herdr_json(&["pane", "list"]);
+        let v = self.herdr_json_or_none(&["pane", "list"]);
         let mut ids: Vec<String> = v["result"]["panes"]
             .as_array()
             .map(|a| a.iter().filter_map(|p| p["pane_id"].as_str().map(str::to_string)).collect())
@@ -1194,7 +1211,7 @@ impl HerdrHome {
 
     /// (workspace id, label) of every workspace, in herdr's order.
     pub fn workspaces(&self) -> Vec<(String, String)> {
-        let v = self.herdr_json(&["workspace", "list"]);
+        let v = self.herdr_json_or_none(&["workspace", "list"]);
         v["result"]["workspaces"]
             .as_array()
             .map(|a| {
