@@ -1211,7 +1211,8 @@ fn error_and_completed_without_report_exit_1() {
     fs::create_dir_all(h.registry().join(&jid).join("report.md")).unwrap();
     let r = h.delegate("w2", &task, FAST).args(["--job-id", &jid]).run();
     r.expect_rc(1);
-    assert_eq!(last_line(&r.stdout()), (jid.clone(), "completed".into(), h.registry().join(&jid).join("report.md")));
+    // Issue 30: no report was written, so none is named.
+    assert_eq!(last_line(&r.stdout()), (jid.clone(), "completed".into(), PathBuf::from("-")));
     assert!(r.stderr().contains("completed without report"), "{}", r.stderr());
 }
 
@@ -1286,9 +1287,10 @@ fn i32_detach_returns_after_delivery_and_wait_gives_the_verdict() {
     let task = h.task("Say hello.\n");
     let r = h.delegate("w1", &task, &[FAST, &["--detach"]].concat()).run();
     assert_eq!(r.rc(), 0, "{}", r.stderr());
-    let (jid, status, report) = last_line(&r.stdout());
+    let (jid, status, named) = last_line(&r.stdout());
     assert_ne!(status, "completed", "it returned before the job's 3 s of work: {}", r.stdout());
-    assert!(!report.exists(), "no report yet");
+    assert_eq!(named, PathBuf::from("-"), "no report yet");
+    let report = h.registry().join(&jid).join("report.md");
     assert!(h.registry().join(&jid).join("brief.md").is_file());
     let w = h.mam().args(["wait", &jid, "--timeout", "30"]).run_within(Duration::from_secs(40));
     assert_eq!(w.rc(), 0, "{}{}", w.stdout(), w.stderr());

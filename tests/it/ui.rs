@@ -460,8 +460,12 @@ fn ui_scrolls_through_200_jobs() {
     });
     assert!(s.lines().any(|l| l.contains("of 200") && l.contains("-200 ")), "{s}");
     t.keys(&pane, &["/", "a0019", "Enter"]);
-    let s = wait_screen(&t, &pane, "the filter", Duration::from_secs(5), |s| s.contains("filter: a0019"));
-    let rows = s.lines().filter(|l| l.starts_with("  a0019") || l.starts_with("> a0019")).count();
+    // The whole filtered frame (a capture may catch the redraw half done).
+    let filtered = |s: &str| s.lines().filter(|l| l.starts_with("  a0019") || l.starts_with("> a0019")).count();
+    let s = wait_screen(&t, &pane, "the filter", Duration::from_secs(5), |s| {
+        s.contains("filter: a0019") && filtered(s) == 10
+    });
+    let rows = filtered(&s);
     assert_eq!(rows, 10, "{s}");
     t.keys(&pane, &["q"]);
 }
