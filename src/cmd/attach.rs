@@ -59,6 +59,28 @@ fn parse_args(args: Vec<OsString>) -> Result<Parsed<Args>, Failure> {
     Ok(Parsed::Run(a))
 }
 
+/// Issue 29: the recorded server is checked like every pane call's (`pane::sock`): a plain name, and
+/// a socket whose directories only this user (or root) may write, before anything is run or printed.
+fn safe_server(ctx: &Ctx, t: &Target) -> Result<(), Failure> {
+    use crate::pane::sock;
+    if let Some(why) = sock::bad_name(&t.server) {
+        return Err(Failure::refused(format!(
+            "attach: session {}'s server name '{}' {why}; nothing run",
+            text::one_line(&t.name),
+            text::one_line(&t.server)
+        )));
+    }
+    let path = match t.backend.as_str() {
+        "tmux" => Some(sock::tmux_socket(ctx, &t.server)),
+        "herdr" => sock::herdr_socket(ctx, &t.server),
+        _ => None,
+    };
+    if let Some(p) = path {
+        sock::check(&p, crate::sys::geteuid()).map_err(|e| Failure::refused(format!("attach: {e}; nothing run")))?;
+    }
+    Ok(())
+}
+
 pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     let Some(a) = cli::parse_or_help(ctx, USAGE, args, parse_args)? else {
         return Ok(0);
@@ -80,6 +102,7 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
         )));
     };
     let target = target(ctx, row)?;
+    safe_server(ctx, &target)?;
     let here = Here::from_vars(ctx.var("TMUX").as_deref(), ctx.var("HERDR_ENV").as_deref());
     let plan = attach::plan(&target, &here).map_err(|e| Failure::usage(format!("attach: {e}")))?;
     if a.print {

@@ -703,6 +703,17 @@ fn i29_root_never_talks_to_another_users_tmux_server() {
         "{line}"
     );
     assert_eq!(line.lines().count(), 1, "one line: {line}");
+    // 3. `mam attach` to a session recorded on that server runs and prints nothing for it.
+    fs::create_dir_all(td.ws().join(".mam")).unwrap();
+    fs::write(
+        td.ws().join(".mam/agent_sessions.json"),
+        r#"{"herdr_sessions":[{"name":"w","agent":"claude","status":"running","backend":"tmux","pane":{"id":"%0","server":"mam-i29"}}]}"#,
+    )
+    .unwrap();
+    let r = td.mam().env("TMUX_TMPDIR", &shared).env_remove("TMUX").args(["attach", "w", "--print"]).run();
+    assert_ne!(r.rc(), 0, "{}{}", r.stdout(), r.stderr());
+    assert!(r.stdout().is_empty(), "printed a way to the attacker's server: {}", r.stdout());
+    assert!(r.stderr().contains(&format!("owned by uid {NOBODY}")), "{}", r.stderr());
 }
 
 /// The attacker's own herdr server (uid 65534) for session `name` under the config directory
