@@ -79,6 +79,15 @@ fn job_ids_in(reg: &Path) -> Vec<String> {
     v
 }
 
+/// SIGKILLs the job's heartbeat timer once it runs: the agent lives on, and its evidence stops.
+fn kill_timers(jid: &str) {
+    let timers =
+        wait_for("the job's timer", Duration::from_secs(20), || Some(timer_pids(jid)).filter(|p| !p.is_empty()));
+    for pid in timers {
+        let _ = mam::sys::kill(pid, 9);
+    }
+}
+
 /// The last stdout line `JOB_ID=<jid> STATUS=<status> REPORT=<abs>`.
 fn last_line(stdout: &str) -> (String, String, PathBuf) {
     let l = stdout.lines().last().unwrap_or_else(|| panic!("no stdout: {stdout:?}"));
@@ -578,11 +587,7 @@ fn o3_7_8_body(h: &H) {
     let task = h.task("t\n");
     let mut bg = h.delegate("w1", &task, FAST).spawn_bg(&h.td, "dj");
     let jid = h.wait_job();
-    let timers =
-        wait_for("the job's timer", Duration::from_secs(20), || Some(timer_pids(&jid)).filter(|p| !p.is_empty()));
-    for pid in timers {
-        let _ = mam::sys::kill(pid, 9);
-    }
+    kill_timers(&jid);
     let (rc, _) = bg.wait(Duration::from_secs(30));
     assert_eq!(rc, 4, "{}", bg.stderr());
     let (jid, status, report) = last_line(&bg.stdout());
@@ -655,11 +660,7 @@ fn o3_7_10_broker_loss_after_started() {
         let jid = h.wait_job();
         h.wait_status(&jid, "running", Duration::from_secs(20));
         h.stop_broker();
-        let timers =
-            wait_for("the job's timer", Duration::from_secs(10), || Some(timer_pids(&jid)).filter(|p| !p.is_empty()));
-        for pid in timers {
-            let _ = mam::sys::kill(pid, 9);
-        }
+        kill_timers(&jid);
         let (rc, _) = bg.wait(Duration::from_secs(40));
         assert_eq!(rc, 5, "{}", bg.stderr());
         assert_eq!(last_line(&bg.stdout()).1, "broker_unavailable");
