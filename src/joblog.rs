@@ -215,6 +215,82 @@ pub fn latest_event_line(events: &Path, attempt: u64, event: &str) -> io::Result
     Ok(found)
 }
 
+/// What an open job's agent waits for, as the workspace daemon's board judged it from the screen
+/// (issue 30): kept beside the job's record in `<registry>/<job_id>/waiting.json` so `mam status`
+/// and `mam ui` show what herdr's sidebar and tmux's border show. The board writes it when the
+/// state begins, again at least every `WAITING_FRESH_MS / 3` while it holds, and removes it when
+/// it ends; a reader takes a file not rewritten within `WAITING_FRESH_MS` (a board that stopped)
+/// as nothing.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Waiting {
+    pub attempt: u64,
+    /// When the agent was first seen waiting (ms since the epoch).
+    pub since_ms: u64,
+    /// When the board last saw it so.
+    pub seen_ms: u64,
+    /// The approval dialog's question (`Bash command: touch x`); `None`: idle at its input line.
+    pub approve: Option<String>,
+}
+
+/// A waiting file older than this is a stopped board's leftover.
+pub const WAITING_FRESH_MS: u64 = 30_000;
+/// The largest waiting file read.
+const WAITING_MAX: u64 = 4096;
+
+impl Waiting {
+    /// `waiting for you: approve Bash command: touch x?` / `waiting for you: idle at its input
+    /// line for 12 s`.
+    pub fn text(&self, now_ms: u64) -> String {
+        match &self.approve {
+            Some(what) => format!("waiting for you: approve {}?", crate::text::one_line(what)),
+            None => {
+                let secs = now_ms.saturating_sub(self.since_ms) / 1000;
+                format!("waiting for you: idle at its input line for {secs} s")
+            }
+        }
+    }
+}
+
+/// `<registry>/<job_id>/waiting.json`.
+pub fn waiting_path(registry: &Path, job_id: &str) -> PathBuf {
+    registry.join(job_id).join("waiting.json")
+}
+
+/// Records `w` for `job_id` (atomic, no symlink followed).
+pub fn write_waiting(registry: &Path, job_id: &str, w: &Waiting) -> io::Result<()> {
+    let path = waiting_path(registry, job_id);
+    if let Some(dir) = path.parent() {
+        sys::create_dir_all(dir)?;
+    }
+    let bytes = serde_json::to_vec(w).map_err(io::Error::other)?;
+    sys::atomic_write_mirror(&path, &bytes)
+}
+
+/// Removes `job_id`'s waiting file; none is fine.
+pub fn clear_waiting(registry: &Path, job_id: &str) -> io::Result<()> {
+    match std::fs::remove_file(waiting_path(registry, job_id)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// `job_id`'s waiting state of `attempt` at `now_ms`: `None` when there is none, it is of another
+/// attempt, stale, a link, too long or not the format.
+pub fn read_waiting(registry: &Path, job_id: &str, attempt: Option<u64>, now_ms: u64) -> Option<Waiting> {
+    let f = sys::open_nofollow_read(&waiting_path(registry, job_id)).ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    f.take(WAITING_MAX + 1).read_to_end(&mut bytes).ok()?;
+    if bytes.len() as u64 > WAITING_MAX {
+        return None;
+    }
+    let w: Waiting = serde_json::from_slice(&bytes).ok()?;
+    let fresh = now_ms.saturating_sub(w.seen_ms) < WAITING_FRESH_MS;
+    (fresh && attempt.is_none_or(|a| a == w.attempt)).then_some(w)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,6 +97,19 @@ fn shown(state: Status, text: String, source: Source, open: bool, until_ms: Opti
     Shown { state, message: format!("{text} ({})", source.word()), source, open, until_ms }
 }
 
+/// Since when the agent of `f`'s open job waits for a person at `now_ms` (an approval dialog, or
+/// its input line held past the wait), or `None`.
+pub fn waiting_since(f: &Facts, now_ms: u64) -> Option<u64> {
+    if is_terminal(&f.status) {
+        return None;
+    }
+    match &f.needs_you {
+        Some(NeedsYou::Approval(_)) => Some(now_ms),
+        Some(NeedsYou::AtInputLine { since_ms, after_ms }) if now_ms >= since_ms + after_ms => Some(*since_ms),
+        _ => None,
+    }
+}
+
 /// The state of `f` at `now_ms`.
 pub fn judge(f: &Facts, now_ms: u64) -> Shown {
     let id = &f.job_id;

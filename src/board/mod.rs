@@ -134,6 +134,8 @@ pub struct Board {
     warned_registry: bool,
     /// Per session: since when (ms) its agent has been seen at its input line with a job open.
     at_input: HashMap<String, u64>,
+    /// Per open job judged "waiting for you": what its waiting file says and when it was written.
+    waiting: HashMap<String, (joblog::Waiting, Instant)>,
 }
 
 /// The `MAM_BOARD*` knobs and whether a verdict hook is configured.
@@ -226,6 +228,7 @@ impl Board {
             last_seq: 0,
             warned_registry: false,
             at_input: HashMap::new(),
+            waiting: HashMap::new(),
         }
     }
 
@@ -361,6 +364,7 @@ impl Board {
     /// earliest instant a shown state changes by itself.
     fn report(&mut self, now_ms: u64, log: &mut dyn FnMut(&str)) -> Option<u64> {
         let mut due_at: Option<u64> = None;
+        let mut waiting_now = HashSet::new();
         for t in self.targets.clone() {
             let Some(f) = judge::pick(self.jobs.values().filter(|e| e.session == t.session).map(|e| &e.facts)) else {
                 continue;
@@ -373,6 +377,10 @@ impl Board {
                 self.at_input.remove(&t.session);
             }
             let s = judge::judge(&f, now_ms);
+            if let Some(since_ms) = judge::waiting_since(&f, now_ms) {
+                waiting_now.insert(job_id.clone());
+                self.keep_waiting(&t, &f, since_ms, now_ms, log);
+            }
             if let Some(u) = s.until_ms {
                 due_at = Some(due_at.map_or(u, |d| d.min(u)));
             }
@@ -394,7 +402,50 @@ impl Board {
             }
             self.send(&t, &job_id, &s, changed, log);
         }
+        let ended: Vec<String> = self.waiting.keys().filter(|id| !waiting_now.contains(*id)).cloned().collect();
+        for id in ended {
+            self.waiting.remove(&id);
+            if let Err(e) = joblog::clear_waiting(&self.store.registry, &id) {
+                log(&format!("board: job {id}: waiting state not removed ({e})"));
+            }
+        }
         due_at
+    }
+
+    /// Keeps `f`'s waiting file (status and ui read it) and, when this waiting begins, runs the
+    /// verdict hook with `MAM_VERDICT=waiting_for_you` (issue 30).
+    fn keep_waiting(&mut self, t: &Target, f: &judge::Facts, since_ms: u64, now_ms: u64, log: &mut dyn FnMut(&str)) {
+        let Some(attempt) = self.jobs.get(&f.job_id).and_then(|e| e.identity.as_ref()).map(|i| i.attempt) else {
+            return;
+        };
+        let approve = match &f.needs_you {
+            Some(judge::NeedsYou::Approval(what)) => Some(what.clone()),
+            _ => None,
+        };
+        let prev = self.waiting.get(&f.job_id).filter(|(old, _)| old.attempt == attempt && old.approve == approve);
+        if prev.is_some_and(|(_, at)| at.elapsed() < Duration::from_millis(joblog::WAITING_FRESH_MS / 3)) {
+            return;
+        }
+        let fresh_episode = prev.is_none();
+        let since_ms = prev.map_or(since_ms, |(old, _)| old.since_ms);
+        let w = joblog::Waiting { attempt, since_ms, seen_ms: now_ms, approve };
+        if let Err(e) = joblog::write_waiting(&self.store.registry, &f.job_id, &w) {
+            log(&format!("board: job {}: waiting state not recorded ({e})", f.job_id));
+        }
+        if fresh_episode && self.settings.hooks {
+            let v = notify::Verdict::waiting(&f.job_id, attempt, &t.session, &f.status, &w.text(now_ms));
+            let marker = notify::job_marker(&self.store.registry, &f.job_id, attempt)
+                .with_file_name(format!("waiting.{attempt}.{since_ms}"));
+            match notify::start(&self.ctx, &v, &marker, &self.store.logs, "daemon") {
+                Ok(Some(child)) => {
+                    log(&format!("job {}: waiting for you, hook started (pid {})", f.job_id, child.id()));
+                    self.hooks.push(child);
+                }
+                Ok(None) => {}
+                Err(err) => log(&format!("job {}: waiting hook not run: {err}", f.job_id)),
+            }
+        }
+        self.waiting.insert(f.job_id.clone(), (w, Instant::now()));
     }
 
     /// What the agent of `t`'s open, started job waits for, from its screen (issue 30): an approval

@@ -32,6 +32,11 @@ MAM_ON_VERDICT_TIMEOUT_S seconds (default 30; then the group is killed); its out
 dropped, and one line per run goes to <logs>/notify.log. A failing or hanging hook never changes
 a verdict.
 
+The workspace daemon also runs it, once per waiting, when an open job's agent begins to wait for a
+person: MAM_VERDICT=waiting_for_you, MAM_VERDICT_STATUS the job's open status, MAM_VERDICT_REASON
+what it waits for (`approve Bash command: make test?`, `idle at its input line for 10 s`). The job
+stays open; filter on MAM_VERDICT for verdicts only.
+
 Subcommands:
   test   run the configured hook now with the verdict of --job-id (its record must be finished),
          else a sample `completed` verdict; print the notify.log line it would get

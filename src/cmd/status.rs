@@ -14,6 +14,9 @@ Usage: mam status [<name>] [--json]
 A header row (NAME AGENT SERVER PANE CWD LIVENESS STATE CONVERSATION STATUS), then one line per
 session (tab separated; `-` when there is no value), then `  job <id> <type> <status>` for each
 of its jobs, oldest first: every open job, the latest 3 finished ones, and its onboarding job.
+An open job whose agent waits for a person gets `(waiting for you: approve <action>?)` or
+`(waiting for you: idle at its input line for <t>)`, as the workspace daemon judged it from the
+agent's screen (`mam daemon --help`).
 Jobs are looked up in MAM_JOBS_DIR, the row's registry, $WORKSPACE_ROOT/.mam/jobs, then the
 default registry; the first holding a job wins.
 

@@ -26,6 +26,7 @@ use crate::clock;
 use crate::cmd::attach as attach_cmd;
 use crate::cmd::jobs;
 use crate::ctx::{ChildRole, Ctx};
+use crate::joblog::{self, Waiting};
 use crate::mqtt::MqttConfig;
 use crate::paths;
 use crate::sys::{self, Epoll, EpollEvents, SignalPipe, Waker, EPOLL_IN};
@@ -48,7 +49,9 @@ A full-screen view, redrawn as evidence arrives, of the control root's
             gone, stopped, unknown), the open job and its age;
   jobs:     id, status, session, elapsed, the age of the last evidence against the idle window
             (a bar that fills as it runs out), the last heartbeat, the verdict; finished jobs are
-            dim, a silent one is red with how long it has been silent;
+            dim, a silent one is red with how long it has been silent; an open job whose agent
+            waits for a person (an approval dialog, or back at its input line) says `waiting for
+            you: ...` in yellow, and its session's state is `waiting`;
   loops:    state, phase, round, each reviewer's verdict, what was promoted;
 and a footer with the broker (connected or not) and the registry.
 
@@ -123,6 +126,8 @@ struct State {
     panes: Panes,
     bus: Bus,
     world: World,
+    /// The open jobs whose agent waits for a person (their waiting files, read every poll).
+    waiting: BTreeMap<String, Waiting>,
 }
 
 impl State {
@@ -135,6 +140,7 @@ impl State {
             loops: Vec::new(),
             bus: bus.clone(),
             problems: Vec::new(),
+            waiting: BTreeMap::new(),
         };
         State {
             jobs: scan::Jobs::new(store),
@@ -146,6 +152,7 @@ impl State {
             panes: Panes::new(),
             bus,
             world,
+            waiting: BTreeMap::new(),
         }
     }
 
@@ -167,6 +174,19 @@ impl State {
                 self.targets = targets;
             }
         }
+        let waiting: BTreeMap<String, Waiting> =
+            crate::sort::ordered(self.jobs.rows().filter(|r| !r.finished()).filter_map(|r| {
+                let w = joblog::read_waiting(&self.jobs.store.registry, r.job_id(), r.attempt, now)?;
+                Some((r.job_id().to_string(), w))
+            }));
+        // The text ages by itself; only a change of who waits for what is a change.
+        let key = |m: &BTreeMap<String, Waiting>| -> Vec<(String, Option<String>, u64)> {
+            m.iter().map(|(k, w)| (k.clone(), w.approve.clone(), w.since_ms)).collect()
+        };
+        if key(&waiting) != key(&self.waiting) {
+            changed = true;
+        }
+        self.waiting = waiting;
         let loops_changed = self.loops.poll(now);
         if loops_changed || now.saturating_sub(self.alive_at) >= 2_000 {
             self.alive_at = now;
@@ -201,7 +221,13 @@ impl State {
         world::order_jobs(&mut rows);
         let mut problems = Vec::new();
         let sessions = match &self.sessions.doc {
-            Ok(doc) => world::sessions(doc, &self.targets, &self.panes, &rows),
+            Ok(doc) => {
+                let mut s = world::sessions(doc, &self.targets, &self.panes, &rows);
+                for v in s.iter_mut().filter(|v| v.job.as_ref().is_some_and(|j| self.waiting.contains_key(&j.0))) {
+                    v.state = "waiting".into();
+                }
+                s
+            }
             Err(e) => {
                 problems.push(format!("sessions file: {e}"));
                 Vec::new()
@@ -224,6 +250,7 @@ impl State {
             loops,
             bus: self.bus.clone(),
             problems,
+            waiting: self.waiting.clone(),
         };
     }
 

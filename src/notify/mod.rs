@@ -32,6 +32,8 @@ use crate::text::{one_line, show_path};
 
 /// The command variable (env or `.mam.env`).
 pub const COMMAND_VAR: &str = "MAM_ON_VERDICT";
+/// The hook's word for an open job whose agent waits for a person (issue 30).
+pub const WAITING: &str = "waiting_for_you";
 /// Its deadline in seconds (default `DEFAULT_TIMEOUT_S`).
 pub const TIMEOUT_VAR: &str = "MAM_ON_VERDICT_TIMEOUT_S";
 pub const DEFAULT_TIMEOUT_S: u32 = 30;
@@ -95,6 +97,22 @@ impl Verdict {
             // has none).
             report: rec.str("report_path").map(PathBuf::from).filter(|p| crate::sys::is_nonempty_file(p)),
         })
+    }
+
+    /// Not a verdict: an open job whose agent waits for a person (issue 30), `MAM_VERDICT` is
+    /// `waiting_for_you`, the reason what it waits for. The job stays open.
+    pub fn waiting(job_id: &str, attempt: u64, session: &str, status: &str, what: &str) -> Verdict {
+        Verdict {
+            subject: Subject::Job,
+            job_id: job_id.to_string(),
+            loop_id: None,
+            attempt: Some(attempt),
+            session: session.to_string(),
+            verdict: WAITING.to_string(),
+            status: status.to_string(),
+            reason: what.strip_prefix("waiting for you: ").unwrap_or(what).to_string(),
+            report: None,
+        }
     }
 
     /// A review loop's end: `promoted` for outcome `promoted`, else `stopped`.

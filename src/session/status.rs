@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use super::reconcile::{list_server_agents, row_target};
 use super::{load, Row, SessionError};
 use crate::ctx::Ctx;
+use crate::joblog;
 use crate::paths;
 use crate::registry::{
     audit, is_terminal,
@@ -29,6 +30,9 @@ pub struct JobLine {
     pub job_type: String,
     pub status: String,
     pub registry: PathBuf,
+    /// An open job whose agent waits for a person, as the workspace daemon's board saw it
+    /// (`waiting for you: approve Bash command: touch x?`, issue 30).
+    pub waiting: Option<String>,
 }
 
 /// One row's state.
@@ -82,7 +86,10 @@ impl Report {
                 .join("\t"),
             );
             for j in &r.jobs {
-                out.push(format!("  job {} {} {}", j.id, j.job_type, j.status));
+                match &j.waiting {
+                    Some(w) => out.push(format!("  job {} {} {} ({w})", j.id, j.job_type, j.status)),
+                    None => out.push(format!("  job {} {} {}", j.id, j.job_type, j.status)),
+                }
             }
         }
         out
@@ -106,7 +113,7 @@ impl Report {
                         "conversation_id": r.row.conversation_id,
                         "jobs": r.jobs.iter().map(|j| json!({
                             "job_id": j.id, "type": j.job_type, "status": j.status,
-                            "registry": j.registry.to_string_lossy(),
+                            "registry": j.registry.to_string_lossy(), "waiting": j.waiting,
                         })).collect::<Vec<_>>(),
                     })
                 })
@@ -152,6 +159,7 @@ struct Lite {
     session: Option<String>,
     status: String,
     job_type: String,
+    attempt: Option<u64>,
 }
 
 /// The records of each registry that some row may show, read once per `status` run however many
@@ -209,6 +217,7 @@ fn records<'c>(cache: &'c mut Cache, store: &Store, wanted: &Wanted) -> &'c [Lit
                     session: rec.str("agent_session").map(str::to_string),
                     status: rec.status().to_string(),
                     job_type: rec.str("type").unwrap_or("task").to_string(),
+                    attempt: rec.u64("attempt"),
                     id: e.id.to_string(),
                 });
             }
@@ -219,13 +228,14 @@ fn records<'c>(cache: &'c mut Cache, store: &Store, wanted: &Wanted) -> &'c [Lit
 }
 
 /// The fields `status` reads from a record.
-const FIELDS: &[&str] = &["agent_session", "status", "type", "created_at"];
+const FIELDS: &[&str] = &["agent_session", "status", "type", "created_at", "attempt"];
 
 /// The jobs shown for a row, oldest first: its open jobs, its latest finished ones, and its
 /// onboarding job whatever its status.
 fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache, wanted: &Wanted) -> Vec<JobLine> {
     let mut found: BTreeMap<String, JobLine> = BTreeMap::new();
     let stores = registries(ctx, row);
+    let now_ms = crate::clock::now_ms();
     for store in &stores {
         for rec in records(cache, store, wanted) {
             if found.contains_key(&rec.id) {
@@ -243,6 +253,10 @@ fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache, wanted: &Wanted) -> Vec<JobL
                     job_type: rec.job_type.clone(),
                     status: rec.status.clone(),
                     registry: store.registry.clone(),
+                    waiting: (!is_terminal(&rec.status))
+                        .then(|| joblog::read_waiting(&store.registry, &rec.id, rec.attempt, now_ms))
+                        .flatten()
+                        .map(|w| w.text(now_ms)),
                 },
             );
         }
@@ -263,6 +277,7 @@ fn jobs_of(ctx: &Ctx, row: &Row, cache: &mut Cache, wanted: &Wanted) -> Vec<JobL
                     job_type: get("type"),
                     status: get("status"),
                     registry: store.registry.clone(),
+                    waiting: None,
                 },
             );
             break;

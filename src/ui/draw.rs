@@ -8,7 +8,10 @@
 //!
 //! Pure: the drawing only updates the App's scroll offsets and page size.
 
+use std::collections::BTreeMap;
+
 use crate::clock;
+use crate::joblog::Waiting;
 use crate::ui::app::{shown, App, Mode, Shown};
 use crate::ui::cells::{clip, clip_left, fit, width, Line, Style};
 use crate::view::jobs::{age, Row};
@@ -172,7 +175,7 @@ fn evidence_cell(r: &Row, now: u64) -> (String, Style) {
     (format!("{}/{} {bar}", age(Some(ev), now), secs(r.idle_ms)), Style::fg(color))
 }
 
-fn job_cells(r: &Row, now: u64) -> (Vec<(String, Style)>, Style) {
+fn job_cells(r: &Row, waiting: Option<&Waiting>, now: u64) -> (Vec<(String, Style)>, Style) {
     let silent = r.silent_ms(now);
     let base = if r.finished() {
         Style::DIM
@@ -182,6 +185,10 @@ fn job_cells(r: &Row, now: u64) -> (Vec<(String, Style)>, Style) {
         Style::PLAIN
     };
     let verdict = match silent {
+        _ if !r.finished() && waiting.is_some() => {
+            let text = waiting.map(|w| w.text(now)).unwrap_or_default();
+            (text, Style { bold: true, fg: Some(YELLOW), ..Style::PLAIN })
+        }
         Some(ms) => (format!("SILENT {}", secs(ms)), Style { bold: true, fg: Some(RED), ..Style::PLAIN }),
         None if r.finished() => (r.reason().unwrap_or("-").to_string(), base),
         None if r.status() == "pending" => ("queued".into(), base),
@@ -300,10 +307,17 @@ fn loop_cells(l: &LoopView) -> Cells {
 }
 
 /// The cells of rows `off..off + vis` of section `i`.
-fn window(shown: &Shown, i: usize, off: usize, vis: usize, now: u64) -> Vec<Cells> {
+fn window(
+    shown: &Shown,
+    waiting: &BTreeMap<String, Waiting>,
+    i: usize,
+    off: usize,
+    vis: usize,
+    now: u64,
+) -> Vec<Cells> {
     match i {
         0 => shown.sessions.iter().skip(off).take(vis).map(|s| session_cells(s, now)).collect(),
-        1 => shown.jobs.iter().skip(off).take(vis).map(|r| job_cells(r, now)).collect(),
+        1 => shown.jobs.iter().skip(off).take(vis).map(|r| job_cells(r, waiting.get(r.job_id()), now)).collect(),
         _ => shown.loops.iter().skip(off).take(vis).map(|l| loop_cells(l)).collect(),
     }
 }
@@ -478,7 +492,7 @@ fn list(world: &World, app: &mut App, w: usize, h: usize, now: u64) -> Vec<Line>
         let vis = v[i];
         app.scroll[i] = scroll(app.scroll[i], local, vis, n[i]);
         let off = app.scroll[i];
-        let rows = window(&shown, i, off, vis, now);
+        let rows = window(&shown, &world.waiting, i, off, vis, now);
         let texts: Vec<Vec<String>> = rows.iter().map(|(c, _)| c.iter().map(|(s, _)| s.clone()).collect()).collect();
         let ws = widths(cols[i], &texts, w);
         let range = (n[i] > vis).then(|| (off + 1, (off + vis).min(n[i]), n[i]));
@@ -642,6 +656,7 @@ mod tests {
             }],
             bus: Bus::Connected("127.0.0.1:1883".into()),
             problems: vec![],
+            waiting: BTreeMap::new(),
         }
     }
 

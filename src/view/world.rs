@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::ctx::Ctx;
+use crate::joblog::Waiting;
 use crate::pane::{Agent, Status};
 use crate::review::admin;
 use crate::review::checkpoint::Checkpoint;
@@ -89,6 +90,8 @@ pub struct World {
     pub bus: Bus,
     /// Things that could not be read (the sessions file, records), one line each.
     pub problems: Vec<String>,
+    /// The open jobs whose agent waits for a person, as the daemon's board saw it (issue 30).
+    pub waiting: BTreeMap<String, Waiting>,
 }
 
 /// Live jobs first (oldest first), then finished ones (most recently finished first).

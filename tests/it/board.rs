@@ -366,6 +366,11 @@ fn an_agent_back_at_its_input_line_with_its_job_open_shows_waiting_for_you() {
     for w in [World::tmux("board_wait_tmux"), World::herdr("board_wait_herdr")].into_iter().flatten() {
         let mut w = w;
         w.env.push(("MAM_WAITING_FOR_YOU_S".into(), "2".into()));
+        let hook = format!(
+            "echo \"$MAM_VERDICT $MAM_VERDICT_JOB_ID $MAM_VERDICT_STATUS $MAM_VERDICT_REASON\" >>'{}'",
+            w.td.path("hook.txt").display()
+        );
+        w.env.push(("MAM_ON_VERDICT".into(), hook.into()));
         let pane = w.create("wy", "no_completed=1\nwork_s=0.2\n");
         let mut daemon = w.daemon();
         let mut job = w.delegate("wy");
@@ -383,6 +388,26 @@ fn an_agent_back_at_its_input_line_with_its_job_open_shows_waiting_for_you() {
         assert!(seen.is_some(), "{:?}\n{}", shown(), daemon.stdout());
         assert!(shown().ends_with(" (screen)"), "{}", shown());
         assert_eq!(w.record(&id)["status"], "running", "the job stays open; its deadline still ends it");
+        // status and ui show it too, and the hook ran once with MAM_VERDICT=waiting_for_you.
+        let status = w.mam().args(["status", "wy"]).run_within(WAIT);
+        let line = format!("  job {id} task running (waiting for you: idle at its input line for ");
+        assert!(status.stdout().lines().any(|l| l.starts_with(&line)), "{}", status.stdout());
+        let ui = w.mam().args(["ui", "--snapshot", "160x30"]).run_within(WAIT).stdout();
+        let row = ui.lines().find(|l| l.trim_start_matches(['>', ' ']).starts_with(&id[..8])).unwrap_or("");
+        assert!(row.contains("waiting for you: idle at its input"), "{ui}");
+        let sess = ui.lines().find(|l| l.contains(" wy ") && l.contains("claude")).unwrap_or("");
+        assert!(sess.contains(" waiting "), "the session's state: {ui}");
+        let hooked = w.td.path("hook.txt");
+        let said = wait_for("the waiting hook", WAIT, || fs::read_to_string(&hooked).ok().filter(|t| !t.is_empty()));
+        assert!(said.starts_with(&format!("waiting_for_you {id} running idle at its input line for ")), "{said}");
+        // The job's end takes the waiting state down.
+        w.mam().args(["registry", "status", &id, "--set", "cancelled", "--no-publish"]).run_within(WAIT).expect_rc(0);
+        let waiting = w.registry().join(&id).join("waiting.json");
+        wait_until("waiting.json removed", WAIT, || !waiting.exists());
+        let status = w.mam().args(["status", "wy"]).run_within(WAIT);
+        assert!(!status.stdout().contains("waiting for you"), "{}", status.stdout());
+        let text = fs::read_to_string(&hooked).unwrap();
+        assert_eq!(text.lines().filter(|l| l.starts_with("waiting_for_you ")).count(), 1, "one per waiting: {text}");
         job.kill();
         daemon.signal(15);
         assert_eq!(daemon.wait(Duration::from_secs(10)).0, 0);
