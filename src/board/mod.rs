@@ -10,11 +10,16 @@
 //! - runs the verdict hook (`notify`) for every job it saw end.
 //!
 //! The agent's side pays nothing: no call is made by the agent, its publisher or its timer.
-//! Architecture Invariant: the board only reads the registry; every pane call runs with
+//! Its `keeper` looks after the open jobs nobody waits for (issue 30): it closes the job of an agent
+//! whose process ended and beats for a sandboxed agent, as delegate-job does for its own job.
+//!
+//! Architecture Invariant: the board only reads the registry (its keeper closes through
+//! `ops::operator_close`, like any watcher); every pane call runs with
 //! `MAM_NO_AUTOSTART=1` and a deadline, and a failing one is logged once and retried later, never
 //! fatal. It prints nothing: log lines go to the daemon's callback.
 
 pub mod judge;
+pub mod keeper;
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -88,6 +93,9 @@ struct Entry {
     /// Evidence the record itself carries (its agent-written timestamps).
     recorded: Option<Evidence>,
     facts: Facts,
+    /// What the keeper needs of an open job (issue 30).
+    keep: Option<keeper::OpenJob>,
+    watcher_pid: Option<u64>,
 }
 
 /// A session's pane.
@@ -136,6 +144,7 @@ pub struct Board {
     at_input: HashMap<String, u64>,
     /// Per open job judged "waiting for you": what its waiting file says and when it was written.
     waiting: HashMap<String, (joblog::Waiting, Instant)>,
+    keeper: keeper::Keeper,
 }
 
 /// The `MAM_BOARD*` knobs and whether a verdict hook is configured.
@@ -211,6 +220,7 @@ impl Board {
     pub fn new(ctx: &Ctx, store: Store, sessions: PathBuf, settings: Settings) -> Board {
         let mut ctx = ctx.clone();
         ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
+        let keeper = keeper::Keeper::new(&ctx, store.clone(), sessions.clone());
         Board {
             ctx,
             store,
@@ -229,6 +239,7 @@ impl Board {
             warned_registry: false,
             at_input: HashMap::new(),
             waiting: HashMap::new(),
+            keeper,
         }
     }
 
@@ -291,7 +302,20 @@ impl Board {
             latest: latest.clone(),
             recorded: recorded.clone(),
             facts: facts_of(&rec, newest(latest, recorded)),
+            keep: None,
+            watcher_pid: rec.u64("watcher_pid"),
         };
+        if let (false, Some(attempt), Some(token)) = (terminal, rec.attempt(), rec.str("dispatch_token")) {
+            e.keep = Some(keeper::OpenJob {
+                job_id: id.to_string(),
+                session: e.session.clone(),
+                attempt,
+                token: token.to_string(),
+                started: rec.status() == "running",
+                watched: false,
+                heartbeat_sec: rec.u64("heartbeat_sec").map_or(30, |n| n.clamp(1, u64::from(u32::MAX)) as u32),
+            });
+        }
         if terminal {
             // A finished job keeps only what its pane may still show (memory: one entry per job).
             e.identity = None;
@@ -542,6 +566,17 @@ impl Observer for Board {
     fn tick(&mut self, log: &mut dyn FnMut(&str)) {
         self.reap();
         self.scan(log);
+        let open: Vec<keeper::OpenJob> = self
+            .jobs
+            .values()
+            .filter(|e| !e.terminal && !e.session.is_empty())
+            .filter_map(|e| {
+                let mut j = e.keep.clone()?;
+                j.watched = e.watcher_pid.is_some_and(crate::daemon::sweep::pid_alive);
+                Some(j)
+            })
+            .collect();
+        self.keeper.tick(&open, log);
         let mut next = Instant::now() + self.settings.tick;
         if self.settings.report {
             self.load_targets(log);

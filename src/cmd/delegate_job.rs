@@ -47,8 +47,9 @@ Options:
   --context-file PATH   a block rendered in brief.md before the task (the review loop's
                         [worktree context]; same limits as --brief-file)
   --detach              return once the prompt is delivered (rc 0, the last line's STATUS is the
-                        job's status then); the job runs on under the control root's daemon and
-                        `mam wait <JOB_ID>` gives its verdict
+                        job's status then); the job runs on under the control root's daemon
+                        (which closes it within N + 2 s when its agent's process ends, and beats
+                        for a sandboxed agent) and `mam wait <JOB_ID>` gives its verdict
   -h, --help            print this help
 
 Also read: SKS_DELIVERY_GRACE_S and the other send-keys-safe knobs of `mam pane`,

@@ -63,7 +63,12 @@ pub fn judge(rec: &Record, watcher_alive: bool, events_mtime_ms: Option<u64>, no
 
 /// True when the record's `watcher_pid` names a live process (not a zombie).
 pub fn watcher_alive(rec: &Record) -> bool {
-    let Some(pid) = rec.u64("watcher_pid").and_then(|p| i32::try_from(p).ok()).filter(|&p| p > 0) else {
+    rec.u64("watcher_pid").is_some_and(pid_alive)
+}
+
+/// True when `pid` names a live process (not a zombie).
+pub fn pid_alive(pid: u64) -> bool {
+    let Some(pid) = i32::try_from(pid).ok().filter(|&p| p > 0) else {
         return false;
     };
     match sys::proc_start_ticks(pid) {

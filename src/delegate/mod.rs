@@ -754,30 +754,25 @@ impl<'a> Delegation<'a> {
         }
         let pid = life.pid();
         let every = Duration::from_secs(u64::from(self.req.heartbeat_sec.max(1)));
-        if self.outside_armed.is_some_and(|t| t.elapsed() < every)
-            || crate::heartbeat::timer::status(&self.store.registry, &self.job_id).is_some()
-        {
+        if self.outside_armed.is_some_and(|t| t.elapsed() < every) {
             return;
         }
-        let Some(rec) = self.read_record().filter(|r| {
-            r.status() == "running" && r.attempt() == Some(self.attempt) && r.str("dispatch_token") == Some(&self.token)
-        }) else {
+        let armed = crate::heartbeat::arm::arm_outside(
+            self.ctx,
+            &self.store,
+            &self.job_id,
+            self.attempt,
+            &self.token,
+            self.req.heartbeat_sec,
+            pid,
+        );
+        if matches!(armed, Ok(None)) {
             return;
-        };
+        }
         self.outside_armed = Some(Instant::now());
-        let armed = crate::wire::Settings::from_ctx(self.ctx).map_err(|e| e.to_string()).and_then(|settings| {
-            let a = crate::heartbeat::arm::Arm {
-                attempt: Some(self.attempt),
-                dispatch_token: Some(self.token.clone()),
-                interval: self.req.heartbeat_sec.max(1),
-                watch_pid: Some(pid),
-                lifetime: None,
-            };
-            crate::heartbeat::arm::arm(self.ctx, &self.store, &settings, &self.job_id, &rec, a)
-                .map_err(|e| e.to_string())
-        });
         match armed {
-            Ok(a) if !self.outside_warned => {
+            Ok(None) => {}
+            Ok(Some(a)) if !self.outside_warned => {
                 self.outside_warned = true;
                 diag(&format!(
                     "NOTE: job {}: the agent runs its commands in a sandbox; its heartbeat comes from a timer \
@@ -785,7 +780,7 @@ impl<'a> Delegation<'a> {
                     self.job_id, a.started.pid
                 ));
             }
-            Ok(_) => {}
+            Ok(Some(_)) => {}
             Err(e) if !self.outside_warned => {
                 self.outside_warned = true;
                 diag(&format!("WARNING: job {}: cannot beat for the sandboxed agent ({e})", self.job_id));

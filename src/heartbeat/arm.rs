@@ -74,6 +74,41 @@ pub fn arm(
     Ok(Armed { started, warnings })
 }
 
+/// Issue 30: a timer armed from outside an agent's sandbox (its commands run in their own PID
+/// namespace, where the timer their start command arms sees no agent and ends with the command),
+/// for the running attempt `attempt` with `token`, watching the agent's process `pid`. `Ok(None)`:
+/// a live timer of the job exists, or the record is not that attempt running any more. Used by
+/// delegate-job while it waits and by the daemon's keeper for a job nobody waits for.
+pub fn arm_outside(
+    ctx: &Ctx,
+    store: &Store,
+    job_id: &str,
+    attempt: u64,
+    token: &str,
+    interval: u32,
+    pid: i32,
+) -> Result<Option<Armed>, String> {
+    if timer::status(&store.registry, job_id).is_some() {
+        return Ok(None);
+    }
+    let Some(rec) = store
+        .read(job_id)
+        .map_err(|e| e.to_string())?
+        .filter(|r| r.status() == "running" && r.attempt() == Some(attempt) && r.str("dispatch_token") == Some(token))
+    else {
+        return Ok(None);
+    };
+    let settings = Settings::from_ctx(ctx).map_err(|e| e.to_string())?;
+    let a = Arm {
+        attempt: Some(attempt),
+        dispatch_token: Some(token.to_string()),
+        interval: interval.max(1),
+        watch_pid: Some(pid),
+        lifetime: None,
+    };
+    arm(ctx, store, &settings, job_id, &rec, a).map(Some).map_err(|e| e.to_string())
+}
+
 /// The parts of a timer's `StartSpec` that come from this process: its executable, environment
 /// (the env-file overlay included), working directory, drain and fault point. The remote runner
 /// starts every job's timer from one of these.

@@ -1346,3 +1346,38 @@ fn two_repositories_on_one_machine_each_get_their_own_broker() {
         b.wait(Duration::from_secs(10));
     }
 }
+
+/// Issue 30, "faster truth" for a job nobody waits for: delegated with `--detach`, its agent killed
+/// mid-job. The workspace daemon's keeper sees the agent's recorded process gone and closes the job
+/// `deadline_timeout`/`agent_gone` within N + 2 s of the death (before: nobody looked at the agent,
+/// and the sweep closed it unresponsive K x N + 5 s after the last beat; K x N is 20 s here and the
+/// sweep runs once a minute).
+#[test]
+fn i30_a_detached_job_whose_agent_dies_is_closed_agent_gone_by_the_daemon() {
+    let Some(h) = H::new("dj_detach_gone", Target::Embedded) else { return };
+    let pane = h.create("w1", "work_s=60\n");
+    let mut daemon = h
+        .mam()
+        .env("MAM_DAEMON_SWEEP_S", "60")
+        .args(["daemon", "run", "--workspace"])
+        .arg_path(&h.root)
+        .spawn_bg(&h.td, "daemon");
+    let task = h.task("t\n");
+    let slow = ["--heartbeat", "1", "--heartbeat-misses", "20", "--ack-timeout", "5", "--timeout", "120", "--detach"];
+    let r = h.delegate("w1", &task, &slow).run();
+    assert_eq!(r.rc(), 0, "{}", r.stderr());
+    let (jid, _, _) = last_line(&r.stdout());
+    h.wait_status(&jid, "running", Duration::from_secs(20));
+    let killed = Instant::now();
+    mam::sys::kill(-h.agent_pid(&pane), 9).unwrap();
+    h.wait_status(&jid, "deadline_timeout", Duration::from_secs(15));
+    let took = killed.elapsed();
+    assert_eq!(h.record(&jid)["reason"], "agent_gone", "{}", daemon.stdout());
+    println!("closed {took:?} after the death");
+    assert!(took <= Duration::from_secs(3), "closed {took:?} after the death (N + 2 = 3 s)");
+    let said =
+        poll(Duration::from_secs(10), || daemon.stdout().contains("ended and nobody waits for the job").then_some(()));
+    assert!(said.is_some(), "{}", daemon.stdout());
+    daemon.signal(15);
+    assert_eq!(daemon.wait(Duration::from_secs(10)).0, 0);
+}
