@@ -130,7 +130,9 @@ fn word(v: &str) -> String {
 }
 
 fn verdict_line(job: &wait::track::Tracker, f: &Found, json_out: bool) -> String {
-    let report = job.report.clone().unwrap_or_default();
+    // Issue 30: only a report that exists is named (a job closed before its agent wrote one has none).
+    let report =
+        job.report.clone().filter(|p| crate::sys::is_nonempty_file(std::path::Path::new(p))).unwrap_or_default();
     if json_out {
         return json!({
             "job_id": job.job_id, "session": job.session, "verdict": f.verdict, "status": f.status,

@@ -188,6 +188,24 @@ fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
     assert!(last.contains("STATUS=completed"), "{last}");
     let sandboxed = kind == "codex" && args.is_empty();
     assert_eq!(err.contains("its heartbeat comes from a timer outside it"), sandboxed, "{kind}: {err}");
+    if sandboxed {
+        // 4c. The same with `--detach`: nobody waits, so the daemon's keeper arms the timer outside
+        // the sandbox, and `mam wait` gives the verdict.
+        let f = w.td.write("detached.md", "This agent works long without speaking for 12 s.\n");
+        let r = w
+            .mam(["delegate-job", "--session", "j1", "--brief-file"])
+            .args([f.as_os_str()])
+            .args(["--ack-timeout", "30", "--heartbeat", "2", "--heartbeat-misses", "3", "--timeout", "90", "--detach"])
+            .run_within(Duration::from_secs(60));
+        assert_eq!(r.rc(), 0, "{kind}: {}\n{}", r.stdout(), r.stderr());
+        let jid = kv(r.stdout().lines().last().unwrap_or_default(), "JOB_ID");
+        let v = w.mam(["wait", &jid, "--timeout", "60"]).run_within(Duration::from_secs(70));
+        assert_eq!(v.rc(), 0, "{kind}: {}{}\n--- daemon\n{}", v.stdout(), v.stderr(), daemon.stdout());
+        assert!(v.stdout().contains("VERDICT=completed"), "{}", v.stdout());
+        let said =
+            format!("job {jid}: nobody waits for it; its sandboxed agent's heartbeat comes from a timer outside");
+        assert!(daemon.stdout().contains(&said), "{kind}: {}", daemon.stdout());
+    }
     if args.is_empty() {
         // 5. The agent returns to its input line without `completed`: its timer beats while it lives, so
         // the job stays open until its deadline (the lead's "waiting for you" state comes on top).

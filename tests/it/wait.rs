@@ -155,6 +155,8 @@ fn over_200_jobs_each_verdict_once_within_its_window_and_the_timeout_holds() {
     assert!(has(&c2, "VERDICT=completed STATUS=completed SOURCE=wire"), "{:?}", by[&c2]);
     assert!(has(&c3, "VERDICT=completed STATUS=completed SOURCE=record"), "{:?}", by[&c3]);
     assert!(has(&silent, "VERDICT=unresponsive STATUS=pending SOURCE=inferred"), "{:?}", by[&silent]);
+    // Issue 30: no report is named where none was written.
+    assert!(has(&silent, " REPORT=-"), "{:?}", by[&silent]);
     assert!(has(&never, "VERDICT=no_started STATUS=pending SOURCE=inferred"), "{:?}", by[&never]);
     // Within their windows: a poll (200 ms) for what is on disk or the wire, the budget for silence.
     for (id, at) in [(&c1, c1_at), (&c2, c2_at), (&c3, c3_at)] {
