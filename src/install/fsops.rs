@@ -135,6 +135,10 @@ fn parent<'a, 'r>(t: &'a Tree, rel: &'r str, create: bool) -> Result<Option<(At<
                 at.open_dir(c.as_ref()).map_err(|e| walk_error("use", &shown, e))?
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            // O_NOFOLLOW|O_DIRECTORY on a link to a directory is ENOTDIR: name what is there.
+            Err(_) if at.stat(c.as_ref()).is_ok_and(|s| s.is_some_and(|s| s.kind == EntryKind::Link)) => {
+                return Err(walk_error("use", &shown, io::Error::from_raw_os_error(libc::ELOOP)))
+            }
             Err(e) => return Err(walk_error("use", &shown, e)),
         };
         if judged {
