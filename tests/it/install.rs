@@ -757,6 +757,13 @@ fn legacy_takeover_failing_at_each_step_restores_everything_and_the_next_run_suc
     fs::set_permissions(scripts.join("registry.py"), fs::Permissions::from_mode(0o751)).unwrap();
     fs::set_permissions(td.ws().join(".gitignore"), fs::Permissions::from_mode(0o640)).unwrap();
     let before = snapshot(&td.ws());
+    // `mam install` over a legacy install is the same takeover.
+    for n in [2, 7, 25] {
+        let r = td.mam().args(["install"]).env("MAM_TEST_INSTALL_FAIL_AFTER", n.to_string()).run();
+        r.expect_rc(1);
+        let d = diff(&before, &snapshot(&td.ws()));
+        assert!(d.is_empty(), "install failed at step {n}: {d:?}");
+    }
     let mut n = 1;
     let done = loop {
         let r = td.mam().args(["update"]).env("MAM_TEST_INSTALL_FAIL_AFTER", n.to_string()).run();
