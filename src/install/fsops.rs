@@ -308,6 +308,16 @@ pub fn move_aside(t: &Tree, rel: &str, stamp: &str) -> Result<String, InstallErr
     Ok(dest)
 }
 
+/// Moves what `move_aside` moved to `from` back to `to` (both target-relative, nothing followed);
+/// `to` must be free or a file (replaced).
+pub fn move_back(t: &Tree, from: &str, to: &str) -> Result<(), InstallError> {
+    let p = abs(t, from);
+    let missing = || InstallError::io("move back", &p, io::ErrorKind::NotFound.into());
+    let (src, name) = parent(t, from, false)?.ok_or_else(missing)?;
+    let (dst, dname) = parent(t, to, true)?.ok_or_else(missing)?;
+    src.rename(name.as_ref(), &dst, dname.as_ref()).map_err(|e| InstallError::io("move back", &p, e))
+}
+
 /// `.<name>.<pid>.<16 hex>.tmp`: the temp name of `sys::atomic_write`, and nothing else.
 pub fn is_our_temp(name: &str) -> bool {
     let Some(body) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else { return false };

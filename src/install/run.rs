@@ -438,12 +438,15 @@ struct Saved {
     copy: Option<(usize, u32)>,
 }
 
-/// A parsed backup index: the run's stamp, every backed-up path, and the directories that did not
-/// exist before the run (`nodir` lines: a takeover makes `.mam/install/`, even `.mam/`).
+/// A parsed backup index: the run's stamp, every backed-up path, the paths that held a link or a
+/// directory (`other` lines: moved back from `.mam/removed-<stamp>/` if the run moved them), and the
+/// directories that did not exist before the run (`nodir` lines: a takeover makes `.mam/install/`,
+/// even `.mam/`).
 #[derive(Debug)]
 struct Index {
     stamp: String,
     saved: Vec<Saved>,
+    others: Vec<String>,
     nodirs: Vec<String>,
 }
 
@@ -460,6 +463,7 @@ fn parse_index(text: &str) -> Result<Index, ledger::BadEntry> {
     let mut stamp = None;
     let mut out = Vec::new();
     let mut nodirs = Vec::new();
+    let mut others = Vec::new();
     for (i, l) in text.lines().enumerate() {
         let bad = |reason: String| ledger::BadEntry {
             ledger: BACKUP_INDEX,
@@ -483,6 +487,8 @@ fn parse_index(text: &str) -> Result<Index, ledger::BadEntry> {
             stamp = Some(s.to_string());
         } else if let Some(rel) = l.strip_prefix("absent ") {
             out.push(Saved { rel: path(rel)?, copy: None });
+        } else if let Some(rel) = l.strip_prefix("other ") {
+            others.push(path(rel)?);
         } else if let Some(d) = l.strip_prefix("nodir ") {
             if !MADE_DIRS.contains(&d) {
                 return Err(bad(format!("'{}' is not a directory a run makes", crate::text::one_line(d))));
@@ -507,7 +513,7 @@ fn parse_index(text: &str) -> Result<Index, ledger::BadEntry> {
         }
     }
     let stamp = stamp.ok_or(ledger::BadEntry { ledger: BACKUP_INDEX, line: 0, reason: "no stamp line".into() })?;
-    Ok(Index { stamp, saved: out, nodirs })
+    Ok(Index { stamp, saved: out, others, nodirs })
 }
 
 /// Every path an update can change: the files of the old manifest, the four ledgers,
@@ -555,9 +561,9 @@ fn backup(o: &Options, steps: &mut Steps, files: &[String], stamp: &str, nodirs:
                 index.push_str(&format!("file {n} {mode:o} {rel}\n"));
             }
             Found::Missing => index.push_str(&format!("absent {rel}\n")),
-            // A link or directory where a file was: the update leaves it (put_asset moves it aside
-            // and the restore puts it back from there).
-            Found::Other => {}
+            // A link or directory where a file goes: never copied (nor followed); put_asset moves it
+            // aside and the restore moves it back from there.
+            Found::Other => index.push_str(&format!("other {rel}\n")),
         }
     }
     fsops::write(t, BACKUP_INDEX, index.as_bytes(), 0o600)?;
@@ -571,7 +577,7 @@ fn restore(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<Vec<String>
     steps.disarm();
     let t = &o.target;
     let text = fsops::read_bytes(t, BACKUP_INDEX)?.unwrap_or_default();
-    let Index { stamp, saved, nodirs } = parse_index(&String::from_utf8_lossy(&text))?;
+    let Index { stamp, saved, others, nodirs } = parse_index(&String::from_utf8_lossy(&text))?;
     let mut left = Vec::new();
     for s in &saved {
         let res = match s.copy {
@@ -597,15 +603,26 @@ fn restore(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<Vec<String>
             left.push(format!("{} ({e})", s.rel));
         }
     }
+    for rel in &others {
+        // Nothing aside: the run never moved it, it is still in place.
+        let aside = format!(".mam/removed-{stamp}/{rel}");
+        if !fsops::exists(t, &aside).unwrap_or(false) {
+            continue;
+        }
+        if let Err(e) = fsops::delete(t, rel).and_then(|_| fsops::move_back(t, &aside, rel)) {
+            left.push(format!("{rel} ({e})"));
+        }
+    }
     let old_dirs: Vec<String> = fsops::read_bytes(t, ledger::MANIFEST)?
         .and_then(|m| ledger::parse_manifest(&String::from_utf8_lossy(&m)).ok())
         .unwrap_or_default()
         .into_iter()
         .filter(|p| p.ends_with('/'))
         .collect();
-    let mut dirs = dirs_of(&saved.iter().map(|s| s.rel.clone()).collect::<Vec<_>>());
+    let all: Vec<String> = saved.iter().map(|s| s.rel.clone()).chain(others.iter().cloned()).collect();
+    let mut dirs = dirs_of(&all);
     let aside_root = format!(".mam/removed-{stamp}/");
-    dirs.extend(dirs_of(&saved.iter().map(|s| format!("{aside_root}{}", s.rel)).collect::<Vec<_>>()));
+    dirs.extend(dirs_of(&all.iter().map(|p| format!("{aside_root}{p}")).collect::<Vec<_>>()));
     for d in deepest_first(dirs) {
         if !old_dirs.contains(&d) {
             fsops::rmdir_if_empty(t, &d);
@@ -742,10 +759,12 @@ mod tests {
 
     #[test]
     fn the_index_round_trips() {
-        let Index { stamp: s, saved: v, nodirs } =
-            parse_index("stamp 20260101T000000Z\nnodir .mam/install/\nfile 3 755 .mam/bin/mam\nabsent .gitignore\n")
-                .unwrap();
+        let Index { stamp: s, saved: v, others, nodirs } = parse_index(
+            "stamp 20260101T000000Z\nnodir .mam/install/\nfile 3 755 .mam/bin/mam\nabsent .gitignore\nother .mam/shims/x\n",
+        )
+        .unwrap();
         assert_eq!(nodirs, vec![".mam/install/"]);
+        assert_eq!(others, vec![".mam/shims/x"]);
         for bad in [
             "stamp 1Z\nfile 1 644 /etc/x\n",
             "stamp 1Z\nabsent ../x\n",
@@ -755,6 +774,7 @@ mod tests {
             "stamp 1Z\nabsent .git/config\n",
             "stamp 1Z\nbogus\n",
             "stamp 1Z\nnodir .agents/\n",
+            "stamp 1Z\nother ../x\n",
             "stamp 1Z\nnodir /etc/\n",
             "absent .mam/bin/mam\n",
         ] {

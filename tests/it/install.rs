@@ -756,6 +756,10 @@ fn legacy_takeover_failing_at_each_step_restores_everything_and_the_next_run_suc
     fs::set_permissions(scripts.join("status.sh"), fs::Permissions::from_mode(0o700)).unwrap();
     fs::set_permissions(scripts.join("registry.py"), fs::Permissions::from_mode(0o751)).unwrap();
     fs::set_permissions(td.ws().join(".gitignore"), fs::Permissions::from_mode(0o640)).unwrap();
+    // A link where an asset goes: moved aside by the run (never followed), moved back by the restore.
+    let monitor = td.ws().join(".agents/skills/monitor/SKILL.md");
+    fs::remove_file(&monitor).unwrap();
+    std::os::unix::fs::symlink("../status/SKILL.md", &monitor).unwrap();
     let before = snapshot(&td.ws());
     // `mam install` over a legacy install is the same takeover.
     for n in [2, 7, 25] {
