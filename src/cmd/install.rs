@@ -14,7 +14,7 @@ use crate::text::show_path;
 use crate::{clock, paths, sys, version};
 
 pub const INSTALL_USAGE: &str = "
-Usage: mam install [--target DIR]
+Usage: mam install [--target DIR] [--legacy-paths]
        mam install --print-herdr-shim
 
 Installs mam into the git repository DIR (default: the control root): the running binary as
@@ -26,14 +26,22 @@ version.txt, install_state, manifest.txt. On an installed target this is `mam up
 legacy install it takes the legacy one over (see `mam update --help`). An interrupted install is
 completed by the next one.
 
+With --legacy-paths the legacy entry points (.agents/skills/multi-agent-mux/scripts/*.sh and
+*.py, lib_py/delegation/envfile.py) are written at their legacy paths in any repository, each a
+small script that runs .mam/shims/<shim>, so a caller of the legacy system finds them; they are
+recorded in the ledgers (later updates keep them, remove takes them). A path there that is a
+symlink, or a file mam did not write, refuses the install (nothing changed).
+
 Options:
   --target DIR         the repository's top level (default: the control root)
+  --legacy-paths       also write the legacy entry points at their legacy paths
   --print-herdr-shim   print the .mam/shim/herdr wrapper for this binary and exit (lib.sh uses it)
   -h, --help           print this help
 
-Exit codes: 0 installed, 1 failure (an update restored every file first), 2 usage or a target that
-cannot take an install (missing, not a directory, not a repository, not writable, a .gitignore that
-is not a regular file); nothing changed.
+Exit codes: 0 installed, 1 failure (an update or a legacy takeover restored every file first), 2
+usage or a target that cannot take an install (missing, not a directory, not a repository, not
+writable, a .gitignore that is not a regular file, a legacy path that is a symlink or not mam's);
+nothing changed.
 ";
 
 pub const UPDATE_USAGE: &str = "
@@ -48,12 +56,13 @@ keys the new release does not write (gitignore_created). Any failure, or a run k
 run again, restores every backed-up file byte for byte. A replaced binary gets a NOTE: restart the
 daemon.
 
-A legacy install (.agents/skills/multi-agent-mux/ with scripts/ or its stamp files) is taken
-over: its state (.mam/jobs, .mam/delegate_job_logs, the sessions file with its orchestrator uuids,
-.mam.env) is not changed, a legacy .mam/agent_sessions.yaml is imported into
-.mam/agent_sessions.json (the YAML stays, with a .yaml.bak copy), its stamp files are kept in
-.mam/removed-<stamp>/, and every legacy entry point is replaced at its legacy path by a shim
-(a .py one runs directly, with bash or with python3).
+A legacy install (.agents/skills/multi-agent-mux/ with its stamp files, or with scripts/ where mam
+is not installed) is taken over: its state (.mam/jobs, .mam/delegate_job_logs, the sessions file
+with its orchestrator uuids, .mam.env) is not changed, a legacy .mam/agent_sessions.yaml is
+imported into .mam/agent_sessions.json (the YAML stays, with a .yaml.bak copy), its stamp files
+are kept in .mam/removed-<stamp>/, and every legacy entry point is replaced at its legacy path by
+a shim (a .py one runs directly, with bash or with python3). The takeover is backed up like an
+update: a failed one restores every legacy file and leaves no ledger of mam.
 
 Options:
   --target DIR   the repository's top level (default: the control root)
@@ -90,6 +99,7 @@ struct Args {
     from: Option<PathBuf>,
     dry_run: bool,
     print_herdr: bool,
+    legacy_paths: bool,
 }
 
 fn parse(args: Vec<OsString>, from: bool, dry_run: bool, print: bool) -> Result<Parsed<Args>, Failure> {
@@ -103,11 +113,12 @@ fn parse(args: Vec<OsString>, from: bool, dry_run: bool, print: bool) -> Result<
             Long("from") if from => a.from = Some(non_empty("--from", p.value()?)?),
             Long("dry-run") if dry_run => a.dry_run = true,
             Long("print-herdr-shim") if print => a.print_herdr = true,
+            Long("legacy-paths") if print => a.legacy_paths = true,
             _ => return Err(arg.unexpected().into()),
         }
     }
-    if a.print_herdr && a.target.is_some() {
-        return Err(Failure::usage("install: --print-herdr-shim takes no --target"));
+    if a.print_herdr && (a.target.is_some() || a.legacy_paths) {
+        return Err(Failure::usage("install: --print-herdr-shim takes no --target or --legacy-paths"));
     }
     Ok(Parsed::Run(a))
 }
@@ -148,7 +159,7 @@ fn hooks(ctx: &Ctx) -> Result<(install::Hooks, Option<String>), Failure> {
     }
 }
 
-fn options(ctx: &Ctx, target: PathBuf, cmd: &str) -> Result<Options, Failure> {
+fn options(ctx: &Ctx, target: PathBuf, cmd: &str, legacy_paths: bool) -> Result<Options, Failure> {
     let (hooks, asset_version) = hooks(ctx)?;
     let roots = ctx.env_only("MAM_TRUSTED_ROOTS").map(|l| l.to_string_lossy().into_owned()).unwrap_or_default();
     let show = show_path(&target);
@@ -178,6 +189,7 @@ fn options(ctx: &Ctx, target: PathBuf, cmd: &str) -> Result<Options, Failure> {
         commit: version::COMMIT.to_string(),
         now_ts: clock::now_ts(),
         hooks,
+        legacy_paths,
     })
 }
 
@@ -219,7 +231,7 @@ pub fn run_install(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     }
     cli::load_env(ctx)?;
     let t = target(ctx, a.target)?;
-    let o = options(ctx, t, "install")?;
+    let o = options(ctx, t, "install", a.legacy_paths)?;
     let mut r = Report::default();
     let res = install::run::install(&o, &mut r);
     render(ctx, "install", r, res)
@@ -249,7 +261,7 @@ pub fn run_update(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     if !installed && !install::run::is_legacy(&t) {
         return Err(failure("update", &InstallError::NotInstalled(t)));
     }
-    let o = options(ctx, t, "update")?;
+    let o = options(ctx, t, "update", false)?;
     let mut r = Report::default();
     let res = install::run::install(&o, &mut r);
     render(ctx, "update", r, res)
@@ -264,7 +276,7 @@ pub fn run_remove(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     // The target's own sessions file; AGENT_SESSIONS_YAML when the target is the control root.
     let r0 = paths::resolve_unchecked(ctx, None);
     let sessions = if r0.control_root == t { r0.sessions } else { t.join(".mam").join("agent_sessions.json") };
-    let o = options(ctx, t, "remove")?;
+    let o = options(ctx, t, "remove", false)?;
     let mut r = Report::default();
     let res = install::remove::remove(&o, &sessions, a.dry_run, &mut r);
     if res.is_ok() && !a.dry_run {

@@ -135,6 +135,10 @@ fn parent<'a, 'r>(t: &'a Tree, rel: &'r str, create: bool) -> Result<Option<(At<
                 at.open_dir(c.as_ref()).map_err(|e| walk_error("use", &shown, e))?
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            // O_NOFOLLOW|O_DIRECTORY on a link to a directory is ENOTDIR: name what is there.
+            Err(_) if at.stat(c.as_ref()).is_ok_and(|s| s.is_some_and(|s| s.kind == EntryKind::Link)) => {
+                return Err(walk_error("use", &shown, io::Error::from_raw_os_error(libc::ELOOP)))
+            }
             Err(e) => return Err(walk_error("use", &shown, e)),
         };
         if judged {
@@ -302,6 +306,16 @@ pub fn move_aside(t: &Tree, rel: &str, stamp: &str) -> Result<String, InstallErr
         parent(t, &dest, true)?.ok_or_else(|| InstallError::io("move aside", &from, io::ErrorKind::NotFound.into()))?;
     src.rename(name.as_ref(), &dst, dname.as_ref()).map_err(|e| InstallError::io("move aside", &from, e))?;
     Ok(dest)
+}
+
+/// Moves what `move_aside` moved to `from` back to `to` (both target-relative, nothing followed);
+/// `to` must be free or a file (replaced).
+pub fn move_back(t: &Tree, from: &str, to: &str) -> Result<(), InstallError> {
+    let p = abs(t, from);
+    let missing = || InstallError::io("move back", &p, io::ErrorKind::NotFound.into());
+    let (src, name) = parent(t, from, false)?.ok_or_else(missing)?;
+    let (dst, dname) = parent(t, to, true)?.ok_or_else(missing)?;
+    src.rename(name.as_ref(), &dst, dname.as_ref()).map_err(|e| InstallError::io("move back", &p, e))
 }
 
 /// `.<name>.<pid>.<16 hex>.tmp`: the temp name of `sys::atomic_write`, and nothing else.

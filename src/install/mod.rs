@@ -6,9 +6,10 @@
 //!
 //! Crash safety (issue 16): every file is written by temp + rename; install records the whole
 //! manifest and a `pending=install` state before its first asset, update commits its backup (an
-//! `index` written last) before its first change, remove deletes the manifest last. The next run of
-//! the same command sees what was interrupted and completes it (install, remove) or restores and
-//! redoes it (update); stray temp files of an interrupted write are deleted.
+//! `index` written last) before its first change (so does the takeover of a legacy install), remove
+//! deletes the manifest last. The next run of the same command sees what was interrupted and
+//! completes it (install, remove) or restores and redoes it (update, takeover); stray temp files of
+//! an interrupted write are deleted.
 //!
 //! - `install::assets`: the embedded assets, the SKILL.md version line, the herdr wrapper's text.
 //! - `install::ledger`: the ledgers' formats and path rule, the `install_state` merge, stamps.
@@ -54,6 +55,9 @@ pub struct Options {
     /// UTC timestamp of this run (`installed_at`, the `removed-<stamp>` name).
     pub now_ts: String,
     pub hooks: Hooks,
+    /// `mam install --legacy-paths` (issue 32): the legacy entry points at their legacy paths even
+    /// where no legacy install was taken over (recorded as `legacy_paths=1`, so updates keep them).
+    pub legacy_paths: bool,
 }
 
 /// What a run did: stdout lines and stderr notes (`NOTE:`/`WARNING:` lines, prefix included).

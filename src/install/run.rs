@@ -1,7 +1,8 @@
 //! Install and update (ORCH 7.1-7.4, A49-A53) with the legacy takeover (issue 16): the fresh install
-//! (also how an interrupted one completes), the update with its committed backup, local edits moved
-//! aside, dropped assets, the `install_state` merge, and the byte-exact restore (mode bits kept) when
-//! anything fails, also after a SIGKILL.
+//! (also how an interrupted one completes), the update and the takeover with their committed backup
+//! (A66), local edits moved aside, dropped assets, the `install_state` merge, the legacy-path check
+//! (never through a link, never over a file mam does not own), and the byte-exact restore (mode bits
+//! kept) when anything fails, also after a SIGKILL.
 
 use std::fs;
 use std::path::Path;
@@ -68,10 +69,71 @@ pub fn check_trust(t: &Tree) -> Result<(), InstallError> {
     Ok(())
 }
 
-/// True when the target holds the legacy layout: its skill directory's `scripts/` or a legacy ledger.
+/// True when the target holds a legacy install not yet taken over: a legacy stamp file, or the
+/// legacy `scripts/` directory while mam's manifest is absent (once mam is installed that directory
+/// holds mam's own legacy-path shims). Nothing is followed: a link on the way is no legacy install
+/// (and `check_legacy_paths` refuses to write through it).
 pub fn is_legacy(target: &Path) -> bool {
-    let d = target.join(legacy::DIR);
-    d.join("scripts").is_dir() || legacy::LEDGERS.iter().any(|l| d.join(l).is_file())
+    let real = |rel: &str, dir: bool| {
+        fs::symlink_metadata(target.join(rel)).is_ok_and(|m| if dir { m.is_dir() } else { m.is_file() })
+    };
+    if ![".agents", ".agents/skills", legacy::DIR].iter().all(|d| real(d, true)) {
+        return false;
+    }
+    legacy::LEDGERS.iter().any(|l| real(&format!("{}/{l}", legacy::DIR), false))
+        || (real(&format!("{}/scripts", legacy::DIR), true)
+            && fs::symlink_metadata(target.join(ledger::MANIFEST)).is_err())
+}
+
+/// What one run does about the legacy install and the legacy paths, decided once before any change.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// A legacy install is taken over (its stamps moved aside, its sessions imported).
+    legacy: bool,
+    /// The legacy entry points are written at their legacy paths (a takeover, `--legacy-paths`, or
+    /// `legacy_paths=1` recorded by an earlier run).
+    legacy_paths: bool,
+}
+
+/// Before any change (issue 32): every legacy entry point this run writes must be missing, a
+/// regular file mam's manifest lists, or in a takeover the legacy install's own regular file, and
+/// reached without a symlink. Anything else refuses the run (rc 2, nothing changed): the legacy
+/// paths are never written through a link and never replace a file mam does not own.
+fn check_legacy_paths(t: &Tree, takeover: bool, flag: bool) -> Result<(), InstallError> {
+    let manifest =
+        ledger::parse_manifest(&String::from_utf8_lossy(&fsops::read_bytes(t, ledger::MANIFEST)?.unwrap_or_default()))?;
+    let why = if flag {
+        "asked for by --legacy-paths"
+    } else if takeover {
+        "written by the legacy takeover"
+    } else {
+        "kept by legacy_paths=1 in install_state"
+    };
+    for e in legacy::ENTRY_POINTS {
+        let rel = e.path();
+        let show = crate::text::show_path(&fsops::abs(t, &rel));
+        let found = fsops::read(t, &rel).map_err(|err| {
+            InstallError::BadTarget(format!(
+                "{err}; the legacy entry point {rel} ({why}) is not written there: make that path a plain directory or remove it, then run again"
+            ))
+        })?;
+        match found {
+            Found::Missing => {}
+            Found::File { .. } if takeover || manifest.contains(&rel) => {}
+            Found::File { .. } => {
+                return Err(InstallError::BadTarget(format!(
+                    "{show} exists and was not written by mam (not in {}); the legacy entry point ({why}) would replace it: move it away, then run again",
+                    ledger::MANIFEST
+                )))
+            }
+            Found::Other => {
+                return Err(InstallError::BadTarget(format!(
+                    "{show} is a symbolic link, directory or special file; the legacy entry point ({why}) is not written through it: remove it, then run again"
+                )))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every directory above an asset path, target-relative with a trailing `/`, `.mam/` excluded (it is
@@ -175,19 +237,41 @@ pub fn install(o: &Options, r: &mut Report) -> Result<(), InstallError> {
         fsops::remove_tree(&o.target, BACKUP_DIR)?;
     }
     let state = fsops::read_bytes(&o.target, ledger::STATE)?.unwrap_or_default();
-    let pending = ledger::state_value(&String::from_utf8_lossy(&state), "pending") == Some("install");
+    let state_s = String::from_utf8_lossy(&state).into_owned();
+    let pending = ledger::state_value(&state_s, "pending") == Some("install");
     let installed = fsops::exists(&o.target, ledger::MANIFEST)?;
+    let legacy = is_legacy(&o.target);
+    let plan = Plan {
+        legacy,
+        legacy_paths: o.legacy_paths || legacy || ledger::state_value(&state_s, "legacy_paths") == Some("1"),
+    };
+    if plan.legacy_paths {
+        check_legacy_paths(&o.target, legacy, o.legacy_paths)?;
+    }
+    let stamp = ledger::stamp(&o.now_ts);
     if installed && !pending {
-        update(o, &mut steps, r)
+        update(o, &mut steps, r, plan, &stamp)
+    } else if legacy {
+        // A takeover moves and rewrites the legacy install's own files: like an update, it commits a
+        // backup first and restores every path of it when anything fails (ORCH 7.4, issue 32).
+        let files = touched(&[], true);
+        guarded(o, &mut steps, r, &files, &stamp, |steps, r| fresh(o, steps, r, pending.then_some(state), plan, &stamp))
     } else {
-        fresh(o, &mut steps, r, pending.then_some(state))
+        fresh(o, &mut steps, r, pending.then_some(state), plan, &stamp)
     }
 }
 
 /// Install into a target with no manifest (or an interrupted install, `pending` holding its state).
-fn fresh(o: &Options, steps: &mut Steps, r: &mut Report, pending: Option<Vec<u8>>) -> Result<(), InstallError> {
+fn fresh(
+    o: &Options,
+    steps: &mut Steps,
+    r: &mut Report,
+    pending: Option<Vec<u8>>,
+    plan: Plan,
+    stamp: &str,
+) -> Result<(), InstallError> {
     let t = &o.target;
-    let legacy = is_legacy(t);
+    let legacy = plan.legacy;
     let prev = pending.clone().unwrap_or_default();
     let prev_s = String::from_utf8_lossy(&prev).into_owned();
     let legacy_state = if legacy {
@@ -199,10 +283,9 @@ fn fresh(o: &Options, steps: &mut Steps, r: &mut Report, pending: Option<Vec<u8>
         Some(_) => ledger::state_value(&prev_s, "gitignore_created") == Some("1"),
         None => fsops::read_gitignore(t)?.is_none(),
     };
-    let legacy_paths = legacy || ledger::state_value(&prev_s, "legacy_paths") == Some("1");
-    let shipped = assets::shipped(o.binary.clone(), &o.version, legacy_paths);
+    let shipped = assets::shipped(o.binary.clone(), &o.version, plan.legacy_paths);
     let paths: Vec<String> = shipped.iter().map(|a| a.path.clone()).collect();
-    let fresh = fresh_state(o, gitignore_created, legacy_paths);
+    let fresh = fresh_state(o, gitignore_created, plan.legacy_paths);
     let old_keys = ledger::merge_state(&without_pending(&prev), &without_pending(&legacy_state));
 
     // The pending state and the whole manifest come first: from here on every file this run can
@@ -214,12 +297,11 @@ fn fresh(o: &Options, steps: &mut Steps, r: &mut Report, pending: Option<Vec<u8>
     fsops::write(t, ledger::MANIFEST, &ledger::render_lines(manifest_of(&paths)), 0o644)?;
     steps.step()?;
 
-    let stamp = ledger::stamp(&o.now_ts);
     if legacy {
-        take_over(o, steps, r, &stamp)?;
+        take_over(o, steps, r, stamp)?;
     }
     for a in &shipped {
-        put_asset(o, steps, r, a, None, &stamp)?;
+        put_asset(o, steps, r, a, None, stamp)?;
     }
     finish(o, steps, r, &shipped, &[], &fresh, &old_keys, gitignore_created)?;
     let what = if legacy { "took over the legacy install and installed" } else { "installed" };
@@ -356,13 +438,32 @@ struct Saved {
     copy: Option<(usize, u32)>,
 }
 
+/// A parsed backup index: the run's stamp, every backed-up path, the paths that held a link or a
+/// directory (`other` lines: moved back from `.mam/removed-<stamp>/` if the run moved them), and the
+/// directories that did not exist before the run (`nodir` lines: a takeover makes `.mam/install/`,
+/// even `.mam/`).
+#[derive(Debug)]
+struct Index {
+    stamp: String,
+    saved: Vec<Saved>,
+    others: Vec<String>,
+    nodirs: Vec<String>,
+}
+
+/// The directories a guarded run may create before its backup is committed that a restore must
+/// take away again when they were not there (deepest first).
+const MADE_DIRS: [&str; 2] = [".mam/install/", ".mam/"];
+
 /// The backup index (issue 29): every line must be one the backup writes. A path passes the ledger
 /// path rule (relative, no `..`, no absolute path; the ledgers and `.gitignore` are allowed here),
-/// a mode has no bit above 0o777 (a backup never records one), the stamp is digits, `T` and `Z`;
-/// anything else refuses the whole restore before anything is written or deleted.
-fn parse_index(text: &str) -> Result<(String, Vec<Saved>), ledger::BadEntry> {
+/// a mode has no bit above 0o777 (a backup never records one), the stamp is digits, `T` and `Z`, a
+/// `nodir` line names one of `MADE_DIRS`; anything else refuses the whole restore before anything is
+/// written or deleted.
+fn parse_index(text: &str) -> Result<Index, ledger::BadEntry> {
     let mut stamp = None;
     let mut out = Vec::new();
+    let mut nodirs = Vec::new();
+    let mut others = Vec::new();
     for (i, l) in text.lines().enumerate() {
         let bad = |reason: String| ledger::BadEntry {
             ledger: BACKUP_INDEX,
@@ -386,6 +487,13 @@ fn parse_index(text: &str) -> Result<(String, Vec<Saved>), ledger::BadEntry> {
             stamp = Some(s.to_string());
         } else if let Some(rel) = l.strip_prefix("absent ") {
             out.push(Saved { rel: path(rel)?, copy: None });
+        } else if let Some(rel) = l.strip_prefix("other ") {
+            others.push(path(rel)?);
+        } else if let Some(d) = l.strip_prefix("nodir ") {
+            if !MADE_DIRS.contains(&d) {
+                return Err(bad(format!("'{}' is not a directory a run makes", crate::text::one_line(d))));
+            }
+            nodirs.push(d.to_string());
         } else if let Some(rest) = l.strip_prefix("file ") {
             let mut it = rest.splitn(3, ' ');
             let (Some(n), Some(mode), Some(rel)) = (it.next(), it.next(), it.next()) else {
@@ -405,7 +513,7 @@ fn parse_index(text: &str) -> Result<(String, Vec<Saved>), ledger::BadEntry> {
         }
     }
     let stamp = stamp.ok_or(ledger::BadEntry { ledger: BACKUP_INDEX, line: 0, reason: "no stamp line".into() })?;
-    Ok((stamp, out))
+    Ok(Index { stamp, saved: out, others, nodirs })
 }
 
 /// Every path an update can change: the files of the old manifest, the four ledgers,
@@ -420,7 +528,11 @@ fn touched(manifest: &[String], legacy: bool) -> Vec<String> {
     v.push(assets::HERDR_SHIM.into());
     if legacy {
         v.extend(legacy::LEDGERS.iter().map(|l| format!("{}/{l}", legacy::DIR)));
-        v.extend([".mam/agent_sessions.json".to_string(), ".mam/agent_sessions.yaml.bak".to_string()]);
+        // The sessions import writes the JSON file under its lock file, and the YAML's copy.
+        v.extend(
+            [".mam/agent_sessions.json", ".mam/agent_sessions.json.lock", ".mam/agent_sessions.yaml.bak"]
+                .map(String::from),
+        );
     }
     let mut seen = Vec::new();
     v.retain(|p| {
@@ -432,11 +544,14 @@ fn touched(manifest: &[String], legacy: bool) -> Vec<String> {
 }
 
 /// 7.4 step 1: every file the old manifest names, the four ledgers and `.gitignore` are copied into
-/// the backup directory; the `index` written last commits it.
-fn backup(o: &Options, steps: &mut Steps, files: &[String], stamp: &str) -> Result<Vec<Saved>, InstallError> {
+/// the backup directory; the `index` written last commits it. `nodirs` (of `MADE_DIRS`) were not
+/// there before.
+fn backup(o: &Options, steps: &mut Steps, files: &[String], stamp: &str, nodirs: &[&str]) -> Result<(), InstallError> {
     let t = &o.target;
-    let mut saved = Vec::new();
     let mut index = format!("stamp {stamp}\n");
+    for d in nodirs {
+        index.push_str(&format!("nodir {d}\n"));
+    }
     for (n, rel) in files.iter().enumerate() {
         match fsops::read(t, rel)? {
             Found::File { bytes, mode } => {
@@ -444,20 +559,15 @@ fn backup(o: &Options, steps: &mut Steps, files: &[String], stamp: &str) -> Resu
                 let mode = mode & 0o777;
                 fsops::write(t, &format!("{BACKUP_DIR}/f{n}"), &bytes, 0o600)?;
                 index.push_str(&format!("file {n} {mode:o} {rel}\n"));
-                saved.push(Saved { rel: rel.clone(), copy: Some((n, mode)) });
             }
-            Found::Missing => {
-                index.push_str(&format!("absent {rel}\n"));
-                saved.push(Saved { rel: rel.clone(), copy: None });
-            }
-            // A link or directory where a file was: the update leaves it (put_asset moves it aside
-            // and the restore puts it back from there).
-            Found::Other => {}
+            Found::Missing => index.push_str(&format!("absent {rel}\n")),
+            // A link or directory where a file goes: never copied (nor followed); put_asset moves it
+            // aside and the restore moves it back from there.
+            Found::Other => index.push_str(&format!("other {rel}\n")),
         }
     }
     fsops::write(t, BACKUP_INDEX, index.as_bytes(), 0o600)?;
-    steps.step()?;
-    Ok(saved)
+    steps.step()
 }
 
 /// 7.4 step 4: every backed-up path back as it was (a file byte for byte with its mode, an absent
@@ -467,7 +577,7 @@ fn restore(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<Vec<String>
     steps.disarm();
     let t = &o.target;
     let text = fsops::read_bytes(t, BACKUP_INDEX)?.unwrap_or_default();
-    let (stamp, saved) = parse_index(&String::from_utf8_lossy(&text))?;
+    let Index { stamp, saved, others, nodirs } = parse_index(&String::from_utf8_lossy(&text))?;
     let mut left = Vec::new();
     for s in &saved {
         let res = match s.copy {
@@ -493,15 +603,26 @@ fn restore(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<Vec<String>
             left.push(format!("{} ({e})", s.rel));
         }
     }
+    for rel in &others {
+        // Nothing aside: the run never moved it, it is still in place.
+        let aside = format!(".mam/removed-{stamp}/{rel}");
+        if !fsops::exists(t, &aside).unwrap_or(false) {
+            continue;
+        }
+        if let Err(e) = fsops::delete(t, rel).and_then(|_| fsops::move_back(t, &aside, rel)) {
+            left.push(format!("{rel} ({e})"));
+        }
+    }
     let old_dirs: Vec<String> = fsops::read_bytes(t, ledger::MANIFEST)?
         .and_then(|m| ledger::parse_manifest(&String::from_utf8_lossy(&m)).ok())
         .unwrap_or_default()
         .into_iter()
         .filter(|p| p.ends_with('/'))
         .collect();
-    let mut dirs = dirs_of(&saved.iter().map(|s| s.rel.clone()).collect::<Vec<_>>());
+    let all: Vec<String> = saved.iter().map(|s| s.rel.clone()).chain(others.iter().cloned()).collect();
+    let mut dirs = dirs_of(&all);
     let aside_root = format!(".mam/removed-{stamp}/");
-    dirs.extend(dirs_of(&saved.iter().map(|s| format!("{aside_root}{}", s.rel)).collect::<Vec<_>>()));
+    dirs.extend(dirs_of(&all.iter().map(|p| format!("{aside_root}{p}")).collect::<Vec<_>>()));
     for d in deepest_first(dirs) {
         if !old_dirs.contains(&d) {
             fsops::rmdir_if_empty(t, &d);
@@ -509,14 +630,56 @@ fn restore(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<Vec<String>
     }
     if left.is_empty() {
         fsops::remove_tree(t, BACKUP_DIR)?;
+        for d in &nodirs {
+            fsops::rmdir_if_empty(t, d);
+        }
         r.note("restored every file the update had backed up, byte for byte");
     }
     Ok(left)
 }
 
+/// 7.4 steps 1 and 4 around `body` (an update, or a takeover of a legacy install): the backup of
+/// `files` is committed before the first change; on success it goes; on any failure every
+/// backed-up path is restored (`restore`) and the cause is returned as `Restored`.
+fn guarded<T>(
+    o: &Options,
+    steps: &mut Steps,
+    r: &mut Report,
+    files: &[String],
+    stamp: &str,
+    body: impl FnOnce(&mut Steps, &mut Report) -> Result<T, InstallError>,
+) -> Result<T, InstallError> {
+    let t = &o.target;
+    let mut nodirs = Vec::new();
+    for d in MADE_DIRS {
+        if !fsops::exists(t, d)? {
+            nodirs.push(d);
+        }
+    }
+    match backup(o, steps, files, stamp, &nodirs).and_then(|()| body(steps, r)) {
+        Ok(v) => {
+            fsops::delete(t, BACKUP_INDEX)?;
+            let _ = fsops::remove_tree(t, BACKUP_DIR);
+            Ok(v)
+        }
+        Err(cause) if fsops::exists(t, BACKUP_INDEX).unwrap_or(false) => {
+            let left = restore(o, steps, r)?;
+            Err(InstallError::Restored { cause: Box::new(cause), left })
+        }
+        Err(cause) => {
+            // The backup never got its index: nothing else had changed yet.
+            let _ = fsops::remove_tree(t, BACKUP_DIR);
+            for d in nodirs {
+                fsops::rmdir_if_empty(t, d);
+            }
+            Err(InstallError::Restored { cause: Box::new(cause), left: Vec::new() })
+        }
+    }
+}
+
 /// 7.4 on an installed target: backup, install with local edits moved aside, dropped assets, the
 /// merged state; any failure restores.
-fn update(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<(), InstallError> {
+fn update(o: &Options, steps: &mut Steps, r: &mut Report, plan: Plan, stamp: &str) -> Result<(), InstallError> {
     let t = &o.target;
     let manifest =
         ledger::parse_manifest(&String::from_utf8_lossy(&fsops::read_bytes(t, ledger::MANIFEST)?.unwrap_or_default()))?;
@@ -526,29 +689,14 @@ fn update(o: &Options, steps: &mut Steps, r: &mut Report) -> Result<(), InstallE
     let old_version = fsops::read_bytes(t, ledger::VERSION)?
         .map(|v| String::from_utf8_lossy(&v).split_whitespace().next().unwrap_or("unknown").to_string())
         .unwrap_or_else(|| "unknown".into());
-    let stamp = ledger::stamp(&o.now_ts);
-    let res = backup(o, steps, &touched(&manifest, is_legacy(t)), &stamp)
-        .and_then(|_| update_steps(o, steps, r, &old_hashes, &old_state, &stamp));
-    match res {
-        Ok(binary_changed) => {
-            fsops::delete(t, BACKUP_INDEX)?;
-            let _ = fsops::remove_tree(t, BACKUP_DIR);
-            r.say(format!("updated mam {old_version} -> {} in {}", o.version, crate::text::show_path(t)));
-            if binary_changed {
-                r.note("the binary .mam/bin/mam was replaced; restart the daemon (mam monitor stop, then mam monitor start) so it runs the new one");
-            }
-            Ok(())
-        }
-        Err(cause) if fsops::exists(t, BACKUP_INDEX).unwrap_or(false) => {
-            let left = restore(o, steps, r)?;
-            Err(InstallError::Restored { cause: Box::new(cause), left })
-        }
-        Err(cause) => {
-            // The backup never got its index: nothing else had changed yet.
-            let _ = fsops::remove_tree(t, BACKUP_DIR);
-            Err(InstallError::Restored { cause: Box::new(cause), left: Vec::new() })
-        }
+    let binary_changed = guarded(o, steps, r, &touched(&manifest, plan.legacy), stamp, |steps, r| {
+        update_steps(o, steps, r, &old_hashes, &old_state, stamp, plan)
+    })?;
+    r.say(format!("updated mam {old_version} -> {} in {}", o.version, crate::text::show_path(t)));
+    if binary_changed {
+        r.note("the binary .mam/bin/mam was replaced; restart the daemon (mam monitor stop, then mam monitor start) so it runs the new one");
     }
+    Ok(())
 }
 
 fn update_steps(
@@ -558,10 +706,10 @@ fn update_steps(
     old_hashes: &[(String, String)],
     old_state: &[u8],
     stamp: &str,
+    plan: Plan,
 ) -> Result<bool, InstallError> {
     let t = &o.target;
-    let legacy = is_legacy(t);
-    let legacy_paths = legacy || ledger::state_value(&String::from_utf8_lossy(old_state), "legacy_paths") == Some("1");
+    let Plan { legacy, legacy_paths } = plan;
     let shipped = assets::shipped(o.binary.clone(), &o.version, legacy_paths);
     let old_hash = |p: &str| old_hashes.iter().find(|(_, q)| q == p).map(|(h, _)| h.as_str());
     let binary_changed = old_hash(assets::BINARY) != Some(ledger::sha256_hex(&o.binary).as_str());
@@ -611,7 +759,12 @@ mod tests {
 
     #[test]
     fn the_index_round_trips() {
-        let (s, v) = parse_index("stamp 20260101T000000Z\nfile 3 755 .mam/bin/mam\nabsent .gitignore\n").unwrap();
+        let Index { stamp: s, saved: v, others, nodirs } = parse_index(
+            "stamp 20260101T000000Z\nnodir .mam/install/\nfile 3 755 .mam/bin/mam\nabsent .gitignore\nother .mam/shims/x\n",
+        )
+        .unwrap();
+        assert_eq!(nodirs, vec![".mam/install/"]);
+        assert_eq!(others, vec![".mam/shims/x"]);
         for bad in [
             "stamp 1Z\nfile 1 644 /etc/x\n",
             "stamp 1Z\nabsent ../x\n",
@@ -620,6 +773,9 @@ mod tests {
             "stamp ../../x\nabsent .mam/bin/mam\n",
             "stamp 1Z\nabsent .git/config\n",
             "stamp 1Z\nbogus\n",
+            "stamp 1Z\nnodir .agents/\n",
+            "stamp 1Z\nother ../x\n",
+            "stamp 1Z\nnodir /etc/\n",
             "absent .mam/bin/mam\n",
         ] {
             assert!(parse_index(bad).is_err(), "{bad}");

@@ -742,6 +742,181 @@ fn a_legacy_install_is_taken_over_and_its_old_paths_run() {
     }
 }
 
+/// Issue 32 item 11: a takeover (`mam update` over a legacy install) failed after every one of its
+/// steps in turn leaves the tree exactly as it was (every path, bytes and mode, `.git` aside: the
+/// legacy stamps back in place, no ledger of mam, nothing in `.mam/removed-*`), and the run that
+/// gets past the last step is an ordinary, whole takeover.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn legacy_takeover_failing_at_each_step_restores_everything_and_the_next_run_succeeds() {
+    let td = repo("i-legacy-fail");
+    legacy_install(&td);
+    // Modes the restore must keep as they were.
+    let scripts = td.ws().join(".agents/skills/multi-agent-mux/scripts");
+    fs::set_permissions(scripts.join("status.sh"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(scripts.join("registry.py"), fs::Permissions::from_mode(0o751)).unwrap();
+    fs::set_permissions(td.ws().join(".gitignore"), fs::Permissions::from_mode(0o640)).unwrap();
+    // A link where an asset goes: moved aside by the run (never followed), moved back by the restore.
+    let monitor = td.ws().join(".agents/skills/monitor/SKILL.md");
+    fs::remove_file(&monitor).unwrap();
+    std::os::unix::fs::symlink("../status/SKILL.md", &monitor).unwrap();
+    let before = snapshot(&td.ws());
+    // `mam install` over a legacy install is the same takeover.
+    for n in [2, 7, 25] {
+        let r = td.mam().args(["install"]).env("MAM_TEST_INSTALL_FAIL_AFTER", n.to_string()).run();
+        r.expect_rc(1);
+        let d = diff(&before, &snapshot(&td.ws()));
+        assert!(d.is_empty(), "install failed at step {n}: {d:?}");
+    }
+    let mut n = 1;
+    let done = loop {
+        let r = td.mam().args(["update"]).env("MAM_TEST_INSTALL_FAIL_AFTER", n.to_string()).run();
+        if r.rc() == 0 {
+            break r;
+        }
+        r.expect_rc(1);
+        assert!(r.stderr().contains("restored as it was"), "{n}: {}", r.stderr());
+        let d = diff(&before, &snapshot(&td.ws()));
+        assert!(d.is_empty(), "after a failure at step {n}: {d:?}");
+        n += 1;
+        assert!(n < 200, "the takeover never got past its last step");
+    };
+    // Every step of a takeover: 4 stamps, the import, 2 ledgers, every asset, and the finish.
+    assert!(n > 40, "only {} failure points were reached", n - 1);
+    assert!(done.stdout().contains("took over the legacy install"), "{}", done.stdout());
+    assert!(!td.ws().join(".mam/install/update-backup").exists());
+    let s = read(&td, ".mam/install/install_state");
+    assert!(!s.contains("pending=") && s.contains("legacy_only=yes\n"), "{s}");
+    assert!(!td.ws().join(".agents/skills/multi-agent-mux/version.txt").exists());
+    let aside: Vec<String> = snapshot(&td.ws())
+        .into_keys()
+        .filter(|k| k.starts_with(".mam/removed-") && k.ends_with("/multi-agent-mux/version.txt"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    let r = td.command(scripts.join("status.sh")).args(["--help"]).cwd(td.path("home")).run();
+    r.expect_rc(0);
+    assert!(r.stdout().contains("Usage: mam status"), "{}", r.stdout());
+}
+
+/// The same takeover killed (SIGKILL) after each of its steps: the next run restores what the
+/// killed one changed and takes the legacy install over as an uninterrupted run does.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn legacy_takeover_killed_at_each_step_is_restored_and_redone_by_the_next_run() {
+    let reference = repo("i-legacy-kill-ref");
+    legacy_install(&reference);
+    reference.mam().args(["update"]).run().expect_rc(0);
+    let mut killed = 0;
+    for n in (1..60).step_by(4) {
+        let td = repo(&format!("i-legacy-kill-{n}"));
+        legacy_install(&td);
+        if !killed_at(&td, &["update"], n, &[]) {
+            break;
+        }
+        killed += 1;
+        let r = td.mam().args(["update"]).run();
+        r.expect_rc(0);
+        assert!(r.stdout().contains("took over the legacy install"), "{n}: {}", r.stdout());
+        assert_eq!(manifest(&td), manifest(&reference), "{n}");
+        assert_eq!(read(&td, ".mam/install/asset_hashes.txt"), read(&reference, ".mam/install/asset_hashes.txt"));
+        let s = read(&td, ".mam/install/install_state");
+        assert!(!s.contains("pending=") && s.contains("legacy_only=yes\n"), "{n}: {s}");
+        assert!(!td.ws().join(".mam/install/update-backup").exists(), "{n}");
+        // Each legacy stamp is kept once, whatever the killed run had moved.
+        let stamps: Vec<String> = snapshot(&td.ws())
+            .into_keys()
+            .filter(|k| k.starts_with(".mam/removed-") && k.ends_with("/multi-agent-mux/install_state"))
+            .collect();
+        assert_eq!(stamps.len(), 1, "{n}: {stamps:?}");
+        assert!(read(&td, ".mam/agent_sessions.json").contains("claude-01"), "{n}");
+    }
+    assert!(killed >= 10, "only {killed} kill points were reached");
+}
+
+/// Issue 32 item 11: `mam install --legacy-paths` puts every legacy entry point at its legacy path
+/// in a repository that never had the legacy install; they are assets like any other (manifest,
+/// hashes), an update keeps them, and remove takes them away.
+#[test]
+fn install_legacy_paths_writes_every_legacy_entry_point_in_a_fresh_repository() {
+    let td = repo("i-legacy-paths");
+    let r = td.mam().args(["install", "--legacy-paths"]).run();
+    r.expect_rc(0);
+    let m = manifest(&td);
+    let hashes = read(&td, ".mam/install/asset_hashes.txt");
+    for e in mam::install::legacy::ENTRY_POINTS {
+        let p = e.path();
+        let meta = fs::symlink_metadata(td.ws().join(&p)).unwrap_or_else(|err| panic!("{p}: {err}"));
+        assert!(meta.is_file(), "{p}");
+        let want = if e.kind == mam::install::legacy::Kind::Sourced { 0o644 } else { 0o755 };
+        assert_eq!(meta.permissions().mode() & 0o777, want, "{p}");
+        assert!(m.contains(&p), "{p} not in the manifest");
+        assert!(hashes.contains(&format!("  {p}\n")), "{p} not hashed");
+    }
+    assert!(read(&td, ".mam/install/install_state").contains("legacy_paths=1\n"));
+    let scripts = td.ws().join(".agents/skills/multi-agent-mux/scripts");
+    for (file, usage) in [("status.sh", "Usage: mam status"), ("registry.py", "Usage: mam registry")] {
+        let r = td.command(scripts.join(file)).args(["--help"]).cwd(td.path("home")).run();
+        r.expect_rc(0);
+        assert!(r.stdout().contains(usage), "{file}: {}", r.stdout());
+    }
+    // An update keeps them (legacy_paths=1), and says nothing about a legacy install.
+    let r = td.mam().args(["update"]).run();
+    r.expect_rc(0);
+    assert!(!r.stdout().contains("took over") && !r.stdout().contains("legacy ledger"), "{}", r.stdout());
+    assert!(manifest(&td).contains(&".agents/skills/multi-agent-mux/scripts/status.sh".to_string()));
+    td.mam().args(["remove"]).run().expect_rc(0);
+    for e in mam::install::legacy::ENTRY_POINTS {
+        assert!(fs::symlink_metadata(td.ws().join(e.path())).is_err(), "{} left by remove", e.path());
+    }
+    assert!(!td.ws().join(".agents").exists(), "remove left the emptied directories");
+}
+
+/// `--legacy-paths` never writes through a symlink and never replaces a file mam did not write:
+/// each case is refused before anything changes, in one line naming the path.
+#[test]
+fn install_legacy_paths_refuses_a_symlink_or_a_file_mam_does_not_own() {
+    let td = repo("i-legacy-paths-link");
+    let outside = td.write("outside/status.sh", "precious\n");
+    let scripts = td.ws().join(".agents/skills/multi-agent-mux/scripts");
+    fs::create_dir_all(&scripts).unwrap();
+    std::os::unix::fs::symlink(&outside, scripts.join("status.sh")).unwrap();
+    let before = snapshot(&td.ws());
+    let r = td.mam().args(["install", "--legacy-paths"]).run();
+    r.expect_rc(2);
+    let e = r.stderr();
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.starts_with("REFUSED: install: ") && e.contains("scripts/status.sh") && e.contains("symbolic link"),
+        "{e}"
+    );
+    assert_eq!(fs::read_to_string(&outside).unwrap(), "precious\n");
+    assert!(diff(&before, &snapshot(&td.ws())).is_empty(), "{:?}", diff(&before, &snapshot(&td.ws())));
+
+    // A file of the user's at a legacy path (no legacy install here: no scripts/, no stamps).
+    let td = repo("i-legacy-paths-mine");
+    td.write("ws/.agents/skills/multi-agent-mux/lib_py/delegation/envfile.py", "mine\n");
+    let before = snapshot(&td.ws());
+    let r = td.mam().args(["install", "--legacy-paths"]).run();
+    r.expect_rc(2);
+    let e = r.stderr();
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("lib_py/delegation/envfile.py") && e.contains("not written by mam"), "{e}");
+    assert!(diff(&before, &snapshot(&td.ws())).is_empty());
+
+    // The legacy skill directory itself a symlink: nothing is written into where it points.
+    let td = repo("i-legacy-paths-dir");
+    let elsewhere = td.path("elsewhere");
+    fs::create_dir_all(&elsewhere).unwrap();
+    fs::create_dir_all(td.ws().join(".agents/skills")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, td.ws().join(".agents/skills/multi-agent-mux")).unwrap();
+    let before = snapshot(&td.ws());
+    let r = td.mam().args(["install", "--legacy-paths"]).run();
+    r.expect_rc(2);
+    assert!(r.stderr().contains("symbolic link"), "{}", r.stderr());
+    assert!(fs::read_dir(&elsewhere).unwrap().next().is_none(), "wrote through the link");
+    assert!(diff(&before, &snapshot(&td.ws())).is_empty());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad input
 
