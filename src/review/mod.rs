@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod checkpoint;
+pub mod decide;
 pub mod dispatch;
 pub mod evidence;
 pub mod git;

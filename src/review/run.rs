@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::checkpoint::{self, Checkpoint, JobRow, ReviewerRow, Round, RoundIdentity};
+use super::decide::{self, RoundDecision, RoundFacts};
 use super::dispatch::{self, Budget, ChildSpec};
 use super::evidence::{self, CreatorLine, Ruling, Verdict};
-use super::git::{self, Guard, PinError, Repo, Snapshot};
+use super::git::{self, Fingerprint, Guard, PinError, Repo, Snapshot};
 use super::prompt::{self, Change, Prompt};
 use crate::clock;
 use crate::ctx::{ChildRole, Ctx};
@@ -359,6 +360,64 @@ struct Done {
     copy: PathBuf,
 }
 
+/// Per reviewer: the findings the creator challenged, by number with the reason (for the next prompt).
+type Challenged = HashMap<String, Vec<(u32, String)>>;
+
+/// What the review rounds carry from one round to the next.
+#[derive(Default)]
+struct Carry {
+    /// The challenges of the creator's last correction or comply job.
+    challenged: Challenged,
+    /// Each reviewer's last report (a comply job quotes the findings it sustained).
+    last_reports: HashMap<String, String>,
+}
+
+/// The gathered inputs of one round's review jobs.
+struct RoundInput<'a> {
+    round: u32,
+    pin: Option<&'a Snapshot>,
+    diff: Option<String>,
+    diff_path: PathBuf,
+    tree_path: Option<PathBuf>,
+    isolation: &'static str,
+    /// The creator's sub-job table (3a), when it had sub-jobs.
+    table: Option<String>,
+}
+
+/// The evidence check of a round (3d).
+#[derive(Default)]
+struct Judgement {
+    verdicts: Vec<(String, Verdict)>,
+    /// The findings section of each report that did not pass.
+    sections: Vec<String>,
+    /// (reviewer, its previous report, the finding numbers it sustained).
+    sustained: Vec<(String, String, Vec<u32>)>,
+}
+
+/// A round observed: the facts the decision reads, and what acting on it needs.
+struct Seen {
+    facts: RoundFacts,
+    /// What the re-measure compares with (`decide::changed`).
+    baseline: Option<Fingerprint>,
+    pin: Option<Snapshot>,
+    dones: Vec<Done>,
+    sections: Vec<String>,
+    sustained: Vec<(String, String, Vec<u32>)>,
+}
+
+/// The comply job's list: each sustained finding as `- <reviewer>:<n>: <its text>`.
+fn sustained_items(sustained: &[(String, String, Vec<u32>)]) -> String {
+    let mut text = String::new();
+    for (session, prev, ns) in sustained {
+        let items = evidence::numbered_findings(prev);
+        for n in ns {
+            let item = items.iter().find(|(k, _)| k == n).map(|(_, t)| t.as_str()).unwrap_or("(text not found)");
+            let _ = writeln!(text, "- {session}:{n}: {}", item.trim());
+        }
+    }
+    text
+}
+
 struct InFlight {
     spec: Spec,
     child: Child,
@@ -688,260 +747,292 @@ impl Loop<'_> {
 
     // ---- review rounds (4.5 step 3) ----
 
+    /// Gather, decide, act: each round is observed (`review_round`), `decide::decide` says what it
+    /// calls for, and the answer is performed here; a re-measure before promotion is one more fact.
     fn review_rounds(&mut self) -> Result<(), Stop> {
         self.cp.phase = "review".into();
-        let reviewers = self.reviewer_list();
-        // Per reviewer: the findings the creator challenged (for the next prompt), the last report.
-        let mut challenged: HashMap<String, Vec<(u32, String)>> = HashMap::new();
-        let mut last_reports: HashMap<String, String> = HashMap::new();
+        let mut carry = Carry::default();
         for round in 1..=self.o.max_rounds {
-            self.cp.round = round;
-            self.save();
-            let subjobs = self.wait_subjobs()?;
-            let table = subjobs.as_ref().map(|rows| subjob_table(rows));
-            // Pin (4.6) and the fail-closed guard (3b).
-            let pin = if self.pinned() { Some(self.pin_round(round)?) } else { None };
-            let unpinned_fp =
-                if pin.is_none() && subjobs.is_some() { self.repo().fingerprint(&self.gctx).ok() } else { None };
-            // Isolation and the diff (3c).
-            let (evidence_kind, isolation, tree_path) = self.open_isolation(round, pin.as_ref())?;
-            let diff = match &pin {
-                Some(s) => Some(self.collect_diff(round, s)?),
-                None => None,
-            };
-            let diff_path = self.dir.join("review").join(format!("r{round}.diff"));
-            let mut round_row = Round {
-                round,
-                kind: "review".into(),
-                identity: pin.as_ref().map(|s| RoundIdentity {
-                    loop_id: self.cp.loop_id.clone(),
-                    base: self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
-                    head: s.head.clone(),
-                    tree: s.tree.clone(),
-                }),
-                snapshot_commit: pin.as_ref().map(|s| s.commit.clone()),
-                isolation: isolation.into(),
-                stale: false,
-                diff: diff.as_ref().map(|_| diff_path.display().to_string()),
-                reviewers: Vec::new(),
-            };
-            let mut specs = Vec::new();
-            for (session, remote, own) in &reviewers {
-                let jid = self.reviewer_jid(session, own.then_some("self"))?;
-                let change = match (&pin, *remote) {
-                    (Some(_), true) => Change::Inline { diff: diff.clone().unwrap_or_default() },
-                    (Some(_), false) => Change::DiffFile {
-                        diff: diff_path.display().to_string(),
-                        tree: tree_path
-                            .as_ref()
-                            .map(|t| t.display().to_string())
-                            .unwrap_or_else(|| format!("{} (the source root, env isolation)", self.p.source.display())),
-                    },
-                    (None, _) => Change::Unpinned {
-                        root: self.p.source.display().to_string(),
-                        creator_report: self
-                            .creator_report
-                            .as_ref()
-                            .map(|p| p.display().to_string())
-                            .unwrap_or_else(|| "none".into()),
-                    },
-                };
-                let env_tmp = if isolation == "env" && !remote {
-                    let t = self.dir.join("tmp").join(format!("r{round}"));
-                    let _ = sys::create_dir_all(&t);
-                    Some(t.display().to_string())
-                } else {
-                    None
-                };
-                let ch = challenged.get(session).cloned().unwrap_or_default();
-                let body = prompt::review(&prompt::Review {
-                    round,
-                    task: self.p.task.as_deref(),
-                    change,
-                    subjobs: table.as_deref(),
-                    challenged: &ch,
-                    pinned: pin.is_some(),
-                    own: *own,
-                    env_tmpdir: env_tmp.as_deref(),
-                });
-                let context = pin.as_ref().map(|s| {
-                    let path = match (*remote, &tree_path) {
-                        (true, _) => "none (diff-only)".to_string(),
-                        (false, Some(t)) => t.display().to_string(),
-                        (false, None) => format!("{} (source root, env isolation)", self.p.source.display()),
-                    };
-                    let mut c = self.context_block_for(path);
-                    c.push_str(&prompt::identity_block(&prompt::Identity {
-                        loop_id: self.cp.loop_id.clone(),
-                        base: self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
-                        head: s.head.clone(),
-                        tree: s.tree.clone(),
-                        snapshot_commit: s.commit.clone(),
-                    }));
-                    c
-                });
-                let copy = self.dir.join("review").join(format!("r{round}")).join(format!("{session}.md"));
-                specs.push(Spec {
-                    session: self.address(session, *remote),
-                    remote: *remote,
-                    jid,
-                    role: if *own { "self-reviewer" } else { "reviewer" },
-                    round,
-                    prompt: Prompt { context, body },
-                    name: format!("r{round}-review-{session}"),
-                    copy_to: copy,
-                });
-            }
-            let evidence_of: BTreeMap<String, &'static str> = crate::sort::ordered(
-                reviewers.iter().map(|(s, remote, _)| (s.clone(), if *remote { "diff-only" } else { evidence_kind })),
-            );
-            let dispatched = self.dispatch(specs);
-            let dones = match dispatched {
-                Ok(d) => d,
-                Err(e) => {
-                    self.cp.review_rounds.push(round_row);
-                    self.close_trees();
-                    return Err(e);
-                }
-            };
-            // Evidence check (3d).
-            let want = pin.as_ref().map(|s| s.tree.clone());
-            let mut sections = Vec::new();
-            let mut all_pass = true;
-            let mut sustained: Vec<(String, String, Vec<u32>)> = Vec::new();
-            for d in &dones {
-                let mut j = evidence::judge(&d.report, want.as_deref(), d.truncated);
-                // A finding sustained after a challenge is not passed (A34).
-                let held: Vec<u32> = if challenged.contains_key(&d.session) {
-                    evidence::rulings(&d.report)
-                        .into_iter()
-                        .filter(|(_, r)| *r == Ruling::Sustained)
-                        .map(|(n, _)| n)
-                        .collect()
-                } else {
-                    Vec::new()
-                };
-                if !held.is_empty() && j.verdict == Verdict::Pass {
-                    j.verdict = Verdict::NotPass;
-                    j.synthetic = Some(format!("SYNTHETIC: sustained finding(s) {held:?}"));
-                }
-                if !held.is_empty() {
-                    let prev = last_reports.get(&d.session).cloned().unwrap_or_default();
-                    sustained.push((d.session.clone(), prev, held));
-                }
-                let transport = if self.p.remote.contains(&d.session) { "remote" } else { "local" };
-                self.line(&format!(
-                    "round {round} · {} {} · job {} · VERDICT: {}{} · {}",
-                    if d.session == self.o.creator { "self-reviewer" } else { "reviewer" },
-                    d.session,
-                    d.jid,
-                    j.verdict.as_str(),
-                    j.synthetic.as_deref().map(|s| format!(" ({s})")).unwrap_or_default(),
-                    self.elapsed()
-                ));
-                if j.verdict != Verdict::Pass {
-                    all_pass = false;
-                    sections.push(evidence::findings_section(&d.session, &d.jid, &d.report, j.synthetic.as_deref()));
-                }
-                round_row.reviewers.push(ReviewerRow {
-                    session: d.session.clone(),
-                    jid: d.jid.clone(),
-                    transport: transport.into(),
-                    evidence: if pin.is_some() {
-                        evidence_of.get(&d.session).copied().unwrap_or("review-tree").into()
-                    } else {
-                        "unpinned".into()
-                    },
-                    verdict: Some(j.verdict.as_str().into()),
-                    synthetic: j.synthetic.clone(),
-                    report: Some(d.copy.display().to_string()),
-                });
-                last_reports.insert(d.session.clone(), d.report.clone());
-            }
-            // Re-measure (3e).
-            let stale = match &pin {
-                Some(s) => self.changed_since(s),
-                None => match &unpinned_fp {
-                    Some(fp) => self.repo().fingerprint(&self.gctx).map(|now| now != *fp).unwrap_or(true),
-                    None => false,
-                },
-            };
-            round_row.stale = stale;
-            self.cp.review_rounds.push(round_row);
-            self.close_trees();
-            self.save();
-            if stale {
-                self.line(&format!(
-                    "round {round}: STALE: the source changed during the review; its approvals are void"
-                ));
-                if round == self.o.max_rounds {
-                    return Err(fail(
-                        "stale_last_round",
-                        format!("round {round} (the last) went stale: the source changed during the review"),
-                    ));
-                }
-                continue;
-            }
-            if all_pass {
-                self.pause_before_promote();
-                if let Some(s) = &pin {
-                    if self.changed_since(s) {
-                        return Err(fail(
-                            "changed_after_approval",
-                            "the source changed after the reviewers passed it; nothing promoted".to_string(),
-                        ));
+            let mut seen = self.review_round(round, &mut carry)?;
+            loop {
+                match decide::decide(&seen.facts) {
+                    RoundDecision::Recheck => {
+                        self.pause_before_promote();
+                        seen.facts.changed_after_approval = Some(self.changed(seen.baseline.as_ref()));
                     }
-                } else if let Some(fp) = &unpinned_fp {
-                    if self.repo().fingerprint(&self.gctx).map(|now| now != *fp).unwrap_or(true) {
-                        return Err(fail(
-                            "changed_after_approval",
-                            "the source changed after the reviewers passed it; nothing promoted".to_string(),
-                        ));
+                    RoundDecision::Promote => return self.promote(round, seen.pin.as_ref(), &seen.dones),
+                    RoundDecision::Fail(f) => return Err(fail(f.reason(), f.message(round))),
+                    RoundDecision::ReReviewStale | RoundDecision::ReReview => break,
+                    RoundDecision::Correct => {
+                        carry.challenged = self.correct(round, false, &seen)?;
+                        break;
                     }
-                }
-                return self.promote(round, pin.as_ref(), &dones);
-            }
-            if round == self.o.max_rounds {
-                return Err(fail("rounds_exhausted", format!("no PASS from every reviewer in {round} rounds")));
-            }
-            // Self-review with a pin: NOT PASS re-reviews without a correction job (3h).
-            if self.o.reviewers.is_empty() && pin.is_some() {
-                continue;
-            }
-            // Correction or comply job (3g).
-            let findings = self.dir.join("review").join(format!("r{round}")).join("findings.md");
-            let _ = sys::create_dir_all(findings.parent().unwrap_or(&self.dir));
-            sys::atomic_write(&findings, evidence::findings_file(&sections).as_bytes())
-                .map_err(|e| fail("delegation_failed", format!("cannot write {}: {e}", show_path(&findings))))?;
-            let findings_s = findings.display().to_string();
-            let (role, body) = if sustained.is_empty() {
-                ("corrector", prompt::correction(self.p.task.as_deref(), round, &findings_s))
-            } else {
-                let mut text = String::new();
-                for (session, prev, ns) in &sustained {
-                    let items = evidence::numbered_findings(prev);
-                    for n in ns {
-                        let item =
-                            items.iter().find(|(k, _)| k == n).map(|(_, t)| t.as_str()).unwrap_or("(text not found)");
-                        let _ = writeln!(text, "- {session}:{n}: {}", item.trim());
+                    RoundDecision::Comply => {
+                        carry.challenged = self.correct(round, true, &seen)?;
+                        break;
                     }
-                }
-                ("complier", prompt::comply(self.p.task.as_deref(), round, &text, Some(&findings_s)))
-            };
-            let context = self.creator_context()?;
-            let creator = self.o.creator.clone();
-            let copy = self.dir.join("review").join(format!("r{round}")).join(format!("{creator}.{role}.md"));
-            let spec =
-                self.creator_spec(role, round, Prompt { context, body }, &format!("r{round}-{role}-{creator}"), copy);
-            let done = self.dispatch(vec![spec])?.remove(0);
-            challenged.clear();
-            for l in evidence::creator_lines(&done.report) {
-                if let CreatorLine::Challenge { session, n, reason } = l {
-                    challenged.entry(session).or_default().push((n, reason));
                 }
             }
         }
         Err(fail("rounds_exhausted", format!("no PASS from every reviewer in {} rounds", self.o.max_rounds)))
+    }
+
+    /// One round up to its facts (3a-3e): the creator's sub-jobs waited for, the pin and the guard,
+    /// the isolation and the diff, the reviewers dispatched and judged, the re-measure; the round is
+    /// recorded in the checkpoint (and a stale one said) before anything is decided.
+    fn review_round(&mut self, round: u32, carry: &mut Carry) -> Result<Seen, Stop> {
+        self.cp.round = round;
+        self.save();
+        let subjobs = self.wait_subjobs()?;
+        let table = subjobs.as_ref().map(|rows| subjob_table(rows));
+        // Pin (4.6) and the fail-closed guard (3b); what the re-measure compares with: the snapshot,
+        // or, unpinned, the source once the sub-jobs ended (no sub-jobs: nothing to compare).
+        let pin = if self.pinned() { Some(self.pin_round(round)?) } else { None };
+        let baseline = match &pin {
+            Some(s) => Some(Fingerprint { head: s.head.clone(), tree: s.tree.clone() }),
+            None if subjobs.is_some() => self.repo().fingerprint(&self.gctx).ok(),
+            None => None,
+        };
+        // Isolation and the diff (3c).
+        let (evidence_kind, isolation, tree_path) = self.open_isolation(round, pin.as_ref())?;
+        let diff = match &pin {
+            Some(s) => Some(self.collect_diff(round, s)?),
+            None => None,
+        };
+        let diff_path = self.dir.join("review").join(format!("r{round}.diff"));
+        let mut row = self.round_row(round, pin.as_ref(), isolation, diff.as_ref().map(|_| &diff_path));
+        let input = RoundInput { round, pin: pin.as_ref(), diff, diff_path, tree_path, isolation, table };
+        let specs = self.review_specs(&input, &carry.challenged)?;
+        let dones = match self.dispatch(specs) {
+            Ok(d) => d,
+            Err(e) => {
+                self.cp.review_rounds.push(row);
+                self.close_trees();
+                return Err(e);
+            }
+        };
+        // Evidence check (3d).
+        let judged = self.judge_round(round, pin.as_ref(), evidence_kind, &dones, carry, &mut row);
+        // Re-measure (3e).
+        let stale = self.changed(baseline.as_ref());
+        row.stale = stale;
+        self.cp.review_rounds.push(row);
+        self.close_trees();
+        self.save();
+        if stale {
+            self.line(&format!("round {round}: STALE: the source changed during the review; its approvals are void"));
+        }
+        let facts = RoundFacts {
+            round,
+            max_rounds: self.o.max_rounds,
+            self_review: self.o.reviewers.is_empty(),
+            pinned: pin.is_some(),
+            verdicts: judged.verdicts,
+            stale,
+            sustained: !judged.sustained.is_empty(),
+            changed_after_approval: None,
+        };
+        Ok(Seen { facts, baseline, pin, dones, sections: judged.sections, sustained: judged.sustained })
+    }
+
+    /// The checkpoint row of a review round, before its reviewers report.
+    fn round_row(&self, round: u32, pin: Option<&Snapshot>, isolation: &str, diff: Option<&PathBuf>) -> Round {
+        Round {
+            round,
+            kind: "review".into(),
+            identity: pin.map(|s| RoundIdentity {
+                loop_id: self.cp.loop_id.clone(),
+                base: self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
+                head: s.head.clone(),
+                tree: s.tree.clone(),
+            }),
+            snapshot_commit: pin.map(|s| s.commit.clone()),
+            isolation: isolation.into(),
+            stale: false,
+            diff: diff.map(|p| p.display().to_string()),
+            reviewers: Vec::new(),
+        }
+    }
+
+    /// One review job per reviewer (or the creator's self-review), in the reviewers' order.
+    fn review_specs(&mut self, r: &RoundInput, challenged: &Challenged) -> Result<Vec<Spec>, Stop> {
+        let round = r.round;
+        let mut specs = Vec::new();
+        for (session, remote, own) in &self.reviewer_list() {
+            let jid = self.reviewer_jid(session, own.then_some("self"))?;
+            let change = match (r.pin, *remote) {
+                (Some(_), true) => Change::Inline { diff: r.diff.clone().unwrap_or_default() },
+                (Some(_), false) => Change::DiffFile {
+                    diff: r.diff_path.display().to_string(),
+                    tree: r
+                        .tree_path
+                        .as_ref()
+                        .map(|t| t.display().to_string())
+                        .unwrap_or_else(|| format!("{} (the source root, env isolation)", self.p.source.display())),
+                },
+                (None, _) => Change::Unpinned {
+                    root: self.p.source.display().to_string(),
+                    creator_report: self
+                        .creator_report
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "none".into()),
+                },
+            };
+            let env_tmp = if r.isolation == "env" && !remote {
+                let t = self.dir.join("tmp").join(format!("r{round}"));
+                let _ = sys::create_dir_all(&t);
+                Some(t.display().to_string())
+            } else {
+                None
+            };
+            let ch = challenged.get(session).cloned().unwrap_or_default();
+            let body = prompt::review(&prompt::Review {
+                round,
+                task: self.p.task.as_deref(),
+                change,
+                subjobs: r.table.as_deref(),
+                challenged: &ch,
+                pinned: r.pin.is_some(),
+                own: *own,
+                env_tmpdir: env_tmp.as_deref(),
+            });
+            let context = r.pin.map(|s| self.review_context(s, *remote, r.tree_path.as_ref()));
+            let copy = self.dir.join("review").join(format!("r{round}")).join(format!("{session}.md"));
+            specs.push(Spec {
+                session: self.address(session, *remote),
+                remote: *remote,
+                jid,
+                role: if *own { "self-reviewer" } else { "reviewer" },
+                round,
+                prompt: Prompt { context, body },
+                name: format!("r{round}-review-{session}"),
+                copy_to: copy,
+            });
+        }
+        Ok(specs)
+    }
+
+    /// A pinned reviewer's `[worktree context]` and `[review identity]` blocks (4.4, 4.6).
+    fn review_context(&self, s: &Snapshot, remote: bool, tree_path: Option<&PathBuf>) -> String {
+        let path = match (remote, tree_path) {
+            (true, _) => "none (diff-only)".to_string(),
+            (false, Some(t)) => t.display().to_string(),
+            (false, None) => format!("{} (source root, env isolation)", self.p.source.display()),
+        };
+        let mut c = self.context_block_for(path);
+        c.push_str(&prompt::identity_block(&prompt::Identity {
+            loop_id: self.cp.loop_id.clone(),
+            base: self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
+            head: s.head.clone(),
+            tree: s.tree.clone(),
+            snapshot_commit: s.commit.clone(),
+        }));
+        c
+    }
+
+    /// 3d: each report judged (a finding sustained after a challenge is not passed, A34), its line
+    /// said, its row added to the round; the verdicts, findings and sustained findings returned.
+    fn judge_round(
+        &mut self,
+        round: u32,
+        pin: Option<&Snapshot>,
+        evidence_kind: &'static str,
+        dones: &[Done],
+        carry: &mut Carry,
+        row: &mut Round,
+    ) -> Judgement {
+        let evidence_of: BTreeMap<String, &'static str> = crate::sort::ordered(
+            self.reviewer_list()
+                .into_iter()
+                .map(|(s, remote, _)| (s, if remote { "diff-only" } else { evidence_kind })),
+        );
+        let want = pin.map(|s| s.tree.clone());
+        let mut out = Judgement::default();
+        for d in dones {
+            let mut j = evidence::judge(&d.report, want.as_deref(), d.truncated);
+            let held: Vec<u32> = if carry.challenged.contains_key(&d.session) {
+                evidence::rulings(&d.report)
+                    .into_iter()
+                    .filter(|(_, r)| *r == Ruling::Sustained)
+                    .map(|(n, _)| n)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            decide::hold(&mut j, &held);
+            if !held.is_empty() {
+                let prev = carry.last_reports.get(&d.session).cloned().unwrap_or_default();
+                out.sustained.push((d.session.clone(), prev, held));
+            }
+            let transport = if self.p.remote.contains(&d.session) { "remote" } else { "local" };
+            self.line(&format!(
+                "round {round} · {} {} · job {} · VERDICT: {}{} · {}",
+                if d.session == self.o.creator { "self-reviewer" } else { "reviewer" },
+                d.session,
+                d.jid,
+                j.verdict.as_str(),
+                j.synthetic.as_deref().map(|s| format!(" ({s})")).unwrap_or_default(),
+                self.elapsed()
+            ));
+            if j.verdict != Verdict::Pass {
+                out.sections.push(evidence::findings_section(&d.session, &d.jid, &d.report, j.synthetic.as_deref()));
+            }
+            out.verdicts.push((d.session.clone(), j.verdict));
+            row.reviewers.push(ReviewerRow {
+                session: d.session.clone(),
+                jid: d.jid.clone(),
+                transport: transport.into(),
+                evidence: if pin.is_some() {
+                    evidence_of.get(&d.session).copied().unwrap_or("review-tree").into()
+                } else {
+                    "unpinned".into()
+                },
+                verdict: Some(j.verdict.as_str().into()),
+                synthetic: j.synthetic.clone(),
+                report: Some(d.copy.display().to_string()),
+            });
+            carry.last_reports.insert(d.session.clone(), d.report.clone());
+        }
+        out
+    }
+
+    /// The re-measure (3e, 4.8): whether the source moved from `baseline` (nothing measured: no).
+    fn changed(&self, baseline: Option<&Fingerprint>) -> bool {
+        if baseline.is_none() {
+            return false;
+        }
+        let now = self.repo().fingerprint(&self.gctx).ok();
+        decide::changed(baseline, now.as_ref())
+    }
+
+    /// 3g: the creator's correction job (the round's findings) or comply job (the sustained
+    /// findings); returns the findings its report challenged, per reviewer, for the next round.
+    fn correct(&mut self, round: u32, comply: bool, seen: &Seen) -> Result<Challenged, Stop> {
+        let findings = self.dir.join("review").join(format!("r{round}")).join("findings.md");
+        let _ = sys::create_dir_all(findings.parent().unwrap_or(&self.dir));
+        sys::atomic_write(&findings, evidence::findings_file(&seen.sections).as_bytes())
+            .map_err(|e| fail("delegation_failed", format!("cannot write {}: {e}", show_path(&findings))))?;
+        let findings_s = findings.display().to_string();
+        let (role, body) = if comply {
+            let text = sustained_items(&seen.sustained);
+            ("complier", prompt::comply(self.p.task.as_deref(), round, &text, Some(&findings_s)))
+        } else {
+            ("corrector", prompt::correction(self.p.task.as_deref(), round, &findings_s))
+        };
+        let context = self.creator_context()?;
+        let creator = self.o.creator.clone();
+        let copy = self.dir.join("review").join(format!("r{round}")).join(format!("{creator}.{role}.md"));
+        let spec =
+            self.creator_spec(role, round, Prompt { context, body }, &format!("r{round}-{role}-{creator}"), copy);
+        let done = self.dispatch(vec![spec])?.remove(0);
+        let mut challenged = Challenged::new();
+        for l in evidence::creator_lines(&done.report) {
+            if let CreatorLine::Challenge { session, n, reason } = l {
+                challenged.entry(session).or_default().push((n, reason));
+            }
+        }
+        Ok(challenged)
     }
 
     /// (session, remote, own): the reviewers, or the creator itself.
@@ -1157,13 +1248,6 @@ impl Loop<'_> {
             });
         }
         Ok(out)
-    }
-
-    fn changed_since(&self, s: &Snapshot) -> bool {
-        match self.repo().fingerprint(&self.gctx) {
-            Ok(fp) => fp.head != s.head || fp.tree != s.tree,
-            Err(_) => true,
-        }
     }
 
     #[cfg(feature = "test-hooks")]
