@@ -150,41 +150,39 @@ fn read_text_file(flag: &str, path: &Path) -> Result<String, LoopError> {
         .map_err(|_| invalid(format!("{flag} {}: not UTF-8 text; give a text file", show_path(path))))
 }
 
+/// 4.2's checks of the command line alone, in the order they are made: the first that holds is the
+/// refusal, with its text.
+type FlagCheck = (fn(&Options) -> bool, &'static str);
+const FLAG_CHECKS: &[FlagCheck] = &[
+    (|o| o.max_rounds < 1, "--max-rounds must be at least 1"),
+    (|o| o.review_only && o.base.is_none(), "--review-only needs --base REF (the commit the review starts from)"),
+    (
+        |o| o.review_only && (o.plan || o.plan_file.is_some()),
+        "--review-only reviews an existing change: it takes neither --plan nor --plan-file",
+    ),
+    (|o| o.plan && o.plan_file.is_some(), "give --plan (write a plan) or --plan-file PATH (use this plan), not both"),
+    (|o| !o.review_only && o.task_file.is_none(), "--task-file PATH is required (unless --review-only)"),
+    (
+        |o| !pinned(o) && o.isolation.is_some(),
+        "--review-isolation needs --worktree or --base (an unpinned loop has no review tree)",
+    ),
+    (
+        |o| !pinned(o) && o.remote_review.is_some(),
+        "--remote-review needs --worktree or --base (a remote reviewer sees only a pinned diff)",
+    ),
+];
+
+/// `--worktree` or `--base`: the loop reviews a pinned snapshot (4.6).
+fn pinned(o: &Options) -> bool {
+    o.worktree.is_some() || o.base.is_some()
+}
+
+/// Validation (4.2): every check before the lock, each its own step in the order of its errors.
 fn validate(ctx: &Ctx, o: &Options) -> Result<Plan, LoopError> {
-    if o.max_rounds < 1 {
-        return Err(invalid("--max-rounds must be at least 1"));
+    if let Some((_, msg)) = FLAG_CHECKS.iter().find(|(bad, _)| bad(o)) {
+        return Err(invalid(msg));
     }
-    if o.review_only && o.base.is_none() {
-        return Err(invalid("--review-only needs --base REF (the commit the review starts from)"));
-    }
-    if o.review_only && (o.plan || o.plan_file.is_some()) {
-        return Err(invalid("--review-only reviews an existing change: it takes neither --plan nor --plan-file"));
-    }
-    if o.plan && o.plan_file.is_some() {
-        return Err(invalid("give --plan (write a plan) or --plan-file PATH (use this plan), not both"));
-    }
-    if !o.review_only && o.task_file.is_none() {
-        return Err(invalid("--task-file PATH is required (unless --review-only)"));
-    }
-    let pinned = o.worktree.is_some() || o.base.is_some();
-    if !pinned && o.isolation.is_some() {
-        return Err(invalid("--review-isolation needs --worktree or --base (an unpinned loop has no review tree)"));
-    }
-    if !pinned && o.remote_review.is_some() {
-        return Err(invalid("--remote-review needs --worktree or --base (a remote reviewer sees only a pinned diff)"));
-    }
-    let mut seen = Vec::new();
-    for r in &o.reviewers {
-        if *r == o.creator {
-            return Err(invalid(format!(
-                "the creator {r} is also listed as a reviewer; without --reviewer it reviews itself"
-            )));
-        }
-        if seen.contains(r) {
-            return Err(invalid(format!("reviewer {r} is listed twice")));
-        }
-        seen.push(r.clone());
-    }
+    check_reviewer_names(o)?;
     let task = match &o.task_file {
         Some(p) => Some(read_text_file("--task-file", &sys::absolutize(ctx.cwd(), p))?),
         None => None,
@@ -199,8 +197,42 @@ fn validate(ctx: &Ctx, o: &Options) -> Result<Plan, LoopError> {
     };
     let resolved = paths::resolve(ctx, o.registry_dir.as_deref()).map_err(|e| LoopError::Failed(e.to_string()))?;
     let control = resolved.control_root.clone();
+    let remote = check_sessions(&resolved, o)?;
+    let source = source_root(ctx, o, &control)?;
+    let base = base_commit(ctx, o, &source, &control)?;
+    admit_remote(o, &remote, base.is_some())?;
+    Ok(Plan {
+        control,
+        source,
+        resolved,
+        task,
+        plan_file,
+        base,
+        remote,
+        isolation: o.isolation.unwrap_or(Isolation::Tree),
+    })
+}
 
-    // Sessions: the creator local and running; reviewers known, local ones running.
+/// The reviewers: not the creator, none twice.
+fn check_reviewer_names(o: &Options) -> Result<(), LoopError> {
+    let mut seen = Vec::new();
+    for r in &o.reviewers {
+        if *r == o.creator {
+            return Err(invalid(format!(
+                "the creator {r} is also listed as a reviewer; without --reviewer it reviews itself"
+            )));
+        }
+        if seen.contains(r) {
+            return Err(invalid(format!("reviewer {r} is listed twice")));
+        }
+        seen.push(r.clone());
+    }
+    Ok(())
+}
+
+/// Sessions: the creator local and running; reviewers known, local ones running. Returns the remote
+/// reviewers.
+fn check_sessions(resolved: &paths::Resolved, o: &Options) -> Result<Vec<String>, LoopError> {
     let doc = session::load(&resolved.sessions).map_err(|e| invalid(e.to_string()))?;
     let sessions = show_path(&resolved.sessions);
     let Some(c) = doc.row(&o.creator) else {
@@ -226,98 +258,90 @@ fn validate(ctx: &Ctx, o: &Options) -> Result<Plan, LoopError> {
             return Err(invalid(format!("reviewer {r} is {}, not running", row.status)));
         }
     }
+    Ok(remote)
+}
 
-    // The source root: --worktree (same repository as the control root) or the control root.
-    let source = match &o.worktree {
-        None => control.clone(),
-        Some(w) => {
-            let from = if o.worktree_from_env { "MAM_LOOP_WORKTREE" } else { "--worktree" };
-            let w = sys::absolutize(ctx.cwd(), w);
-            if !w.is_dir() {
-                return Err(invalid(format!("{from} {}: no such directory", show_path(&w))));
-            }
-            let real = w.canonicalize().map_err(|e| invalid(format!("{from} {}: {e}", show_path(&w))))?;
-            let top = git::toplevel(ctx, &real)
-                .map_err(|e| invalid(format!("{from} {}: not a git worktree ({e})", show_path(&w))))?;
-            if top != real {
-                return Err(invalid(format!(
-                    "{from} {}: not the top level of its worktree (that is {})",
-                    show_path(&w),
-                    show_path(&top)
-                )));
-            }
-            let mine = git::common_dir(ctx, &real).map_err(|e| invalid(format!("{from} {}: {e}", show_path(&w))))?;
-            let theirs = git::common_dir(ctx, &control).map_err(|e| {
-                invalid(format!("the control root {} is not a git repository ({e})", show_path(&control)))
-            })?;
-            if mine != theirs {
-                return Err(invalid(format!(
-                    "{from} {}: a worktree of another repository (git dir {}, the control root's is {})",
-                    show_path(&w),
-                    show_path(&mine),
-                    show_path(&theirs)
-                )));
-            }
-            real
-        }
-    };
+/// The source root: `--worktree` (the top level of a worktree of the control root's repository),
+/// else the control root.
+fn source_root(ctx: &Ctx, o: &Options, control: &Path) -> Result<PathBuf, LoopError> {
+    let Some(w) = &o.worktree else { return Ok(control.to_path_buf()) };
+    let from = if o.worktree_from_env { "MAM_LOOP_WORKTREE" } else { "--worktree" };
+    let w = sys::absolutize(ctx.cwd(), w);
+    if !w.is_dir() {
+        return Err(invalid(format!("{from} {}: no such directory", show_path(&w))));
+    }
+    let real = w.canonicalize().map_err(|e| invalid(format!("{from} {}: {e}", show_path(&w))))?;
+    let top = git::toplevel(ctx, &real)
+        .map_err(|e| invalid(format!("{from} {}: not a git worktree ({e})", show_path(&w))))?;
+    if top != real {
+        return Err(invalid(format!(
+            "{from} {}: not the top level of its worktree (that is {})",
+            show_path(&w),
+            show_path(&top)
+        )));
+    }
+    let mine = git::common_dir(ctx, &real).map_err(|e| invalid(format!("{from} {}: {e}", show_path(&w))))?;
+    let theirs = git::common_dir(ctx, control)
+        .map_err(|e| invalid(format!("the control root {} is not a git repository ({e})", show_path(control))))?;
+    if mine != theirs {
+        return Err(invalid(format!(
+            "{from} {}: a worktree of another repository (git dir {}, the control root's is {})",
+            show_path(&w),
+            show_path(&mine),
+            show_path(&theirs)
+        )));
+    }
+    Ok(real)
+}
 
-    let base = match (&o.base, &o.worktree) {
+/// The base: `--base` (a commit that is an ancestor of the source's HEAD), else with `--worktree`
+/// the merge-base of the two HEADs, else none. (full sha, where it came from).
+fn base_commit(ctx: &Ctx, o: &Options, source: &Path, control: &Path) -> Result<Option<(String, String)>, LoopError> {
+    match (&o.base, &o.worktree) {
         (Some(b), _) => {
-            let sha = git::resolve_commit(ctx, &source, b).map_err(|e| {
-                invalid(format!("--base '{}': not a commit of {} ({e})", one_line(b), show_path(&source)))
+            let sha = git::resolve_commit(ctx, source, b).map_err(|e| {
+                invalid(format!("--base '{}': not a commit of {} ({e})", one_line(b), show_path(source)))
             })?;
-            let head = git::head(ctx, &source).map_err(|e| invalid(format!("{}: {e}", show_path(&source))))?;
-            match git::is_ancestor(ctx, &source, &sha, &head) {
+            let head = git::head(ctx, source).map_err(|e| invalid(format!("{}: {e}", show_path(source))))?;
+            match git::is_ancestor(ctx, source, &sha, &head) {
                 Ok(true) => {}
                 Ok(false) => {
                     return Err(invalid(format!(
                         "--base '{}' ({sha}) is not an ancestor of HEAD {head} of {}",
                         one_line(b),
-                        show_path(&source)
+                        show_path(source)
                     )))
                 }
                 Err(e) => return Err(invalid(format!("--base '{}': {e}", one_line(b)))),
             }
-            Some((sha, format!("--base {}", one_line(b))))
+            Ok(Some((sha, format!("--base {}", one_line(b)))))
         }
         (None, Some(_)) => {
-            let head = git::head(ctx, &source).map_err(|e| invalid(format!("{}: {e}", show_path(&source))))?;
-            let chead = git::head(ctx, &control).map_err(|e| invalid(format!("{}: {e}", show_path(&control))))?;
-            let mb = git::merge_base(ctx, &source, &head, &chead).map_err(|e| {
+            let head = git::head(ctx, source).map_err(|e| invalid(format!("{}: {e}", show_path(source))))?;
+            let chead = git::head(ctx, control).map_err(|e| invalid(format!("{}: {e}", show_path(control))))?;
+            let mb = git::merge_base(ctx, source, &head, &chead).map_err(|e| {
                 invalid(format!("no merge-base of the worktree and the control root ({e}); give --base"))
             })?;
-            Some((mb, "merge-base of the worktree's HEAD and the control root's HEAD".to_string()))
+            Ok(Some((mb, "merge-base of the worktree's HEAD and the control root's HEAD".to_string())))
         }
-        (None, None) => None,
-    };
-    if !remote.is_empty() {
-        match o.remote_review {
-            Some(RemoteReview::DiffOnly) if base.is_some() => {}
-            Some(RemoteReview::DiffOnly) => {
-                return Err(invalid("--remote-review diff-only needs a base (--base or --worktree)"));
-            }
-            _ => {
-                return Err(invalid(format!(
-                    "reviewer {} is a remote session; a remote reviewer sees no checkout: admit it with \
-                     --remote-review diff-only",
-                    remote[0]
-                )));
-            }
-        }
-    } else if o.remote_review == Some(RemoteReview::DiffOnly) && base.is_none() {
+        (None, None) => Ok(None),
+    }
+}
+
+/// A remote reviewer is admitted only with `--remote-review diff-only` and a base; diff-only without
+/// a base is refused either way.
+fn admit_remote(o: &Options, remote: &[String], has_base: bool) -> Result<(), LoopError> {
+    let diff_only = o.remote_review == Some(RemoteReview::DiffOnly);
+    if diff_only && !has_base {
         return Err(invalid("--remote-review diff-only needs a base (--base or --worktree)"));
     }
-    Ok(Plan {
-        control,
-        source,
-        resolved,
-        task,
-        plan_file,
-        base,
-        remote,
-        isolation: o.isolation.unwrap_or(Isolation::Tree),
-    })
+    match remote.first() {
+        Some(r) if !diff_only => Err(invalid(format!(
+            "reviewer {r} is a remote session; a remote reviewer sees no checkout: admit it with \
+             --remote-review diff-only"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Why the loop stopped early.
@@ -463,23 +487,7 @@ pub fn run(ctx: &Ctx, o: &Options, say: &mut dyn FnMut(Out, &str)) -> Result<Out
     let loop_root = p.control.join(".mam").join("loop");
     sys::create_dir_all(&loop_root)
         .map_err(|e| LoopError::Failed(format!("loop: cannot create {} ({e})", show_path(&loop_root))))?;
-    let lock_path = loop_root.join(format!("{}.lock", o.creator));
-    let file = sys::open_lock_file(&lock_path)
-        .map_err(|e| LoopError::Failed(format!("loop: cannot open the lock {} ({e})", show_path(&lock_path))))?;
-    let lock = match Flock::try_acquire(file, LockMode::Exclusive) {
-        Ok(Some(l)) => l,
-        Ok(None) => {
-            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
-            let holder = holder.trim();
-            return Err(LoopError::Busy(format!(
-                "loop: creator {} is busy: loop {} holds {}; wait for it or stop it",
-                o.creator,
-                if holder.is_empty() { "(unknown)" } else { holder },
-                show_path(&lock_path)
-            )));
-        }
-        Err(e) => return Err(LoopError::Failed(format!("loop: cannot lock {} ({e})", show_path(&lock_path)))),
-    };
+    let lock = lock_creator(&loop_root, &o.creator)?;
     let loop_id = sys::random_hex(4).map_err(|e| LoopError::Failed(format!("loop: no random bytes ({e})")))?;
     let _ = sys::write_in_place(&lock.file, format!("{loop_id}\n").as_bytes());
     let dir = loop_root.join(&loop_id);
@@ -567,6 +575,26 @@ pub fn run(ctx: &Ctx, o: &Options, say: &mut dyn FnMut(Out, &str)) -> Result<Out
     Ok(out)
 }
 
+/// The creator's loop lock (4.3): one loop per creator; a held lock names the loop that holds it.
+fn lock_creator(loop_root: &Path, creator: &str) -> Result<Flock, LoopError> {
+    let lock_path = loop_root.join(format!("{creator}.lock"));
+    let file = sys::open_lock_file(&lock_path)
+        .map_err(|e| LoopError::Failed(format!("loop: cannot open the lock {} ({e})", show_path(&lock_path))))?;
+    match Flock::try_acquire(file, LockMode::Exclusive) {
+        Ok(Some(l)) => Ok(l),
+        Ok(None) => {
+            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
+            let holder = holder.trim();
+            Err(LoopError::Busy(format!(
+                "loop: creator {creator} is busy: loop {} holds {}; wait for it or stop it",
+                if holder.is_empty() { "(unknown)" } else { holder },
+                show_path(&lock_path)
+            )))
+        }
+        Err(e) => Err(LoopError::Failed(format!("loop: cannot lock {} ({e})", show_path(&lock_path)))),
+    }
+}
+
 /// Copies this executable to `dest` (0755), so a rebuild in the tree under review cannot change
 /// the running loop (4.3).
 fn freeze(dest: &Path) -> std::io::Result<()> {
@@ -651,23 +679,7 @@ impl Loop<'_> {
             }
             let plan_copy = done.copy.display().to_string();
             // Reviewers (or the creator itself) judge the plan: VERDICT only.
-            let mut specs = Vec::new();
-            let reviewers = self.reviewer_list();
-            for (session, remote, own) in &reviewers {
-                let jid = self.reviewer_jid(session, own.then_some("self"))?;
-                let text = prompt::plan_review(&task, round, &plan_copy, *own);
-                let copy = self.dir.join("review").join(format!("p{round}")).join(format!("{session}.md"));
-                specs.push(Spec {
-                    session: self.address(session, *remote),
-                    remote: *remote,
-                    jid,
-                    role: "plan-reviewer",
-                    round,
-                    prompt: Prompt { context: context.clone(), body: text },
-                    name: format!("plan{round}-review-{session}"),
-                    copy_to: copy,
-                });
-            }
+            let specs = self.plan_review_specs(round, &task, &plan_copy, &context)?;
             let dones = self.dispatch(specs)?;
             let mut sections = Vec::new();
             let mut rows = Vec::new();
@@ -724,6 +736,33 @@ impl Loop<'_> {
             role = "planner";
         }
         Err(fail("plan_rounds_exhausted", format!("the plan did not pass in {} rounds", self.o.max_rounds)))
+    }
+
+    /// One plan-review job per reviewer (or the creator's own), in the reviewers' order.
+    fn plan_review_specs(
+        &mut self,
+        round: u32,
+        task: &str,
+        plan_copy: &str,
+        context: &Option<String>,
+    ) -> Result<Vec<Spec>, Stop> {
+        let mut specs = Vec::new();
+        for (session, remote, own) in &self.reviewer_list() {
+            let jid = self.reviewer_jid(session, own.then_some("self"))?;
+            let text = prompt::plan_review(task, round, plan_copy, *own);
+            let copy = self.dir.join("review").join(format!("p{round}")).join(format!("{session}.md"));
+            specs.push(Spec {
+                session: self.address(session, *remote),
+                remote: *remote,
+                jid,
+                role: "plan-reviewer",
+                round,
+                prompt: Prompt { context: context.clone(), body: text },
+                name: format!("plan{round}-review-{session}"),
+                copy_to: copy,
+            });
+        }
+        Ok(specs)
     }
 
     // ---- implement (4.5 step 2) ----
