@@ -8,3 +8,4 @@ pub mod evidence;
 pub mod git;
 pub mod prompt;
 pub mod run;
+pub mod validate;
