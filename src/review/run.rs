@@ -1,5 +1,5 @@
-//! `mam loop` (ORCH 4): validation before the lock (4.2), the loop dir, the per-creator lock and the
-//! frozen binary (4.3), the plan / implement / review phases (4.5) with pinning, isolation,
+//! `mam loop` (ORCH 4): validation before the lock (4.2, `review::validate`), the loop dir, the
+//! per-creator lock and the frozen binary (4.3), the plan / implement / review phases (4.5) with pinning, isolation,
 //! staleness (4.6), budgets and the stall watcher (4.7), promotion (4.8). It never prints: every
 //! line goes through the caller's `say`.
 
@@ -12,16 +12,18 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::checkpoint::{self, Checkpoint, JobRow, ReviewerRow, Round, RoundIdentity};
+use super::decide::{self, RoundDecision, RoundFacts};
 use super::dispatch::{self, Budget, ChildSpec};
 use super::evidence::{self, CreatorLine, Ruling, Verdict};
-use super::git::{self, Guard, PinError, Repo, Snapshot};
+use super::git::{self, Fingerprint, Guard, PinError, Repo, Snapshot};
 use super::prompt::{self, Change, Prompt};
+use super::validate::{validate, Plan};
+pub use super::validate::{Isolation, LoopError, Options, RemoteReview};
 use crate::clock;
 use crate::ctx::{ChildRole, Ctx};
 use crate::diffcollect;
 use crate::notify;
 use crate::ops;
-use crate::paths;
 use crate::registry::engine::Kind;
 use crate::registry::is_terminal;
 use crate::registry::store::Store;
@@ -29,74 +31,10 @@ use crate::session;
 use crate::sys::{self, Flock, LockMode};
 use crate::text::{one_line, show_path};
 
-/// The largest task or plan file the loop takes.
-pub const MAX_TASK_BYTES: u64 = 1024 * 1024;
 /// How much of a report the evidence check reads; a longer report counts as cut (A35).
 pub const MAX_REPORT_BYTES: u64 = 1024 * 1024;
 /// The poll interval of every wait.
 const POLL: Duration = Duration::from_millis(100);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isolation {
-    Tree,
-    Env,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RemoteReview {
-    Refuse,
-    DiffOnly,
-}
-
-/// A validated command line (the env knobs already read by the command layer).
-#[derive(Debug, Clone)]
-pub struct Options {
-    pub creator: String,
-    pub reviewers: Vec<String>,
-    pub task_file: Option<PathBuf>,
-    pub plan: bool,
-    pub plan_file: Option<PathBuf>,
-    pub max_rounds: u32,
-    pub worktree: Option<PathBuf>,
-    /// `--worktree` came from `MAM_LOOP_WORKTREE`.
-    pub worktree_from_env: bool,
-    pub base: Option<String>,
-    pub review_only: bool,
-    pub isolation: Option<Isolation>,
-    pub remote_review: Option<RemoteReview>,
-    /// 0 = none (A41).
-    pub wall_clock_s: u32,
-    pub job_timeout_s: u32,
-    /// 0 = off.
-    pub stall_s: u32,
-    pub registry_dir: Option<PathBuf>,
-    pub diff_max: u32,
-    pub heartbeat_sec: u32,
-    pub heartbeat_misses: u32,
-    pub ack_timeout_s: u32,
-    /// The caller's job (`MAM_PARENT_JOB_ID`, read once by the command layer): every delegation
-    /// gets it as `--parent`, and no child inherits the variable (4.3).
-    pub parent: Option<String>,
-}
-
-/// Why a loop did not start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LoopError {
-    /// Validation (4.2): exit 2, nothing locked or delegated.
-    Invalid(String),
-    /// Another loop holds the creator's lock: exit 3.
-    Busy(String),
-    /// The control plane could not be prepared: exit 1.
-    Failed(String),
-}
-
-impl std::fmt::Display for LoopError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LoopError::Invalid(m) | LoopError::Busy(m) | LoopError::Failed(m) => f.write_str(m),
-        }
-    }
-}
 
 /// How a loop ended.
 #[derive(Debug, Clone)]
@@ -114,209 +52,6 @@ pub struct Outcome {
 pub enum Out {
     Stdout,
     Stderr,
-}
-
-/// Everything validation established (4.2).
-struct Plan {
-    control: PathBuf,
-    source: PathBuf,
-    resolved: paths::Resolved,
-    task: Option<String>,
-    plan_file: Option<PathBuf>,
-    /// (full sha, where it came from) when pinned.
-    base: Option<(String, String)>,
-    remote: Vec<String>,
-    isolation: Isolation,
-}
-
-fn invalid(msg: impl std::fmt::Display) -> LoopError {
-    LoopError::Invalid(format!("loop: {}", one_line(&msg.to_string())))
-}
-
-/// Reads a task or plan file: present, non-empty, UTF-8 text without NUL, at most 1 MiB.
-fn read_text_file(flag: &str, path: &Path) -> Result<String, LoopError> {
-    // The user's own input: a symlink to it is followed (only writes never follow one).
-    let bytes = read_following(path, MAX_TASK_BYTES).map_err(|e| {
-        invalid(format!("{flag} {}: cannot read ({e}); give an existing text file of at most 1 MiB", show_path(path)))
-    })?;
-    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-        return Err(invalid(format!("{flag} {}: the file is empty", show_path(path))));
-    }
-    if bytes.contains(&0) {
-        return Err(invalid(format!("{flag} {}: a binary file (NUL bytes); give a text file", show_path(path))));
-    }
-    String::from_utf8(bytes)
-        .map_err(|_| invalid(format!("{flag} {}: not UTF-8 text; give a text file", show_path(path))))
-}
-
-fn validate(ctx: &Ctx, o: &Options) -> Result<Plan, LoopError> {
-    if o.max_rounds < 1 {
-        return Err(invalid("--max-rounds must be at least 1"));
-    }
-    if o.review_only && o.base.is_none() {
-        return Err(invalid("--review-only needs --base REF (the commit the review starts from)"));
-    }
-    if o.review_only && (o.plan || o.plan_file.is_some()) {
-        return Err(invalid("--review-only reviews an existing change: it takes neither --plan nor --plan-file"));
-    }
-    if o.plan && o.plan_file.is_some() {
-        return Err(invalid("give --plan (write a plan) or --plan-file PATH (use this plan), not both"));
-    }
-    if !o.review_only && o.task_file.is_none() {
-        return Err(invalid("--task-file PATH is required (unless --review-only)"));
-    }
-    let pinned = o.worktree.is_some() || o.base.is_some();
-    if !pinned && o.isolation.is_some() {
-        return Err(invalid("--review-isolation needs --worktree or --base (an unpinned loop has no review tree)"));
-    }
-    if !pinned && o.remote_review.is_some() {
-        return Err(invalid("--remote-review needs --worktree or --base (a remote reviewer sees only a pinned diff)"));
-    }
-    let mut seen = Vec::new();
-    for r in &o.reviewers {
-        if *r == o.creator {
-            return Err(invalid(format!(
-                "the creator {r} is also listed as a reviewer; without --reviewer it reviews itself"
-            )));
-        }
-        if seen.contains(r) {
-            return Err(invalid(format!("reviewer {r} is listed twice")));
-        }
-        seen.push(r.clone());
-    }
-    let task = match &o.task_file {
-        Some(p) => Some(read_text_file("--task-file", &sys::absolutize(ctx.cwd(), p))?),
-        None => None,
-    };
-    let plan_file = match &o.plan_file {
-        Some(p) => {
-            let abs = sys::absolutize(ctx.cwd(), p);
-            read_text_file("--plan-file", &abs)?;
-            Some(abs)
-        }
-        None => None,
-    };
-    let resolved = paths::resolve(ctx, o.registry_dir.as_deref()).map_err(|e| LoopError::Failed(e.to_string()))?;
-    let control = resolved.control_root.clone();
-
-    // Sessions: the creator local and running; reviewers known, local ones running.
-    let doc = session::load(&resolved.sessions).map_err(|e| invalid(e.to_string()))?;
-    let sessions = show_path(&resolved.sessions);
-    let Some(c) = doc.row(&o.creator) else {
-        return Err(invalid(format!("unknown session '{}' (no row in {sessions})", one_line(&o.creator))));
-    };
-    if c.remote() {
-        return Err(invalid(format!(
-            "the creator {} is a remote session; the creator must be a local session",
-            c.name
-        )));
-    }
-    if !c.running() {
-        return Err(invalid(format!("the creator {} is {}, not running", c.name, c.status)));
-    }
-    let mut remote = Vec::new();
-    for r in &o.reviewers {
-        let Some(row) = doc.row(r) else {
-            return Err(invalid(format!("unknown session '{}' (no row in {sessions})", one_line(r))));
-        };
-        if row.remote() {
-            remote.push(r.clone());
-        } else if !row.running() {
-            return Err(invalid(format!("reviewer {r} is {}, not running", row.status)));
-        }
-    }
-
-    // The source root: --worktree (same repository as the control root) or the control root.
-    let source = match &o.worktree {
-        None => control.clone(),
-        Some(w) => {
-            let from = if o.worktree_from_env { "MAM_LOOP_WORKTREE" } else { "--worktree" };
-            let w = sys::absolutize(ctx.cwd(), w);
-            if !w.is_dir() {
-                return Err(invalid(format!("{from} {}: no such directory", show_path(&w))));
-            }
-            let real = w.canonicalize().map_err(|e| invalid(format!("{from} {}: {e}", show_path(&w))))?;
-            let top = git::toplevel(ctx, &real)
-                .map_err(|e| invalid(format!("{from} {}: not a git worktree ({e})", show_path(&w))))?;
-            if top != real {
-                return Err(invalid(format!(
-                    "{from} {}: not the top level of its worktree (that is {})",
-                    show_path(&w),
-                    show_path(&top)
-                )));
-            }
-            let mine = git::common_dir(ctx, &real).map_err(|e| invalid(format!("{from} {}: {e}", show_path(&w))))?;
-            let theirs = git::common_dir(ctx, &control).map_err(|e| {
-                invalid(format!("the control root {} is not a git repository ({e})", show_path(&control)))
-            })?;
-            if mine != theirs {
-                return Err(invalid(format!(
-                    "{from} {}: a worktree of another repository (git dir {}, the control root's is {})",
-                    show_path(&w),
-                    show_path(&mine),
-                    show_path(&theirs)
-                )));
-            }
-            real
-        }
-    };
-
-    let base = match (&o.base, &o.worktree) {
-        (Some(b), _) => {
-            let sha = git::resolve_commit(ctx, &source, b).map_err(|e| {
-                invalid(format!("--base '{}': not a commit of {} ({e})", one_line(b), show_path(&source)))
-            })?;
-            let head = git::head(ctx, &source).map_err(|e| invalid(format!("{}: {e}", show_path(&source))))?;
-            match git::is_ancestor(ctx, &source, &sha, &head) {
-                Ok(true) => {}
-                Ok(false) => {
-                    return Err(invalid(format!(
-                        "--base '{}' ({sha}) is not an ancestor of HEAD {head} of {}",
-                        one_line(b),
-                        show_path(&source)
-                    )))
-                }
-                Err(e) => return Err(invalid(format!("--base '{}': {e}", one_line(b)))),
-            }
-            Some((sha, format!("--base {}", one_line(b))))
-        }
-        (None, Some(_)) => {
-            let head = git::head(ctx, &source).map_err(|e| invalid(format!("{}: {e}", show_path(&source))))?;
-            let chead = git::head(ctx, &control).map_err(|e| invalid(format!("{}: {e}", show_path(&control))))?;
-            let mb = git::merge_base(ctx, &source, &head, &chead).map_err(|e| {
-                invalid(format!("no merge-base of the worktree and the control root ({e}); give --base"))
-            })?;
-            Some((mb, "merge-base of the worktree's HEAD and the control root's HEAD".to_string()))
-        }
-        (None, None) => None,
-    };
-    if !remote.is_empty() {
-        match o.remote_review {
-            Some(RemoteReview::DiffOnly) if base.is_some() => {}
-            Some(RemoteReview::DiffOnly) => {
-                return Err(invalid("--remote-review diff-only needs a base (--base or --worktree)"));
-            }
-            _ => {
-                return Err(invalid(format!(
-                    "reviewer {} is a remote session; a remote reviewer sees no checkout: admit it with \
-                     --remote-review diff-only",
-                    remote[0]
-                )));
-            }
-        }
-    } else if o.remote_review == Some(RemoteReview::DiffOnly) && base.is_none() {
-        return Err(invalid("--remote-review diff-only needs a base (--base or --worktree)"));
-    }
-    Ok(Plan {
-        control,
-        source,
-        resolved,
-        task,
-        plan_file,
-        base,
-        remote,
-        isolation: o.isolation.unwrap_or(Isolation::Tree),
-    })
 }
 
 /// Why the loop stopped early.
@@ -357,6 +92,64 @@ struct Done {
     report: String,
     truncated: bool,
     copy: PathBuf,
+}
+
+/// Per reviewer: the findings the creator challenged, by number with the reason (for the next prompt).
+type Challenged = HashMap<String, Vec<(u32, String)>>;
+
+/// What the review rounds carry from one round to the next.
+#[derive(Default)]
+struct Carry {
+    /// The challenges of the creator's last correction or comply job.
+    challenged: Challenged,
+    /// Each reviewer's last report (a comply job quotes the findings it sustained).
+    last_reports: HashMap<String, String>,
+}
+
+/// The gathered inputs of one round's review jobs.
+struct RoundInput<'a> {
+    round: u32,
+    pin: Option<&'a Snapshot>,
+    diff: Option<String>,
+    diff_path: PathBuf,
+    tree_path: Option<PathBuf>,
+    isolation: &'static str,
+    /// The creator's sub-job table (3a), when it had sub-jobs.
+    table: Option<String>,
+}
+
+/// The evidence check of a round (3d).
+#[derive(Default)]
+struct Judgement {
+    verdicts: Vec<(String, Verdict)>,
+    /// The findings section of each report that did not pass.
+    sections: Vec<String>,
+    /// (reviewer, its previous report, the finding numbers it sustained).
+    sustained: Vec<(String, String, Vec<u32>)>,
+}
+
+/// A round observed: the facts the decision reads, and what acting on it needs.
+struct Seen {
+    facts: RoundFacts,
+    /// What the re-measure compares with (`decide::changed`).
+    baseline: Option<Fingerprint>,
+    pin: Option<Snapshot>,
+    dones: Vec<Done>,
+    sections: Vec<String>,
+    sustained: Vec<(String, String, Vec<u32>)>,
+}
+
+/// The comply job's list: each sustained finding as `- <reviewer>:<n>: <its text>`.
+fn sustained_items(sustained: &[(String, String, Vec<u32>)]) -> String {
+    let mut text = String::new();
+    for (session, prev, ns) in sustained {
+        let items = evidence::numbered_findings(prev);
+        for n in ns {
+            let item = items.iter().find(|(k, _)| k == n).map(|(_, t)| t.as_str()).unwrap_or("(text not found)");
+            let _ = writeln!(text, "- {session}:{n}: {}", item.trim());
+        }
+    }
+    text
 }
 
 struct InFlight {
@@ -404,23 +197,7 @@ pub fn run(ctx: &Ctx, o: &Options, say: &mut dyn FnMut(Out, &str)) -> Result<Out
     let loop_root = p.control.join(".mam").join("loop");
     sys::create_dir_all(&loop_root)
         .map_err(|e| LoopError::Failed(format!("loop: cannot create {} ({e})", show_path(&loop_root))))?;
-    let lock_path = loop_root.join(format!("{}.lock", o.creator));
-    let file = sys::open_lock_file(&lock_path)
-        .map_err(|e| LoopError::Failed(format!("loop: cannot open the lock {} ({e})", show_path(&lock_path))))?;
-    let lock = match Flock::try_acquire(file, LockMode::Exclusive) {
-        Ok(Some(l)) => l,
-        Ok(None) => {
-            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
-            let holder = holder.trim();
-            return Err(LoopError::Busy(format!(
-                "loop: creator {} is busy: loop {} holds {}; wait for it or stop it",
-                o.creator,
-                if holder.is_empty() { "(unknown)" } else { holder },
-                show_path(&lock_path)
-            )));
-        }
-        Err(e) => return Err(LoopError::Failed(format!("loop: cannot lock {} ({e})", show_path(&lock_path)))),
-    };
+    let lock = lock_creator(&loop_root, &o.creator)?;
     let loop_id = sys::random_hex(4).map_err(|e| LoopError::Failed(format!("loop: no random bytes ({e})")))?;
     let _ = sys::write_in_place(&lock.file, format!("{loop_id}\n").as_bytes());
     let dir = loop_root.join(&loop_id);
@@ -508,6 +285,26 @@ pub fn run(ctx: &Ctx, o: &Options, say: &mut dyn FnMut(Out, &str)) -> Result<Out
     Ok(out)
 }
 
+/// The creator's loop lock (4.3): one loop per creator; a held lock names the loop that holds it.
+fn lock_creator(loop_root: &Path, creator: &str) -> Result<Flock, LoopError> {
+    let lock_path = loop_root.join(format!("{creator}.lock"));
+    let file = sys::open_lock_file(&lock_path)
+        .map_err(|e| LoopError::Failed(format!("loop: cannot open the lock {} ({e})", show_path(&lock_path))))?;
+    match Flock::try_acquire(file, LockMode::Exclusive) {
+        Ok(Some(l)) => Ok(l),
+        Ok(None) => {
+            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
+            let holder = holder.trim();
+            Err(LoopError::Busy(format!(
+                "loop: creator {creator} is busy: loop {} holds {}; wait for it or stop it",
+                if holder.is_empty() { "(unknown)" } else { holder },
+                show_path(&lock_path)
+            )))
+        }
+        Err(e) => Err(LoopError::Failed(format!("loop: cannot lock {} ({e})", show_path(&lock_path)))),
+    }
+}
+
 /// Copies this executable to `dest` (0755), so a rebuild in the tree under review cannot change
 /// the running loop (4.3).
 fn freeze(dest: &Path) -> std::io::Result<()> {
@@ -592,23 +389,7 @@ impl Loop<'_> {
             }
             let plan_copy = done.copy.display().to_string();
             // Reviewers (or the creator itself) judge the plan: VERDICT only.
-            let mut specs = Vec::new();
-            let reviewers = self.reviewer_list();
-            for (session, remote, own) in &reviewers {
-                let jid = self.reviewer_jid(session, own.then_some("self"))?;
-                let text = prompt::plan_review(&task, round, &plan_copy, *own);
-                let copy = self.dir.join("review").join(format!("p{round}")).join(format!("{session}.md"));
-                specs.push(Spec {
-                    session: self.address(session, *remote),
-                    remote: *remote,
-                    jid,
-                    role: "plan-reviewer",
-                    round,
-                    prompt: Prompt { context: context.clone(), body: text },
-                    name: format!("plan{round}-review-{session}"),
-                    copy_to: copy,
-                });
-            }
+            let specs = self.plan_review_specs(round, &task, &plan_copy, &context)?;
             let dones = self.dispatch(specs)?;
             let mut sections = Vec::new();
             let mut rows = Vec::new();
@@ -667,6 +448,33 @@ impl Loop<'_> {
         Err(fail("plan_rounds_exhausted", format!("the plan did not pass in {} rounds", self.o.max_rounds)))
     }
 
+    /// One plan-review job per reviewer (or the creator's own), in the reviewers' order.
+    fn plan_review_specs(
+        &mut self,
+        round: u32,
+        task: &str,
+        plan_copy: &str,
+        context: &Option<String>,
+    ) -> Result<Vec<Spec>, Stop> {
+        let mut specs = Vec::new();
+        for (session, remote, own) in &self.reviewer_list() {
+            let jid = self.reviewer_jid(session, own.then_some("self"))?;
+            let text = prompt::plan_review(task, round, plan_copy, *own);
+            let copy = self.dir.join("review").join(format!("p{round}")).join(format!("{session}.md"));
+            specs.push(Spec {
+                session: self.address(session, *remote),
+                remote: *remote,
+                jid,
+                role: "plan-reviewer",
+                round,
+                prompt: Prompt { context: context.clone(), body: text },
+                name: format!("plan{round}-review-{session}"),
+                copy_to: copy,
+            });
+        }
+        Ok(specs)
+    }
+
     // ---- implement (4.5 step 2) ----
 
     fn implement_phase(&mut self, plan: Option<&str>) -> Result<(), Stop> {
@@ -688,260 +496,293 @@ impl Loop<'_> {
 
     // ---- review rounds (4.5 step 3) ----
 
+    /// Gather, decide, act: each round is observed (`review_round`), `decide::decide` says what it
+    /// calls for, and the answer is performed here; a re-measure before promotion is one more fact.
     fn review_rounds(&mut self) -> Result<(), Stop> {
         self.cp.phase = "review".into();
-        let reviewers = self.reviewer_list();
-        // Per reviewer: the findings the creator challenged (for the next prompt), the last report.
-        let mut challenged: HashMap<String, Vec<(u32, String)>> = HashMap::new();
-        let mut last_reports: HashMap<String, String> = HashMap::new();
+        let mut carry = Carry::default();
         for round in 1..=self.o.max_rounds {
-            self.cp.round = round;
-            self.save();
-            let subjobs = self.wait_subjobs()?;
-            let table = subjobs.as_ref().map(|rows| subjob_table(rows));
-            // Pin (4.6) and the fail-closed guard (3b).
-            let pin = if self.pinned() { Some(self.pin_round(round)?) } else { None };
-            let unpinned_fp =
-                if pin.is_none() && subjobs.is_some() { self.repo().fingerprint(&self.gctx).ok() } else { None };
-            // Isolation and the diff (3c).
-            let (evidence_kind, isolation, tree_path) = self.open_isolation(round, pin.as_ref())?;
-            let diff = match &pin {
-                Some(s) => Some(self.collect_diff(round, s)?),
-                None => None,
-            };
-            let diff_path = self.dir.join("review").join(format!("r{round}.diff"));
-            let mut round_row = Round {
-                round,
-                kind: "review".into(),
-                identity: pin.as_ref().map(|s| RoundIdentity {
-                    loop_id: self.cp.loop_id.clone(),
-                    base: self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
-                    head: s.head.clone(),
-                    tree: s.tree.clone(),
-                }),
-                snapshot_commit: pin.as_ref().map(|s| s.commit.clone()),
-                isolation: isolation.into(),
-                stale: false,
-                diff: diff.as_ref().map(|_| diff_path.display().to_string()),
-                reviewers: Vec::new(),
-            };
-            let mut specs = Vec::new();
-            for (session, remote, own) in &reviewers {
-                let jid = self.reviewer_jid(session, own.then_some("self"))?;
-                let change = match (&pin, *remote) {
-                    (Some(_), true) => Change::Inline { diff: diff.clone().unwrap_or_default() },
-                    (Some(_), false) => Change::DiffFile {
-                        diff: diff_path.display().to_string(),
-                        tree: tree_path
-                            .as_ref()
-                            .map(|t| t.display().to_string())
-                            .unwrap_or_else(|| format!("{} (the source root, env isolation)", self.p.source.display())),
-                    },
-                    (None, _) => Change::Unpinned {
-                        root: self.p.source.display().to_string(),
-                        creator_report: self
-                            .creator_report
-                            .as_ref()
-                            .map(|p| p.display().to_string())
-                            .unwrap_or_else(|| "none".into()),
-                    },
-                };
-                let env_tmp = if isolation == "env" && !remote {
-                    let t = self.dir.join("tmp").join(format!("r{round}"));
-                    let _ = sys::create_dir_all(&t);
-                    Some(t.display().to_string())
-                } else {
-                    None
-                };
-                let ch = challenged.get(session).cloned().unwrap_or_default();
-                let body = prompt::review(&prompt::Review {
-                    round,
-                    task: self.p.task.as_deref(),
-                    change,
-                    subjobs: table.as_deref(),
-                    challenged: &ch,
-                    pinned: pin.is_some(),
-                    own: *own,
-                    env_tmpdir: env_tmp.as_deref(),
-                });
-                let context = pin.as_ref().map(|s| {
-                    let path = match (*remote, &tree_path) {
-                        (true, _) => "none (diff-only)".to_string(),
-                        (false, Some(t)) => t.display().to_string(),
-                        (false, None) => format!("{} (source root, env isolation)", self.p.source.display()),
-                    };
-                    let mut c = self.context_block_for(path);
-                    c.push_str(&prompt::identity_block(&prompt::Identity {
-                        loop_id: self.cp.loop_id.clone(),
-                        base: self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
-                        head: s.head.clone(),
-                        tree: s.tree.clone(),
-                        snapshot_commit: s.commit.clone(),
-                    }));
-                    c
-                });
-                let copy = self.dir.join("review").join(format!("r{round}")).join(format!("{session}.md"));
-                specs.push(Spec {
-                    session: self.address(session, *remote),
-                    remote: *remote,
-                    jid,
-                    role: if *own { "self-reviewer" } else { "reviewer" },
-                    round,
-                    prompt: Prompt { context, body },
-                    name: format!("r{round}-review-{session}"),
-                    copy_to: copy,
-                });
-            }
-            let evidence_of: BTreeMap<String, &'static str> = crate::sort::ordered(
-                reviewers.iter().map(|(s, remote, _)| (s.clone(), if *remote { "diff-only" } else { evidence_kind })),
-            );
-            let dispatched = self.dispatch(specs);
-            let dones = match dispatched {
-                Ok(d) => d,
-                Err(e) => {
-                    self.cp.review_rounds.push(round_row);
-                    self.close_trees();
-                    return Err(e);
-                }
-            };
-            // Evidence check (3d).
-            let want = pin.as_ref().map(|s| s.tree.clone());
-            let mut sections = Vec::new();
-            let mut all_pass = true;
-            let mut sustained: Vec<(String, String, Vec<u32>)> = Vec::new();
-            for d in &dones {
-                let mut j = evidence::judge(&d.report, want.as_deref(), d.truncated);
-                // A finding sustained after a challenge is not passed (A34).
-                let held: Vec<u32> = if challenged.contains_key(&d.session) {
-                    evidence::rulings(&d.report)
-                        .into_iter()
-                        .filter(|(_, r)| *r == Ruling::Sustained)
-                        .map(|(n, _)| n)
-                        .collect()
-                } else {
-                    Vec::new()
-                };
-                if !held.is_empty() && j.verdict == Verdict::Pass {
-                    j.verdict = Verdict::NotPass;
-                    j.synthetic = Some(format!("SYNTHETIC: sustained finding(s) {held:?}"));
-                }
-                if !held.is_empty() {
-                    let prev = last_reports.get(&d.session).cloned().unwrap_or_default();
-                    sustained.push((d.session.clone(), prev, held));
-                }
-                let transport = if self.p.remote.contains(&d.session) { "remote" } else { "local" };
-                self.line(&format!(
-                    "round {round} · {} {} · job {} · VERDICT: {}{} · {}",
-                    if d.session == self.o.creator { "self-reviewer" } else { "reviewer" },
-                    d.session,
-                    d.jid,
-                    j.verdict.as_str(),
-                    j.synthetic.as_deref().map(|s| format!(" ({s})")).unwrap_or_default(),
-                    self.elapsed()
-                ));
-                if j.verdict != Verdict::Pass {
-                    all_pass = false;
-                    sections.push(evidence::findings_section(&d.session, &d.jid, &d.report, j.synthetic.as_deref()));
-                }
-                round_row.reviewers.push(ReviewerRow {
-                    session: d.session.clone(),
-                    jid: d.jid.clone(),
-                    transport: transport.into(),
-                    evidence: if pin.is_some() {
-                        evidence_of.get(&d.session).copied().unwrap_or("review-tree").into()
-                    } else {
-                        "unpinned".into()
-                    },
-                    verdict: Some(j.verdict.as_str().into()),
-                    synthetic: j.synthetic.clone(),
-                    report: Some(d.copy.display().to_string()),
-                });
-                last_reports.insert(d.session.clone(), d.report.clone());
-            }
-            // Re-measure (3e).
-            let stale = match &pin {
-                Some(s) => self.changed_since(s),
-                None => match &unpinned_fp {
-                    Some(fp) => self.repo().fingerprint(&self.gctx).map(|now| now != *fp).unwrap_or(true),
-                    None => false,
-                },
-            };
-            round_row.stale = stale;
-            self.cp.review_rounds.push(round_row);
-            self.close_trees();
-            self.save();
-            if stale {
-                self.line(&format!(
-                    "round {round}: STALE: the source changed during the review; its approvals are void"
-                ));
-                if round == self.o.max_rounds {
-                    return Err(fail(
-                        "stale_last_round",
-                        format!("round {round} (the last) went stale: the source changed during the review"),
-                    ));
-                }
-                continue;
-            }
-            if all_pass {
-                self.pause_before_promote();
-                if let Some(s) = &pin {
-                    if self.changed_since(s) {
-                        return Err(fail(
-                            "changed_after_approval",
-                            "the source changed after the reviewers passed it; nothing promoted".to_string(),
-                        ));
+            let mut seen = self.review_round(round, &mut carry)?;
+            loop {
+                match decide::decide(&seen.facts) {
+                    RoundDecision::Recheck => {
+                        self.pause_before_promote();
+                        seen.facts.changed_after_approval = Some(self.changed(seen.baseline.as_ref()));
                     }
-                } else if let Some(fp) = &unpinned_fp {
-                    if self.repo().fingerprint(&self.gctx).map(|now| now != *fp).unwrap_or(true) {
-                        return Err(fail(
-                            "changed_after_approval",
-                            "the source changed after the reviewers passed it; nothing promoted".to_string(),
-                        ));
+                    RoundDecision::Promote => return self.promote(round, seen.pin.as_ref(), &seen.dones),
+                    RoundDecision::Fail(f) => return Err(fail(f.reason(), f.message(round))),
+                    RoundDecision::ReReviewStale | RoundDecision::ReReview => break,
+                    RoundDecision::Correct => {
+                        carry.challenged = self.correct(round, false, &seen)?;
+                        break;
                     }
-                }
-                return self.promote(round, pin.as_ref(), &dones);
-            }
-            if round == self.o.max_rounds {
-                return Err(fail("rounds_exhausted", format!("no PASS from every reviewer in {round} rounds")));
-            }
-            // Self-review with a pin: NOT PASS re-reviews without a correction job (3h).
-            if self.o.reviewers.is_empty() && pin.is_some() {
-                continue;
-            }
-            // Correction or comply job (3g).
-            let findings = self.dir.join("review").join(format!("r{round}")).join("findings.md");
-            let _ = sys::create_dir_all(findings.parent().unwrap_or(&self.dir));
-            sys::atomic_write(&findings, evidence::findings_file(&sections).as_bytes())
-                .map_err(|e| fail("delegation_failed", format!("cannot write {}: {e}", show_path(&findings))))?;
-            let findings_s = findings.display().to_string();
-            let (role, body) = if sustained.is_empty() {
-                ("corrector", prompt::correction(self.p.task.as_deref(), round, &findings_s))
-            } else {
-                let mut text = String::new();
-                for (session, prev, ns) in &sustained {
-                    let items = evidence::numbered_findings(prev);
-                    for n in ns {
-                        let item =
-                            items.iter().find(|(k, _)| k == n).map(|(_, t)| t.as_str()).unwrap_or("(text not found)");
-                        let _ = writeln!(text, "- {session}:{n}: {}", item.trim());
+                    RoundDecision::Comply => {
+                        carry.challenged = self.correct(round, true, &seen)?;
+                        break;
                     }
-                }
-                ("complier", prompt::comply(self.p.task.as_deref(), round, &text, Some(&findings_s)))
-            };
-            let context = self.creator_context()?;
-            let creator = self.o.creator.clone();
-            let copy = self.dir.join("review").join(format!("r{round}")).join(format!("{creator}.{role}.md"));
-            let spec =
-                self.creator_spec(role, round, Prompt { context, body }, &format!("r{round}-{role}-{creator}"), copy);
-            let done = self.dispatch(vec![spec])?.remove(0);
-            challenged.clear();
-            for l in evidence::creator_lines(&done.report) {
-                if let CreatorLine::Challenge { session, n, reason } = l {
-                    challenged.entry(session).or_default().push((n, reason));
                 }
             }
         }
+        // Not reached while max_rounds >= 1 (4.2): the last round's decision always ends the loop.
         Err(fail("rounds_exhausted", format!("no PASS from every reviewer in {} rounds", self.o.max_rounds)))
+    }
+
+    /// One round up to its facts (3a-3e): the creator's sub-jobs waited for, the pin and the guard,
+    /// the isolation and the diff, the reviewers dispatched and judged, the re-measure; the round is
+    /// recorded in the checkpoint (and a stale one said) before anything is decided.
+    fn review_round(&mut self, round: u32, carry: &mut Carry) -> Result<Seen, Stop> {
+        self.cp.round = round;
+        self.save();
+        let subjobs = self.wait_subjobs()?;
+        let table = subjobs.as_ref().map(|rows| subjob_table(rows));
+        // Pin (4.6) and the fail-closed guard (3b); what the re-measure compares with: the snapshot,
+        // or, unpinned, the source once the sub-jobs ended (no sub-jobs: nothing to compare).
+        let pin = if self.pinned() { Some(self.pin_round(round)?) } else { None };
+        let baseline = match &pin {
+            Some(s) => Some(Fingerprint { head: s.head.clone(), tree: s.tree.clone() }),
+            None if subjobs.is_some() => self.repo().fingerprint(&self.gctx).ok(),
+            None => None,
+        };
+        // Isolation and the diff (3c).
+        let (evidence_kind, isolation, tree_path) = self.open_isolation(round, pin.as_ref())?;
+        let diff = match &pin {
+            Some(s) => Some(self.collect_diff(round, s)?),
+            None => None,
+        };
+        let diff_path = self.dir.join("review").join(format!("r{round}.diff"));
+        let mut row = self.round_row(round, pin.as_ref(), isolation, diff.as_ref().map(|_| &diff_path));
+        let input = RoundInput { round, pin: pin.as_ref(), diff, diff_path, tree_path, isolation, table };
+        let specs = self.review_specs(&input, &carry.challenged)?;
+        let dones = match self.dispatch(specs) {
+            Ok(d) => d,
+            Err(e) => {
+                self.cp.review_rounds.push(row);
+                self.close_trees();
+                return Err(e);
+            }
+        };
+        // Evidence check (3d).
+        let judged = self.judge_round(round, pin.as_ref(), evidence_kind, &dones, carry, &mut row);
+        // Re-measure (3e).
+        let stale = self.changed(baseline.as_ref());
+        row.stale = stale;
+        self.cp.review_rounds.push(row);
+        self.close_trees();
+        self.save();
+        if stale {
+            self.line(&format!("round {round}: STALE: the source changed during the review; its approvals are void"));
+        }
+        let facts = RoundFacts {
+            round,
+            max_rounds: self.o.max_rounds,
+            self_review: self.o.reviewers.is_empty(),
+            pinned: pin.is_some(),
+            verdicts: judged.verdicts,
+            stale,
+            sustained: !judged.sustained.is_empty(),
+            changed_after_approval: None,
+        };
+        Ok(Seen { facts, baseline, pin, dones, sections: judged.sections, sustained: judged.sustained })
+    }
+
+    /// The checkpoint row of a review round, before its reviewers report.
+    fn round_row(&self, round: u32, pin: Option<&Snapshot>, isolation: &str, diff: Option<&PathBuf>) -> Round {
+        Round {
+            round,
+            kind: "review".into(),
+            identity: pin.map(|s| RoundIdentity {
+                loop_id: self.cp.loop_id.clone(),
+                base: self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
+                head: s.head.clone(),
+                tree: s.tree.clone(),
+            }),
+            snapshot_commit: pin.map(|s| s.commit.clone()),
+            isolation: isolation.into(),
+            stale: false,
+            diff: diff.map(|p| p.display().to_string()),
+            reviewers: Vec::new(),
+        }
+    }
+
+    /// One review job per reviewer (or the creator's self-review), in the reviewers' order.
+    fn review_specs(&mut self, r: &RoundInput, challenged: &Challenged) -> Result<Vec<Spec>, Stop> {
+        let round = r.round;
+        let mut specs = Vec::new();
+        for (session, remote, own) in &self.reviewer_list() {
+            let jid = self.reviewer_jid(session, own.then_some("self"))?;
+            let change = match (r.pin, *remote) {
+                (Some(_), true) => Change::Inline { diff: r.diff.clone().unwrap_or_default() },
+                (Some(_), false) => Change::DiffFile {
+                    diff: r.diff_path.display().to_string(),
+                    tree: r
+                        .tree_path
+                        .as_ref()
+                        .map(|t| t.display().to_string())
+                        .unwrap_or_else(|| format!("{} (the source root, env isolation)", self.p.source.display())),
+                },
+                (None, _) => Change::Unpinned {
+                    root: self.p.source.display().to_string(),
+                    creator_report: self
+                        .creator_report
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "none".into()),
+                },
+            };
+            let env_tmp = if r.isolation == "env" && !remote {
+                let t = self.dir.join("tmp").join(format!("r{round}"));
+                let _ = sys::create_dir_all(&t);
+                Some(t.display().to_string())
+            } else {
+                None
+            };
+            let ch = challenged.get(session).cloned().unwrap_or_default();
+            let body = prompt::review(&prompt::Review {
+                round,
+                task: self.p.task.as_deref(),
+                change,
+                subjobs: r.table.as_deref(),
+                challenged: &ch,
+                pinned: r.pin.is_some(),
+                own: *own,
+                env_tmpdir: env_tmp.as_deref(),
+            });
+            let context = r.pin.map(|s| self.review_context(s, *remote, r.tree_path.as_ref()));
+            let copy = self.dir.join("review").join(format!("r{round}")).join(format!("{session}.md"));
+            specs.push(Spec {
+                session: self.address(session, *remote),
+                remote: *remote,
+                jid,
+                role: if *own { "self-reviewer" } else { "reviewer" },
+                round,
+                prompt: Prompt { context, body },
+                name: format!("r{round}-review-{session}"),
+                copy_to: copy,
+            });
+        }
+        Ok(specs)
+    }
+
+    /// A pinned reviewer's `[worktree context]` and `[review identity]` blocks (4.4, 4.6).
+    fn review_context(&self, s: &Snapshot, remote: bool, tree_path: Option<&PathBuf>) -> String {
+        let path = match (remote, tree_path) {
+            (true, _) => "none (diff-only)".to_string(),
+            (false, Some(t)) => t.display().to_string(),
+            (false, None) => format!("{} (source root, env isolation)", self.p.source.display()),
+        };
+        let mut c = self.context_block_for(path);
+        c.push_str(&prompt::identity_block(&prompt::Identity {
+            loop_id: self.cp.loop_id.clone(),
+            base: self.p.base.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
+            head: s.head.clone(),
+            tree: s.tree.clone(),
+            snapshot_commit: s.commit.clone(),
+        }));
+        c
+    }
+
+    /// 3d: each report judged (a finding sustained after a challenge is not passed, A34), its line
+    /// said, its row added to the round; the verdicts, findings and sustained findings returned.
+    fn judge_round(
+        &mut self,
+        round: u32,
+        pin: Option<&Snapshot>,
+        evidence_kind: &'static str,
+        dones: &[Done],
+        carry: &mut Carry,
+        row: &mut Round,
+    ) -> Judgement {
+        let evidence_of: BTreeMap<String, &'static str> = crate::sort::ordered(
+            self.reviewer_list()
+                .into_iter()
+                .map(|(s, remote, _)| (s, if remote { "diff-only" } else { evidence_kind })),
+        );
+        let want = pin.map(|s| s.tree.clone());
+        let mut out = Judgement::default();
+        for d in dones {
+            let mut j = evidence::judge(&d.report, want.as_deref(), d.truncated);
+            let held: Vec<u32> = if carry.challenged.contains_key(&d.session) {
+                evidence::rulings(&d.report)
+                    .into_iter()
+                    .filter(|(_, r)| *r == Ruling::Sustained)
+                    .map(|(n, _)| n)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            decide::hold(&mut j, &held);
+            if !held.is_empty() {
+                let prev = carry.last_reports.get(&d.session).cloned().unwrap_or_default();
+                out.sustained.push((d.session.clone(), prev, held));
+            }
+            let transport = if self.p.remote.contains(&d.session) { "remote" } else { "local" };
+            self.line(&format!(
+                "round {round} · {} {} · job {} · VERDICT: {}{} · {}",
+                if d.session == self.o.creator { "self-reviewer" } else { "reviewer" },
+                d.session,
+                d.jid,
+                j.verdict.as_str(),
+                j.synthetic.as_deref().map(|s| format!(" ({s})")).unwrap_or_default(),
+                self.elapsed()
+            ));
+            if j.verdict != Verdict::Pass {
+                out.sections.push(evidence::findings_section(&d.session, &d.jid, &d.report, j.synthetic.as_deref()));
+            }
+            out.verdicts.push((d.session.clone(), j.verdict));
+            row.reviewers.push(ReviewerRow {
+                session: d.session.clone(),
+                jid: d.jid.clone(),
+                transport: transport.into(),
+                evidence: if pin.is_some() {
+                    evidence_of.get(&d.session).copied().unwrap_or("review-tree").into()
+                } else {
+                    "unpinned".into()
+                },
+                verdict: Some(j.verdict.as_str().into()),
+                synthetic: j.synthetic.clone(),
+                report: Some(d.copy.display().to_string()),
+            });
+            carry.last_reports.insert(d.session.clone(), d.report.clone());
+        }
+        out
+    }
+
+    /// The re-measure (3e, 4.8): whether the source moved from `baseline` (nothing measured: no).
+    fn changed(&self, baseline: Option<&Fingerprint>) -> bool {
+        if baseline.is_none() {
+            return false;
+        }
+        let now = self.repo().fingerprint(&self.gctx).ok();
+        decide::changed(baseline, now.as_ref())
+    }
+
+    /// 3g: the creator's correction job (the round's findings) or comply job (the sustained
+    /// findings); returns the findings its report challenged, per reviewer, for the next round.
+    fn correct(&mut self, round: u32, comply: bool, seen: &Seen) -> Result<Challenged, Stop> {
+        let findings = self.dir.join("review").join(format!("r{round}")).join("findings.md");
+        let _ = sys::create_dir_all(findings.parent().unwrap_or(&self.dir));
+        sys::atomic_write(&findings, evidence::findings_file(&seen.sections).as_bytes())
+            .map_err(|e| fail("delegation_failed", format!("cannot write {}: {e}", show_path(&findings))))?;
+        let findings_s = findings.display().to_string();
+        let (role, body) = if comply {
+            let text = sustained_items(&seen.sustained);
+            ("complier", prompt::comply(self.p.task.as_deref(), round, &text, Some(&findings_s)))
+        } else {
+            ("corrector", prompt::correction(self.p.task.as_deref(), round, &findings_s))
+        };
+        let context = self.creator_context()?;
+        let creator = self.o.creator.clone();
+        let copy = self.dir.join("review").join(format!("r{round}")).join(format!("{creator}.{role}.md"));
+        let spec =
+            self.creator_spec(role, round, Prompt { context, body }, &format!("r{round}-{role}-{creator}"), copy);
+        let done = self.dispatch(vec![spec])?.remove(0);
+        let mut challenged = Challenged::new();
+        for l in evidence::creator_lines(&done.report) {
+            if let CreatorLine::Challenge { session, n, reason } = l {
+                challenged.entry(session).or_default().push((n, reason));
+            }
+        }
+        Ok(challenged)
     }
 
     /// (session, remote, own): the reviewers, or the creator itself.
@@ -1157,13 +998,6 @@ impl Loop<'_> {
             });
         }
         Ok(out)
-    }
-
-    fn changed_since(&self, s: &Snapshot) -> bool {
-        match self.repo().fingerprint(&self.gctx) {
-            Ok(fp) => fp.head != s.head || fp.tree != s.tree,
-            Err(_) => true,
-        }
     }
 
     #[cfg(feature = "test-hooks")]
@@ -1604,21 +1438,6 @@ impl Loop<'_> {
 
 fn short(s: &str) -> &str {
     &s[..12.min(s.len())]
-}
-
-/// Reads a regular file of at most `max` bytes, following symlinks; longer is an error.
-fn read_following(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let f = std::fs::File::open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let mut out = Vec::new();
-    f.take(max + 1).read_to_end(&mut out)?;
-    if out.len() as u64 > max {
-        return Err(std::io::Error::other(format!("longer than {max} bytes")));
-    }
-    Ok(out)
 }
 
 /// Reads the first `max` bytes of a file (no symlink followed).
