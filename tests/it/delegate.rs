@@ -1336,13 +1336,14 @@ fn two_repositories_on_one_machine_each_get_their_own_broker() {
         let published = h.audit(&jid).into_iter().filter(|e| e["kind"] == "published").count();
         assert!(published >= 2, "the agent's events went over this repository's broker: {:?}", h.audit(&jid));
     }
-    // A named port that is taken: the error says what to do.
-    let taken = worlds[1].mam().args(["broker"]).env("MQTT_PORT", "1883").run();
-    taken.expect_rc(1);
-    let err = taken.stderr();
-    assert!(err.contains("cannot bind broker to 127.0.0.1:1883") && err.contains("remove MQTT_PORT"), "{err}");
     for mut b in brokers {
         b.signal(15);
         b.wait(Duration::from_secs(10));
     }
+    // A named port that is taken: the error says what to do (after this repository's broker
+    // stopped: while it runs, a second one is refused before it tries any port).
+    let taken = worlds[1].mam().args(["broker"]).env("MQTT_PORT", "1883").run();
+    taken.expect_rc(1);
+    let err = taken.stderr();
+    assert!(err.contains("cannot bind broker to 127.0.0.1:1883") && err.contains("remove MQTT_PORT"), "{err}");
 }
