@@ -1597,3 +1597,38 @@ fn a_herdr_server_mam_started_stops_with_its_last_agent() {
     });
     assert!(!marker.exists());
 }
+
+/// Issue 32 item 7, the second half: `mam monitor stop` stops a herdr server mam started once
+/// none of mam's agents is left on it (here the agent died behind mam's back: no `mam stop`), with
+/// the NOTE `mam stop` gives; while an agent runs on it, the server stays.
+#[test]
+fn i32_monitor_stop_stops_a_herdr_server_mam_started_once_no_agent_is_left() {
+    let Some(h) = S::on(Kind::RealHerdr, "herdr_mon") else { return };
+    let session = h.real().session.clone();
+    let r = h.create(&["--name", "s1"]).run();
+    r.expect_rc(0);
+    let pane = kv(&r.stdout(), "PANE");
+    let marker = h.td.ws().join(format!(".mam/logs/herdr-server-{session}.started"));
+    assert!(marker.is_file(), "mam notes that it started the server");
+    // An agent runs on it: monitor stop leaves the server alone.
+    let r = h.mam(["monitor", "stop"]).run();
+    r.expect_rc(0);
+    assert!(!r.stderr().contains("herdr server"), "{}", r.stderr());
+    let l = h.real().herdr(&["agent", "list"]);
+    assert!(l.rc() == 0 && l.stdout().contains("\"s1\""), "the server runs on, with s1: {}", l.stdout());
+    assert!(marker.is_file());
+    // The agent dies (no `mam stop`): the next monitor stop takes the server with it.
+    let (pid, _) = h.real().agent_process(&pane);
+    let _ = mam::sys::kill(pid, 9);
+    wait_until("herdr to see the agent gone", std::time::Duration::from_secs(20), || {
+        let l = h.real().herdr(&["agent", "list"]);
+        l.rc() == 0 && !l.stdout().contains("\"s1\"")
+    });
+    let r = h.mam(["monitor", "stop"]).run();
+    r.expect_rc(0);
+    assert!(r.stderr().contains(&format!("NOTE: herdr server {session} stopped (mam started it")), "{}", r.stderr());
+    wait_until("the herdr server to end", std::time::Duration::from_secs(10), || {
+        h.real().herdr(&["agent", "list"]).rc() != 0
+    });
+    assert!(!marker.exists());
+}
