@@ -26,8 +26,11 @@ The words:
   STATE         what the agent is doing:  working: busy with a prompt;  idle: at its input
                 line, waiting for the next one;  done: finished its turn (herdr, fake);
                 blocked: waiting for a person (a dialog, a permission question);  gone: not
-                running;  unknown: the server did not answer, or the agent's screen shows
-                none of the above (e.g. an agent mam has no screen rules for)
+                running;  unknown: the server did not answer (LIVENESS unknown too), or the
+                agent runs but neither its screen nor its jobs tell: a job was prompted and
+                has not started.  When the screen shows none of mam's rules for the agent
+                (e.g. a CLI mam has no screen rules for), its jobs decide: no open job is
+                idle, a started open job is working
   CONVERSATION  the agent CLI's conversation id (what `mam resume` resumes)
   STATUS        the session's record in the sessions file: running, or stopped after
                 `mam stop` (a stopped row stays until `mam reconcile` or a new create)

@@ -1632,3 +1632,45 @@ fn i32_monitor_stop_stops_a_herdr_server_mam_started_once_no_agent_is_left() {
     });
     assert!(!marker.exists());
 }
+
+/// Issue 32 item 6: `unknown` only when mam cannot tell. A pretend agent (`mam create pretend`) on
+/// tmux shows `idle` at its input line, `working` while its job runs (it used to show `idle`, its
+/// old input line still on the screen) and `idle` again after; never `unknown`. `mam status --help`
+/// explains every state word.
+#[test]
+fn i32_a_pretend_session_shows_a_real_state() {
+    use std::time::Duration;
+    let Some(h) = S::on(Kind::Tmux, "pretend_state") else { return };
+    let r = h.mam(["create", "pretend", "--name", "p1", "--no-onboard", "--", "--work", "4"]).run();
+    r.expect_rc(0);
+    let state = || {
+        let out = h.mam(["status", "p1"]).run().stdout();
+        let row = out.lines().find(|l| l.starts_with("p1\t")).unwrap_or_else(|| panic!("{out}")).to_string();
+        let cols: Vec<&str> = row.split('\t').collect();
+        (cols[5].to_string(), cols[6].to_string())
+    };
+    assert_eq!(state(), ("running".to_string(), "idle".to_string()));
+    h.td.write("ws/t.md", "Say hello.\n");
+    let r = h.mam(["delegate-job", "--session", "p1", "--brief-file", "t.md", "--detach"]).run();
+    r.expect_rc(0);
+    let jid = kv(&r.stdout(), "JOB_ID");
+    let mut seen = Vec::new();
+    wait_until("p1 to show working", Duration::from_secs(20), || {
+        let s = state().1;
+        seen.push(s.clone());
+        s == "working"
+    });
+    let w = h.mam(["wait", &jid, "--timeout", "30"]).run_within(Duration::from_secs(40));
+    w.expect_rc(0);
+    wait_until("p1 to show idle again", Duration::from_secs(10), || {
+        let s = state().1;
+        seen.push(s.clone());
+        s == "idle"
+    });
+    assert!(!seen.iter().any(|s| s == "unknown"), "{seen:?}");
+    let help = h.mam(["status", "--help"]).run().stdout();
+    for word in ["running:", "gone:", "unknown:", "working:", "idle:", "done:", "blocked:", "stopped"] {
+        assert!(help.contains(word), "--help explains `{word}`: {help}");
+    }
+    h.mam(["stop", "p1"]).run().expect_rc(0);
+}
