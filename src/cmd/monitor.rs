@@ -28,7 +28,9 @@ agent; a server you started, or one an agent still runs on, is never stopped.
 Options:
   -h, --help  print this help
 
-Exit codes: those of `mam daemon` (2 usage).
+Exit codes: 0 ok (also `stop` with no daemon running), 1 runtime error (the env file, the control
+root, the daemon failed to start or to stop), 2 usage. Never 5: `start` reports a daemon that
+already runs.
 ";
 
 fn parse_args(args: Vec<OsString>) -> Result<Parsed<&'static str>, Failure> {

@@ -42,8 +42,8 @@ Options:
   --json      one JSON array instead
   -h, --help  print this help
 
-Exit codes: 0 ok, 2 unknown session or sessions file not JSON, 3 some server's state is unknown
-(output still printed).
+Exit codes: 0 ok, 1 runtime error (the env file unreadable), 2 usage, unknown session or sessions
+file not JSON, 3 some server's state is unknown (output still printed).
 ";
 
 /// The header row of the text output (issue 18), tab separated like the rows.

@@ -1674,3 +1674,32 @@ fn i32_a_pretend_session_shows_a_real_state() {
     }
     h.mam(["stop", "p1"]).run().expect_rc(0);
 }
+
+/// The `status`, `reconcile` and `stop` cases of `exitcodes::exit_codes_every_documented_case_happens`,
+/// on the mock herdr (the one whose state can be made unknown).
+pub(crate) fn exit_code_cases(codes: &crate::exitcodes::Codes) {
+    let h = S::herdr("codes_sessions", json!({"running": true}));
+    h.create(&["--name", "a1"]).run().expect_rc(0);
+    h.create(&["--name", "a2"]).run().expect_rc(0);
+    let env_dir = h.td.path("");
+    for cmd in ["status", "reconcile"] {
+        codes.saw(cmd, "ok", &h.mam([cmd]).run(), 0);
+        codes.saw(cmd, "env unreadable", &h.mam([cmd]).env("MAM_ENV_FILE", &env_dir).run(), 1);
+    }
+    codes.saw("status", "unknown session", &h.mam(["status", "nosuch"]).run(), 2);
+    codes.saw("reconcile", "unknown flag", &h.mam(["reconcile", "--no-such"]).run(), 2);
+    codes.saw("stop", "unknown session", &h.mam(["stop", "nosuch"]).run(), 2);
+    codes.saw("stop", "env unreadable", &h.mam(["stop", "a2"]).env("MAM_ENV_FILE", &env_dir).run(), 1);
+    codes.saw("stop", "purge without --yes", &h.mam(["stop", "a1", "--purge-conversation"]).run(), 4);
+    let ok = h.mock_state();
+    let mut garbage = ok.clone();
+    garbage["inject"] = json!({"agent_list": "garbage"});
+    h.td.write("mock-state.json", garbage.to_string());
+    codes.saw("status", "server unknown", &h.mam(["status"]).run(), 3);
+    codes.saw("reconcile", "server unknown", &h.mam(["reconcile"]).run(), 3);
+    codes.saw("stop", "state unknown", &h.mam(["stop", "a2"]).run(), 1);
+    h.td.write("mock-state.json", ok.to_string());
+    codes.saw("stop", "stopped", &h.mam(["stop", "a2"]).run(), 0);
+    h.edit_row("a1", |r| r["conversation_id"] = json!("123e4567-e89b-12d3-a456-426614174000"));
+    codes.saw("stop", "purge refused", &h.mam(["stop", "a1", "--purge-conversation", "--yes"]).run(), 5);
+}
