@@ -409,6 +409,14 @@ fn exit_codes_every_documented_case_happens() {
     mam().args(["install"]).run().expect_rc(0);
     codes.saw("remove", "planned", &mam().args(["remove", "--dry-run"]).run(), 0);
     codes.saw("remove", "env unreadable", &unreadable_env(mam(), &td).args(["remove", "--dry-run"]).run(), 1);
+    // The sessions end with the test, also when it fails (their pane directories go).
+    struct Panes(PathBuf);
+    impl Drop for Panes {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+    let _panes = Panes(td.path("panes"));
     for name in ["cr", "rv"] {
         let r = fake(mam()).args(["create", "pretend", "--name", name, "--no-onboard"]).run();
         r.expect_rc(0);
