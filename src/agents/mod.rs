@@ -352,7 +352,7 @@ pub const ADAPTERS: &[Adapter] = &[
         startup_busy: &[],
         dialogs: &[],
         npm: None,
-        working_marks: &[],
+        working_marks: &[PRETEND_WORKING],
         commands_in_own_pid_namespace: false,
     },
 ];
@@ -366,6 +366,8 @@ pub const BUILTIN_EXECUTABLE: &str = "mam";
 pub const PRETEND_SUBCOMMAND: &str = "pretend-agent";
 /// The pretend agent's input line.
 pub const PRETEND_READY: &str = "pretend agent: ready for a prompt";
+/// The line the pretend agent shows instead of its input line while it works on a prompt.
+pub const PRETEND_WORKING: &str = "pretend agent: working on a prompt";
 
 /// Interpreters whose script argument names the CLI (CORE 7.6).
 const INTERPRETERS: &[&str] = &["node", "bun", "deno", "python", "python3"];

@@ -75,6 +75,11 @@ kept across restarts, rewritten with the bound port). Every mam command of the w
 no MQTT_USERNAME/MQTT_PASSWORD and a loopback MQTT_BROKER without TLS reads it; without MQTT_PORT
 and MQTT_BROKER it also takes the port from it.
 
+One repository, one broker: a broker that uses the credential file holds the lock
+<control root>/.mam/broker.pid (its pid and port) while it runs; a second such `mam broker` in
+the same repository is refused (exit 2, nothing started) with that pid and port. A broker that
+died left the lock free: the next one starts as usual.
+
 Several repositories on one machine: each runs its own broker. Without --port and MQTT_PORT the
 broker listens on the port its credential file recorded last, else 1883; when that port is taken
 (another repository's broker) it listens on a free port instead, with a NOTE, and records it in
@@ -115,7 +120,8 @@ Options:
   -h, --help                    print this help
 
 Exit codes: 0 stopped by a signal, 1 runtime error (bind failed, password file unreadable,
-credential file not writable, the control root's .mam/ not trustworthy), 2 usage (including a non-loopback bind without --allow-remote).
+credential file not writable, the control root's .mam/ not trustworthy), 2 usage (including a
+non-loopback bind without --allow-remote) or this repository's broker already runs.
 ";
 
 #[derive(Debug)]
@@ -265,6 +271,38 @@ fn workspace_creds(ctx: &Ctx, path: &std::path::Path) -> Result<Creds, Failure> 
     Creds::generate(0).map_err(|e| Failure::runtime(format!("broker credentials: no random bytes ({e})")))
 }
 
+/// The lock file, next to the credential file, that the broker serving the workspace's
+/// credential file holds for its life; it holds `<pid> <port>` once the broker is bound.
+pub const BROKER_PID: &str = "broker.pid";
+
+/// Takes the workspace broker's lock (see `BROKER_PID`), or refuses (rc 2, before any change)
+/// naming the broker that holds it. A broker that died released it with its descriptor.
+fn claim_workspace(cred_path: &std::path::Path) -> Result<sys::Flock, Failure> {
+    let path = cred_path.with_file_name(BROKER_PID);
+    let shown = text::show_path(&path);
+    let file = sys::open_lock_file(&path)
+        .map_err(|e| Failure::runtime(format!("broker: cannot open the lock {shown} ({e}); check .mam/")))?;
+    match sys::Flock::try_acquire(file, sys::LockMode::Exclusive) {
+        Ok(Some(lock)) => Ok(lock),
+        Ok(None) => {
+            let held = std::fs::read_to_string(&path).unwrap_or_default();
+            let mut words = held.split_whitespace();
+            let (who, how) = match (words.next(), words.next()) {
+                (Some(pid), Some(port)) => (format!("pid {pid}, port {port}"), format!("`kill {pid}` first")),
+                _ => ("starting, pid not yet recorded".to_string(), "stop it first".to_string()),
+            };
+            Err(Failure::new(
+                cli::rc::USAGE,
+                format!(
+                    "REFUSED: mam broker: this repository's broker already runs ({who}; {shown}) and its \
+                     mam commands use it; to restart it, {how}; nothing started"
+                ),
+            ))
+        }
+        Err(e) => Err(Failure::runtime(format!("broker: cannot lock {shown} ({e})"))),
+    }
+}
+
 /// The port `mam broker` listens on (issue 32): one the user named is bound or the start fails;
 /// the workspace's own (its recorded port, else 1883) falls back to a free port when taken, and
 /// the credential file records it for the workspace's clients.
@@ -386,6 +424,12 @@ pub fn run(ctx: &mut Ctx, mut args: Vec<OsString>) -> Result<i32, Failure> {
             (Some(creds.username.clone()), Some(creds.password.expose().to_string()), Some((path, creds)))
         }
     };
+    // One broker serves the workspace's credential file (issue 32): a second one is refused
+    // before it changes anything, while a dead one's lock is free and this one starts.
+    let claim = match &cred_file {
+        Some((path, _)) => Some(claim_workspace(path)?),
+        None => None,
+    };
     let choice = choose_port(ctx, &a, cred_file.as_ref().map(|(_, c)| c))?;
     let persist = if a.persist {
         let dir = paths::control_root(ctx)?.join(".mam");
@@ -443,6 +487,12 @@ pub fn run(ctx: &mut Ctx, mut args: Vec<OsString>) -> Result<i32, Failure> {
     let handle = bind(ctx, cfg, &choice, cred_file.as_ref().map(|(p, _)| p.as_path()))?;
     let addr = handle.addr();
     // The file names the bound port, and is in place before anyone is told the broker is up.
+    if let Some(lock) = &claim {
+        let line = format!("{} {}\n", std::process::id(), addr.port());
+        if let Err(e) = sys::write_in_place(&lock.file, line.as_bytes()) {
+            ctx.diag(&format!("NOTE: broker: cannot record pid and port in {BROKER_PID} ({e})"));
+        }
+    }
     if let Some((path, creds)) = &cred_file {
         let creds = Creds { port: addr.port(), ..creds.clone() };
         cred::write(path, &creds)

@@ -21,10 +21,16 @@ The control root's subscriber daemon: `start` is `mam daemon ensure --workspace 
 <root>`. Prints `daemon for <root>: running, pid <N>` or `daemon for <root>: not running (start it
 with `mam monitor start`)`; `stop` prints `stopped daemon <N>`. For the bare pid, use `mam daemon`.
 
+`stop` also stops each herdr server mam started for this control root (mam bootstrapped it for a
+`create`) on which no agent is left, with a NOTE naming it, as `mam stop` does with the last
+agent; a server you started, or one an agent still runs on, is never stopped.
+
 Options:
   -h, --help  print this help
 
-Exit codes: those of `mam daemon` (2 usage).
+Exit codes: 0 ok (also `stop` with no daemon running), 1 runtime error (the env file, the control
+root, the daemon failed to start or to stop), 2 usage. Never 5: `start` reports a daemon that
+already runs.
 ";
 
 fn parse_args(args: Vec<OsString>) -> Result<Parsed<&'static str>, Failure> {
@@ -70,7 +76,27 @@ pub fn run(ctx: &mut Ctx, args: Vec<OsString>) -> Result<i32, Failure> {
     for l in label(verb, &root, &out.stdout, out.rc) {
         ctx.say(&l);
     }
+    if verb == "stop" && out.rc == 0 {
+        stop_idle_servers(ctx);
+    }
     Ok(out.rc)
+}
+
+/// Issue 32: a herdr server mam started for this control root stops with the monitor once none of
+/// mam's agents is left on it (`Backend::stop_server_if_ours`: never a server the user started,
+/// never one with an agent). One NOTE per stopped server, one WARNING per server that would not
+/// stop; the exit code stays the daemon's.
+fn stop_idle_servers(ctx: &Ctx) {
+    let mut ctx = ctx.clone();
+    ctx.set_var("MAM_NO_AUTOSTART", Some("1".as_ref()));
+    for server in crate::pane::herdr::servers_mam_started(&ctx) {
+        let Ok(b) = crate::pane::open_named(&ctx, "herdr", Some(&server)) else { continue };
+        match b.stop_server_if_ours() {
+            Ok(true) => ctx.diag(&format!("NOTE: herdr server {server} stopped (mam started it; no agent is left)")),
+            Ok(false) => {}
+            Err(e) => ctx.diag(&format!("WARNING: herdr server {server}: not stopped ({e})")),
+        }
+    }
 }
 
 /// The daemon command's stdout in words: a bare pid is the running daemon's; no output from

@@ -36,9 +36,9 @@ MAM_TMUX_SOCKET (mam), MAM_FAKE_PANES_DIR, MAM_NO_AUTOSTART, MAM_WS_LABEL, MAM_W
 SKS_DELIVERY_GRACE_S (15), MAM_SKS_IDLE_WAIT_S (60), MAM_SKS_PROMPT_TIMEOUT_MS (8000),
 MAM_AGENT_START_TIMEOUT_MS (60000), MAM_STARTUP_DIALOG_MAX (3).
 
-Exit codes: ls 0, 1 no server running, 3 state unknown; send-keys-safe 0 delivered, 3 nothing
-submitted (agent busy, transport error, unknown target), 4 accepted but not confirmed; other
-verbs 0, 1 failure, 2 usage.
+Exit codes: 0 ok (send-keys-safe: delivered), 1 failure (ls: no server running), 2 usage,
+3 ls: state unknown; send-keys-safe: nothing submitted (agent busy, transport error, unknown
+target), 4 send-keys-safe: accepted but not confirmed.
 ";
 
 #[derive(Debug, Default)]

@@ -34,9 +34,9 @@ Options:
   -h, --help          print this help
 
 Exit codes: one-shot: 0 done, 1 I/O, 2 usage or a sessions file that is not JSON, 3 some server's
-state was unknown. --subscribe: as `mam daemon run` (0 clean stop, 5 another daemon holds the
-lock; with MAM_LEGACY_SIGNAL_RC=1, which the reconcile.sh shim sets, 128 + the signal on SIGTERM
-or SIGINT, as the legacy trap: 143, 130); 2 usage.
+state was unknown. --subscribe: as `mam daemon run`: 0 clean stop, 5 another daemon holds the
+lock; with MAM_LEGACY_SIGNAL_RC=1 (the reconcile.sh shim sets it) a signal ends it as the legacy
+trap did: 130 SIGINT, 143 SIGTERM; 2 usage.
 ";
 
 #[derive(Debug, Default)]

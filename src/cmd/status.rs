@@ -29,8 +29,11 @@ The words:
   STATE         what the agent is doing:  working: busy with a prompt;  idle: at its input
                 line, waiting for the next one;  done: finished its turn (herdr, fake);
                 blocked: waiting for a person (a dialog, a permission question);  gone: not
-                running;  unknown: the server did not answer, or the agent's screen shows
-                none of the above (e.g. an agent mam has no screen rules for)
+                running;  unknown: the server did not answer (LIVENESS unknown too), or the
+                agent runs but neither its screen nor its jobs tell: a job was prompted and
+                has not started.  When the screen shows none of mam's rules for the agent
+                (e.g. a CLI mam has no screen rules for), its jobs decide: no open job is
+                idle, a started open job is working
   CONVERSATION  the agent CLI's conversation id (what `mam resume` resumes)
   STATUS        the session's record in the sessions file: running, or stopped after
                 `mam stop` (a stopped row stays until `mam reconcile` or a new create)
@@ -42,8 +45,8 @@ Options:
   --json      one JSON array instead
   -h, --help  print this help
 
-Exit codes: 0 ok, 2 unknown session or sessions file not JSON, 3 some server's state is unknown
-(output still printed).
+Exit codes: 0 ok, 1 runtime error (the env file unreadable), 2 usage, unknown session or sessions
+file not JSON, 3 some server's state is unknown (output still printed).
 ";
 
 /// The header row of the text output (issue 18), tab separated like the rows.

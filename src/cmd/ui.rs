@@ -45,8 +45,10 @@ pub const USAGE: &str = "
 Usage: mam ui [--registry-dir D] [--snapshot COLSxROWS]
 
 A full-screen view, redrawn as evidence arrives, of the control root's
-  sessions: name, agent, backend:server and pane, agent state (working, idle, waiting, done,
-            gone, stopped, unknown), the open job and its age;
+  sessions: name, agent, backend:server and pane, agent state (`mam status`'s STATE words, see
+            its --help: working, idle, done, gone, unknown; waiting: blocked on a question for
+            you; stopped: the row of a stopped session; remote: a remote runner's session;
+            ...: the pane server has not answered yet), the open job and its age;
   jobs:     id, status, session, elapsed, the age of the last evidence against the idle window
             (a bar that fills as it runs out), the last heartbeat, the verdict; finished jobs are
             dim, a silent one is red with how long it has been silent; an open job whose agent

@@ -115,6 +115,18 @@ impl Status {
         }
     }
 
+    /// The state once the backend's own reading (the screen, herdr's report) says nothing, for an
+    /// agent whose process is in its pane (issue 32: `unknown` only when mam truly cannot tell):
+    /// the session's open job decides. No open job: `Idle`; an open job that started (`running`):
+    /// `Working`; a job prompted but not started yet leaves `Unknown`. A known reading stays.
+    pub fn or_from_open_job(self, open_job: Option<&str>) -> Status {
+        match (self, open_job) {
+            (Status::Unknown, None) => Status::Idle,
+            (Status::Unknown, Some("running")) => Status::Working,
+            (s, _) => s,
+        }
+    }
+
     /// Lenient mapping of a backend's status text; anything unrecognised is `Unknown`.
     pub fn parse(s: &str) -> Status {
         match s.trim().to_ascii_lowercase().as_str() {
@@ -309,5 +321,24 @@ mod tests {
         assert!(!valid_name("a;rm -rf"));
         assert!(!valid_name(&"a".repeat(33)));
         assert!(is_shell("-bash") && is_shell("/bin/sh") && !is_shell("claude"));
+    }
+
+    /// Issue 32: the open job decides only what the backend's reading leaves `Unknown`.
+    #[test]
+    fn state_from_the_open_job_only_when_the_reading_is_unknown() {
+        use Status::*;
+        let cells: &[(Status, Option<&str>, Status)] = &[
+            (Unknown, None, Idle),
+            (Unknown, Some("running"), Working),
+            (Unknown, Some("pending"), Unknown),
+            (Idle, Some("running"), Idle),
+            (Working, None, Working),
+            (Blocked, None, Blocked),
+            (Done, Some("running"), Done),
+            (Absent, None, Absent),
+        ];
+        for (seen, job, want) in cells {
+            assert_eq!(seen.or_from_open_job(*job), *want, "{seen:?} with {job:?}");
+        }
     }
 }

@@ -578,6 +578,24 @@ fn started_marker(logs: &Path, server: &str) -> std::path::PathBuf {
     logs.join(format!("herdr-server-{server}.started"))
 }
 
+/// The herdr servers (by session name) mam started for this control root and has not stopped:
+/// those with a `started_marker` (issue 32: `mam monitor stop` looks at each). Sorted; empty when
+/// there is no control root or no logs directory.
+pub fn servers_mam_started(ctx: &Ctx) -> Vec<String> {
+    let Ok(root) = crate::paths::control_root(ctx) else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir(root.join(".mam").join("logs")) else { return Vec::new() };
+    let mut names: Vec<String> = dir
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            Some(name.strip_prefix("herdr-server-")?.strip_suffix(".started")?.to_string())
+        })
+        .filter(|n| !n.is_empty())
+        .collect();
+    crate::sort::natural(&mut names);
+    names
+}
+
 fn env_args(env: &[(String, String)]) -> Vec<String> {
     env.iter().flat_map(|(k, v)| ["--env".to_string(), format!("{k}={v}")]).collect()
 }

@@ -312,6 +312,7 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
         onboarding: crate::sort::ordered(rows.iter().filter_map(|r| r.onboard_job.clone())),
     };
     for row in rows {
+        let jobs = jobs_of(&ctx, &row, &mut cache, &wanted);
         let unknown = || ("unknown", "unknown".to_string());
         let (backend, server, (liveness, state)) = if row.remote() {
             ("remote".to_string(), "-".to_string(), unknown())
@@ -324,7 +325,12 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
                         .or_insert_with(|| list_server_agents(&ctx, &backend, &server));
                     let l = match listed {
                         Ok(list) => match list.iter().find(|a| a.name == row.name) {
-                            Some(a) => ("running", crate::pane::Status::parse(&a.status).word().to_string()),
+                            Some(a) => {
+                                let open = jobs.iter().rev().find(|j| !crate::registry::is_terminal(&j.status));
+                                let seen = crate::pane::Status::parse(&a.status);
+                                let state = seen.or_from_open_job(open.map(|j| j.status.as_str()));
+                                ("running", state.word().to_string())
+                            }
                             None => ("gone", "gone".to_string()),
                         },
                         Err(_) => {
@@ -336,7 +342,6 @@ pub fn status(ctx: &Ctx, only: Option<&str>) -> Result<Report, SessionError> {
                 }
             }
         };
-        let jobs = jobs_of(&ctx, &row, &mut cache, &wanted);
         report.rows.push(RowStatus { row, backend, server, liveness, state, jobs });
     }
     Ok(report)

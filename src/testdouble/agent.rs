@@ -518,7 +518,16 @@ fn handle_prompt(agent: &Agent, raw: &RawScript, prompt: &str, handled: &mut u64
     if s.report_working {
         agent.status("working");
     }
+    // The pretend agent redraws its screen like a CLI does (issue 32): while it works its input
+    // line is replaced by its working line, so the screen tells `working` from `idle`.
+    let redraw = s.pretend && agent.pane_dir.is_none();
+    if redraw {
+        print_raw(CLEAR);
+    }
     agent.screen(&format!("prompt {}: {}", handled, prompt));
+    if redraw {
+        agent.screen(&format!("  {}", crate::agents::PRETEND_WORKING));
+    }
     if let Some(after) = s.crash_after_s {
         std::thread::spawn(move || {
             pause(after);
@@ -578,6 +587,10 @@ fn handle_prompt(agent: &Agent, raw: &RawScript, prompt: &str, handled: &mut u64
         pause(min - working_since.elapsed().as_secs_f64());
     }
     agent.status("done");
+    if redraw {
+        print_raw(CLEAR);
+        agent.screen(&format!("prompt {}: {}", handled, prompt));
+    }
     agent.screen(&format!("prompt {handled} done"));
     // Back at its input line, like the CLI it stands in for redraws it: the line must stay on the
     // visible screen after any number of prompts (mam types a prompt only there, issue 30 item 5).

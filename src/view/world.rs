@@ -106,9 +106,11 @@ pub fn order_jobs(rows: &mut [Row]) {
     });
 }
 
-/// The agent state word of a listed agent (the words: working, idle, waiting, gone).
-pub fn state_word(status: &str) -> &'static str {
-    match Status::parse(status) {
+/// The agent state word of a listed agent (the words: working, idle, waiting, gone), its
+/// session's open job (its status) deciding when the backend's reading says nothing
+/// (`Status::or_from_open_job`).
+pub fn state_word(status: &str, open_job: Option<&str>) -> &'static str {
+    match Status::parse(status).or_from_open_job(open_job) {
         Status::Blocked => "waiting",
         Status::Absent => "gone",
         s => s.word(),
@@ -133,6 +135,10 @@ pub fn sessions(
                     None => (r.backend.clone().unwrap_or_else(|| "?".into()), r.server().unwrap_or("?").to_string()),
                 }
             };
+            let mine: Vec<&Row> = jobs.iter().filter(|j| j.session() == r.name).collect();
+            let key = |j: &&&Row| (j.created_at().to_string(), j.job_id().to_string());
+            let open = mine.iter().filter(|j| !j.finished()).max_by_key(key).copied();
+            let last = mine.iter().max_by_key(key).copied();
             let state = if r.remote() {
                 "remote".to_string()
             } else if !r.running() {
@@ -148,15 +154,11 @@ pub fn sessions(
                     None => "...".to_string(),
                     Some(Err(_)) => "unknown".to_string(),
                     Some(Ok(list)) => match list.iter().find(|a| a.name == r.name) {
-                        Some(a) => state_word(&a.status).to_string(),
+                        Some(a) => state_word(&a.status, open.map(|j| j.status())).to_string(),
                         None => "gone".to_string(),
                     },
                 }
             };
-            let mine: Vec<&Row> = jobs.iter().filter(|j| j.session() == r.name).collect();
-            let key = |j: &&&Row| (j.created_at().to_string(), j.job_id().to_string());
-            let open = mine.iter().filter(|j| !j.finished()).max_by_key(key).copied();
-            let last = mine.iter().max_by_key(key).copied();
             SessionView {
                 name: r.name.clone(),
                 agent: r.agent.clone(),

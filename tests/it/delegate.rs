@@ -1336,15 +1336,82 @@ fn two_repositories_on_one_machine_each_get_their_own_broker() {
         let published = h.audit(&jid).into_iter().filter(|e| e["kind"] == "published").count();
         assert!(published >= 2, "the agent's events went over this repository's broker: {:?}", h.audit(&jid));
     }
-    // A named port that is taken: the error says what to do.
-    let taken = worlds[1].mam().args(["broker"]).env("MQTT_PORT", "1883").run();
-    taken.expect_rc(1);
-    let err = taken.stderr();
-    assert!(err.contains("cannot bind broker to 127.0.0.1:1883") && err.contains("remove MQTT_PORT"), "{err}");
     for mut b in brokers {
         b.signal(15);
         b.wait(Duration::from_secs(10));
     }
+    // A named port that is taken: the error says what to do (after this repository's broker
+    // stopped: while it runs, a second one is refused before it tries any port).
+    let taken = worlds[1].mam().args(["broker"]).env("MQTT_PORT", "1883").run();
+    taken.expect_rc(1);
+    let err = taken.stderr();
+    assert!(err.contains("cannot bind broker to 127.0.0.1:1883") && err.contains("remove MQTT_PORT"), "{err}");
+}
+
+/// The `delegate-job` cases of `exitcodes::exit_codes_every_documented_case_happens`: every verdict's
+/// code (N=1 s, K=3, T and deadlines of a few seconds), the usage error and both interruptions.
+pub(crate) fn exit_code_cases(codes: &crate::exitcodes::Codes) {
+    let Some(mut h) = H::new("codes_dj", Target::Embedded) else { return };
+    let task = h.task("t\n");
+    let cmd = "delegate-job";
+    let mut session = 0;
+    let mut fresh = |h: &H, script: &str| {
+        session += 1;
+        let name = format!("w{session}");
+        h.create(&name, script);
+        name
+    };
+    let w = fresh(&h, "work_s=0.2\n");
+    codes.saw(cmd, "completed", &h.delegate(&w, &task, FAST).run(), 0);
+    let w = fresh(&h, "work_s=0.2\nverdict=error\n");
+    codes.saw(cmd, "error", &h.delegate(&w, &task, FAST).run(), 1);
+    codes.saw(cmd, "unknown flag", &h.delegate(&w, &task, &["--no-such"]).run(), 2);
+    let w = fresh(&h, "never_start=1\n");
+    codes.saw(cmd, "agent_blocked", &h.delegate(&w, &task, &["--ack-timeout", "2"]).run(), 3);
+    let w = fresh(&h, "work_s=60\n");
+    let deadline = ["--heartbeat", "1", "--heartbeat-misses", "3", "--ack-timeout", "5", "--timeout", "4"];
+    codes.saw(cmd, "deadline_timeout", &h.delegate(&w, &task, &deadline).run_within(Duration::from_secs(30)), 4);
+    // Cancelled by `mam stop`, then interrupted by SIGINT and SIGTERM.
+    for (what, rc) in [("cancelled", 6), ("SIGINT", 130), ("SIGTERM", 143)] {
+        let w = fresh(&h, "work_s=30\n");
+        let mut bg = h.delegate(&w, &task, FAST).spawn_bg(&h.td, "dj");
+        let mut jid = String::new();
+        wait_until("the job's record", Duration::from_secs(20), || {
+            jid = job_ids_in(&h.registry())
+                .into_iter()
+                .find(|id| h.record(id)["agent_session"] == w.as_str())
+                .unwrap_or_default();
+            !jid.is_empty()
+        });
+        h.wait_status(&jid, "running", Duration::from_secs(20));
+        match rc {
+            6 => {
+                h.mam().args(["stop", &w]).run().expect_rc(0);
+            }
+            130 => bg.signal(2),
+            _ => bg.signal(15),
+        };
+        let (got, _) = bg.wait(Duration::from_secs(20));
+        assert_eq!(got, rc, "delegate-job {what}: {}", bg.stderr());
+        codes.rc(cmd, rc);
+    }
+    // The broker goes and no evidence comes: broker_unavailable.
+    let w = fresh(&h, "work_s=60\n");
+    let mut bg = h.delegate(&w, &task, FAST).env("MAM_PUBLISH_BUDGET_S", "1").spawn_bg(&h.td, "dj");
+    let mut jid = String::new();
+    wait_until("the job's record", Duration::from_secs(20), || {
+        jid = job_ids_in(&h.registry())
+            .into_iter()
+            .find(|id| h.record(id)["agent_session"] == w.as_str())
+            .unwrap_or_default();
+        !jid.is_empty()
+    });
+    h.wait_status(&jid, "running", Duration::from_secs(20));
+    h.stop_broker();
+    kill_timers(&jid);
+    let (got, _) = bg.wait(Duration::from_secs(40));
+    assert_eq!(got, 5, "delegate-job broker_unavailable: {}", bg.stderr());
+    codes.rc(cmd, 5);
 }
 
 /// Issue 30, "faster truth" for a job nobody waits for: delegated with `--detach`, its agent killed

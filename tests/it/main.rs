@@ -15,6 +15,7 @@ mod daemon;
 mod delegate;
 mod diff_collect;
 mod envfile;
+mod exitcodes;
 mod guide;
 mod heartbeat;
 mod herdr_contract;

@@ -1115,3 +1115,35 @@ fn prompts_with_control_characters_never_reach_the_pane() {
     let r = h.pane(&["send-keys-safe", "--target", "a1", "--prompt-file"]).args([&pf]).run();
     assert_ne!(r.rc(), 2, "{}", r.stderr());
 }
+
+/// The `pane` cases of `exitcodes::exit_codes_every_documented_case_happens`, on the mock: `ls`
+/// 0, no server 1, usage 2, state unknown 3; `send-keys-safe` to an unknown target 3, a prompt
+/// accepted but never confirmed 4.
+pub(crate) fn exit_code_cases(codes: &crate::exitcodes::Codes) {
+    let ok = json!({"running": true, "agents": [agent("a1", "w1:p1", "idle")], "workspaces": [ws_v("w1", "", "/", 1)]});
+    let m = Mock::new("codes_pane", ok.clone());
+    let set = |state: Value| fs::write(&m.state, state.to_string()).unwrap();
+    codes.saw("pane", "ls", &m.pane(&["ls"]).run(), 0);
+    codes.saw("pane", "unknown flag", &m.pane(&["ls", "--no-such"]).run(), 2);
+    let mut garbage = ok.clone();
+    garbage["inject"] = json!({"agent_list": "garbage"});
+    set(garbage);
+    codes.saw("pane", "ls, state unknown", &m.pane(&["ls"]).run(), 3);
+    set(json!({"running": false}));
+    codes.saw("pane", "ls, no server", &m.pane(&["ls"]).run(), 1);
+    let mut changes = ok.clone();
+    changes["agents"][0]["never_working"] = json!(true);
+    changes["inject"] = json!({"prompt": "timeout", "screen_changes": true});
+    set(changes);
+    let reg = registry(&m.td);
+    m.td.write("prompt.txt", "Job j1: read and follow /x/brief.md. Run first: true\n");
+    let sks = |target: &str| {
+        m.pane(&["send-keys-safe", "--target", target, "--prompt-file"])
+            .args([m.td.path("prompt.txt")])
+            .args(["--job", "j1", "--registry-dir"])
+            .args([&reg])
+            .run()
+    };
+    codes.saw("pane", "send-keys-safe, unknown target", &sks("nosuch"), 3);
+    codes.saw("pane", "send-keys-safe, unconfirmed", &sks("a1"), 4);
+}

@@ -1597,3 +1597,109 @@ fn a_herdr_server_mam_started_stops_with_its_last_agent() {
     });
     assert!(!marker.exists());
 }
+
+/// Issue 32 item 7, the second half: `mam monitor stop` stops a herdr server mam started once
+/// none of mam's agents is left on it (here the agent died behind mam's back: no `mam stop`), with
+/// the NOTE `mam stop` gives; while an agent runs on it, the server stays.
+#[test]
+fn i32_monitor_stop_stops_a_herdr_server_mam_started_once_no_agent_is_left() {
+    let Some(h) = S::on(Kind::RealHerdr, "herdr_mon") else { return };
+    let session = h.real().session.clone();
+    let r = h.create(&["--name", "s1"]).run();
+    r.expect_rc(0);
+    let pane = kv(&r.stdout(), "PANE");
+    let marker = h.td.ws().join(format!(".mam/logs/herdr-server-{session}.started"));
+    assert!(marker.is_file(), "mam notes that it started the server");
+    // An agent runs on it: monitor stop leaves the server alone.
+    let r = h.mam(["monitor", "stop"]).run();
+    r.expect_rc(0);
+    assert!(!r.stderr().contains("herdr server"), "{}", r.stderr());
+    let l = h.real().herdr(&["agent", "list"]);
+    assert!(l.rc() == 0 && l.stdout().contains("\"s1\""), "the server runs on, with s1: {}", l.stdout());
+    assert!(marker.is_file());
+    // The agent dies (no `mam stop`): the next monitor stop takes the server with it.
+    let (pid, _) = h.real().agent_process(&pane);
+    let _ = mam::sys::kill(pid, 9);
+    wait_until("herdr to see the agent gone", std::time::Duration::from_secs(20), || {
+        let l = h.real().herdr(&["agent", "list"]);
+        l.rc() == 0 && !l.stdout().contains("\"s1\"")
+    });
+    let r = h.mam(["monitor", "stop"]).run();
+    r.expect_rc(0);
+    assert!(r.stderr().contains(&format!("NOTE: herdr server {session} stopped (mam started it")), "{}", r.stderr());
+    wait_until("the herdr server to end", std::time::Duration::from_secs(10), || {
+        h.real().herdr(&["agent", "list"]).rc() != 0
+    });
+    assert!(!marker.exists());
+}
+
+/// Issue 32 item 6: `unknown` only when mam cannot tell. A pretend agent (`mam create pretend`) on
+/// tmux shows `idle` at its input line, `working` while its job runs (it used to show `idle`, its
+/// old input line still on the screen) and `idle` again after; never `unknown`. `mam status --help`
+/// explains every state word.
+#[test]
+fn i32_a_pretend_session_shows_a_real_state() {
+    use std::time::Duration;
+    let Some(h) = S::on(Kind::Tmux, "pretend_state") else { return };
+    let r = h.mam(["create", "pretend", "--name", "p1", "--no-onboard", "--", "--work", "4"]).run();
+    r.expect_rc(0);
+    let state = || {
+        let out = h.mam(["status", "p1"]).run().stdout();
+        let row = out.lines().find(|l| l.starts_with("p1\t")).unwrap_or_else(|| panic!("{out}")).to_string();
+        let cols: Vec<&str> = row.split('\t').collect();
+        (cols[5].to_string(), cols[6].to_string())
+    };
+    assert_eq!(state(), ("running".to_string(), "idle".to_string()));
+    h.td.write("ws/t.md", "Say hello.\n");
+    let r = h.mam(["delegate-job", "--session", "p1", "--brief-file", "t.md", "--detach"]).run();
+    r.expect_rc(0);
+    let jid = kv(&r.stdout(), "JOB_ID");
+    let mut seen = Vec::new();
+    wait_until("p1 to show working", Duration::from_secs(20), || {
+        let s = state().1;
+        seen.push(s.clone());
+        s == "working"
+    });
+    let w = h.mam(["wait", &jid, "--timeout", "30"]).run_within(Duration::from_secs(40));
+    w.expect_rc(0);
+    wait_until("p1 to show idle again", Duration::from_secs(10), || {
+        let s = state().1;
+        seen.push(s.clone());
+        s == "idle"
+    });
+    assert!(!seen.iter().any(|s| s == "unknown"), "{seen:?}");
+    let help = h.mam(["status", "--help"]).run().stdout();
+    for word in ["running:", "gone:", "unknown:", "working:", "idle:", "done:", "blocked:", "stopped"] {
+        assert!(help.contains(word), "--help explains `{word}`: {help}");
+    }
+    h.mam(["stop", "p1"]).run().expect_rc(0);
+}
+
+/// The `status`, `reconcile` and `stop` cases of `exitcodes::exit_codes_every_documented_case_happens`,
+/// on the mock herdr (the one whose state can be made unknown).
+pub(crate) fn exit_code_cases(codes: &crate::exitcodes::Codes) {
+    let h = S::herdr("codes_sessions", json!({"running": true}));
+    h.create(&["--name", "a1"]).run().expect_rc(0);
+    h.create(&["--name", "a2"]).run().expect_rc(0);
+    let env_dir = h.td.path("");
+    for cmd in ["status", "reconcile"] {
+        codes.saw(cmd, "ok", &h.mam([cmd]).run(), 0);
+        codes.saw(cmd, "env unreadable", &h.mam([cmd]).env("MAM_ENV_FILE", &env_dir).run(), 1);
+    }
+    codes.saw("status", "unknown session", &h.mam(["status", "nosuch"]).run(), 2);
+    codes.saw("reconcile", "unknown flag", &h.mam(["reconcile", "--no-such"]).run(), 2);
+    codes.saw("stop", "unknown session", &h.mam(["stop", "nosuch"]).run(), 2);
+    codes.saw("stop", "env unreadable", &h.mam(["stop", "a2"]).env("MAM_ENV_FILE", &env_dir).run(), 1);
+    codes.saw("stop", "purge without --yes", &h.mam(["stop", "a1", "--purge-conversation"]).run(), 4);
+    let ok = h.mock_state();
+    let mut garbage = ok.clone();
+    garbage["inject"] = json!({"agent_list": "garbage"});
+    h.td.write("mock-state.json", garbage.to_string());
+    codes.saw("status", "server unknown", &h.mam(["status"]).run(), 3);
+    codes.saw("reconcile", "server unknown", &h.mam(["reconcile"]).run(), 3);
+    codes.saw("stop", "state unknown", &h.mam(["stop", "a2"]).run(), 1);
+    h.td.write("mock-state.json", ok.to_string());
+    codes.saw("stop", "stopped", &h.mam(["stop", "a2"]).run(), 0);
+    h.edit_row("a1", |r| r["conversation_id"] = json!("123e4567-e89b-12d3-a456-426614174000"));
+    codes.saw("stop", "purge refused", &h.mam(["stop", "a1", "--purge-conversation", "--yes"]).run(), 5);
+}

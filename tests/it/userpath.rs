@@ -306,3 +306,39 @@ fn status_shows_each_session_s_latest_jobs() {
         assert!(help.contains(word), "--help explains `{word}`: {help}");
     }
 }
+
+/// Issue 32 item 3, the second half: a second `mam broker` in the same repository is refused in
+/// one line (exit 2, nothing started) naming the running broker's pid and port; it used to move
+/// to a free port and take the repository's clients with it. Once that broker is dead (kill -9:
+/// no clean shutdown), the next `mam broker` starts as usual.
+#[test]
+fn i32_a_second_broker_of_one_repository_is_refused_unless_the_first_is_dead() {
+    use std::time::Duration;
+    let td = TestDir::new("onebroker");
+    let cred = td.ws().join(".mam/broker.cred");
+    let start = || {
+        let mut b = td.mam().args(["broker"]).spawn_bg(&td, "broker");
+        b.wait_stdout("mam broker listening on 127.0.0.1:", Duration::from_secs(20));
+        let port: u16 = b.stdout().lines().next().unwrap().rsplit(':').next().unwrap().parse().unwrap();
+        (b, port)
+    };
+    let (mut first, port) = start();
+    let before = std::fs::read(&cred).unwrap();
+    let r = td.mam().args(["broker"]).run_within(Duration::from_secs(20));
+    r.expect_rc(2);
+    let err = r.stderr();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("REFUSED: mam broker: this repository's broker already runs"), "{err}");
+    assert!(err.contains(&format!("pid {}, port {port}", first.pid())) && err.contains("nothing started"), "{err}");
+    assert!(r.stdout().is_empty(), "{}", r.stdout());
+    assert_eq!(std::fs::read(&cred).unwrap(), before, "the refused broker changed the credential file");
+    // The first one still serves the repository.
+    td.mam().args(["pub", "-t", "x/y", "-m", "still here"]).run().expect_rc(0);
+    first.signal(9);
+    first.wait(Duration::from_secs(10));
+    let (mut again, _) = start();
+    assert!(!again.stderr().contains("REFUSED"), "{}", again.stderr());
+    td.mam().args(["pub", "-t", "x/y", "-m", "the new one"]).run().expect_rc(0);
+    again.signal(15);
+    again.wait(Duration::from_secs(10));
+}
