@@ -195,7 +195,9 @@ fn jobs(backend: Backend, kind: &str, args: &[&str], env: &[(&str, &str)]) {
         let r = w
             .mam(["delegate-job", "--session", "j1", "--brief-file"])
             .args([f.as_os_str()])
-            .args(["--ack-timeout", "30", "--heartbeat", "2", "--heartbeat-misses", "3", "--timeout", "90", "--detach"])
+            // K x N = 10 s: still shorter than the 12 s of silence (without the keeper's timer the
+            // job is unresponsive), with room for the keeper's 1 s tick on a loaded machine.
+            .args(["--ack-timeout", "30", "--heartbeat", "2", "--heartbeat-misses", "5", "--timeout", "90", "--detach"])
             .run_within(Duration::from_secs(60));
         assert_eq!(r.rc(), 0, "{kind}: {}\n{}", r.stdout(), r.stderr());
         let jid = kv(r.stdout().lines().last().unwrap_or_default(), "JOB_ID");
